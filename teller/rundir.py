@@ -1,0 +1,336 @@
+"""The run directory and the canonical event table (DESIGN.md §2–3).
+
+Every reader produces, and every later stage consumes, a run directory::
+
+    RUN/run.json          metadata: schema version, command, ranks, clock anchors, counts
+    RUN/events/*.parquet  canonical events, one file per process (or per source file)
+    RUN/logs/*.jsonl      captured log lines {ts_ns, node, pid, stream, text}
+    RUN/labels.json       ground truth, only for fault-injection runs
+
+Events are one Arrow table with dictionary-encoded strings and int64 nanoseconds on the run's
+time base τ (ns since run start). Log lines keep their wall-clock ``ts_ns`` (Unix epoch ns);
+``run.json["clock"]["t0_unix_ns"]`` is the wall-clock instant of τ = 0, so τ = ts_ns − t0_unix_ns.
+
+Beyond DESIGN.md §3 the table has one optional column, ``layer``: a tag a reader already knows
+from its layer rules (e.g. Kineto ``cpu_op`` aten:: → BE). Empty means "let reconstruction decide"
+(from the NVTX message prefix or from the event kind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from teller import __version__
+from teller.errors import TellerError
+
+SCHEMA_VERSION = 1
+
+#: Event kinds, in the order of their dictionary codes.
+KINDS = (
+    "NVTX_PUSH",
+    "NVTX_POP",
+    "RANGE",
+    "MARKER",
+    "RUNTIME",
+    "DRIVER",
+    "KERNEL",
+    "MEMCPY",
+    "MEMSET",
+    "SYNC",
+)
+KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+#: Layer tags (DESIGN.md §4), in the order of their codes in the forest.
+LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER")
+LAYER_CODE = {k: i for i, k in enumerate(LAYERS)}
+
+#: Bits of the ``flags`` column of events and forest rows.
+FLAG_REPAIRED = 1  # input was damaged and fixed (pop without push, negative duration, ...)
+FLAG_TRUNCATED = 2  # range still open at thread end / file end: end set to the last seen time
+FLAG_UNBOUND = 4  # GPU activity whose correlation id matches no host call
+FLAG_DUPLICATE = 8  # a second record with an id already seen (kept, not merged)
+FLAG_NAMES = {
+    FLAG_REPAIRED: "repaired",
+    FLAG_TRUNCATED: "truncated",
+    FLAG_UNBOUND: "unbound",
+    FLAG_DUPLICATE: "duplicate",
+}
+
+_DICT_STR = pa.dictionary(pa.int32(), pa.string())
+
+#: The canonical event schema. Columns missing from a source are filled with -1 / "".
+EVENT_SCHEMA = pa.schema(
+    [
+        ("kind", pa.dictionary(pa.int8(), pa.string())),
+        ("name", _DICT_STR),
+        ("layer", pa.dictionary(pa.int8(), pa.string())),
+        ("node", pa.int32()),
+        ("rank", pa.int32()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("device", pa.int32()),
+        ("stream", pa.int64()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("range_id", pa.int64()),
+        ("corr_id", pa.int64()),
+        ("graph_id", pa.int64()),
+        ("bytes", pa.int64()),
+        ("flags", pa.int32()),
+        ("args", pa.string()),
+    ]
+)
+EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
+_INT_DEFAULT = -1
+
+
+def events_table(columns: dict[str, Any], n: int | None = None) -> pa.Table:
+    """Build a canonical event table from a dict of column arrays (numpy, lists or Arrow).
+
+    Missing integer columns become -1 (``flags`` 0), missing strings "" and missing ``args``
+    null. ``kind`` may be given as strings or as codes into :data:`KINDS`.
+    """
+    if n is None:
+        n = len(next(iter(columns.values()))) if columns else 0
+    unknown = set(columns) - set(EVENT_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown event columns: {sorted(unknown)}")
+    arrays = []
+    for f in EVENT_SCHEMA:
+        v = columns.get(f.name)
+        if v is None:
+            if f.name == "args":
+                arrays.append(pa.nulls(n, pa.string()))
+            elif pa.types.is_dictionary(f.type):
+                arrays.append(pa.DictionaryArray.from_arrays(np.zeros(n, np.int8), pa.array([""])).cast(f.type))
+            else:
+                fill = 0 if f.name == "flags" else _INT_DEFAULT
+                arrays.append(pa.array(np.full(n, fill, dtype=f.type.to_pandas_dtype())))
+            continue
+        if f.name == "kind" and not isinstance(v, (pa.Array, pa.ChunkedArray)):
+            arr = np.asarray(v)
+            if arr.dtype.kind in "iu":
+                v = pa.DictionaryArray.from_arrays(arr.astype(np.int8), pa.array(KINDS))
+        arrays.append(_as_type(v, f.type, f.name))
+    return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+
+def _as_type(v: Any, typ: pa.DataType, name: str) -> pa.Array:
+    if isinstance(v, pa.ChunkedArray):
+        v = v.combine_chunks()
+    if isinstance(v, pa.Array):
+        if v.type == typ:
+            return v
+        if pa.types.is_dictionary(typ) and not pa.types.is_dictionary(v.type):
+            return v.cast(pa.string()).dictionary_encode().cast(typ)
+        return v.cast(typ)
+    if pa.types.is_dictionary(typ):
+        return pa.array(v, pa.string()).dictionary_encode().cast(typ)
+    if pa.types.is_string(typ):
+        return pa.array(v, pa.string())
+    arr = np.asarray(v)
+    if arr.dtype.kind == "f":
+        arr = np.where(np.isfinite(arr), arr, _INT_DEFAULT)
+    return pa.array(arr.astype(typ.to_pandas_dtype()), typ)
+
+
+def empty_events() -> pa.Table:
+    return EVENT_SCHEMA.empty_table()
+
+
+def concat_events(tables: Iterable[pa.Table]) -> pa.Table:
+    """Concatenate canonical tables, unifying their dictionaries."""
+    tables = [t for t in tables if t is not None]
+    if not tables:
+        return empty_events()
+    t = pa.concat_tables([t.select(EVENT_COLUMNS).cast(EVENT_SCHEMA) for t in tables])
+    return t.unify_dictionaries().combine_chunks()
+
+
+def np_col(table: pa.Table, name: str) -> np.ndarray:
+    """A numeric column as a numpy array (zero-copy where Arrow allows)."""
+    col = table.column(name)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    return col.to_numpy(zero_copy_only=False)
+
+
+def dict_codes(table: pa.Table, name: str) -> tuple[np.ndarray, list[str]]:
+    """Codes and dictionary of a dictionary-encoded string column (one chunk assumed)."""
+    col = table.column(name)
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    return col.indices.to_numpy(zero_copy_only=False), col.dictionary.to_pylist()
+
+
+def kind_codes(table: pa.Table) -> np.ndarray:
+    """``kind`` as codes into :data:`KINDS`, whatever the column's own dictionary order."""
+    codes, dictionary = dict_codes(table, "kind")
+    try:
+        remap = np.array([KIND_CODE[k] for k in dictionary] or [0], dtype=np.int8)
+    except KeyError as e:
+        raise TellerError(f"unknown event kind {e.args[0]!r}; expected one of {', '.join(KINDS)}")
+    return remap[codes] if len(codes) else codes.astype(np.int8)
+
+
+# --------------------------------------------------------------------------------------------
+# run.json
+
+
+@dataclass
+class RunInfo:
+    """The contents of ``run.json``. Unknown keys are kept in ``extra``."""
+
+    source: str = ""
+    command: list[str] = field(default_factory=list)
+    engine: dict[str, Any] = field(default_factory=dict)
+    model_config: dict[str, Any] = field(default_factory=dict)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    clock: dict[str, Any] = field(default_factory=dict)
+    collector: dict[str, Any] = field(default_factory=dict)
+    dropped_records: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+    start_wall: float | None = None
+    end_wall: float | None = None
+    exit_code: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    tool_version: str = __version__
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "extra"}
+        d.update(self.extra)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RunInfo":
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        info = cls(**{k: v for k, v in d.items() if k in known})
+        info.extra = {k: v for k, v in d.items() if k not in known}
+        return info
+
+
+class RunDir:
+    """A run directory on disk. Creating one does not touch the disk until something is written."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    # paths
+    @property
+    def events_dir(self) -> Path:
+        return self.path / "events"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.path / "logs"
+
+    def artefact(self, name: str) -> Path:
+        return self.path / name
+
+    def exists(self) -> bool:
+        return (self.path / "run.json").is_file() or self.events_dir.is_dir()
+
+    def require(self) -> "RunDir":
+        if not self.path.is_dir():
+            raise TellerError(f"{self.path}: no such run directory; make one with `teller ingest SRC -o {self.path}` or `teller record -o {self.path} -- CMD`")
+        if not self.exists():
+            raise TellerError(f"{self.path}: not a run directory (no run.json or events/); make one with `teller ingest` or `teller record`")
+        return self
+
+    # run.json
+    def read_info(self) -> RunInfo:
+        p = self.path / "run.json"
+        if not p.is_file():
+            return RunInfo()
+        try:
+            d = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TellerError(f"{p}: not valid JSON ({e}); restore it or re-run `teller ingest`")
+        v = d.get("schema_version", SCHEMA_VERSION)
+        if not isinstance(v, int) or v > SCHEMA_VERSION:
+            raise TellerError(f"{p}: schema_version {v!r} is newer than this teller understands ({SCHEMA_VERSION}); upgrade teller")
+        return RunInfo.from_json(d)
+
+    def write_info(self, info: RunInfo) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / "run.json.tmp"
+        tmp.write_text(json.dumps(info.to_json(), indent=2, default=str))
+        tmp.replace(self.path / "run.json")
+
+    # events
+    def write_events(self, table: pa.Table, name: str = "events") -> Path:
+        """Write one events file, ``events/<name>.parquet`` (atomically)."""
+        self.events_dir.mkdir(parents=True, exist_ok=True)
+        table = table.select(EVENT_COLUMNS).cast(EVENT_SCHEMA)
+        out = self.events_dir / f"{name}.parquet"
+        tmp = out.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(out)
+        return out
+
+    def event_files(self) -> list[Path]:
+        return sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+
+    def read_events(self, columns: list[str] | None = None) -> pa.Table:
+        """All events of the run as one table (dictionaries unified)."""
+        tables = []
+        for f in self.event_files():
+            try:
+                t = pq.read_table(f, columns=columns)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it")
+            missing = set(columns or EVENT_COLUMNS) - set(t.column_names)
+            if missing:
+                raise TellerError(f"{f}: not a canonical events file (missing columns {sorted(missing)}); write it with teller.rundir.RunDir.write_events")
+            tables.append(t)
+        if columns is not None:
+            if not tables:
+                return EVENT_SCHEMA.empty_table().select(columns)
+            t = pa.concat_tables([x.cast(pa.schema([EVENT_SCHEMA.field(c) for c in columns])) for x in tables])
+            return t.unify_dictionaries().combine_chunks()
+        return concat_events(tables)
+
+    # generic tables (forest, requests, comm_edges, log_alignment, ...)
+    def write_table(self, table: pa.Table, name: str) -> Path:
+        out = self.path / f"{name}.parquet"
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(out)
+        return out
+
+    def read_table(self, name: str, hint: str = "") -> pa.Table:
+        p = self.path / f"{name}.parquet"
+        if not p.is_file():
+            raise TellerError(f"{p}: missing; {hint or f'run `teller reconstruct {self.path}` first'}")
+        return pq.read_table(p)
+
+    def has_table(self, name: str) -> bool:
+        return (self.path / f"{name}.parquet").is_file()
+
+    # logs
+    def log_files(self) -> list[Path]:
+        return sorted(self.logs_dir.glob("*.jsonl")) if self.logs_dir.is_dir() else []
+
+    def write_labels(self, labels: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "labels.json").write_text(json.dumps(labels, indent=2))
+
+    def read_labels(self) -> dict[str, Any] | None:
+        p = self.path / "labels.json"
+        return json.loads(p.read_text()) if p.is_file() else None
+
+
+def now_unix_ns() -> int:
+    return time.time_ns()
