@@ -1,0 +1,1 @@
+"""Collectors: where GPU/host activity comes from while a process is recorded."""
