@@ -1,0 +1,132 @@
+"""`teller show`: print the call-chain tree of a step or of a request (rich tree)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+from rich.console import Console
+from rich.tree import Tree
+
+from teller.errors import TellerError
+from teller.inspect.tree import Forest, fmt_ns
+from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col
+
+_STYLE = {
+    "STEP": "bold magenta", "FE": "bold cyan", "BE": "cyan", "COMM": "bold yellow", "RT": "green",
+    "DRV": "dark_green", "K": "red", "MEM": "orange3", "SYNC": "bright_red", "OTHER": "white",
+}
+
+
+def show(run: str | os.PathLike, step: int | None = None, request: str | None = None, depth: int = 6,
+         max_children: int = 12, console: Console | None = None) -> None:
+    """Print the tree of step ``step`` (its number or node id), of the steps of ``request``, or,
+    with neither, a list of steps and the tree of the first one."""
+    rd = RunDir(run).require()
+    console = console or Console()
+    forest = Forest(rd.read_table("forest"))
+    steps = rd.read_table("steps") if rd.has_table("steps") else None
+    kernels = forest.subtree_counts(forest.layer == LAYER_CODE["K"])
+
+    rows: list[int]
+    if request is not None:
+        if not rd.has_table("requests"):
+            raise TellerError(f"{rd.path}: no requests.parquet; run `teller reconstruct {rd.path}` first")
+        req = rd.read_table("requests")
+        ids = np.asarray(req.column("request_id").to_pylist(), dtype=object)
+        sel = np_col(req, "step_id")[ids == request]
+        if not len(sel):
+            known = sorted(set(ids.tolist()))[:8]
+            raise TellerError(f"{rd.path}: request {request!r} names no step; known requests include {', '.join(known) or 'none'}")
+        rows = [forest.row(int(s)) for s in np.unique(sel)]
+        console.print(f"request [bold]{request}[/]: {len(rows)} step(s)")
+    elif step is not None:
+        rows = _find_step(forest, steps, step, rd)
+    else:
+        step_rows = np.nonzero(forest.layer == LAYER_CODE["STEP"])[0]
+        if len(step_rows):
+            console.print(f"{len(step_rows)} steps; showing the first (use --step N or --request ID)")
+            _print_step_list(console, forest, steps, limit=10)
+            rows = [int(step_rows[np.argmin(forest.start[step_rows])])]
+        else:
+            console.print(f"no STEP ranges; {len(forest.roots)} root(s), showing the longest")
+            roots = forest.roots
+            rows = [int(roots[np.argmax(forest.end[roots] - forest.start[roots])])] if len(roots) else []
+    for r in rows:
+        console.print(_tree(forest, r, kernels, depth, max_children))
+
+
+def _find_step(forest: Forest, steps, step: int, rd: RunDir) -> list[int]:
+    if steps is not None and steps.num_rows:
+        nums = np_col(steps, "step_num")
+        hit = np_col(steps, "step_id")[nums == step]
+        if len(hit):
+            return [forest.row(int(s)) for s in hit]
+    if 0 <= step < len(forest._pos) and forest._pos[step] >= 0 and LAYERS[forest.layer[forest.row(step)]] == "STEP":
+        return [forest.row(step)]
+    raise TellerError(f"{rd.path}: no step {step} (neither a step number nor a STEP node id); `teller show {rd.path}` lists the steps")
+
+
+def _print_step_list(console: Console, forest: Forest, steps, limit: int) -> None:
+    if steps is None or not steps.num_rows:
+        return
+    order = np.argsort(np_col(steps, "start_ns"))[:limit]
+    nums, ranks = np_col(steps, "step_num"), np_col(steps, "rank")
+    starts, ends = np_col(steps, "start_ns"), np_col(steps, "end_ns")
+    nreq = np_col(steps, "n_requests")
+    for i in order:
+        console.print(f"  step {nums[i]:>5} rank {ranks[i]}  {fmt_ns(ends[i] - starts[i]):>10}  {nreq[i]} request(s)")
+
+
+def _label(forest: Forest, r: int, kernels: np.ndarray) -> str:
+    layer = LAYERS[forest.layer[r]]
+    name = forest.name(r)
+    if len(name) > 90:
+        name = name[:87] + "..."
+    dur = fmt_ns(forest.end[r] - forest.start[r])
+    extra = f"  [dim]{kernels[r]} kernels[/]" if kernels[r] and layer not in ("K",) else ""
+    flag = "  [yellow]⚑[/]" if forest.flags[r] else ""
+    return f"[{_STYLE[layer]}]{layer}[/] {_escape(name)}  [bold]{dur}[/]{extra}{flag}"
+
+
+def _escape(s: str) -> str:
+    return s.replace("[", r"\[")
+
+
+def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_children: int) -> Tree:
+    tree = Tree(_label(forest, root, kernels))
+    stack = [(tree, root, 0)]
+    while stack:
+        node, r, d = stack.pop()
+        kids = forest.children(r)
+        if not len(kids):
+            continue
+        if d + 1 > depth:
+            node.add(f"[dim]… {len(kids)} children below depth {depth}[/]")
+            continue
+        shown = 0
+        i = 0
+        pending = []
+        while i < len(kids) and shown < max_children:
+            k = kids[i]
+            # fold runs of identical leaves (same layer and name): "×N"
+            j = i + 1
+            if not len(forest.children(k)):
+                while j < len(kids) and not len(forest.children(kids[j])) and forest.layer[kids[j]] == forest.layer[k] \
+                        and forest.name_codes[kids[j]] == forest.name_codes[k]:
+                    j += 1
+            if j - i > 1:
+                total = float(np.sum(forest.end[kids[i:j]] - forest.start[kids[i:j]]))
+                layer = LAYERS[forest.layer[k]]
+                node.add(f"[{_STYLE[layer]}]{layer}[/] {_escape(forest.name(k)[:90])}  ×{j - i}  [bold]{fmt_ns(total)}[/] total")
+            else:
+                child = node.add(_label(forest, k, kernels))
+                pending.append((child, k, d + 1))
+            shown += 1
+            i = j
+        if i < len(kids):
+            rest = Counter(LAYERS[forest.layer[k]] for k in kids[i:])
+            node.add(f"[dim]… {len(kids) - i} more ({', '.join(f'{v} {k}' for k, v in rest.most_common())})[/]")
+        stack.extend(reversed(pending))
+    return tree

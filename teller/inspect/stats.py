@@ -1,0 +1,97 @@
+"""`teller stats`: counts per layer and kind, binding coverage, repairs, requests and log alignment."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+from rich.console import Console
+from rich.table import Table
+
+from teller.inspect.tree import Forest
+from teller.rundir import FLAG_NAMES, KINDS, LAYER_CODE, LAYERS, RunDir, kind_codes, np_col
+
+
+def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
+    """All figures `teller stats` prints, as a dict (also used by tests and reports)."""
+    rd = RunDir(run).require()
+    out: dict[str, Any] = {"run": str(rd.path)}
+    ev = rd.read_events(columns=["kind", "flags"])
+    kc = kind_codes(ev)
+    out["events"] = ev.num_rows
+    out["events_per_kind"] = {KINDS[i]: int(c) for i, c in enumerate(np.bincount(kc, minlength=len(KINDS))) if c}
+    out["event_flags"] = _flag_counts(np_col(ev, "flags"))
+    if rd.has_table("forest"):
+        f = Forest(rd.read_table("forest"))
+        out["nodes"] = f.n
+        out["nodes_per_layer"] = {LAYERS[i]: int(c) for i, c in enumerate(np.bincount(f.layer, minlength=len(LAYERS))) if c}
+        gpu = np.isin(f.layer, [LAYER_CODE["K"], LAYER_CODE["MEM"]])
+        # NCCL kernels are tagged COMM but are GPU rows too: count nodes with a device
+        device = np_col(f.table, "device")
+        gpu |= (f.layer == LAYER_CODE["COMM"]) & (device >= 0)
+        bound = gpu & (f.parent >= 0) & np.isin(f.layer[np.clip(f.parent, 0, None)], [LAYER_CODE["RT"], LAYER_CODE["DRV"]])
+        out["gpu_nodes"] = int(gpu.sum())
+        out["binding_coverage"] = float(bound.sum() / gpu.sum()) if gpu.sum() else None
+        out["node_flags"] = _flag_counts(f.flags)
+        out["steps"] = int((f.layer == LAYER_CODE["STEP"]).sum())
+    if rd.has_table("requests"):
+        req = rd.read_table("requests")
+        out["requests"] = len(pc.unique(req.column("request_id")))
+        out["request_step_pairs"] = req.num_rows
+    if rd.has_table("comm_edges"):
+        out["comm_edges"] = rd.read_table("comm_edges").num_rows
+    if rd.has_table("log_alignment"):
+        la = rd.read_table("log_alignment", "")
+        rules = pc.value_counts(la.column("rule").cast("string")).to_pylist()
+        out["log_lines"] = la.num_rows
+        out["log_rules"] = {r["values"]: int(r["counts"]) for r in rules}
+    rj = rd.path / "reconstruct.json"
+    if rj.is_file():
+        out["reconstruct"] = json.loads(rj.read_text())
+    info = rd.read_info()
+    out["source"] = info.source
+    if info.dropped_records:
+        out["dropped_records"] = info.dropped_records
+    return out
+
+
+def _flag_counts(flags: np.ndarray) -> dict[str, int]:
+    return {name: int(((flags & bit) != 0).sum()) for bit, name in FLAG_NAMES.items() if ((flags & bit) != 0).any()}
+
+
+def stats(run: str | os.PathLike, console: Console | None = None) -> dict[str, Any]:
+    s = collect_stats(run)
+    console = console or Console()
+    console.print(f"[bold]{s['run']}[/]  source: {s.get('source') or '?'}  events: {s['events']:,}")
+    t = Table("kind", "events", title="events per kind")
+    for k, v in s["events_per_kind"].items():
+        t.add_row(k, f"{v:,}")
+    console.print(t)
+    if "nodes" in s:
+        t = Table("layer", "nodes", title="forest nodes per layer")
+        for k, v in s["nodes_per_layer"].items():
+            t.add_row(k, f"{v:,}")
+        console.print(t)
+        cov = s["binding_coverage"]
+        console.print(f"binding coverage: {'n/a (no GPU activity)' if cov is None else f'{cov:.1%}'} of {s['gpu_nodes']:,} GPU nodes bound to a host call")
+        console.print(f"steps: {s['steps']:,}  requests: {s.get('requests', 0):,}  comm edges: {s.get('comm_edges', 0):,}")
+    else:
+        console.print(f"[yellow]not reconstructed yet[/]: run `teller reconstruct {s['run']}`")
+    repairs = {**{f"events {k}": v for k, v in s["event_flags"].items()}, **{f"nodes {k}": v for k, v in s.get("node_flags", {}).items()}}
+    rec = s.get("reconstruct", {})
+    repairs.update({k: v for k, v in rec.items() if isinstance(v, int) and v and any(w in k for w in ("repair", "drop", "unbound", "truncat", "unmatched", "without"))})
+    if repairs:
+        t = Table("what", "count", title="repaired / flagged")
+        for k, v in repairs.items():
+            t.add_row(k, f"{v:,}")
+        console.print(t)
+    else:
+        console.print("nothing repaired")
+    if "log_lines" in s:
+        console.print(f"log lines: {s['log_lines']:,}  aligned by: " + ", ".join(f"{k} {v:,}" for k, v in s["log_rules"].items()))
+    if s.get("dropped_records"):
+        console.print(f"[yellow]dropped records while recording[/]: {s['dropped_records']}")
+    return s
