@@ -179,7 +179,7 @@ def kind_codes(table: pa.Table) -> np.ndarray:
     try:
         remap = np.array([KIND_CODE[k] for k in dictionary] or [0], dtype=np.int8)
     except KeyError as e:
-        raise TellerError(f"unknown event kind {e.args[0]!r}; expected one of {', '.join(KINDS)}")
+        raise TellerError(f"unknown event kind {e.args[0]!r}; expected one of {', '.join(KINDS)}") from None
     return remap[codes] if len(codes) else codes.astype(np.int8)
 
 
@@ -256,7 +256,7 @@ class RunDir:
         try:
             d = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TellerError(f"{p}: not valid JSON ({e}); restore it or re-run `teller ingest`")
+            raise TellerError(f"{p}: not valid JSON ({e}); restore it or re-run `teller ingest`") from e
         v = d.get("schema_version", SCHEMA_VERSION)
         if not isinstance(v, int) or v > SCHEMA_VERSION:
             raise TellerError(f"{p}: schema_version {v!r} is newer than this teller understands ({SCHEMA_VERSION}); upgrade teller")
@@ -289,7 +289,7 @@ class RunDir:
             try:
                 t = pq.read_table(f, columns=columns)
             except (pa.ArrowInvalid, OSError) as e:
-                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it")
+                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
             missing = set(columns or EVENT_COLUMNS) - set(t.column_names)
             if missing:
                 raise TellerError(f"{f}: not a canonical events file (missing columns {sorted(missing)}); write it with teller.rundir.RunDir.write_events")
