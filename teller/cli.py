@@ -84,7 +84,7 @@ def _print_summary(what: str, summary: dict) -> None:
 
 def _register_optional() -> None:
     """Attach command groups of later stages when they are importable."""
-    for mod, name in (("teller.record.cli", "record"), ("teller.record.workload_cli", "workload")):
+    for mod, name in (("teller.record.cli", "record"), ("teller.workload.cli", "workload"), ("teller.logs.cli", "logs")):
         try:
             m = __import__(mod, fromlist=["register"])
         except ImportError:
