@@ -372,3 +372,27 @@ def test_columnar_ids_equal_python_reference(texts):
     pl, pr, pp = idx.pairs(off, vals)
     ref = sorted((i, c, k) for i, ids in enumerate(got) for k, rid in enumerate(ids) for c in idx.resolve(rid))
     assert sorted(zip(pl.tolist(), pr.tolist(), pp.tolist(), strict=True)) == ref
+
+
+# ------------------------------------------------------------------------------------------
+# property: readers never crash and never lose a line, whatever the bytes
+
+_LINE_PARTS = [b"INFO 11-29 08:15:02 [core.py:1] ok", b"(EngineCore_DP0 pid=7) ", b"13-45 99:99:99 ",
+               b"2026-11-29 08:15:02,123 - a - INFO - m", b'{"ts_ns": 5, "text": "x"}', b'{"ts_ns": "x"',
+               b"\xff\xfe", b"\x1b[1;36m", b"\r", b"  ", b"\t", b"req_1", b"{", b"}", b"[]", b"null"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_LINE_PARTS), max_size=4).map(b"".join), max_size=10),
+       st.booleans())
+def test_readers_never_crash_and_keep_every_line(tmp_path_factory, lines, trailing_newline):
+    d = tmp_path_factory.mktemp("r")
+    data = b"\n".join(lines) + (b"\n" if trailing_newline and lines else b"")
+    n_lines = len(data.split(b"\n")) - (1 if data.endswith(b"\n") else 0) if data else 0
+    for name, reader in (("x.log", read_plain), ("x.jsonl", read_jsonl)):
+        p = d / name
+        p.write_bytes(data)
+        r = reader(p, ctx())
+        assert r.table.num_rows + r.blank == n_lines
+        lines_no = r.table.column("file_line").to_pylist()
+        assert lines_no == sorted(set(lines_no)) and all(1 <= x <= n_lines for x in lines_no)

@@ -176,8 +176,10 @@ def build_alignment(
 
     ``fmt`` forces a preset for the plain files (default: detected per file), ``regex`` +
     ``time_format`` a user format (recorder JSONL text is matched against every format, since
-    its time comes from ``ts_ns``); ``files`` adds plain log files outside ``RUN/logs``; ``utc_offset_s`` is the
-    offset of naive timestamps (default: run.json ``clock.utc_offset_s``, else this machine's).
+    its time comes from ``ts_ns``); ``files`` adds plain log files outside ``RUN/logs``;
+    ``utc_offset_s`` is the offset of naive timestamps (default: run.json
+    ``clock.utc_offset_s``, else this machine's zone); ``id_patterns``/``suffix_rules`` replace
+    the request-id rules of :mod:`teller.logs.ids`.
     """
     rd = RunDir(run)
     if not rd.path.is_dir():

@@ -333,9 +333,12 @@ def read_jsonl(path: str | os.PathLike, ctx: ParseContext, label: str | None = N
         replaced = False
     except UnicodeDecodeError:
         replaced = True
+    # Arrow's reader only for files whose every record starts with "{": it segfaults on a
+    # top-level `null` line (pyarrow 26), and anything else unusual needs the line-by-line path
+    objects_only = bool(np.all(first[:len(nonblank)][nonblank] == ord("{")))
     try:
-        if replaced:
-            raise pa.ArrowInvalid("not UTF-8")
+        if replaced or not objects_only:
+            raise pa.ArrowInvalid("not UTF-8 or not one JSON object per line")
         t = pj.read_json(pa.BufferReader(data), parse_options=pj.ParseOptions(
             explicit_schema=_JSONL_SCHEMA, unexpected_field_behavior="ignore"))
         if t.num_rows != len(line_no):
