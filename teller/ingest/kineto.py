@@ -1,0 +1,1250 @@
+"""Kineto / PyTorch-profiler Chrome-trace reader (DESIGN.md §3, §4, §14).
+
+``read_kineto(path)`` turns one trace file into the canonical event table; ``ingest_kineto(src,
+out)`` turns a file or a folder of per-rank files into a run directory. What it understands:
+
+- every Kineto layout seen in the wild: fractional-µs ``ts``/``dur`` with ``baseTimeNanoseconds``
+  (absolute ns = ts·1000 + base), older files whose ``ts`` is already Unix µs, the 2022 format
+  (``Runtime``/``Kernel``/``Memcpy``/``Memset``, lowercase ``external id``), ns-resolution traces
+  (``displayTimeUnit: "ns"``; ``ts`` stays µs but carries three decimals, which float64 cannot hold
+  at Unix-epoch magnitudes, so such files are parsed with exact decimals), CPU-only traces and
+  AMD/ROCm traces (``hip*`` calls are ``cuda_runtime`` rows there);
+- categories → kinds: ``cuda_runtime``/``Runtime`` → RUNTIME, ``cuda_driver`` → DRIVER, ``kernel`` →
+  KERNEL, ``gpu_memcpy`` → MEMCPY, ``gpu_memset`` → MEMSET, ``cuda_sync`` → SYNC, every other
+  complete (``X``) event → RANGE, instant events → MARKER, ``B``/``E`` → NVTX_PUSH/NVTX_POP.
+  Metadata (``M``), flows (``s``/``f``/``t``: ``ac2g``, ``fwdbwd``) and counters are counted and
+  skipped: the correlation id in ``args`` already links host calls and GPU work;
+- layer tags from the data file ``layer_rules.toml``, evaluated on the dictionaries of categories
+  and names, never per event.
+
+Parsing is the stdlib ``json`` (C scanner) on chunks of the ``traceEvents`` array, so at most one
+chunk of Python dicts is alive; columns are built with comprehensions and numpy/Arrow. A damaged
+file (cut gzip, cut or corrupt JSON) yields every complete event that can be read, flagged
+``FLAG_REPAIRED`` and reported; a file with nothing readable raises :class:`InputError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tomllib
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from teller.errors import InputError, TellerError
+from teller.rundir import (
+    FLAG_DUPLICATE,
+    FLAG_REPAIRED,
+    FLAG_UNBOUND,
+    KIND_CODE,
+    KINDS,
+    LAYERS,
+    RunDir,
+    RunInfo,
+    events_table,
+)
+
+#: ``schemaVersion`` values whose layout this reader was written against.
+KNOWN_SCHEMA_VERSIONS = (1,)
+#: Bytes of JSON text parsed at once; bounds the Python objects alive during a parse.
+CHUNK_BYTES = 4 << 20
+#: Above this many µs a float64 ``ts`` no longer holds whole nanoseconds (ulp > 1 ns).
+_EXACT_US = 2.0**43
+RULES_PATH = Path(__file__).with_name("layer_rules.toml")
+
+# Kineto category (lower-cased) → canonical kind; any other category of a complete event is RANGE.
+_CAT_KIND = {
+    "cuda_runtime": "RUNTIME",
+    "runtime": "RUNTIME",
+    "hip_runtime": "RUNTIME",
+    "cuda_driver": "DRIVER",
+    "driver": "DRIVER",
+    "kernel": "KERNEL",
+    "gpu_memcpy": "MEMCPY",
+    "memcpy": "MEMCPY",
+    "gpu_memset": "MEMSET",
+    "memset": "MEMSET",
+    "cuda_sync": "SYNC",
+}
+#: Categories of RANGE events that sit on a GPU stream row (pid = device, tid = stream).
+_GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
+
+_K = KIND_CODE
+_HOST_CALL = np.array([_K["RUNTIME"], _K["DRIVER"]], np.int8)
+_GPU_WORK = np.array([_K["KERNEL"], _K["MEMCPY"], _K["MEMSET"]], np.int8)
+_GPU_KINDS = np.array([_K["KERNEL"], _K["MEMCPY"], _K["MEMSET"], _K["SYNC"]], np.int8)
+
+# Phase classes: timed rows first, then the ones that are counted and skipped.
+_X, _I, _B, _E, _META, _FLOW, _COUNTER, _OTHER, _MALFORMED = range(9)
+_PH_CLASS = {
+    "X": _X,
+    "i": _I,
+    "I": _I,
+    "R": _I,
+    "B": _B,
+    "E": _E,
+    "M": _META,
+    "s": _FLOW,
+    "f": _FLOW,
+    "t": _FLOW,
+    "C": _COUNTER,
+}
+_CLASS_KIND = {_I: _K["MARKER"], _B: _K["NVTX_PUSH"], _E: _K["NVTX_POP"]}
+_SKIP_REASON = {_META: "metadata", _FLOW: "flow", _COUNTER: "counter", _MALFORMED: "malformed"}
+
+# Element sizes of the `dtype` names the profiler writes into collective records.
+_DTYPE_BYTES = {
+    "float": 4,
+    "float32": 4,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "double": 8,
+    "float64": 8,
+    "int": 4,
+    "int32": 4,
+    "long": 8,
+    "int64": 8,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "complexhalf": 4,
+    "complexfloat": 8,
+    "complexdouble": 16,
+}
+
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_BOUNDARY_S = re.compile(r"\}\s*,\s*\{")
+_TS_SAMPLE = re.compile(rb'"ts"\s*:\s*"?(-?\d+)(\.\d*)?')
+_API_SUFFIX = re.compile(r"_v\d+$")
+_RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.I)
+_FIRST_INT = re.compile(r"-?\d+")
+_GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.I)
+_WS = b" \t\r\n"
+_EMPTY: dict = {}
+
+
+# --------------------------------------------------------------------------------------------
+# layer rules
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    category: re.Pattern
+    name: re.Pattern
+    layer: str
+
+
+@lru_cache(maxsize=8)
+def load_layer_rules(path: str | Path | None = None) -> tuple[LayerRule, ...]:
+    """The ordered layer rules of ``layer_rules.toml`` (or ``path``), compiled once."""
+    p = Path(path) if path is not None else RULES_PATH
+    try:
+        doc = tomllib.loads(p.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise TellerError(
+            f"{p}: unreadable layer rules ({e}); fix the TOML or point at another file"
+        ) from e
+    rules = []
+    for i, r in enumerate(doc.get("rule", [])):
+        where = f"{p}: rule {i + 1}"
+        if not isinstance(r, dict) or r.get("layer") not in LAYERS:
+            raise TellerError(f"{where}: 'layer' must be one of {', '.join(LAYERS)}; fix the rule")
+        try:
+            rules.append(
+                LayerRule(
+                    re.compile(r.get("category", "")), re.compile(r.get("name", "")), r["layer"]
+                )
+            )
+        except (re.error, TypeError) as e:
+            raise TellerError(f"{where}: bad regex ({e}); fix the rule") from e
+    return tuple(rules)
+
+
+def layer_codes(
+    cat_codes: np.ndarray,
+    cat_dict: list[str],
+    name_codes: np.ndarray,
+    name_dict: list[str],
+    rules: tuple[LayerRule, ...],
+) -> np.ndarray:
+    """Layer per row as an index into ``("",) + LAYERS``: first matching rule, 0 when none.
+
+    Each rule's regexes run once per dictionary entry; rows only index the resulting masks.
+    """
+    out = np.zeros(len(cat_codes), np.int8)
+    todo = np.ones(len(cat_codes), bool)
+    for rule in rules:
+        cat_ok = np.fromiter((bool(rule.category.search(c)) for c in cat_dict), bool, len(cat_dict))
+        if not cat_ok.any():
+            continue
+        name_ok = np.fromiter((bool(rule.name.search(s)) for s in name_dict), bool, len(name_dict))
+        hit = todo & cat_ok[cat_codes] & name_ok[name_codes]
+        out[hit] = LAYERS.index(rule.layer) + 1
+        todo &= ~hit
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# bytes and JSON
+
+
+def _read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
+    """The file's bytes, gunzipped when compressed; a damaged gzip yields what decompresses."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError(
+            path, f"cannot read ({e.strerror or e})", "check the path and permissions"
+        ) from e
+    if not data:
+        raise InputError(
+            path, "empty file", "re-export the trace (torch.profiler export_chrome_trace)"
+        )
+    if data[:2] != b"\x1f\x8b":
+        return data, []
+    return _gunzip(data)
+
+
+def _gunzip(data: bytes, block: int = 1 << 20) -> tuple[bytearray, list[str]]:
+    """Decompress all gzip members; keep the output before any corruption or truncation.
+
+    Output grows in one bytearray (no list of pieces joined at the end: half the peak memory).
+    """
+    out = bytearray()
+    view = memoryview(data)
+    pos = 0
+    while True:
+        d = zlib.decompressobj(wbits=31)
+        while pos < len(data) and not d.eof:
+            chunk = view[pos : pos + block]
+            saved = d.copy()
+            try:
+                out += d.decompress(chunk)
+            except zlib.error as e:
+                d = saved  # replay the block in small pieces to keep what precedes the damage
+                for k in range(0, len(chunk), 1 << 14):
+                    try:
+                        out += d.decompress(chunk[k : k + (1 << 14)])
+                    except zlib.error:
+                        break
+                return out, [f"corrupt gzip data in the 1 MiB block at byte {pos} ({e})"]
+            pos += len(chunk)
+        if not d.eof:
+            out += d.flush()
+            return out, ["gzip stream ends early (file cut)"]
+        pos -= len(d.unused_data)
+        if pos >= len(data):
+            return out, []
+        if data[pos : pos + 2] != b"\x1f\x8b":
+            return out, [f"{len(data) - pos} bytes after the gzip stream ignored"]
+
+
+def _skip_ws(buf: bytes | bytearray, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in _WS:
+        i += 1
+    return i
+
+
+def _salvage_members(text: str, decoder: json.JSONDecoder) -> dict[str, Any]:
+    """Members of a JSON object fragment (``"k": v, ...``) up to the first unreadable one."""
+    out: dict[str, Any] = {}
+    i, n = 0, len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,{":
+            i += 1
+        if i >= n or text[i] == "}":
+            break
+        try:
+            key, i = decoder.raw_decode(text, i)
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            if i >= n or text[i] != ":" or not isinstance(key, str):
+                break
+            i += 1
+            while i < n and text[i] in " \t\r\n":
+                i += 1
+            out[key], i = decoder.raw_decode(text, i)
+        except (ValueError, RecursionError):
+            break
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, Decimal):
+        return int(o) if o == o.to_integral_value() else float(o)
+    return str(o)
+
+
+def _make_encoder():
+    """Compact JSON text of one value; calls the C encoder directly (half the cost of dumps)."""
+    from json import encoder as _enc
+
+    if _enc.c_make_encoder is None:  # pragma: no cover - CPython always has it
+        return json.JSONEncoder(
+            ensure_ascii=False, separators=(",", ":"), default=_json_default
+        ).encode
+    c = _enc.c_make_encoder(
+        None, _json_default, _enc.c_encode_basestring, None, ":", ",", False, False, True
+    )
+    return lambda o: "".join(c(o, 0))
+
+
+_encode = _make_encoder()
+
+
+class _EventStream:
+    """Iterates the ``traceEvents`` array of a Chrome-trace document in chunks of dicts.
+
+    Fast path: split the array text at ``},{`` boundaries about every ``chunk`` bytes and parse
+    each piece with one ``json.loads`` call; a split that fell inside a nested value fails to parse
+    and is retried merged with the next piece. What still fails (a cut or corrupt region) is read
+    object by object with ``raw_decode`` from there on, resynchronising after unreadable bytes.
+    """
+
+    def __init__(self, path: Path, buf: bytes | bytearray, chunk: int = CHUNK_BYTES):
+        self.path, self.buf, self.chunk = path, buf, chunk
+        self.damage: list[str] = []
+        self.complete = False
+        self.header, start = self._locate()
+        self.start = start
+        self.exact = self._needs_exact()
+        self._loads = (lambda b: json.loads(b, parse_float=Decimal)) if self.exact else json.loads
+        self._decoder = json.JSONDecoder(parse_float=Decimal) if self.exact else json.JSONDecoder()
+        self.trailer: dict[str, Any] = {}
+        self.pos = self.start  # bytes consumed so far (progress)
+
+    # -- document layout
+    def _locate(self) -> tuple[dict[str, Any], int]:
+        buf, path = self.buf, self.path
+        i = _skip_ws(buf, 0)
+        if buf[i : i + 3] == b"\xef\xbb\xbf":
+            i = _skip_ws(buf, i + 3)
+        if i >= len(buf):
+            raise InputError(path, "file holds only whitespace", "re-export the trace")
+        if buf[i] == ord("["):  # a bare event array (allowed by the Chrome trace format)
+            return {}, i + 1
+        if buf[i] != ord("{"):
+            raise InputError(
+                path,
+                f"not JSON (starts with {bytes(buf[i : i + 8])!r})",
+                "pass a Kineto/Chrome trace .json or .json.gz",
+            )
+        m = _EVENTS_KEY.search(buf)
+        if m is None:
+            try:
+                doc = json.loads(buf)
+            except (ValueError, RecursionError) as e:
+                raise InputError(
+                    path,
+                    f"JSON is damaged before any traceEvents array ({e})",
+                    "nothing is recoverable; re-export the trace",
+                ) from e
+            what = "a JSON object" if isinstance(doc, dict) else f"JSON {type(doc).__name__}"
+            raise InputError(
+                path,
+                f"{what} without a 'traceEvents' array",
+                "pass a Kineto / PyTorch profiler trace",
+            )
+        try:
+            header = json.loads(buf[: m.start()] + b'"traceEvents":null}')
+        except (ValueError, RecursionError):
+            header = _salvage_members(
+                buf[: m.start()].decode("utf-8", "replace"), json.JSONDecoder()
+            )
+            self.damage.append("trace header unreadable; kept the keys that parse")
+        if not isinstance(header, dict):
+            header = {}
+        header.pop("traceEvents", None)
+        return header, m.end()
+
+    def _needs_exact(self) -> bool:
+        """True when ``ts`` has a fraction at magnitudes where float64 loses nanoseconds."""
+        for k, m in enumerate(_TS_SAMPLE.finditer(self.buf, self.start, self.start + (1 << 20))):
+            if m.group(2) and len(m.group(2)) > 1 and abs(int(m.group(1))) >= _EXACT_US:
+                return True
+            if k > 2000:
+                break
+        return False
+
+    # -- events
+    def __iter__(self) -> Iterator[list]:
+        """Yields lists of decoded events; ``self.damage`` says what could not be read."""
+        buf, n = self.buf, len(self.buf)
+        pos = _skip_ws(buf, self.start)
+        while pos < n:
+            if buf[pos] == ord("]"):
+                self._finish(pos + 1)
+                return
+            cut = pos + self.chunk
+            m = _BOUNDARY.search(buf, cut) if cut < n else None
+            if m is None:  # last piece: parse through the closing bracket and keep the trailer
+                try:
+                    s = buf[pos:].decode("utf-8")
+                    evs, end = self._decoder.raw_decode("[" + s)
+                except (ValueError, RecursionError):
+                    break
+                self._finish_text(s[end - 1 :])
+                yield evs
+                return
+            evs = None
+            for _ in range(3):  # a boundary inside a nested value: merge with the next piece
+                try:
+                    evs = self._loads(b"[" + buf[pos : m.start() + 1] + b"]")
+                    break
+                except (ValueError, RecursionError):
+                    m = _BOUNDARY.search(buf, m.end())
+                    if m is None:
+                        break
+            if evs is None:
+                break
+            pos = _skip_ws(buf, m.end() - 1)
+            self.pos = pos
+            yield evs
+        else:
+            self.damage.append("traceEvents array is not closed (file cut)")
+            return
+        yield from self._salvage(pos)
+
+    def _salvage(self, pos: int) -> Iterator[list]:
+        """Object-by-object read of ``buf[pos:]`` that skips what it cannot parse.
+
+        After unreadable bytes it resumes at the next ``},{``; until an object with a ``ph`` key
+        is read from there (the boundary may have been inside a nested value or a string), what
+        it finds is not trusted: fragments are skipped and a ``]`` does not end the array.
+        """
+        raw = self.buf[pos:]
+        text = raw.decode("utf-8", "replace")
+        if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
+            self.damage.append("invalid UTF-8 bytes replaced")
+        dec, i, n = self._decoder, 0, len(text)
+        batch: list = []
+        trusted = True
+        bad_at = -1  # start of the unreadable stretch being skipped
+
+        def offset(k: int) -> int:
+            return pos + len(raw) - len(text[k:].encode("utf-8", "replace"))
+
+        while True:
+            while i < n and text[i] in " \t\r\n,":
+                i += 1
+            if i >= n:
+                where = offset(bad_at) if bad_at >= 0 else pos + len(raw)
+                self.damage.append(f"file cut at byte {where}: traceEvents array not closed")
+                break
+            if bad_at < 0:
+                good_from = i
+            if text[i] == "]" and trusted:
+                self._finish_text(text[i + 1 :])
+                break
+            obj = None
+            if text[i] != "]":
+                try:
+                    obj, j = dec.raw_decode(text, i)
+                except (ValueError, RecursionError):
+                    obj = None
+            if obj is not None and (trusted or (isinstance(obj, dict) and "ph" in obj)):
+                if bad_at >= 0:
+                    self.damage.append(
+                        f"skipped {offset(good_from) - offset(bad_at)} unreadable bytes at byte {offset(bad_at)}"
+                    )
+                    bad_at = -1
+                trusted = True
+                batch.append(obj)
+                i = j
+            else:  # resume at the next object boundary
+                if bad_at < 0:
+                    bad_at = i
+                trusted = False
+                m = _BOUNDARY_S.search(text, i + 1)
+                if m is None:
+                    self.damage.append(
+                        f"file cut or corrupt at byte {offset(bad_at)}: "
+                        f"{len(raw) - (offset(bad_at) - pos)} trailing bytes hold no complete event"
+                    )
+                    break
+                i = good_from = m.end() - 1
+            if len(batch) >= 8192:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def _finish(self, after: int) -> None:
+        self._finish_text(self.buf[after:].decode("utf-8", "replace"))
+
+    def _finish_text(self, rest: str) -> None:
+        self.complete = True
+        rest = rest.strip()
+        if not rest or rest == "}" or not rest.startswith(","):
+            return
+        try:
+            tr = json.loads("{" + rest[1:])
+        except ValueError:
+            tr = _salvage_members(rest[1:], json.JSONDecoder())
+            self.damage.append("trace trailer (keys after traceEvents) damaged; kept what parses")
+        if isinstance(tr, dict):
+            self.trailer = tr
+
+
+# --------------------------------------------------------------------------------------------
+# columns
+
+
+def _str_array(vals: list) -> pa.Array:
+    """Strings (nulls for None); other scalars become their text."""
+    try:
+        return pa.array(vals, pa.string())
+    except (pa.ArrowException, TypeError, ValueError):
+        return pa.array([v if v is None or type(v) is str else str(v) for v in vals], pa.string())
+
+
+def _to_int(v: Any) -> int | None:
+    if type(v) is int:
+        return v if -(2**63) <= v < 2**63 else None
+    if isinstance(v, (float, Decimal)):
+        try:
+            return int(v) if v == int(v) else None
+        except (ValueError, OverflowError, InvalidOperation):
+            return None
+    if isinstance(v, str):
+        m = _FIRST_INT.search(v)
+        return int(m.group()) if m and abs(int(m.group())) < 2**63 else None
+    return None
+
+
+def _int_array(vals: list, fill: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
+    """int64 column; ``fill`` where missing. Also the mask of rows whose value was not an int."""
+    try:
+        arr = pa.array(vals, pa.int64())
+        return arr.fill_null(fill).to_numpy(zero_copy_only=False, writable=True), None
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        pass
+    odd = np.fromiter((v is not None and type(v) is not int for v in vals), bool, len(vals))
+    conv = [v if type(v) is int and -(2**63) <= v < 2**63 else _to_int(v) for v in vals]
+    return pa.array(conv, pa.int64()).fill_null(fill).to_numpy(
+        zero_copy_only=False, writable=True
+    ), odd
+
+
+def _exact_ns(v: Any) -> int | None:
+    try:
+        if type(v) is int:
+            return v * 1000
+        if isinstance(v, Decimal):
+            return int((v * 1000).to_integral_value()) if v.is_finite() else None
+        if isinstance(v, float):
+            return round(v * 1000) if np.isfinite(v) else None
+        if isinstance(v, str):
+            return _exact_ns(Decimal(v))
+    except (InvalidOperation, ValueError, OverflowError):
+        pass
+    return None
+
+
+def _to_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
+def _us_to_ns(vals: list, exact: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Microsecond values → (int64 nanoseconds, valid mask); exact for ints and decimals."""
+    if exact:
+        arr = pa.array(
+            [
+                int(v * 1000) if (t := type(v)) is Decimal or t is int else _exact_ns(v)
+                for v in vals
+            ],
+            pa.int64(),
+        )
+        ok = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
+        return arr.fill_null(0).to_numpy(zero_copy_only=False, writable=True), ok
+    try:
+        f = np.asarray(vals, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        f = np.fromiter((_to_float(v) for v in vals), np.float64, len(vals))
+    ok = np.isfinite(f) & (np.abs(f) < 9.0e15)
+    f = np.where(ok, f, 0.0)
+    whole = np.floor(f)
+    # whole µs and the fraction separately: ts·1000 in one float64 would round to 256 ns at epoch
+    return whole.astype(np.int64) * 1000 + np.rint((f - whole) * 1000.0).astype(np.int64), ok
+
+
+@dataclass
+class _Stats:
+    """Per-file counts; ``events_in == events_out + sum(skipped)`` always holds."""
+
+    in_by_category: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    repaired: Counter = field(default_factory=Counter)
+    metadata: list = field(default_factory=list)
+
+
+def _count_in(cat: list, ph: list, stats: _Stats) -> None:
+    """Events in, by category (``(ph X)`` for events without one)."""
+    cat_a = _str_array(cat)
+    if cat_a.null_count:
+        ph_a = _str_array(ph)
+        label = pc.binary_join_element_wise("(ph ", pc.fill_null(ph_a, "?"), ")", "")
+        cat_a = pc.coalesce(cat_a, label)
+    vc = pc.value_counts(cat_a).to_pylist()
+    stats.in_by_category.update({d["values"]: d["counts"] for d in vc})
+
+
+def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
+    """One chunk of decoded events → a table of its timed rows (ns on the file's own clock)."""
+    if not all(type(e) is dict for e in evs):
+        bad = sum(1 for e in evs if type(e) is not dict)
+        stats.in_by_category["(not an object)"] += bad
+        stats.skipped["malformed"] += bad
+        evs = [e for e in evs if type(e) is dict]
+    if not evs:
+        return None
+    ph = [e.get("ph") for e in evs]
+    cat = [e.get("cat") for e in evs]
+    _count_in(cat, ph, stats)
+
+    ph_d = _str_array(ph).dictionary_encode()
+    ph_cls_of = np.array(
+        [_PH_CLASS.get(p, _OTHER) for p in ph_d.dictionary.to_pylist()] + [_MALFORMED], np.int8
+    )
+    ph_idx = ph_d.indices.fill_null(len(ph_d.dictionary)).to_numpy(zero_copy_only=False)
+    cls = ph_cls_of[ph_idx]
+    if (cls == _META).any():
+        stats.metadata.extend(evs[i] for i in np.flatnonzero(cls == _META))
+    skipped = np.bincount(cls, minlength=9)
+    for c, reason in _SKIP_REASON.items():
+        if skipped[c]:
+            stats.skipped[reason] += int(skipped[c])
+    if skipped[_OTHER]:
+        odd = Counter(ph[i] for i in np.flatnonzero(cls == _OTHER))
+        for p, k in odd.items():
+            stats.skipped[f"phase_{p}"] += k
+
+    timed = cls <= _E
+    if not timed.any():
+        return None
+    if not timed.all():
+        idx = np.flatnonzero(timed)
+        evs = [evs[i] for i in idx]
+        cat = [cat[i] for i in idx]
+        cls = cls[idx]
+    n = len(evs)
+
+    start, ok = _us_to_ns([e.get("ts") for e in evs], exact)
+    dur, dur_ok = _us_to_ns([e.get("dur") for e in evs], exact)
+    flags = np.zeros(n, np.int32)
+    is_x = cls == _X
+    miss = is_x & ~dur_ok
+    neg = is_x & dur_ok & (dur < 0)
+    if miss.any():
+        stats.repaired["missing_duration"] += int((miss & ok).sum())
+    if neg.any():
+        stats.repaired["negative_duration"] += int((neg & ok).sum())
+    flags[miss | neg] |= FLAG_REPAIRED
+    dur = np.where(is_x & dur_ok & (dur > 0), dur, 0)
+
+    # kinds: complete events by category, the rest by phase
+    cat_a = pc.fill_null(_str_array(cat), "").dictionary_encode()
+    cat_dict = cat_a.dictionary.to_pylist()
+    cat_codes = cat_a.indices.to_numpy(zero_copy_only=False)
+    kind_of_cat = np.array([_K[_CAT_KIND.get(c.lower(), "RANGE")] for c in cat_dict], np.int8)
+    kind = kind_of_cat[cat_codes]
+    for c, k in _CLASS_KIND.items():
+        kind[cls == c] = k
+
+    names = pc.fill_null(_str_array([e.get("name") for e in evs]), "").dictionary_encode()
+    pid, pid_odd = _int_array([e.get("pid") for e in evs])
+    tid, tid_odd = _int_array([e.get("tid") for e in evs])
+
+    args = [e.get("args") or _EMPTY for e in evs]
+    if not all(type(a) is dict for a in args):
+        args = [a if type(a) is dict else {"value": a} for a in args]
+    odd_rows = None
+    if pid_odd is not None or tid_odd is not None:
+        # pid "Spans" / tid "PyTorch Profiler" etc.: keep the labels, the columns hold -1 or the number
+        odd_rows = np.flatnonzero(
+            (pid_odd if pid_odd is not None else False)
+            | (tid_odd if tid_odd is not None else False)
+        )
+        for i in odd_rows:
+            args[i] = {**args[i], "pid": evs[i].get("pid"), "tid": evs[i].get("tid")}
+    ext_lc = [i for i, a in enumerate(args) if "external id" in a and "External id" not in a]
+    for i in ext_lc:  # 2022 format: same key spelling as today's traces
+        a = dict(args[i])
+        a["External id"] = a.pop("external id")
+        args[i] = a
+
+    corr, _ = _int_array([a.get("correlation") for a in args])
+    need = np.flatnonzero((corr < 0) & (kind >= _K["RUNTIME"]))
+    if len(need):
+        alt, _ = _int_array([evs[i].get("correlation") for i in need])
+        corr[need] = alt
+
+    # GPU rows: Kineto puts pid = device and tid = stream; canonical rows keep them in
+    # device/stream and set tid = -1 (pid is rebound to the launching process per file).
+    gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
+    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
+    device = np.full(n, -1, np.int32)
+    stream = np.full(n, -1, np.int64)
+    graph = np.full(n, -1, np.int64)
+    gi = np.flatnonzero(is_gpu)
+    if len(gi):
+        dev, _ = _int_array([args[i].get("device") for i in gi], fill=-(2**62))
+        stm, _ = _int_array([args[i].get("stream") for i in gi], fill=-(2**62))
+        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
+        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
+        tid[gi] = -1
+        g, _ = _int_array([args[i].get("graph id", args[i].get("graph_id")) for i in gi])
+        graph[gi] = g
+
+    nbytes = np.full(n, -1, np.int64)
+    mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
+    if len(mi):
+        nbytes[mi], _ = _int_array([args[i].get("bytes") for i in mi])
+    ci = [i for i, a in enumerate(args) if "In msg nelems" in a or "Out msg nelems" in a]
+    if ci:
+        nbytes[ci] = _collective_bytes([args[i] for i in ci])
+
+    cat_json = {c: _encode(c) for c in cat_dict}
+    args_json = [
+        '{"cat":' + cat_json[c] + ("," + _encode(a)[1:] if a else "}")
+        for c, a in zip((cat_dict[k] for k in cat_codes), args, strict=True)
+    ]
+
+    keep = ok
+    if not keep.all():
+        stats.skipped["bad_timestamp"] += int((~keep).sum())
+    t = pa.table(
+        {
+            "kind": pa.array(kind, pa.int8()),
+            "cat": cat_a,
+            "name": names,
+            "pid": pa.array(pid, pa.int64()),
+            "tid": pa.array(tid, pa.int64()),
+            "device": pa.array(device, pa.int32()),
+            "stream": pa.array(stream, pa.int64()),
+            "start": pa.array(start, pa.int64()),
+            "dur": pa.array(dur, pa.int64()),
+            "corr_id": pa.array(corr, pa.int64()),
+            "graph_id": pa.array(graph, pa.int64()),
+            "bytes": pa.array(nbytes, pa.int64()),
+            "flags": pa.array(flags, pa.int32()),
+            "args": pa.array(args_json, pa.string()),
+            "gpu": pa.array(is_gpu, pa.bool_()),
+        }
+    )
+    return t if keep.all() else t.filter(pa.array(keep))
+
+
+def _collective_bytes(args: list[dict]) -> np.ndarray:
+    """Message size of collective records: max(in, out) elements × element size, -1 if unknown.
+
+    max(in, out) is the size nccl-tests report: the output of all-gather, the input of
+    reduce-scatter, either of all-reduce.
+    """
+    n_in, _ = _int_array([a.get("In msg nelems") for a in args], fill=0)
+    n_out, _ = _int_array([a.get("Out msg nelems") for a in args], fill=0)
+    size = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), -1) for a in args], np.int64)
+    nel = np.maximum(n_in, n_out)
+    return np.where((size > 0) & (nel > 0), nel * size, -1)
+
+
+# --------------------------------------------------------------------------------------------
+# one file
+
+
+@dataclass
+class KinetoFile:
+    """One parsed trace file: timed rows on an absolute (or raw) ns clock, plus what it says."""
+
+    path: Path
+    table: pa.Table  # canonical columns, start_ns/end_ns not yet shifted to τ
+    meta: dict[str, Any]
+    stats: _Stats
+    clock: dict[str, Any]
+    damage: list[str]
+    warnings: list[str]
+    main_pid: int
+    host_pids: list[int]
+
+    @property
+    def rank(self) -> int | None:
+        info = self.meta.get("distributedInfo")
+        r = info.get("rank") if isinstance(info, dict) else None
+        return r if isinstance(r, int) and not isinstance(r, bool) else None
+
+
+def parse_kineto_file(
+    path: str | Path,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+    layer_rules: str | Path | None = None,
+    progress: bool | None = None,
+) -> KinetoFile:
+    """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them."""
+    path = Path(path)
+    rules = load_layer_rules(layer_rules)
+    buf, damage = _read_bytes(path)
+    stream = _EventStream(path, buf, chunk_bytes)
+    stats = _Stats()
+    parts: list[pa.Table] = []
+    total = len(buf)
+    show = progress if progress is not None else (total > (256 << 20) and sys.stderr.isatty())
+    bar = None
+    if show:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task(f"reading {path.name}", total=total)
+    try:
+        for evs in stream:
+            t = _segment(evs, stream.exact, stats)
+            if t is not None and t.num_rows:
+                parts.append(t)
+            if bar is not None:
+                bar.update(task, completed=stream.pos)
+    except RecursionError:
+        raise InputError(path, "JSON nested too deeply to read", "re-export the trace") from None
+    finally:
+        if bar is not None:
+            bar.stop()
+    stream.buf = buf = b""  # the text is no longer needed: free it before building columns
+    damage = damage + stream.damage
+    meta = {**stream.header, **stream.trailer}
+    n_in = sum(stats.in_by_category.values())
+    if n_in == 0:
+        what = "no complete trace event could be read" if damage else "traceEvents is empty"
+        fix = (
+            "the file is damaged beyond repair; re-export it"
+            if damage
+            else "re-record with the profiler active around the workload"
+        )
+        raise InputError(path, what + (f" ({'; '.join(damage)})" if damage else ""), fix)
+    if damage:
+        stats.repaired["salvaged_from_damaged_file"] += sum(p.num_rows for p in parts)
+        for p_i, p in enumerate(parts):
+            parts[p_i] = p.set_column(
+                p.schema.get_field_index("flags"),
+                "flags",
+                pc.bit_wise_or(p["flags"], pa.scalar(FLAG_REPAIRED, pa.int32())),
+            )
+    warnings: list[str] = [f"{path.name}: {d}" for d in damage]
+    sv = meta.get("schemaVersion")
+    if sv is not None and sv not in KNOWN_SCHEMA_VERSIONS:
+        warnings.append(
+            f"{path.name}: unknown schemaVersion {sv!r}; read with the version-1 layout"
+        )
+
+    table = pa.concat_tables(parts).unify_dictionaries().combine_chunks() if parts else None
+    parts.clear()
+    base = meta.get("baseTimeNanoseconds")
+    base = base if isinstance(base, int) and not isinstance(base, bool) else None
+    canon, main_pid, host_pids = _finish_file(table, base, rules, stats)
+    clock = _clock_of(canon, base, meta)
+    if clock["source"] == "none" and canon.num_rows:
+        warnings.append(
+            f"{path.name}: no baseTimeNanoseconds and ts is not Unix time; t0_unix_ns unknown"
+        )
+    processes, threads = _names(stats.metadata)
+    meta_small = {k: v for k, v in meta.items() if k not in ("deviceProperties", "INFO")}
+    if "distributedInfo" in meta_small:
+        meta_small["distributedInfo"] = _shrink(meta_small["distributedInfo"])
+    meta_small["devices"] = [
+        d.get("name") for d in meta.get("deviceProperties") or [] if isinstance(d, dict)
+    ]
+    meta_small["processes"] = processes
+    meta_small["threads"] = threads
+    meta_small["exact_decimal_ts"] = stream.exact
+    return KinetoFile(path, canon, meta_small, stats, clock, damage, warnings, main_pid, host_pids)
+
+
+def _shrink(o: Any) -> Any:
+    """distributedInfo without thousand-entry rank lists (a 300-rank job repeats them per group)."""
+    if isinstance(o, dict):
+        return {k: _shrink(v) for k, v in o.items()}
+    if isinstance(o, list):
+        if len(o) > 32 and all(isinstance(x, int) for x in o):
+            return {"count": len(o), "first": o[0], "last": o[-1]}
+        return [_shrink(x) for x in o]
+    return o
+
+
+def _names(metadata: list[dict]) -> tuple[dict[str, dict], list[dict]]:
+    """Process and thread names from ``M`` events (few per trace: a loop is fine)."""
+    procs: dict[str, dict] = {}
+    threads: dict[tuple, dict] = {}
+    for e in metadata:
+        a = e.get("args") if isinstance(e.get("args"), dict) else {}
+        what, pid, tid = e.get("name"), e.get("pid"), e.get("tid")
+        if what == "process_name":
+            procs.setdefault(str(pid), {})["name"] = a.get("name")
+        elif what == "process_labels":
+            procs.setdefault(str(pid), {})["labels"] = a.get("labels")
+        elif what == "thread_name":
+            threads[(str(pid), str(tid))] = {
+                "pid": pid,
+                "tid": tid,
+                "name": str(a.get("name", "")).strip(),
+            }
+    return procs, list(threads.values())
+
+
+def _finish_file(
+    t: pa.Table | None, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
+) -> tuple[pa.Table, int, list[int]]:
+    """File-level passes: clock base, API names, layers, GPU pid binding, duplicates, order."""
+    if t is None or t.num_rows == 0:
+        return events_table({}, 0), -1, []
+    kind = t["kind"].to_numpy()
+    pid = t["pid"].to_numpy().copy()
+    corr = t["corr_id"].to_numpy()
+    flags = t["flags"].to_numpy().copy()
+    gpu = t["gpu"].to_numpy(zero_copy_only=False)
+    start = t["start"].to_numpy() + (base or 0)
+    end = start + t["dur"].to_numpy()
+
+    # names of runtime/driver calls without the `_v7000`-style version suffix
+    name_col = t["name"].combine_chunks() if isinstance(t["name"], pa.ChunkedArray) else t["name"]
+    name_dict = name_col.dictionary.to_pylist()
+    name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    stripped = [_API_SUFFIX.sub("", s) for s in name_dict]
+    if stripped != name_dict:
+        merged = list(dict.fromkeys(name_dict + stripped))
+        pos = {s: i for i, s in enumerate(merged)}
+        as_is = np.array([pos[s] for s in name_dict], np.int64)
+        as_api = np.array([pos[s] for s in stripped], np.int64)
+        name_codes = np.where(np.isin(kind, _HOST_CALL), as_api[name_codes], as_is[name_codes])
+        name_dict = merged
+
+    cat_col = t["cat"].combine_chunks() if isinstance(t["cat"], pa.ChunkedArray) else t["cat"]
+    cat_dict = cat_col.dictionary.to_pylist()
+    cat_codes = cat_col.indices.to_numpy(zero_copy_only=False)
+    layer = layer_codes(cat_codes, cat_dict, name_codes, name_dict, rules)
+
+    # the trace's main host process: the pid with most host-side rows
+    host_rows = ~gpu & (pid >= 0)
+    host_pids, counts = np.unique(pid[host_rows], return_counts=True)
+    main_pid = int(host_pids[np.argmax(counts)]) if len(host_pids) else -1
+
+    # GPU rows get the pid of the process whose runtime/driver call launched them (matched by
+    # correlation id); rows without a match (gpu_user_annotation, lost launches) get main_pid.
+    hi = np.flatnonzero(np.isin(kind, _HOST_CALL) & (corr >= 0))
+    order = np.argsort(corr[hi], kind="stable")
+    hc, hrow = corr[hi][order], hi[order]
+    gi = np.flatnonzero(gpu)
+    launcher = np.full(len(gi), -1, np.int64)
+    if len(hc) and len(gi):
+        p = np.clip(np.searchsorted(hc, corr[gi]), 0, len(hc) - 1)
+        found = (hc[p] == corr[gi]) & (corr[gi] >= 0)
+        launcher = np.where(found, hrow[p], -1)
+    pid[gi] = np.where(launcher >= 0, pid[np.maximum(launcher, 0)], main_pid)
+    unbound = gi[(launcher < 0) & np.isin(kind[gi], _GPU_KINDS)]
+    flags[unbound] |= FLAG_UNBOUND
+
+    # duplicate correlation ids: a second host call with the same (pid, corr), or a second GPU
+    # activity with the same corr unless a graph launch (one corr, many kernels) issued it
+    dup = np.zeros(len(kind), bool)
+    _mark_later_duplicates(dup, hi, pid, corr, start)
+    graph_name = np.fromiter(
+        (bool(_GRAPH_LAUNCH.search(s)) for s in name_dict), bool, len(name_dict)
+    )
+    from_graph = np.zeros(len(kind), bool)
+    from_graph[gi] = (launcher >= 0) & graph_name[name_codes[np.maximum(launcher, 0)]]
+    wi = np.flatnonzero(np.isin(kind, _GPU_WORK) & (corr >= 0) & ~from_graph)
+    _mark_later_duplicates(dup, wi, np.zeros_like(pid), corr, start)
+    if dup.any():
+        flags[dup] |= FLAG_DUPLICATE
+        stats.repaired["duplicate_corr_id"] += int(dup.sum())
+
+    order = np.lexsort((-(end - start), start))
+    names = pa.DictionaryArray.from_arrays(
+        pa.array(name_codes[order].astype(np.int32)), pa.array(name_dict, pa.string())
+    )
+    layers = pa.DictionaryArray.from_arrays(pa.array(layer[order]), pa.array(("",) + LAYERS))
+    kinds = pa.DictionaryArray.from_arrays(pa.array(kind[order]), pa.array(KINDS))
+    take = pa.array(order)
+    canon = events_table(
+        {
+            "kind": kinds,
+            "name": names,
+            "layer": layers,
+            "node": np.zeros(len(order), np.int32),
+            "rank": np.zeros(len(order), np.int32),
+            "pid": pid[order],
+            "tid": t["tid"].take(take),
+            "device": t["device"].take(take),
+            "stream": t["stream"].take(take),
+            "start_ns": start[order],
+            "end_ns": end[order],
+            "corr_id": corr[order],
+            "graph_id": t["graph_id"].take(take),
+            "bytes": t["bytes"].take(take),
+            "flags": flags[order],
+            "args": t["args"].take(take),
+        }
+    )
+    return canon, main_pid, [int(p) for p in host_pids]
+
+
+def _mark_later_duplicates(
+    dup: np.ndarray, rows: np.ndarray, key_a: np.ndarray, key_b: np.ndarray, t: np.ndarray
+) -> None:
+    """Set ``dup`` on every row of ``rows`` whose (key_a, key_b) an earlier row already had."""
+    if len(rows) < 2:
+        return
+    o = rows[np.lexsort((t[rows], key_b[rows], key_a[rows]))]
+    same = (key_a[o][1:] == key_a[o][:-1]) & (key_b[o][1:] == key_b[o][:-1])
+    dup[o[1:][same]] = True
+
+
+def _clock_of(t: pa.Table, base: int | None, meta: dict) -> dict[str, Any]:
+    """How the file's times relate to wall-clock time."""
+    first = int(pc.min(t["start_ns"]).as_py()) if t.num_rows else None
+    if base is not None:
+        source = "baseTimeNanoseconds"
+    elif first is not None and 946_684_800 * 10**9 <= first < 4_102_444_800 * 10**9:
+        source = "ts_unix_us"  # older Kineto writes ts as Unix µs (2000-01-01 .. 2100-01-01)
+    else:
+        source = "none"
+    return {
+        "source": source,
+        "baseTimeNanoseconds": base,
+        "first_event_ns": first,
+        "displayTimeUnit": meta.get("displayTimeUnit"),
+        "traceTimeUnit": meta.get("traceTimeUnit"),
+    }
+
+
+def read_kineto(path: str | Path, **options: Any) -> pa.Table:
+    """Canonical events of one Kineto file, τ = ns since its earliest event.
+
+    The file's clock anchor and counts travel in the schema metadata key ``teller.kineto``
+    (JSON: ``t0_unix_ns``, ``clock``, ``counts``, ``warnings``).
+    """
+    f = parse_kineto_file(path, **options)
+    t0 = f.clock["first_event_ns"] or 0
+    table = _shift(f.table, t0)
+    info = {
+        "t0_unix_ns": t0 if f.clock["source"] != "none" and f.table.num_rows else None,
+        "clock": f.clock,
+        "counts": _counts([f]),
+        "warnings": f.warnings,
+    }
+    return table.replace_schema_metadata({"teller.kineto": json.dumps(info, default=str)})
+
+
+def _shift(t: pa.Table, t0: int) -> pa.Table:
+    if t0 == 0 or t.num_rows == 0:
+        return t
+    s = pa.scalar(t0, pa.int64())
+    t = t.set_column(
+        t.schema.get_field_index("start_ns"), "start_ns", pc.subtract(t["start_ns"], s)
+    )
+    return t.set_column(t.schema.get_field_index("end_ns"), "end_ns", pc.subtract(t["end_ns"], s))
+
+
+def _counts(files: list[KinetoFile]) -> dict[str, Any]:
+    """Summed counts; events_in = events_out + skipped."""
+    cin, skipped, repaired, out, flags = Counter(), Counter(), Counter(), Counter(), Counter()
+    for f in files:
+        cin.update(f.stats.in_by_category)
+        skipped.update(f.stats.skipped)
+        repaired.update(f.stats.repaired)
+        kinds = f.table["kind"].combine_chunks()
+        vc = pc.value_counts(
+            kinds.dictionary_decode() if f.table.num_rows else pa.array([], pa.string())
+        )
+        out.update({d["values"]: d["counts"] for d in vc.to_pylist()})
+        fl = f.table["flags"].to_numpy() if f.table.num_rows else np.zeros(0, np.int32)
+        for bit, name in (
+            (FLAG_REPAIRED, "repaired"),
+            (FLAG_UNBOUND, "unbound"),
+            (FLAG_DUPLICATE, "duplicate"),
+        ):
+            flags[name] += int(((fl & bit) != 0).sum())
+    return {
+        "events_in": sum(cin.values()),
+        "events_out": sum(out.values()),
+        "skipped": sum(skipped.values()),
+        "repaired": sum(repaired.values()),
+        "in_by_category": dict(sorted(cin.items())),
+        "out_by_kind": {k: out[k] for k in KINDS if out[k]},
+        "skipped_by_reason": dict(sorted(skipped.items())),
+        "repaired_by_reason": dict(sorted(repaired.items())),
+        "flagged": dict(flags),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# run directory
+
+
+def _trace_files(src: Path) -> list[Path]:
+    if src.is_file():
+        return [src]
+    files = sorted(
+        p for p in src.iterdir() if p.is_file() and p.name.lower().endswith((".json", ".json.gz"))
+    )
+    if not files:
+        raise InputError(
+            src,
+            "folder holds no .json or .json.gz trace",
+            "point at a Kineto trace or a folder of per-rank traces",
+        )
+    return files
+
+
+def _assign_ranks(files: list[KinetoFile]) -> tuple[list[int], list[str]]:
+    """Rank per file: distributedInfo.rank, else `rankN` in the file name, else file order."""
+    ranks, warnings = [], []
+    for i, f in enumerate(files):
+        r = f.rank
+        if r is None:
+            m = _RANK_IN_NAME.search(f.path.name)
+            r = int(m.group(1)) if m else i
+        ranks.append(r)
+    dup = [r for r, k in Counter(ranks).items() if k > 1]
+    if dup:
+        warnings.append(
+            f"several files claim rank(s) {sorted(dup)}; their events share those ranks"
+        )
+    return ranks, warnings
+
+
+def _prepare_out(out: Path) -> None:
+    """Replace an earlier ingest's events; refuse to mix into a recorded run."""
+    rd = RunDir(out)
+    old = rd.event_files()
+    if not old:
+        return
+    try:
+        reader = rd.read_info().collector.get("reader")
+    except TellerError:
+        reader = None
+    if not reader:
+        raise TellerError(
+            f"{out}: already holds a run ({len(old)} event files) not written by `teller ingest`; "
+            "choose another -o directory"
+        )
+    for p in old:
+        p.unlink()
+
+
+def ingest_kineto(src: Path, out: Path, **options: Any) -> dict[str, Any]:
+    """Read a Kineto trace file or a folder of per-rank traces into the run directory ``out``.
+
+    Options: ``layer_rules`` (path to a rules TOML), ``chunk_bytes``, ``progress``. Returns the
+    counts (also stored in run.json): ``events_in == events_out + skipped``.
+    """
+    src, out = Path(src), Path(out)
+    paths = _trace_files(src)
+    files = [parse_kineto_file(p, **options) for p in paths]
+    ranks, warnings = _assign_ranks(files)
+    hosts = [f.meta.get("host_name") for f in files]
+    node_of = {h: i for i, h in enumerate(dict.fromkeys(h for h in hosts if h))}
+    anchored = [
+        f.clock["first_event_ns"] for f in files if f.clock["source"] != "none" and f.table.num_rows
+    ]
+    t0 = min(anchored) if anchored else None
+    if anchored and len(anchored) < sum(1 for f in files if f.table.num_rows):
+        warnings.append(
+            "some files have no absolute clock; each is placed with its first event at τ=0"
+        )
+
+    counts = _counts(files)
+    if counts["events_out"] == 0:
+        warnings.append("no timed events (only metadata, flows or counters): the run is empty")
+    end_ns = max(
+        (
+            int(pc.max(f.table["end_ns"]).as_py())
+            for f in files
+            if f.table.num_rows and f.clock["source"] != "none"
+        ),
+        default=None,
+    )
+
+    _prepare_out(out)
+    rd = RunDir(out)
+    used: set[str] = set()
+    rank_info = []
+    for f, rank, host in zip(files, ranks, hosts, strict=True):
+        node = node_of.get(host, 0)
+        shift = (
+            t0
+            if (t0 is not None and f.clock["source"] != "none")
+            else (f.clock["first_event_ns"] or 0)
+        )
+        t = _shift(f.table, shift)
+        n = t.num_rows
+        t = t.set_column(
+            t.schema.get_field_index("rank"), "rank", pa.array(np.full(n, rank, np.int32))
+        )
+        t = t.set_column(
+            t.schema.get_field_index("node"), "node", pa.array(np.full(n, node, np.int32))
+        )
+        stem = re.sub(
+            r"[^A-Za-z0-9_.-]+", "_", re.sub(r"\.json(\.gz)?$", "", f.path.name, flags=re.I)
+        )
+        name = f"kineto_rank{rank}_{stem}"
+        while name in used:
+            name += "_"
+        used.add(name)
+        if n:
+            rd.write_events(t, name=name)
+        f.table = t = f.table.slice(0, 0)  # written: free the rows
+        rank_info.append(
+            {
+                "node": node,
+                "rank": rank,
+                "pid": f.main_pid,
+                "pids": f.host_pids,
+                "host": host,
+                "file": f.path.name,
+                "events": n,
+            }
+        )
+        warnings.extend(f.warnings)
+
+    info = RunInfo(
+        source=str(src),
+        ranks=rank_info,
+        clock={
+            "t0_unix_ns": t0,
+            "tau": "ns since the earliest event of the run",
+            "per_file": [{"file": f.path.name, **f.clock} for f in files],
+        },
+        collector={"reader": "kineto", "files": [str(p) for p in paths]},
+        counts=counts,
+        start_wall=t0 / 1e9 if t0 is not None else None,
+        end_wall=end_ns / 1e9 if end_ns is not None else None,
+        extra={"kineto": [{"file": f.path.name, **f.meta} for f in files], "warnings": warnings},
+    )
+    rd.write_info(info)
+    return {"files": len(files), "ranks": len(set(ranks)), **counts, "warnings": warnings}
