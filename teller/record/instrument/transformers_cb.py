@@ -1,0 +1,114 @@
+"""transformers continuous batching (5.17–5.x): STEP, FE, BE ranges on the generation thread.
+
+Hook points (read in the 5.17 and 5.24 sources; DESIGN.md §13), all on the background thread
+that runs ``ContinuousBatchingManager._run_generation_loop``:
+
+- ``ContinuousBatchingManager._generation_loop_body(batch_processor, bootstrapping)``: one loop
+  iteration. It is the STEP's scope: the range opened inside it is closed when it returns (or
+  raises), so a STEP covers the forward pass, sampling and ``update_batch``.
+- ``ContinuousBatchProcessor.prepare_next_batch()``: scheduling, recorded as
+  ``OTHER schedule``. When it returns True the batch is known, and the STEP opens right there:
+  ``STEP id=<n> reqs=<request_id>,...`` with the ids of
+  ``inputs_and_outputs.requests_in_batch[i].state.request_id`` (n counts steps in the process).
+- ``ContinuousBatchProcessor.update_batch()``: ``OTHER update_batch``.
+- ``ContinuousBatchingManager.__init__``: the model is known; FE hooks are attached to it
+  (:func:`~teller.record.instrument.torch_ops.attach_module_ranges`).
+- ``ModelRunner._sample``: ``FE Sampling``.
+
+BE aten ops are recorded for the STEP's duration by the runtime (``--be-depth``). Async batching
+and CUDA graphs hide per-op work from any host-side hook: turn them off for full traces (the
+shipped workload does).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from teller.record import runtime as rt
+from teller.record.instrument import Instrumentor
+
+CB = "transformers.generation.continuous_batching"
+
+
+class TransformersCBInstrumentor(Instrumentor):
+    name = "transformers"
+    dist = "transformers"
+    module = "transformers"
+    min_version = (5, 17)
+    max_version = (6,)
+    targets = (f"{CB}.continuous_api", f"{CB}.model_runner")
+
+    def patch(self, module: Any) -> None:
+        if module.__name__.endswith(".continuous_api"):
+            self.wrap(module, "ContinuousBatchingManager._generation_loop_body", self._loop_body)
+            self.wrap(module, "ContinuousBatchProcessor.prepare_next_batch", self._prepare)
+            self.wrap(module, "ContinuousBatchProcessor.update_batch", self._update)
+            self.wrap(module, "ContinuousBatchingManager.__init__", self._manager_init)
+        elif module.__name__.endswith(".model_runner"):
+            self.wrap(module, "ModelRunner._sample", self._sample)
+
+    def uninstrument(self) -> None:
+        from teller.record.instrument import torch_ops
+
+        super().uninstrument()
+        torch_ops.detach_module_ranges()
+
+    # ---- wrappers (wrapt signature) ----------------------------------------------------------
+    def _loop_body(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        tls = self.tls
+        if getattr(tls, "in_body", False):
+            return wrapped(*args, **kwargs)
+        tls.in_body, tls.step_open = True, False
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            tls.in_body = False
+            if tls.step_open:
+                tls.step_open = False
+                try:
+                    rt.pop_step()
+                except Exception as e:
+                    self.failed("STEP end", e)
+
+    def _prepare(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        rt.push("OTHER schedule")
+        try:
+            ready = wrapped(*args, **kwargs)
+        finally:
+            rt.pop()
+        tls = self.tls
+        if ready and getattr(tls, "in_body", False) and not tls.step_open:
+            try:
+                batch = instance.inputs_and_outputs.requests_in_batch
+                ids = ",".join(str(fs.state.request_id) for fs in batch)
+                rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids}")
+                tls.step_open = True
+            except Exception as e:
+                self.failed("STEP begin", e)
+        return ready
+
+    def _update(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        rt.push("OTHER update_batch")
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            rt.pop()
+
+    def _manager_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        out = wrapped(*args, **kwargs)
+        try:
+            from teller.record.instrument import torch_ops
+
+            torch_ops.attach_module_ranges(getattr(instance, "model", None))
+        except Exception as e:
+            self.failed("FE module hooks", e)
+        return out
+
+    def _sample(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if rt.is_compiling():
+            return wrapped(*args, **kwargs)
+        rt.push("FE Sampling")
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            rt.pop()

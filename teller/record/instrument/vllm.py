@@ -1,0 +1,160 @@
+"""vLLM V1 (0.8 and later): STEP ranges per engine step and per worker step, FE, COMM.
+
+Written against the hook points of the vLLM V1 sources (DESIGN.md §13) and tested against a
+fake module tree that mimics their module, class and method names
+(``tests/test_instrument_engines.py``). It has NOT been run against a real vLLM: vLLM does not
+install on the CPU machine this was developed on. The version gate and the one-line
+"hook point not found" messages are the safety net when a release moves things.
+
+Hook points:
+
+- ``vllm.v1.engine.core.EngineCore.step`` and ``.step_with_batch_queue``: the STEP's scope.
+  Which one runs is bound at ``EngineCore.__init__`` (``self.step_fn``), after this module's
+  post-import hook has wrapped both, so either is covered.
+- ``vllm.v1.core.sched.scheduler.Scheduler.schedule``: inside a step's scope, the STEP opens
+  when it returns: ``STEP id=<n> reqs=<ids>`` with the keys of
+  ``SchedulerOutput.num_scheduled_tokens`` (vLLM's internal ids: the external id plus ``-`` and
+  8 random characters). A batch-queue step that schedules nothing opens no STEP.
+- ``vllm.v1.worker.gpu_worker.Worker.execute_model(scheduler_output)``: in worker processes (or
+  worker threads) a STEP of its own with the same request ids, unless a STEP is already open
+  on the thread (uni-process executor on the engine thread). When it returns None, sampling
+  follows in ``Worker.sample_tokens`` (``FE Sampling``) and the STEP ends after it.
+- ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.load_model``: FE hooks on ``self.model``.
+- ``vllm.distributed.parallel_state.GroupCoordinator`` collectives: COMM ranges, group =
+  ``unique_name`` (e.g. ``tp:0``); the torch.distributed calls underneath are not recorded twice.
+
+vLLM runs the engine core and the workers in processes it spawns; they inherit the environment
+and therefore the bootstrap, so each is recorded into its own events files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from teller.record import runtime as rt
+from teller.record.instrument import Instrumentor
+
+
+def _scheduled_ids(scheduler_output: Any) -> str:
+    return ",".join(str(k) for k in getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+
+
+class VLLMInstrumentor(Instrumentor):
+    name = "vllm"
+    dist = "vllm"
+    module = "vllm"
+    min_version = (0, 8)
+    max_version = (2,)
+    targets = (
+        "vllm.v1.engine.core",
+        "vllm.v1.core.sched.scheduler",
+        "vllm.v1.worker.gpu_worker",
+        "vllm.v1.worker.gpu_model_runner",
+        "vllm.distributed.parallel_state",
+    )
+
+    def patch(self, module: Any) -> None:
+        name = module.__name__
+        if name == "vllm.v1.engine.core":
+            self.wrap(module, "EngineCore.step", self._step_scope)
+            self.wrap(module, "EngineCore.step_with_batch_queue", self._step_scope)
+        elif name == "vllm.v1.core.sched.scheduler":
+            self.wrap(module, "Scheduler.schedule", self._schedule)
+        elif name == "vllm.v1.worker.gpu_worker":
+            self.wrap(module, "Worker.execute_model", self._execute_model)
+            if "sample_tokens" in vars(getattr(module, "Worker", object)):
+                self.wrap(module, "Worker.sample_tokens", self._sample_tokens)
+        elif name == "vllm.v1.worker.gpu_model_runner":
+            self.wrap(module, "GPUModelRunner.load_model", self._load_model)
+        elif name == "vllm.distributed.parallel_state":
+            from teller.record.instrument import torch_ops
+
+            torch_ops.wrap_group_coordinator(self, module)
+
+    def uninstrument(self) -> None:
+        from teller.record.instrument import torch_ops
+
+        super().uninstrument()
+        torch_ops.detach_module_ranges()
+
+    # ---- engine core -------------------------------------------------------------------------
+    def _step_scope(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        tls = self.tls
+        if getattr(tls, "in_step", False):
+            return wrapped(*args, **kwargs)
+        tls.in_step, tls.step_open = True, False
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            tls.in_step = False
+            if tls.step_open:
+                tls.step_open = False
+                try:
+                    rt.pop_step()
+                except Exception as e:
+                    self.failed("STEP end", e)
+
+    def _schedule(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        rt.push("OTHER schedule")
+        try:
+            out = wrapped(*args, **kwargs)
+        finally:
+            rt.pop()
+        tls = self.tls
+        if getattr(tls, "in_step", False) and not tls.step_open:
+            try:
+                if getattr(out, "total_num_scheduled_tokens", 1):
+                    rt.push_step(f"STEP id={rt.next_step_id()} reqs={_scheduled_ids(out)}")
+                    tls.step_open = True
+            except Exception as e:
+                self.failed("STEP begin", e)
+        return out
+
+    # ---- worker --------------------------------------------------------------------------------
+    def _execute_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        tls = self.tls
+        if getattr(tls, "worker_step", False):
+            self._end_worker_step()  # the previous step's sampling never came
+        if getattr(tls, "step_open", False) or rt.is_compiling():
+            return wrapped(*args, **kwargs)
+        try:
+            so = args[0] if args else kwargs.get("scheduler_output")
+            rt.push_step(f"STEP id={rt.next_step_id()} reqs={_scheduled_ids(so)}")
+            tls.worker_step = True
+        except Exception as e:
+            self.failed("worker STEP begin", e)
+        out = None
+        try:
+            out = wrapped(*args, **kwargs)
+            return out
+        finally:
+            # newer V1 workers return None here and sample in sample_tokens: the STEP spans both
+            if out is not None:
+                self._end_worker_step()
+
+    def _end_worker_step(self) -> None:
+        tls = self.tls
+        if getattr(tls, "worker_step", False):
+            tls.worker_step = False
+            try:
+                rt.pop_step()
+            except Exception as e:
+                self.failed("worker STEP end", e)
+
+    def _sample_tokens(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        rt.push("FE Sampling")
+        try:
+            return wrapped(*args, **kwargs)
+        finally:
+            rt.pop()
+            self._end_worker_step()
+
+    def _load_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        out = wrapped(*args, **kwargs)
+        try:
+            from teller.record.instrument import torch_ops
+
+            torch_ops.attach_module_ranges(getattr(instance, "model", None))
+        except Exception as e:
+            self.failed("FE module hooks", e)
+        return out

@@ -1,0 +1,550 @@
+"""The recording runtime inside a recorded process (DESIGN.md §12–13).
+
+``sitecustomize`` (``teller/record/bootstrap``) calls :func:`activate` at interpreter start when
+``TELLER_RUN_DIR`` is set. Activation only registers post-import hooks and exit/signal/fork
+handlers; it imports nothing heavy and never touches torch or CUDA. Later:
+
+- when the engine imports ``torch``, the runtime creates the per-process
+  :class:`~teller.record.sink.EventSink`, the CPU collector for the hooks' ranges and the
+  requested activity collector (``cpu``, ``cupti`` or ``kineto``; created by name, falling back
+  to ``cpu`` with one ``[teller]`` line when it cannot start), and hooks ``torch.distributed``;
+- when the engine imports one of its modules, the matching instrumentor patches it
+  (:mod:`teller.record.instrument`).
+
+Buffers are flushed every ``TELLER_FLUSH_S`` seconds (default 2) by a daemon thread, at exit
+(``atexit``, and the ``multiprocessing`` finalizers of forked workers, which skip ``atexit``)
+and on SIGTERM/SIGINT, after which the engine's own handler (or the default action) runs: a
+crash loses at most one flush interval. Nothing here raises into the engine; failures are logged
+once with a ``[teller]`` prefix and written to ``RUN/proc/<pid>.json``, which the launcher
+gathers into ``run.json``.
+
+Hook code calls :func:`push` / :func:`pop` (module attributes, so a collector can swap the
+backend with :func:`set_range_backend`, e.g. to emit NVTX instead of CPU buffers).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from teller.record import ranges as _ranges
+
+ENV_RUN_DIR = "TELLER_RUN_DIR"
+ENV_COLLECTOR = "TELLER_COLLECTOR"
+ENV_ENGINE = "TELLER_ENGINE"
+ENV_HOOKS = "TELLER_HOOKS"
+ENV_BE_DEPTH = "TELLER_BE_DEPTH"
+ENV_FLUSH_S = "TELLER_FLUSH_S"
+ENV_NODE = "TELLER_NODE"
+ENV_COMM = "TELLER_COMM"
+
+COLLECTORS = ("cpu", "cupti", "kineto")
+
+# ---------------------------------------------------------------------------------------------
+# the range API used by the hooks
+
+#: open a range on the calling thread (rebound by :func:`set_range_backend`)
+push: Callable[[str], None] = _ranges.push
+#: close the innermost range on the calling thread
+pop: Callable[[], None] = _ranges.pop
+
+_backend_name = "cpu"
+
+
+def set_range_backend(push_fn: Callable[[str], None], pop_fn: Callable[[], None],
+                      keep_cpu: bool = False, name: str = "custom") -> None:
+    """Send the hooks' ranges to ``push_fn``/``pop_fn`` (e.g. NVTX for the CUPTI collector).
+
+    With ``keep_cpu`` the CPU recorder gets every range as well. Call it from a collector's
+    ``start()``; ranges opened before the switch are closed on the backend that opened them only
+    if it is kept, otherwise their pops are counted as unbalanced.
+    """
+    global push, pop, _backend_name
+    if keep_cpu:
+        cpu_push, cpu_pop = _ranges.push, _ranges.pop
+
+        def both_push(msg: str) -> None:
+            cpu_push(msg)
+            push_fn(msg)
+
+        def both_pop() -> None:
+            pop_fn()
+            cpu_pop()
+
+        push, pop = both_push, both_pop
+        _backend_name = f"{name}+cpu"
+    else:
+        push, pop = push_fn, pop_fn
+        _backend_name = name
+
+
+def reset_range_backend() -> None:
+    """Back to the CPU recorder."""
+    global push, pop, _backend_name
+    push, pop, _backend_name = _ranges.push, _ranges.pop, "cpu"
+
+
+def range_backend() -> str:
+    return _backend_name
+
+
+@contextmanager
+def range(msg: str) -> Iterator[None]:  # noqa: A001 - mirrors nvtx.range
+    """``with runtime.range("OTHER load_model"): ...`` on the current backend."""
+    push(msg)
+    try:
+        yield
+    finally:
+        pop()
+
+
+_step_ids = itertools.count()
+
+
+def next_step_id() -> int:
+    """Process-wide STEP counter shared by the instrumentors."""
+    return next(_step_ids)
+
+
+def push_step(msg: str) -> None:
+    """Open a STEP range and, with BE depth > 0, start recording aten ops on this thread."""
+    push(msg)
+    rt = RUNTIME
+    depth = rt.be_depth if rt is not None else _default_be_depth()
+    if depth > 0 and "torch" in sys.modules:
+        try:
+            from teller.record.instrument import torch_ops
+
+            torch_ops.be_enter(depth)
+        except Exception as e:
+            hook_failed("BE aten ops", e)
+
+
+def pop_step() -> None:
+    """Close the STEP range opened by :func:`push_step` on this thread."""
+    if "torch" in sys.modules:
+        try:
+            from teller.record.instrument import torch_ops
+
+            torch_ops.be_exit()
+        except Exception as e:
+            hook_failed("BE aten ops", e)
+    pop()
+
+
+def _default_be_depth() -> int:
+    try:
+        return int(os.environ.get(ENV_BE_DEPTH, "1"))
+    except ValueError:
+        return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# messages: one [teller] line per distinct problem
+
+_logged: set[str] = set()
+_messages: list[str] = []
+_hook_errors: dict[str, int] = {}
+
+
+def log(msg: str, key: str | None = None) -> None:
+    """Print ``[teller] msg`` to stderr once per ``key`` (default: the message) and keep it."""
+    k = key or msg
+    if k in _logged:
+        return
+    _logged.add(k)
+    if len(_messages) < 200:
+        _messages.append(msg)
+    try:
+        sys.stderr.write(f"[teller] {msg}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def hook_failed(where: str, exc: BaseException) -> None:
+    """A hook raised: count it, log it once, and let the engine carry on."""
+    _hook_errors[where] = _hook_errors.get(where, 0) + 1
+    log(f"hook {where} failed ({type(exc).__name__}: {exc}); it keeps running, the failure is counted",
+        key=f"hook:{where}")
+
+
+def is_compiling() -> bool:
+    """True while torch.compile traces (hooks must then do nothing)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.compiler.is_compiling())
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------------------------
+# the per-process runtime
+
+
+class Runtime:
+    """State of recording in this process: settings, sink, collectors, flusher, handlers."""
+
+    def __init__(self, environ: dict[str, str] | None = None):
+        env = os.environ if environ is None else environ
+        self.run_dir = env[ENV_RUN_DIR]
+        self.collector_requested = (env.get(ENV_COLLECTOR) or "cpu").lower()
+        self.engine = (env.get(ENV_ENGINE) or "auto").lower()
+        self.hooks_file = env.get(ENV_HOOKS) or None
+        self.be_depth = _int(env.get(ENV_BE_DEPTH), 1)
+        self.flush_s = max(0.05, _float(env.get(ENV_FLUSH_S), 2.0))
+        self.node = _int(env.get(ENV_NODE), 0)
+        self.rank = _int(env.get("RANK"), 0)
+        self.comm = env.get(ENV_COMM, "1") != "0"
+        self.pid = os.getpid()
+        self.start_wall_ns = time.time_ns()
+        self.sink = None
+        self.cpu = None
+        self.collector = None
+        self.collector_name: str | None = None
+        self.fallback_reason: str | None = None
+        self.failed_collector: dict[str, Any] | None = None
+        self.instrumentors: list[Any] = []
+        self.forked_from: int | None = None
+        self._started = False
+        self._stopped = False
+        self._state_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._stop_evt = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._prev_handlers: dict[int, Any] = {}
+        self.flushes = 0
+
+    # ---- activation (sitecustomize time: light) -------------------------------------------
+    def install(self) -> None:
+        """Register post-import hooks and exit/signal/fork handlers."""
+        from teller.record.instrument import instrumentors_for, register_post_import
+
+        register_post_import("torch", self._on_torch)
+        insts = []
+        if self.comm:
+            from teller.record.instrument.torch_ops import TorchDistributedInstrumentor
+
+            insts.append(TorchDistributedInstrumentor())
+        try:
+            insts += instrumentors_for(self.engine, self.hooks_file)
+        except Exception as e:
+            log(f"engine hooks could not be loaded ({type(e).__name__}: {e}); recording without them")
+        for inst in insts:
+            self.instrumentors.append(inst)
+            try:
+                inst.instrument()
+            except Exception as e:
+                log(f"instrumentor {inst.name} could not be installed ({type(e).__name__}: {e})")
+        atexit.register(self.at_exit)
+        self._install_signal_handlers()
+        try:
+            os.register_at_fork(after_in_child=self._after_fork_child)
+        except Exception:
+            pass
+
+    # ---- start (first torch import or first instrumented module) --------------------------
+    def ensure_started(self) -> None:
+        """Create the sink, the CPU collector and the flusher (idempotent)."""
+        if self._started or self._stopped:
+            return
+        with self._state_lock:
+            if self._started:
+                return
+            try:
+                from teller.record.collectors.cpu import CpuCollector
+                from teller.record.sink import EventSink
+
+                self.sink = EventSink(self.run_dir, node=self.node, rank=self.rank)
+                self.cpu = CpuCollector()
+                self.cpu.start(self.sink)
+                self.collector, self.collector_name = self.cpu, "cpu"
+            except Exception as e:
+                log(f"recording disabled in pid {os.getpid()}: cannot create the event sink ({type(e).__name__}: {e})")
+                self._stopped = True
+                return
+            self._started = True
+        self._start_flusher()
+        self.write_proc_info("running")
+
+    def _on_torch(self, torch_module: Any) -> None:
+        try:
+            self.ensure_started()
+            if self._started and self.collector_name == "cpu" and self.collector_requested != "cpu":
+                self._start_collector()
+        except Exception as e:
+            hook_failed("torch import", e)
+
+    def _start_collector(self) -> None:
+        name = self.collector_requested
+        if name in ("cpu", "auto", ""):
+            return
+        try:
+            if name == "cupti":
+                from teller.record.collectors.cupti import CuptiCollector as factory
+            elif name == "kineto":
+                from teller.record.collectors.kineto import KinetoCollector as factory
+            else:
+                raise ValueError(f"unknown collector {name!r} (expected one of {', '.join(COLLECTORS)})")
+            c = factory()
+            c.start(self.sink)
+            if getattr(c, "available", True) is False:  # collectors degrade instead of raising
+                raise RuntimeError(getattr(c, "reason", "") or "collector reports itself unavailable")
+        except Exception as e:
+            reset_range_backend()
+            self.fallback_reason = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
+            log(f"collector {name} unavailable ({self.fallback_reason}); recording hook ranges with the cpu collector")
+            try:
+                if "c" in locals():
+                    self.failed_collector = {"name": name, **c.info()}
+                    c.stop()
+            except Exception:
+                pass
+            return
+        self.collector, self.collector_name = c, name
+
+    # ---- flushing ---------------------------------------------------------------------------
+    def _start_flusher(self) -> None:
+        self._stop_evt = threading.Event()
+        t = threading.Thread(target=self._flush_loop, name="teller-flush", daemon=True)
+        self._flusher = t
+        t.start()
+
+    def _flush_loop(self) -> None:
+        while not self._stop_evt.wait(self.flush_s):
+            self.flush()
+
+    def collectors(self) -> list[Any]:
+        out = []
+        for c in (self.collector, self.cpu):
+            if c is not None and c not in out:
+                out.append(c)
+        return out
+
+    def flush(self, final: bool = False, timeout: float = 5.0) -> bool:
+        """Move every buffer to disk; returns False when another flush held the lock too long."""
+        if not self._started:
+            return True
+        if not self._flush_lock.acquire(timeout=timeout):
+            return False
+        try:
+            self._refresh_rank()
+            for c in self.collectors():
+                try:
+                    if final:
+                        c.stop()
+                    else:
+                        c.flush()
+                except Exception as e:
+                    hook_failed(f"collector {getattr(c, 'name', '?')} flush", e)
+            if self.sink is not None:
+                before = len(self.sink.errors)
+                self.sink.flush()
+                if len(self.sink.errors) > before:
+                    log(f"cannot write events to {self.sink.run.events_dir} ({self.sink.errors[-1]}); "
+                        f"{self.sink.dropped_rows} rows lost so far, recording continues", key="sink-write")
+            self.flushes += 1
+            self.write_proc_info("exited" if final else "running")
+        finally:
+            self._flush_lock.release()
+        return True
+
+    def _refresh_rank(self) -> None:
+        td = sys.modules.get("torch.distributed")
+        if td is None or self.sink is None:
+            return
+        try:
+            if td.is_available() and td.is_initialized():
+                r = int(td.get_rank())
+                if r != self.sink.rank:
+                    self.sink.rank = r
+                    self.rank = r
+        except Exception:
+            pass
+
+    # ---- exit, signals, fork ----------------------------------------------------------------
+    def at_exit(self) -> None:
+        """Final flush: open ranges emitted truncated, collectors stopped, proc info written."""
+        if self._stopped or os.getpid() != self.pid:
+            return
+        self._stopped = True
+        self._stop_evt.set()
+        t = self._flusher
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout=5.0)
+        try:
+            self.flush(final=True)
+        except Exception as e:
+            log(f"final flush failed ({type(e).__name__}: {e})")
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                prev = signal.getsignal(sig)
+                signal.signal(sig, self._on_signal)
+                self._prev_handlers[sig] = prev
+            except (ValueError, OSError):
+                pass
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Flush, then do what would have happened without TELLER."""
+        prev = self._prev_handlers.get(signum, signal.SIG_DFL)
+        mine = os.getpid() == self.pid and self._started
+        if callable(prev) or prev == signal.SIG_IGN:
+            try:
+                if mine:
+                    self.flush(timeout=2.0)
+            except Exception:
+                pass
+            if callable(prev):
+                prev(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt here
+            return
+        # SIG_DFL (or None: installed from C): final flush, then die of the same signal
+        try:
+            if mine:
+                self.at_exit()
+        except Exception:
+            pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _after_fork_child(self) -> None:
+        """A forked worker records on its own: new pid, new sink, fresh buffers, own flusher."""
+        try:
+            parent = self.pid
+            self.pid = os.getpid()
+            self.forked_from = parent
+            self.start_wall_ns = time.time_ns()
+            _ranges.RECORDER.reset_after_fork()
+            self._state_lock = threading.Lock()
+            self._flush_lock = threading.Lock()
+            self._flusher = None
+            if not self._started or self._stopped:
+                return
+            self._started = False
+            if self.collector_name != "cpu":
+                # GPU collectors are per-process native state; a forked child cannot reuse them
+                reset_range_backend()
+                self.fallback_reason = f"forked from pid {parent}: {self.collector_name} not restarted"
+            self.sink = self.cpu = self.collector = None
+            self.ensure_started()
+            self._register_mp_finalizer()
+        except Exception as e:
+            log(f"recording in forked pid {os.getpid()} failed to restart ({type(e).__name__}: {e})")
+
+    def _register_mp_finalizer(self) -> None:
+        """multiprocessing's forked workers end with os._exit (no atexit): flush in its finalizers."""
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is None:
+            return
+        try:
+            mp_util.register_after_fork(self, Runtime._mp_after_fork)
+            Runtime._mp_after_fork(self)
+        except Exception:
+            pass
+
+    @staticmethod
+    def _mp_after_fork(rt: "Runtime") -> None:
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            mp_util.Finalize(None, rt.at_exit, exitpriority=-100)
+
+    # ---- run.json material ------------------------------------------------------------------
+    def proc_info(self, status: str) -> dict[str, Any]:
+        coll = {}
+        for c in self.collectors():
+            try:
+                coll[getattr(c, "name", type(c).__name__)] = c.info()
+            except Exception as e:
+                coll[getattr(c, "name", type(c).__name__)] = {"errors": [f"info: {type(e).__name__}: {e}"]}
+        return {
+            "pid": self.pid,
+            "ppid": os.getppid(),
+            "forked_from": self.forked_from,
+            "argv": list(sys.argv),
+            "executable": sys.executable,
+            "node": self.node,
+            "rank": self.rank,
+            "thread_count": threading.active_count(),
+            "status": status,
+            "start_wall_ns": self.start_wall_ns,
+            "update_wall_ns": time.time_ns(),
+            "engine": self.engine,
+            "collector": {
+                "requested": self.collector_requested,
+                "active": self.collector_name,
+                "fallback_reason": self.fallback_reason,
+                "range_backend": _backend_name,
+                "be_depth": self.be_depth,
+                "flush_s": self.flush_s,
+            },
+            "collectors": coll,
+            "failed_collector": self.failed_collector,
+            "sink": self.sink.info() if self.sink is not None else None,
+            "instrumentors": [i.info() for i in self.instrumentors],
+            "hook_errors": dict(_hook_errors),
+            "messages": list(_messages),
+            "flushes": self.flushes,
+        }
+
+    def write_proc_info(self, status: str) -> None:
+        try:
+            d = os.path.join(self.run_dir, "proc")
+            os.makedirs(d, exist_ok=True)
+            path = os.path.join(d, f"{self.pid}.json")
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.proc_info(status), f, default=str)
+            os.replace(tmp, path)
+        except Exception as e:
+            log(f"cannot write {self.run_dir}/proc/{self.pid}.json ({type(e).__name__}: {e})", key="proc-write")
+
+
+def _int(v: str | None, default: int) -> int:
+    try:
+        return int(v) if v not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _float(v: str | None, default: float) -> float:
+    try:
+        return float(v) if v not in (None, "") else default
+    except ValueError:
+        return default
+
+
+#: the runtime of this process (None until :func:`activate`)
+RUNTIME: Runtime | None = None
+
+
+def activate() -> Runtime | None:
+    """Start recording this process if ``TELLER_RUN_DIR`` is set (idempotent per pid)."""
+    global RUNTIME
+    if RUNTIME is not None and RUNTIME.pid == os.getpid():
+        return RUNTIME
+    if not os.environ.get(ENV_RUN_DIR):
+        return None
+    rt = Runtime()
+    RUNTIME = rt
+    rt.install()
+    return rt
+
+
+def ensure_started() -> None:
+    """Called by instrumentors when they patch something: recording must be on from then on."""
+    rt = RUNTIME
+    if rt is not None:
+        rt.ensure_started()

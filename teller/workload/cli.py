@@ -1,0 +1,87 @@
+"""``teller workload serve``: command-line front of :mod:`teller.workload.serve`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from teller.errors import TellerError
+
+workload_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                           help="Workloads to record: a real serving engine with a request arrival process.")
+
+
+@workload_app.callback()
+def _group() -> None:
+    """Workloads to record: a real serving engine with a request arrival process."""
+
+
+@workload_app.command()
+def serve(
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda"),
+    preset: str = typer.Option("auto", "--preset", help="Model shape: auto (tiny on cpu, gpu on cuda) | tiny | small | gpu; the flags below override it."),
+    layers: Optional[int] = typer.Option(None, "--layers"),
+    hidden: Optional[int] = typer.Option(None, "--hidden"),
+    heads: Optional[int] = typer.Option(None, "--heads"),
+    kv_heads: Optional[int] = typer.Option(None, "--kv-heads"),
+    intermediate: Optional[int] = typer.Option(None, "--intermediate"),
+    vocab: Optional[int] = typer.Option(None, "--vocab"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 on cuda, fp32 on cpu) | bf16 | fp16 | fp32"),
+    requests: int = typer.Option(16, "--requests", help="Number of requests."),
+    rate: float = typer.Option(20.0, "--rate", help="Arrival rate in requests/s (Poisson); 0 queues all before the loop starts (deterministic batching)."),
+    prompt_len: str = typer.Option("uniform:8:32", "--prompt-len", help="N | uniform:A:B | normal:MEAN:STD | choice:A,B,C"),
+    output_len: str = typer.Option("16", "--output-len", help="Same forms as --prompt-len."),
+    seed: int = typer.Option(0, "--seed"),
+    attn: str = typer.Option("sdpa", "--attn", help="sdpa | eager | paged (= paged|eager); mapped to what the installed transformers accepts."),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop admitting requests after this many seconds."),
+    warmup: int = typer.Option(1, "--warmup", help="Warm-up requests before the arrivals start (ignored with --rate 0)."),
+    max_batch_tokens: Optional[int] = typer.Option(None, "--max-batch-tokens"),
+    num_blocks: Optional[int] = typer.Option(None, "--num-blocks"),
+    timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 1 on the CPU, torch's default on CUDA)."),
+    save_tokens: bool = typer.Option(False, "--save-tokens", help="Put every request's generated tokens in --out-json."),
+    out_json: Optional[Path] = typer.Option(None, "--out-json", help="Write config, per-request rows and summary here."),
+) -> None:
+    """Serve random-Llama requests with transformers continuous batching; print throughput and latency."""
+    from teller.workload.serve import ServeConfig, format_summary, write_json
+    from teller.workload.serve import serve as do_serve
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = ServeConfig(device=device, preset=preset, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                      intermediate=intermediate, vocab=vocab, dtype=dtype, requests=requests, rate=rate,
+                      prompt_len=prompt_len, output_len=output_len, seed=seed, attn=attn, duration=duration,
+                      warmup=warmup, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks, timeout_s=timeout, threads=threads,
+                      save_tokens=save_tokens)
+    res = do_serve(cfg)
+    print(format_summary(res), flush=True)
+    if out_json is not None:
+        write_json(res, out_json)
+    if not res["summary"]["ok"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``workload`` group to the ``teller`` app."""
+    app.add_typer(workload_app, name="workload")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m teller.workload``."""
+    try:
+        workload_app(args=argv, standalone_mode=False)
+    except TellerError as e:
+        print(f"teller: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except Exception as e:  # click's usage errors (typer may vendor its own click)
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
+            e.show()
+            return int(e.exit_code)
+        raise
+    return 0

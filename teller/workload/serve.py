@@ -1,0 +1,363 @@
+"""A real serving workload: transformers continuous batching with Poisson request arrivals.
+
+The engine is transformers' continuous-batching manager (``model.init_continuous_batching()``,
+then ``start()``, ``add_request(..., request_id=...)`` at each arrival and ``get_result()``;
+the same API in transformers 5.17 and 5.24) serving a randomly initialised Llama built from a
+``LlamaConfig`` (seeded; nothing is downloaded). Requests arrive as a Poisson process of rate
+``rate`` (req/s); prompt and output lengths follow the given distributions; decoding is greedy
+with EOS disabled, so every request generates exactly its output length.
+
+For full per-op traces CUDA graphs and async batching are off (DESIGN.md §13). The attention
+implementation is picked per version: 5.24 takes ``sdpa`` (and refuses ``paged|sdpa``), 5.17
+takes ``paged|sdpa``; ``eager`` is ``paged|eager`` on both.
+
+It logs one line per request added and finished, naming the request id (so log lines align
+with the STEP ranges that carry the same ids), prints throughput, request latency and step
+latency (p50/p99; the step time is measured around the manager's ``_generation_step``) and
+writes them as JSON.
+
+With ``rate=0`` every request is queued before the generation loop starts: batching, and hence
+the greedy tokens, are then deterministic, which is what the "same output with and without
+recording" check relies on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from teller.errors import TellerError
+
+log = logging.getLogger("teller.workload")
+
+#: model presets: layers, hidden, heads, kv_heads, intermediate, vocab
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=1024),
+    "small": dict(layers=4, hidden=512, heads=8, kv_heads=4, intermediate=1376, vocab=8192),
+    "gpu": dict(layers=8, hidden=1024, heads=16, kv_heads=8, intermediate=2816, vocab=32000),
+}
+
+
+@dataclass
+class ServeConfig:
+    """Settings of one workload run (see ``teller workload serve --help``)."""
+
+    device: str = "auto"  # auto | cpu | cuda
+    preset: str = "auto"  # auto (tiny on cpu, gpu on cuda) | tiny | small | gpu
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    intermediate: int | None = None
+    vocab: int | None = None
+    dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | bf16 | fp16 | fp32
+    requests: int = 16
+    rate: float = 20.0  # req/s, Poisson; 0 = all queued before the loop starts
+    prompt_len: str = "uniform:8:32"
+    output_len: str = "16"
+    seed: int = 0
+    attn: str = "sdpa"  # sdpa | eager | paged | a raw implementation name
+    duration: float | None = None  # stop admitting new requests after this many seconds
+    warmup: int = 1  # requests served (and not measured) before the arrivals start; not with rate 0
+    max_batch_tokens: int | None = None
+    num_blocks: int | None = None
+    block_size: int = 32
+    timeout_s: float = 600.0
+    save_tokens: bool = False
+    threads: int | None = None  # torch intra-op threads; default 1 on the CPU (see serve())
+    model: dict[str, int] = field(default_factory=dict)  # resolved model shape (filled by serve)
+
+
+def parse_length(spec: str, what: str) -> Callable[[random.Random], int]:
+    """A length distribution: ``N``, ``uniform:A:B``, ``normal:MEAN:STD`` or ``choice:A,B,C``."""
+    s = str(spec).strip().lower()
+    try:
+        if s.isdigit():
+            n = int(s)
+            if n < 1:
+                raise ValueError
+            return lambda rng: n
+        kind, _, rest = s.partition(":")
+        if kind == "uniform":
+            a, b = (int(x) for x in rest.split(":"))
+            if not 1 <= a <= b:
+                raise ValueError
+            return lambda rng: rng.randint(a, b)
+        if kind == "normal":
+            mu, sd = (float(x) for x in rest.split(":"))
+            return lambda rng: max(1, int(round(rng.gauss(mu, sd))))
+        if kind == "choice":
+            vals = [int(x) for x in rest.split(",")]
+            if not vals or min(vals) < 1:
+                raise ValueError
+            return lambda rng: rng.choice(vals)
+    except ValueError:
+        pass
+    raise TellerError(f"--{what} {spec!r}: expected N, uniform:A:B, normal:MEAN:STD or choice:A,B,C (lengths ≥ 1)")
+
+
+def make_requests(cfg: ServeConfig, vocab: int) -> list[dict[str, Any]]:
+    """Request ids, prompts, output lengths and arrival times (seconds from the first arrival)."""
+    rng = random.Random(cfg.seed)
+    plen, olen = parse_length(cfg.prompt_len, "prompt-len"), parse_length(cfg.output_len, "output-len")
+    t, out = 0.0, []
+    for i in range(cfg.requests):
+        if i and cfg.rate > 0:
+            t += rng.expovariate(cfg.rate)
+        n = plen(rng)
+        out.append({"id": f"req_{i}", "prompt": [rng.randrange(1, vocab) for _ in range(n)],
+                    "max_new_tokens": olen(rng), "arrival_s": t})
+    return out
+
+
+def _percentile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _cb_config(cb_cls: Any, **wanted: Any) -> Any:
+    """A ContinuousBatchingConfig with the wanted fields this transformers version has."""
+    names = {f.name for f in dataclasses.fields(cb_cls)} if dataclasses.is_dataclass(cb_cls) else set()
+    if "block_size" in wanted and "page_size" in names:  # 5.24 renamed block_size → page_size
+        wanted["page_size"] = wanted.pop("block_size")
+    return cb_cls(**{k: v for k, v in wanted.items() if k in names and v is not None})
+
+
+def attn_implementation(attn: str, cb_cls: Any) -> str:
+    """The attention implementation string this transformers version accepts for ``attn``."""
+    new_api = dataclasses.is_dataclass(cb_cls) and "auto_switch_to_flash" in {f.name for f in dataclasses.fields(cb_cls)}
+    a = attn.lower()
+    if a == "sdpa":
+        return "sdpa" if new_api else "paged|sdpa"
+    if a in ("eager", "paged"):
+        return "paged|eager"
+    return attn
+
+
+def serve(cfg: ServeConfig) -> dict[str, Any]:
+    """Run the workload; returns the results (config, per-request rows, summary)."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    try:
+        from transformers import ContinuousBatchingConfig
+    except ImportError:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TellerError("--device cuda: no CUDA device is available to torch; use --device cpu or auto")
+    preset = cfg.preset if cfg.preset != "auto" else ("gpu" if device == "cuda" else "tiny")
+    if preset not in PRESETS:
+        raise TellerError(f"--preset {preset!r}: expected auto or one of {', '.join(PRESETS)}")
+    shape = dict(PRESETS[preset])
+    for k in shape:
+        if getattr(cfg, k) is not None:
+            shape[k] = int(getattr(cfg, k))
+    if shape["hidden"] % shape["heads"] or shape["heads"] % shape["kv_heads"]:
+        raise TellerError(f"--hidden {shape['hidden']} / --heads {shape['heads']} / --kv-heads {shape['kv_heads']}: "
+                          "hidden must be a multiple of heads and heads a multiple of kv-heads")
+    cfg.model = shape
+    if cfg.threads or device == "cpu":
+        # On small CPU machines the intra-op pool fights the manager's and the client's threads
+        # for the cores (steps 10x slower and erratic with 2 threads on 2 cores); one is steadier.
+        torch.set_num_threads(cfg.threads or 1)
+    dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bf16" if device == "cuda" else "fp32")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if dtype_name not in dtypes:
+        raise TellerError(f"--dtype {cfg.dtype!r}: expected auto, bf16, fp16 or fp32")
+
+    reqs = make_requests(cfg, shape["vocab"])
+    max_prompt = max((len(r["prompt"]) for r in reqs), default=1)
+    max_out = max((r["max_new_tokens"] for r in reqs), default=1)
+    max_pos = max(256, 2 ** math.ceil(math.log2(max_prompt + max_out + 1)))
+
+    torch.manual_seed(cfg.seed)
+    mcfg = LlamaConfig(num_hidden_layers=shape["layers"], hidden_size=shape["hidden"],
+                       num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                       intermediate_size=shape["intermediate"], vocab_size=shape["vocab"],
+                       max_position_embeddings=max_pos, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    impl = attn_implementation(cfg.attn, ContinuousBatchingConfig)
+    mcfg._attn_implementation = impl
+    model = LlamaForCausalLM(mcfg).to(device=device, dtype=dtypes[dtype_name]).eval()
+    model.config._attn_implementation = impl
+
+    # KV-cache size: every request resident at once (tiny on the CPU; bounded on the GPU)
+    pages = sum(math.ceil((len(r["prompt"]) + r["max_new_tokens"]) / cfg.block_size) for r in reqs)
+    num_blocks = cfg.num_blocks or max(16, pages + 4 * cfg.warmup + 4)
+    max_batch_tokens = cfg.max_batch_tokens or max(256, min(4096, max_prompt * 4))
+    cb_cfg = _cb_config(ContinuousBatchingConfig, use_cuda_graph=False, use_async_batching=False,
+                        auto_switch_to_flash=False, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                        block_size=cfg.block_size)
+    gen_cfg = GenerationConfig(max_new_tokens=max_out, eos_token_id=-1, do_sample=False, pad_token_id=0)
+    log.info("model: llama %s on %s/%s, attention %s, transformers %s, torch %s", shape, device,
+             dtype_name, impl, transformers.__version__, torch.__version__)
+
+    mgr = model.init_continuous_batching(generation_config=gen_cfg, continuous_batching_config=cb_cfg)
+    step_times: list[float] = []
+    original_step = mgr._generation_step
+
+    def timed_step() -> None:
+        t = time.perf_counter()
+        try:
+            original_step()
+        finally:
+            step_times.append(time.perf_counter() - t)
+
+    mgr._generation_step = timed_step  # per-instance: the workload's own step timer
+
+    rows = {r["id"]: {"id": r["id"], "prompt_len": len(r["prompt"]), "max_new_tokens": r["max_new_tokens"],
+                      "arrival_s": round(r["arrival_s"], 6)} for r in reqs}
+    results: dict[str, Any] = {}
+
+    def submit(r: dict[str, Any], t0: float) -> None:
+        mgr.add_request(r["prompt"], request_id=r["id"], max_new_tokens=r["max_new_tokens"],
+                        record_timestamps=True)
+        rows[r["id"]]["submit_s"] = time.perf_counter() - t0
+        log.info("request %s added prompt_len=%d max_new_tokens=%d", r["id"], len(r["prompt"]), r["max_new_tokens"])
+
+    def collect(res: Any, t0: float) -> None:
+        if res is None or not res.is_finished():
+            return
+        rid = res.request_id
+        results[rid] = res
+        if rid not in rows:
+            log.info("request %s finished (warm-up) generated=%d", rid, len(res.generated_tokens))
+            return
+        row = rows[rid]
+        row["finish_s"] = time.perf_counter() - t0
+        row["latency_s"] = row["finish_s"] - row.get("submit_s", row["finish_s"])
+        row["generated"] = len(res.generated_tokens)
+        ts = getattr(res, "timestamps", None)
+        if ts and getattr(res, "created_time", None) is not None:
+            row["ttft_s"] = ts[0] - res.created_time
+        if getattr(res, "error", None):
+            row["error"] = str(res.error)
+        if cfg.save_tokens:
+            row["tokens"] = list(res.generated_tokens)
+        log.info("request %s finished generated=%d latency_ms=%.1f%s", rid, row["generated"],
+                 1e3 * row["latency_s"], f" error={row['error']}" if "error" in row else "")
+
+    t_wall0 = time.time()
+    deadline = time.perf_counter() + cfg.timeout_s
+    ok = True
+    try:
+        if cfg.rate <= 0:
+            t0 = time.perf_counter()
+            for r in reqs:
+                submit(r, t0)
+            mgr.start()
+        else:
+            mgr.start()
+            if cfg.warmup:
+                warm = [{"id": f"warmup_{i}", "prompt": reqs[0]["prompt"] if reqs else [1], "max_new_tokens": 4}
+                        for i in range(cfg.warmup)]
+                for w in warm:
+                    mgr.add_request(w["prompt"], request_id=w["id"], max_new_tokens=w["max_new_tokens"])
+                    log.info("request %s added (warm-up)", w["id"])
+                while not all(w["id"] in results for w in warm) and time.perf_counter() < deadline:
+                    collect(mgr.get_result(timeout=0.1), 0.0)
+                    if not mgr.is_running():
+                        break
+                step_times.clear()
+        t0 = time.perf_counter() if cfg.rate > 0 else t0
+        i = 0 if cfg.rate > 0 else len(reqs)
+        admitted = len(reqs) if cfg.rate <= 0 else 0
+        while True:
+            now = time.perf_counter() - t0
+            if i < len(reqs) and (cfg.duration is None or reqs[i]["arrival_s"] <= cfg.duration):
+                if reqs[i]["arrival_s"] <= now:
+                    submit(reqs[i], t0)
+                    i += 1
+                    admitted += 1
+                    continue
+                wait = reqs[i]["arrival_s"] - now
+            else:
+                if sum(1 for r in reqs[:admitted] if r["id"] in results) >= admitted:
+                    break
+                wait = 0.1
+            collect(mgr.get_result(timeout=max(0.001, min(wait, 0.1))), t0)
+            if time.perf_counter() > deadline:
+                log.error("timeout after %.0f s: %d of %d admitted requests unfinished", cfg.timeout_s,
+                          admitted - sum(1 for r in reqs[:admitted] if r["id"] in results), admitted)
+                ok = False
+                break
+            if not mgr.is_running():
+                while (res := mgr.get_result(timeout=0.01)) is not None:
+                    collect(res, t0)
+                if sum(1 for r in reqs[:admitted] if r["id"] in results) < admitted:
+                    log.error("generation thread stopped with requests unfinished")
+                    ok = False
+                break
+    finally:
+        try:
+            mgr.stop(block=True, timeout=30)
+        finally:
+            destroy = getattr(mgr, "destroy", None)
+            if callable(destroy):
+                try:
+                    destroy()
+                except Exception as e:  # cleanup only
+                    log.warning("manager destroy failed: %s", e)
+
+    done = [rows[r["id"]] for r in reqs if "finish_s" in rows[r["id"]]]
+    gen_tokens = sum(r.get("generated", 0) for r in done)
+    span = (max(r["finish_s"] for r in done) - min(r["submit_s"] for r in done)) if done else 0.0
+    lat = [r["latency_s"] for r in done]
+    ttft = [r["ttft_s"] for r in done if "ttft_s" in r]
+    summary = {
+        "ok": ok and len(done) == len([r for r in reqs if "submit_s" in rows[r["id"]]]),
+        "requests_submitted": sum(1 for r in rows.values() if "submit_s" in r),
+        "requests_finished": len(done),
+        "generated_tokens": gen_tokens,
+        "throughput_tok_s": gen_tokens / span if span > 0 else None,
+        "latency_p50_s": _percentile(lat, 50),
+        "latency_p99_s": _percentile(lat, 99),
+        "latency_mean_s": sum(lat) / len(lat) if lat else None,
+        "ttft_p50_s": _percentile(ttft, 50),
+        "ttft_p99_s": _percentile(ttft, 99),
+        "steps": len(step_times),
+        "step_p50_s": _percentile(step_times, 50),
+        "step_p99_s": _percentile(step_times, 99),
+        "wall_s": time.time() - t_wall0,
+    }
+    conf = dataclasses.asdict(cfg)
+    conf.update(device=device, preset=preset, dtype=dtype_name, attn_implementation=impl,
+                torch_threads=torch.get_num_threads(),
+                num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
+    return {"config": conf, "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
+                                         "python": sys.version.split()[0]},
+            "summary": summary, "requests": [rows[r["id"]] for r in reqs]}
+
+
+def format_summary(res: dict[str, Any]) -> str:
+    s = res["summary"]
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{1e3 * x:.1f} ms"
+
+    tput = "n/a" if s["throughput_tok_s"] is None else f"{s['throughput_tok_s']:.1f} tok/s"
+    return (f"throughput {tput}; requests {s['requests_finished']}/{s['requests_submitted']}; "
+            f"latency p50 {ms(s['latency_p50_s'])} p99 {ms(s['latency_p99_s'])}; "
+            f"ttft p50 {ms(s['ttft_p50_s'])}; steps {s['steps']} p50 {ms(s['step_p50_s'])} p99 {ms(s['step_p99_s'])}")
+
+
+def write_json(res: dict[str, Any], path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(res, indent=2))

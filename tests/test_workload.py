@@ -1,0 +1,107 @@
+"""The shipped workload, alone and under ``teller record``, and the reconstruction of its recording."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from teller.errors import TellerError
+from teller.workload.serve import ServeConfig, make_requests, parse_length
+
+TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]
+
+
+def test_length_distributions():
+    rng = random.Random(0)
+    assert parse_length("7", "x")(rng) == 7
+    assert all(3 <= parse_length("uniform:3:5", "x")(rng) <= 5 for _ in range(50))
+    assert all(v in (2, 9) for v in (parse_length("choice:2,9", "x")(rng) for _ in range(20)))
+    assert all(parse_length("normal:4:10", "x")(rng) >= 1 for _ in range(50))
+    for bad in ("0", "uniform:5:3", "poisson:3", "normal:a:b", "choice:"):
+        with pytest.raises(TellerError, match="--x"):
+            parse_length(bad, "x")
+
+
+def test_poisson_arrivals_are_seeded():
+    cfg = ServeConfig(requests=400, rate=50.0, seed=7, prompt_len="uniform:2:4", output_len="3")
+    a, b = make_requests(cfg, 100), make_requests(cfg, 100)
+    assert a == b and [r["id"] for r in a[:3]] == ["req_0", "req_1", "req_2"]
+    gaps = [y["arrival_s"] - x["arrival_s"] for x, y in zip(a, a[1:], strict=False)]
+    assert all(g >= 0 for g in gaps)
+    assert 0.015 < sum(gaps) / len(gaps) < 0.025  # mean inter-arrival 1/rate = 20 ms
+    assert make_requests(ServeConfig(requests=3, rate=0), 100)[-1]["arrival_s"] == 0.0
+
+
+def test_serve_in_process_logs_each_request(caplog):
+    pytest.importorskip("transformers")
+    from teller.workload.serve import serve
+
+    caplog.set_level(logging.INFO, logger="teller.workload")
+    res = serve(ServeConfig(requests=3, rate=200.0, prompt_len="5", output_len="4", seed=1, warmup=1))
+    s = res["summary"]
+    assert s["ok"] and s["requests_finished"] == 3 and s["generated_tokens"] == 12
+    assert s["throughput_tok_s"] > 0 and s["steps"] > 0 and s["step_p50_s"] <= s["step_p99_s"]
+    assert all(r["generated"] == 4 and r["latency_s"] > 0 for r in res["requests"])
+    msgs = [r.getMessage() for r in caplog.records if r.name == "teller.workload"]
+    for i in range(3):
+        assert any(m.startswith(f"request req_{i} added") for m in msgs)
+        assert any(m.startswith(f"request req_{i} finished generated=4") for m in msgs)
+    assert res["config"]["device"] == "cpu" and res["config"]["model"]["layers"] == 2
+
+
+def run_cmd(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, capture_output=True, timeout=300)
+
+
+def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path):
+    pytest.importorskip("transformers")
+    plain = run_cmd([sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
+                     "--out-json", str(tmp_path / "plain.json")], tmp_path)
+    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
+    run = tmp_path / "run"
+    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
+                   sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
+                   "--out-json", str(tmp_path / "rec.json")], tmp_path)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    a = json.loads((tmp_path / "plain.json").read_text())["requests"]
+    b = json.loads((tmp_path / "rec.json").read_text())["requests"]
+    assert [r["tokens"] for r in a] == [r["tokens"] for r in b]  # greedy output unchanged by recording
+    assert all(len(r["tokens"]) == 6 for r in a)
+    assert b"throughput" in rec.stdout  # passed through
+    info = json.loads((run / "run.json").read_text())
+    assert info["exit_code"] == 0 and info["engine"]["detected"] == ["transformers"]
+    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+    logs = [json.loads(x)["text"] for x in (run / "logs" / "stderr.jsonl").read_text().splitlines()]
+    assert sum("request req_" in t and " added " in t for t in logs) == 4
+
+    from teller.rundir import RunDir
+
+    names = RunDir(run).read_events().column("name").to_pylist()
+    steps = [n for n in names if n.startswith("STEP")]
+    assert steps and all(n.endswith("reqs=req_0,req_1,req_2,req_3") or "reqs=req_" in n for n in steps)
+    for fe in ("FE LlamaDecoderLayer", "FE LlamaAttention", "FE LlamaMLP", "FE Embedding", "FE LMHead",
+               "FE Sampling"):
+        assert fe in names
+    assert "BE aten::mm" in names
+
+    reconstruct_mod = pytest.importorskip("teller.reconstruct")
+    if not hasattr(reconstruct_mod, "reconstruct"):
+        pytest.skip("teller.reconstruct.reconstruct not available yet")
+    reconstruct_mod.reconstruct(run)
+    import pyarrow.parquet as pq
+
+    forest = pq.read_table(run / "forest.parquet").to_pylist()
+    step_nodes = [n for n in forest if n["layer"] == "STEP"]
+    assert len(step_nodes) == len(steps)
+    children = {n["layer"] for n in forest if n["parent_id"] in {s["node_id"] for s in step_nodes}}
+    assert {"FE", "BE"} <= children
+    fe_ids = {n["node_id"] for n in forest if n["layer"] == "FE"}
+    assert any(n["layer"] == "BE" and n["parent_id"] in fe_ids for n in forest)
+    reqs = pq.read_table(run / "requests.parquet").column("request_id").to_pylist()
+    assert set(reqs) == {"req_0", "req_1", "req_2", "req_3"}
