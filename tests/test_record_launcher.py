@@ -278,3 +278,12 @@ def test_cupti_unavailable_falls_back_to_cpu(engine_dir: Path):
     assert info["collector"]["active"] == ["cpu"] and info["collector"]["fallback_reasons"]
     assert b"[teller] collector cupti unavailable" in p.stderr
     assert "STEP id=0 reqs=r0" in RunDir(run).read_events().column("name").to_pylist()
+
+
+def test_requested_engine_that_never_loads_is_reported(tmp_path: Path):
+    p = teller("record", "-o", str(tmp_path / "run"), "--collector", "cpu", "--engine", "vllm", "--",
+               sys.executable, "-c", "print('hello')", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout == b"hello\n"
+    assert b"[teller] --engine vllm: no recorded process imported its modules" in p.stderr
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert any("--engine vllm" in n for n in info["notes"]) and info["counts"]["processes"] == 0

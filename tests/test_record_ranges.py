@@ -179,3 +179,21 @@ def test_counts_reconcile_and_ranges_nest(ops, drain_every):
         disjoint = (s >= e[i]) | (e <= s[i])
         contains = (s <= s[i]) & (e >= e[i])
         assert np.all(inside | disjoint | contains)
+
+
+def test_unique_messages_are_not_interned_forever():
+    rec = RangeRecorder()
+    rec.push("STEP id=0 reqs=open")  # stays open across drains
+    for i in range(1000):
+        rec.push(f"STEP id={i + 1} reqs=req_{i}")
+        rec.push("BE aten::mm")
+        rec.pop()
+        rec.push(f"COMM all_reduce bytes=8 group=tp seq={i}")
+        rec.pop()
+        rec.pop()
+    out = rows(rec.drain())
+    assert len(out) == 3000 and rec.info()["distinct_names"] == 1
+    assert rec.info()["transient_names"] == 1  # only the open STEP's message is still held
+    assert {r["name"] for r in out if r["layer"] == "STEP"} == {f"STEP id={i + 1} reqs=req_{i}" for i in range(1000)}
+    assert [r["name"] for r in rows(rec.drain(final=True))] == ["STEP id=0 reqs=open"]
+    assert rec.info()["transient_names"] == 0

@@ -354,6 +354,10 @@ def record(
 
     exit_code = rc if rc >= 0 else 128 - rc
     _finish_info(info, run, rc, exit_code, end, readers, forwarded)
+    notes = _engine_notes(engine, hooks_path, resolved, info)
+    for n in notes:
+        print(f"[teller] {n}", file=sys.stderr)
+    info.extra["notes"] = notes
     run.write_info(info)
     active = ",".join(a for a in info.collector.get("active", []) if a != "none") or resolved
     return {"exit_code": exit_code, "run": str(run.path), "collector": active,
@@ -419,6 +423,27 @@ def _finish_info(info: RunInfo, run: RunDir, rc: int, exit_code: int, end_ns: in
     if errs:
         info.extra["log_capture_errors"] = errs
     info.counts = counts
+
+
+def _engine_notes(engine: str, hooks: str | None, collector: str, info: RunInfo) -> list[str]:
+    """Say plainly when the requested recording did not happen (engine absent, wrong version)."""
+    if collector == "none":
+        return []
+    notes = []
+    insts = info.engine.get("instrumentors", {})
+    detected = info.engine.get("detected", [])
+    for name, e in insts.items():
+        if "version-mismatch" in e["status"]:
+            notes.append(f"{name} hooks stayed off: {'; '.join(e['reasons'])}")
+    if engine not in ("auto", "generic") and engine not in detected:
+        notes.append(f"--engine {engine}: no recorded process imported its modules; no {engine} ranges were recorded")
+    elif engine == "auto" and not detected and info.counts.get("processes", 0):
+        notes.append("no engine hooks fired (no transformers continuous batching, vLLM or SGLang module was "
+                     "imported); use --hooks FILE for other engines")
+    if info.counts.get("processes", 0) == 0:
+        notes.append("no process started recording (none imported torch or a hooked module); "
+                     "run.json and the logs are all there is")
+    return notes
 
 
 def read_proc_infos(run: RunDir) -> list[dict[str, Any]]:

@@ -4,6 +4,9 @@ The hooks (``teller.record.instrument``) call :func:`push` and :func:`pop` on th
 threads, so the hot path is a few list/array operations: the message is interned to an integer
 code once, ``time.perf_counter_ns`` is read, and a closed range is appended to the thread's
 ``array('q')`` as four int64 (start, end, code, flags). No dict or object is created per range.
+Messages that name one range only (``STEP ...``, ``COMM ... seq=N``, anything with ``reqs=``) get
+a code of their own that is forgotten once the range is drained, so a long run does not grow the
+intern table by one entry per step.
 
 Draining (:meth:`RangeRecorder.drain`) happens on the flusher thread: it copies what each
 thread has closed so far and removes exactly that many records, which is safe under the GIL
@@ -18,6 +21,7 @@ this module is safe to import from ``sitecustomize``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from array import array
@@ -25,6 +29,11 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 _perf = time.perf_counter_ns
+
+#: codes from here on name one range each (STEP/COMM messages carry ids and sequence numbers, so
+#: interning them would grow the table by one entry per step forever); see RangeRecorder._intern
+_TRANSIENT_BASE = 1 << 40
+_UNIQUE_PREFIXES = ("STEP ", "COMM ")
 
 #: record layout in a thread buffer
 _FIELDS = 4  # start_ns (perf), end_ns (perf), code, flags
@@ -51,6 +60,8 @@ class RangeRecorder:
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
         self._names: list[str] = []
+        self._transient: dict[int, str] = {}
+        self._transient_ids = itertools.count(_TRANSIENT_BASE)
         self._lock = threading.Lock()
         self._tls = threading.local()
         self._threads: list[_ThreadBuf] = []
@@ -110,6 +121,10 @@ class RangeRecorder:
         return t
 
     def _intern(self, msg: str) -> int:
+        if msg.startswith(_UNIQUE_PREFIXES) or " reqs=" in msg:
+            code = next(self._transient_ids)  # kept until the range is drained, then forgotten
+            self._transient[code] = msg
+            return code
         with self._lock:
             code = self._codes.get(msg)
             if code is None:
@@ -123,6 +138,7 @@ class RangeRecorder:
         self._lock = threading.Lock()
         self._tls = threading.local()
         self._threads = []
+        self._transient = {}
         self.emitted = 0
         self.truncated = 0
 
@@ -168,8 +184,8 @@ class RangeRecorder:
         self.emitted += len(rec)
         codes = rec[:, 2]
         uniq, inv = np.unique(codes, return_inverse=True)
-        names = self._names  # append-only: every code seen in a buffer is already there
-        dictionary = [names[c] for c in uniq.tolist()]
+        names, transient = self._names, self._transient  # every code in a buffer is known here
+        dictionary = [names[c] if c < _TRANSIENT_BASE else transient.pop(c, "?") for c in uniq.tolist()]
         return {
             "kind": np.full(len(rec), 2, dtype=np.int8),  # KINDS.index("RANGE")
             "name": _dict_array(inv, dictionary),
@@ -192,6 +208,7 @@ class RangeRecorder:
             "pending_ranges": sum(len(t.data) // _FIELDS for t in threads),
             "threads": len(threads),
             "distinct_names": len(self._names),
+            "transient_names": len(self._transient),
         }
 
 

@@ -114,16 +114,36 @@ def next_step_id() -> int:
     return next(_step_ids)
 
 
+_be_backend: tuple[Callable[[int], None], Callable[[], None]] | None = None
+
+
+def set_be_backend(enter_fn: Callable[[int], None] | None, exit_fn: Callable[[], None] | None = None) -> None:
+    """Replace how aten ops are recorded during a step (default: a TorchDispatchMode per thread).
+
+    ``enter_fn(depth)`` runs on the step's thread after its STEP range opens, ``exit_fn()``
+    before it closes; a GPU collector can use this to emit op ranges more cheaply (for example
+    through the profiler's NVTX mode). ``None`` restores the default.
+    """
+    global _be_backend
+    _be_backend = None if enter_fn is None else (enter_fn, exit_fn or (lambda: None))
+
+
+def _be_functions() -> tuple[Callable[[int], None], Callable[[], None]]:
+    if _be_backend is not None:
+        return _be_backend
+    from teller.record.instrument import torch_ops
+
+    return torch_ops.be_enter, torch_ops.be_exit
+
+
 def push_step(msg: str) -> None:
     """Open a STEP range and, with BE depth > 0, start recording aten ops on this thread."""
     push(msg)
     rt = RUNTIME
     depth = rt.be_depth if rt is not None else _default_be_depth()
-    if depth > 0 and "torch" in sys.modules:
+    if "torch" in sys.modules:
         try:
-            from teller.record.instrument import torch_ops
-
-            torch_ops.be_enter(depth)
+            _be_functions()[0](depth)
         except Exception as e:
             hook_failed("BE aten ops", e)
 
@@ -132,9 +152,7 @@ def pop_step() -> None:
     """Close the STEP range opened by :func:`push_step` on this thread."""
     if "torch" in sys.modules:
         try:
-            from teller.record.instrument import torch_ops
-
-            torch_ops.be_exit()
+            _be_functions()[1]()
         except Exception as e:
             hook_failed("BE aten ops", e)
     pop()

@@ -7,7 +7,7 @@ that runs ``ContinuousBatchingManager._run_generation_loop``:
   iteration. It is the STEP's scope: the range opened inside it is closed when it returns (or
   raises), so a STEP covers the forward pass, sampling and ``update_batch``.
 - ``ContinuousBatchProcessor.prepare_next_batch()``: scheduling, recorded as
-  ``OTHER schedule``. When it returns True the batch is known, and the STEP opens right there:
+  ``OTHER schedule`` (not when idle: nothing queued, nothing pending). When it returns True the batch is known, and the STEP opens right there:
   ``STEP id=<n> reqs=<request_id>,...`` with the ids of
   ``inputs_and_outputs.requests_in_batch[i].state.request_id`` (n counts steps in the process).
 - ``ContinuousBatchProcessor.update_batch()``: ``OTHER update_batch``.
@@ -71,6 +71,8 @@ class TransformersCBInstrumentor(Instrumentor):
                     self.failed("STEP end", e)
 
     def _prepare(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _idle(instance):  # the loop polls every 0.1 s when idle: no range for empty polls
+            return wrapped(*args, **kwargs)
         rt.push("OTHER schedule")
         try:
             ready = wrapped(*args, **kwargs)
@@ -112,3 +114,12 @@ class TransformersCBInstrumentor(Instrumentor):
             return wrapped(*args, **kwargs)
         finally:
             rt.pop()
+
+
+def _idle(bp: Any) -> bool:
+    """Nothing queued and nothing scheduled: ``prepare_next_batch`` will find no work."""
+    try:
+        q = bp.input_queue
+        return (q is None or q.empty()) and not bp.scheduler.has_pending_requests()
+    except Exception:
+        return False

@@ -128,8 +128,9 @@ class VLLMInstrumentor(Instrumentor):
             out = wrapped(*args, **kwargs)
             return out
         finally:
-            # newer V1 workers return None here and sample in sample_tokens: the STEP spans both
-            if out is not None:
+            # newer V1 workers return None here and sample in sample_tokens: the STEP spans both;
+            # older ones (no sample_tokens) return None on non-driver ranks: the STEP ends here
+            if out is not None or not hasattr(type(instance), "sample_tokens"):
                 self._end_worker_step()
 
     def _end_worker_step(self) -> None:
