@@ -77,6 +77,8 @@ def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path):
     info = json.loads((run / "run.json").read_text())
     assert info["exit_code"] == 0 and info["engine"]["detected"] == ["transformers"]
     assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+    mc = info["model_config"]
+    assert mc["num_hidden_layers"] == 2 and mc["hidden_size"] == 128 and mc["class"] == "LlamaForCausalLM"
     logs = [json.loads(x)["text"] for x in (run / "logs" / "stderr.jsonl").read_text().splitlines()]
     assert sum("request req_" in t and " added " in t for t in logs) == 4
 

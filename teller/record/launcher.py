@@ -416,6 +416,7 @@ def _finish_info(info: RunInfo, run: RunDir, rc: int, exit_code: int, end_ns: in
     if fallbacks:
         info.collector["fallback_reasons"] = sorted(fallbacks)
     info.dropped_records = dropped
+    info.model_config = next((p["model_config"] for p in procs if p.get("model_config")), {})
     counts["log_lines"] = {r.stream: r.lines for r in readers}
     counts["log_bytes"] = {r.stream: r.bytes for r in readers}
     counts["event_files"] = len(run.event_files())

@@ -232,6 +232,7 @@ class Runtime:
         self.collector_name: str | None = None
         self.fallback_reason: str | None = None
         self.failed_collector: dict[str, Any] | None = None
+        self.model_config: dict[str, Any] = {}
         self.instrumentors: list[Any] = []
         self.forked_from: int | None = None
         self._started = False
@@ -510,6 +511,7 @@ class Runtime:
             },
             "collectors": coll,
             "failed_collector": self.failed_collector,
+            "model_config": self.model_config,
             "sink": self.sink.info() if self.sink is not None else None,
             "instrumentors": [i.info() for i in self.instrumentors],
             "hook_errors": dict(_hook_errors),
@@ -559,6 +561,26 @@ def activate() -> Runtime | None:
     RUNTIME = rt
     rt.install()
     return rt
+
+
+def note_model(model: Any) -> None:
+    """Keep the served model's shape for run.json (``model_config``); cheap, never raises."""
+    rt = RUNTIME
+    if rt is None or model is None:
+        return
+    try:
+        cfg = getattr(model, "config", None)
+        keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size", "vocab_size", "_attn_implementation")
+        d = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, str, list))}
+        for k in ("device", "dtype"):
+            v = getattr(model, k, None)
+            if v is not None:
+                d[k] = str(v)
+        d["class"] = type(model).__name__
+        rt.model_config = d
+    except Exception as e:
+        hook_failed("model config", e)
 
 
 def ensure_started() -> None:

@@ -156,6 +156,7 @@ class VLLMInstrumentor(Instrumentor):
             from teller.record.instrument import torch_ops
 
             torch_ops.attach_module_ranges(getattr(instance, "model", None))
+            rt.note_model(getattr(instance, "model", None))
         except Exception as e:
             self.failed("FE module hooks", e)
         return out
