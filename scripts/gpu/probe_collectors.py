@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 
@@ -82,16 +83,16 @@ def run_mode(mode: str, out: Path) -> dict:
     run = out / mode
     sink = EventSink(run)
     torch.cuda.init()
-    if mode == "cupti":
+    if mode.startswith("cupti"):
         from teller.record.collectors.cupti import CuptiCollector
 
-        col = CuptiCollector()
+        col = CuptiCollector(decode="objects" if mode == "cupti_objects" else "raw")
     else:
         from teller.record.collectors.kineto import KinetoCollector
 
         col = KinetoCollector()
     clocks = {}
-    if mode == "cupti":
+    if mode.startswith("cupti"):
         try:
             from cupti import cupti
 
@@ -152,6 +153,12 @@ def run_mode(mode: str, out: Path) -> dict:
                               "abs_max_minus_wall1_ms": (max(ts) * 1000 + base - col._wall1) / 1e6,
                               "cats": sorted({e.get("cat", "") for e in d["traceEvents"]})}
     res["sample_names"] = sorted(set(names[kinds == "RUNTIME"]))[:20]
+    res["kind_name_counts"] = dict(Counter(f"{k}|{n}" for k, n in zip(kinds.tolist(), names.tolist(), strict=True)))
+    if mode.startswith("cupti"):
+        from cupti import cupti
+
+        res["layouts"] = {n: [getattr(cupti, n).itemsize, list(getattr(cupti, n).names)[:40]]
+                          for n in ("activity_api_dtype", "activity_kernel10_dtype", "activity_marker2_dtype")}
     res["kernel_names"] = sorted(set(names[kinds == "KERNEL"]))[:8]
     return res
 
@@ -162,16 +169,24 @@ def main() -> None:
     if len(sys.argv) > 2:  # child
         res = run_mode(sys.argv[2], out)
         (out / f"probe_{sys.argv[2]}.json").write_text(json.dumps(res, indent=1, default=str))
-        print(json.dumps(res, default=str)[:3000])
+        short = {k: v for k, v in res.items() if k not in ("kind_name_counts", "layouts")}
+        print(json.dumps(short, default=str)[:2500])
         return
     env = dict(os.environ)
     lib = libcupti_path()
     env["NVTX_INJECTION64_PATH"] = lib
     print("libcupti:", lib, flush=True)
-    for mode in ("cupti", "kineto"):
-        r = subprocess.run([sys.executable, __file__, str(out), mode], env=env if mode == "cupti" else os.environ,
-                           timeout=240)
+    modes = os.environ.get("PROBE_MODES", "cupti,cupti_objects,kineto").split(",")
+    for mode in modes:
+        r = subprocess.run([sys.executable, __file__, str(out), mode],
+                           env=env if mode.startswith("cupti") else os.environ, timeout=240)
         print(mode, "exit", r.returncode, flush=True)
+    done = [json.loads((out / f"probe_{m}.json").read_text()) for m in ("cupti", "cupti_objects")
+            if (out / f"probe_{m}.json").is_file()]
+    if len(done) == 2:
+        a, b = (d["kind_name_counts"] for d in done)
+        diff = {k: (a.get(k, 0), b.get(k, 0)) for k in set(a) | set(b) if a.get(k, 0) != b.get(k, 0)}
+        print("raw vs objects: same (kind, name) counts" if not diff else f"raw vs objects differ: {diff}")
 
 
 if __name__ == "__main__":

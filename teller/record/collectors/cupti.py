@@ -381,12 +381,13 @@ class RecordDecoder:
         self.unwalked_bytes = 0
         self.last_ts = 0
         self.decode_ns = 0
+        self.decode_cpu_ns = 0
 
     # -- public ---------------------------------------------------------------------------------
 
     def decode(self, records: Sequence[Any]) -> list[dict[str, Any]]:
         """Decode one buffer's record objects; returns one column dict per kind present."""
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         n = len(records)
         out: list[dict[str, Any]] = []
         if n:
@@ -402,11 +403,12 @@ class RecordDecoder:
                     continue
                 self._emit(out, name, g, self._fields_from_objects(g, group))
         self.decode_ns += time.perf_counter_ns() - t0
+        self.decode_cpu_ns += time.thread_time_ns() - c0
         return out
 
     def decode_raw(self, buf: np.ndarray, valid: int) -> list[dict[str, Any]]:
         """Decode a raw activity buffer (``buf[:valid]`` holds packed records)."""
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         out: list[dict[str, Any]] = []
         offs, kinds, used = walk_records(buf, valid, self.raw_sizes)
         if used < valid:
@@ -423,6 +425,7 @@ class RecordDecoder:
                 self.records_in[name] = self.records_in.get(name, 0) + len(rec)
                 self._emit(out, name, layout.group, self._fields_from_struct(layout.group, rec))
         self.decode_ns += time.perf_counter_ns() - t0
+        self.decode_cpu_ns += time.thread_time_ns() - c0
         return out
 
     def close_open_ranges(self) -> dict[str, Any] | None:
@@ -810,6 +813,11 @@ class CuptiCollector:
         self.decode_mode = (decode or os.environ.get("TELLER_CUPTI_DECODE", "raw")).lower()
         self.api_filter = (os.environ.get("TELLER_CUPTI_API_FILTER", "1") not in ("0", "false", "no")
                            if api_filter is None else api_filter)
+        # where the hooks' ranges go: "cpu" (TELLER's range recorder, default) or "nvtx"
+        # (torch.cuda.nvtx → MARKER records on CUPTI's own clock; needs NVTX_INJECTION64_PATH)
+        self.ranges = os.environ.get("TELLER_CUPTI_RANGES", "cpu").lower()
+        # overhead studies only: take buffers from CUPTI but do not decode them (no events)
+        self.skip_decode = os.environ.get("TELLER_CUPTI_SKIP_DECODE", "") not in ("", "0")
         self.sink = None
         self.clockmap = ClockMap()
         self.decoder: RecordDecoder | None = None
@@ -831,6 +839,7 @@ class CuptiCollector:
         self.clock_source = ""
         self.quiet_apis = 0
         self.callback_ns = 0
+        self.skipped_bytes = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -878,6 +887,8 @@ class CuptiCollector:
             self.available = self._active
             if not self._active:
                 self.reason = "no activity kind could be enabled"
+            elif self.ranges == "nvtx":
+                self._route_ranges_through_nvtx()
         except Exception as e:
             self.reason = f"CUPTI start failed: {type(e).__name__}: {e}"
             self._error(self.reason)
@@ -918,13 +929,16 @@ class CuptiCollector:
     def info(self) -> dict[str, Any]:
         d = self.decoder
         decode_ns = d.decode_ns if d else 0
+        decode_cpu_ns = d.decode_cpu_ns if d else 0
         errors = list(self.errors) + (list(self._raw.errors) if self._raw else [])
         return {
             "name": self.name,
             "available": self.available,
             "reason": self.reason,
             "kinds": list(self.kinds),
-            "decode": self.decode_mode,
+            "decode": self.decode_mode + (" (skipped: overhead study)" if self.skip_decode else ""),
+            "ranges": self.ranges,
+            "undecoded_bytes": self.skipped_bytes,
             "api_filter": {"on": self.api_filter, "quiet_cbids": self.quiet_apis},
             "buffer_bytes": self.buffer_bytes,
             "thread_id_type": self.thread_id_type,
@@ -938,6 +952,8 @@ class CuptiCollector:
             "decode_s": decode_ns / 1e9,
             "callback_s": self.callback_ns / 1e9,
             "decode_us_per_record": (decode_ns / 1e3 / self.records) if self.records else None,
+            "decode_cpu_s": decode_cpu_ns / 1e9,
+            "decode_cpu_us_per_record": (decode_cpu_ns / 1e3 / self.records) if self.records else None,
             "clock_anchors": self.clockmap.summary(),
             **(d.counts() if d else {}),
             "errors": errors,
@@ -977,6 +993,30 @@ class CuptiCollector:
             except Exception as e:
                 self._error(f"API filter ({fn_name}): {type(e).__name__}: {e}; those calls stay recorded")
 
+    def _route_ranges_through_nvtx(self) -> None:
+        """Send the hooks' ranges to NVTX; they come back as MARKER records paired into RANGEs."""
+        if "cupti" not in os.environ.get("NVTX_INJECTION64_PATH", ""):
+            self._error("TELLER_CUPTI_RANGES=nvtx needs NVTX_INJECTION64_PATH=<libcupti>; ranges stay on the cpu recorder")
+            self.ranges = "cpu"
+            return
+        try:
+            import torch.cuda.nvtx as nvtx
+
+            from teller.record import runtime
+
+            push, pop = nvtx.range_push, nvtx.range_pop
+
+            def nvtx_push(msg: str) -> None:
+                push(msg)
+
+            def nvtx_pop() -> None:
+                pop()
+
+            runtime.set_range_backend(nvtx_push, nvtx_pop, name="nvtx")
+        except Exception as e:
+            self.ranges = "cpu"
+            self._error(f"NVTX range backend: {type(e).__name__}: {e}; ranges stay on the cpu recorder")
+
     # -- CUPTI callbacks ------------------------------------------------------------------------
 
     def _buffer_requested(self) -> tuple[int, int]:
@@ -1005,6 +1045,10 @@ class CuptiCollector:
 
     def _raw_completed(self, buf: np.ndarray, valid: int) -> None:
         t0 = time.perf_counter_ns()
+        if self.skip_decode:
+            self.buffers += 1
+            self.skipped_bytes += valid
+            return
         try:
             with self._lock:
                 self.buffers += 1
