@@ -13,8 +13,9 @@ handlers; it imports nothing heavy and never touches torch or CUDA. Later:
 
 Buffers are flushed every ``TELLER_FLUSH_S`` seconds (default 2) by a daemon thread, at exit
 (``atexit``, and the ``multiprocessing`` finalizers of forked workers, which skip ``atexit``)
-and on SIGTERM/SIGINT, after which the engine's own handler (or the default action) runs: a
-crash loses at most one flush interval. Nothing here raises into the engine; failures are logged
+and on SIGTERM (and SIGINT where it is not Python's KeyboardInterrupt handler, which reaches
+``atexit`` by itself), after which the signal's default action runs: a crash loses at most one
+flush interval. Nothing here raises into the engine; failures are logged
 once with a ``[teller]`` prefix and written to ``RUN/proc/<pid>.json``, which the launcher
 gathers into ``run.json``.
 
@@ -405,13 +406,24 @@ class Runtime:
             self.flush(final=True)
         except Exception as e:
             log(f"final flush failed ({type(e).__name__}: {e})")
+        _exit_like_keyboard_interrupt()
 
     def _install_signal_handlers(self) -> None:
+        """Catch SIGTERM/SIGINT only where their action would skip ``atexit`` (SIG_DFL).
+
+        Python's own SIGINT handler raises KeyboardInterrupt, which runs ``atexit``; replacing it
+        would change what ``signal.getsignal`` reports (asyncio, for one, installs its Ctrl-C
+        handling only when it sees the default). So that one, ignored signals and handlers the
+        engine installs later are left alone; a handler installed here flushes, then lets the
+        signal do what it would have done.
+        """
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
                 prev = signal.getsignal(sig)
+                if prev != signal.SIG_DFL:
+                    continue
                 signal.signal(sig, self._on_signal)
                 self._prev_handlers[sig] = prev
             except (ValueError, OSError):
@@ -530,6 +542,35 @@ class Runtime:
             os.replace(tmp, path)
         except Exception as e:
             log(f"cannot write {self.run_dir}/proc/{self.pid}.json ({type(e).__name__}: {e})", key="proc-write")
+
+
+def _exit_like_keyboard_interrupt() -> None:
+    """Keep "an uncaught KeyboardInterrupt exits by SIGINT" (exit status 130 in a shell).
+
+    CPython remembers an uncaught KeyboardInterrupt of the main program in a flag and kills
+    itself with SIGINT at the very end of finalization; any ``exec`` of a string after that
+    (pyarrow's compute layer and dataclass creation do it, e.g. in the final flush) clears the
+    flag and the process exits 1 instead. So when the main program did end that way, the last
+    ``atexit`` handler (this one: registered first) does what CPython would have done.
+    """
+    tb = getattr(sys, "last_traceback", None)
+    if tb is None or not isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        return
+    g = tb.tb_frame.f_globals.get("__name__")
+    if not (g in ("__main__", "runpy") and tb.tb_frame.f_code.co_name in ("<module>", "_run_module_as_main")):
+        return  # a KeyboardInterrupt shown by an interactive shell, not the program's end
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except Exception:
+        pass
 
 
 def _int(v: str | None, default: int) -> int:
