@@ -19,6 +19,11 @@ by environment, so the command and every Python process it spawns are recorded b
 
 The child's stdout becomes a pipe, which would make Python block-buffer it; ``PYTHONUNBUFFERED``
 is set (unless the user set it) so log lines arrive, and get timestamps, when they are written.
+
+Limits, by construction: a Python started with ``-I``, ``-E`` or ``-S`` ignores ``PYTHONPATH``
+or site customisation and runs unrecorded (its output is still captured); a child that builds
+its own environment from scratch drops the ``TELLER_*`` settings; programs that check
+``isatty()`` see pipes, not a terminal.
 """
 
 from __future__ import annotations

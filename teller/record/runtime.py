@@ -309,6 +309,7 @@ class Runtime:
         name = self.collector_requested
         if name in ("cpu", "auto", ""):
             return
+        c = None
         try:
             if name == "cupti":
                 from teller.record.collectors.cupti import CuptiCollector as factory
@@ -325,7 +326,7 @@ class Runtime:
             self.fallback_reason = f"{type(e).__name__}: {e}" if not isinstance(e, RuntimeError) else str(e)
             log(f"collector {name} unavailable ({self.fallback_reason}); recording hook ranges with the cpu collector")
             try:
-                if "c" in locals():
+                if c is not None:
                     self.failed_collector = {"name": name, **c.info()}
                     c.stop()
             except Exception:
