@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
@@ -83,13 +83,11 @@ def _print_summary(what: str, summary: dict) -> None:
 
 
 def _register_optional() -> None:
-    """Attach command groups of later stages when they are importable."""
-    for mod, name in (("teller.record.cli", "record"), ("teller.workload.cli", "workload"), ("teller.logs.cli", "logs")):
-        try:
-            m = __import__(mod, fromlist=["register"])
-        except ImportError:
-            continue
-        m.register(app)
+    """Attach the command groups that live in their stage packages (record, workload, logs)."""
+    import importlib
+
+    for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli"):
+        importlib.import_module(mod).register(app)
 
 
 _register_optional()

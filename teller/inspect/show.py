@@ -39,8 +39,14 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         if not len(sel):
             known = sorted(set(ids.tolist()))[:8]
             raise TellerError(f"{rd.path}: request {request!r} names no step; known requests include {', '.join(known) or 'none'}")
-        rows = [forest.row(int(s)) for s in np.unique(sel)]
-        console.print(f"request [bold]{request}[/]: {len(rows)} step(s)")
+        all_rows = np.array([forest.row(int(s)) for s in np.unique(sel)])
+        durs = forest.end[all_rows] - forest.start[all_rows]
+        console.print(f"request [bold]{request}[/]: {len(all_rows)} step(s), "
+                      f"{fmt_ns(durs.sum())} in steps, slowest {fmt_ns(durs.max())}")
+        if len(all_rows) > 1:
+            _print_step_list(console, forest, steps, limit=20, only=np.asarray(np.unique(sel)))
+            console.print("showing the slowest step (use --step N for another)")
+        rows = [int(all_rows[np.argmax(durs)])]
     elif step is not None:
         rows = _find_step(forest, steps, step, rd)
     else:
@@ -68,10 +74,15 @@ def _find_step(forest: Forest, steps, step: int, rd: RunDir) -> list[int]:
     raise TellerError(f"{rd.path}: no step {step} (neither a step number nor a STEP node id); `teller show {rd.path}` lists the steps")
 
 
-def _print_step_list(console: Console, forest: Forest, steps, limit: int) -> None:
+def _print_step_list(console: Console, forest: Forest, steps, limit: int, only: np.ndarray | None = None) -> None:
     if steps is None or not steps.num_rows:
         return
-    order = np.argsort(np_col(steps, "start_ns"))[:limit]
+    order = np.argsort(np_col(steps, "start_ns"))
+    if only is not None:
+        order = order[np.isin(np_col(steps, "step_id")[order], only)]
+    if len(order) > limit:
+        console.print(f"  (first {limit} of {len(order)})")
+    order = order[:limit]
     nums, ranks = np_col(steps, "step_num"), np_col(steps, "rank")
     starts, ends = np_col(steps, "start_ns"), np_col(steps, "end_ns")
     nreq = np_col(steps, "n_requests")
@@ -105,28 +116,32 @@ def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_childr
         if d + 1 > depth:
             node.add(f"[dim]… {len(kids)} children below depth {depth}[/]")
             continue
-        shown = 0
+        # fold runs of identical leaves (same layer and name) into groups [i, j)
+        groups = []
         i = 0
-        pending = []
-        while i < len(kids) and shown < max_children:
-            k = kids[i]
-            # fold runs of identical leaves (same layer and name): "×N"
-            j = i + 1
+        while i < len(kids):
+            k, j = kids[i], i + 1
             if not len(forest.children(k)):
                 while j < len(kids) and not len(forest.children(kids[j])) and forest.layer[kids[j]] == forest.layer[k] \
                         and forest.name_codes[kids[j]] == forest.name_codes[k]:
                     j += 1
+            groups.append((i, j, float(np.sum(forest.end[kids[i:j]] - forest.start[kids[i:j]]))))
+            i = j
+        # too many: keep the longest groups (what a user looks for), still in time order
+        keep = sorted(sorted(range(len(groups)), key=lambda g: -groups[g][2])[:max_children])
+        pending = []
+        for g in keep:
+            i, j, total = groups[g]
+            k = kids[i]
             if j - i > 1:
-                total = float(np.sum(forest.end[kids[i:j]] - forest.start[kids[i:j]]))
                 layer = LAYERS[forest.layer[k]]
                 node.add(f"[{_STYLE[layer]}]{layer}[/] {_escape(forest.name(k)[:90])}  ×{j - i}  [bold]{fmt_ns(total)}[/] total")
             else:
-                child = node.add(_label(forest, k, kernels))
-                pending.append((child, k, d + 1))
-            shown += 1
-            i = j
-        if i < len(kids):
-            rest = Counter(LAYERS[forest.layer[k]] for k in kids[i:])
-            node.add(f"[dim]… {len(kids) - i} more ({', '.join(f'{v} {k}' for k, v in rest.most_common())})[/]")
+                pending.append((node.add(_label(forest, k, kernels)), k, d + 1))
+        if len(keep) < len(groups):
+            hidden = np.concatenate([kids[groups[g][0]:groups[g][1]] for g in range(len(groups)) if g not in set(keep)])
+            rest = Counter(LAYERS[forest.layer[k]] for k in hidden)
+            node.add(f"[dim]… {len(hidden)} shorter ({', '.join(f'{v} {k}' for k, v in rest.most_common())}) "
+                     f"{fmt_ns(float(np.sum(forest.end[hidden] - forest.start[hidden])))} in all[/]")
         stack.extend(reversed(pending))
     return tree
