@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from teller.errors import TellerError
 from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
 from teller.reconstruct.comm import comm_edges, describe
@@ -100,19 +101,59 @@ def _column(rd: RunDir, name: str) -> pa.Array:
     return col
 
 
-def _ints(rd: RunDir, name: str, narrow: bool = False, writable: bool = False) -> np.ndarray:
-    """A numeric event column as numpy (nulls → -1); ``narrow`` → int32 when the values fit."""
-    a = _column(rd, name)
-    if a.null_count:
-        a = a.fill_null(-1)
-    x = a.to_numpy(zero_copy_only=False)
-    if narrow and len(x) and x.dtype.itemsize > 4 and x.min() >= -(2**31) and x.max() < 2**31:
-        x = x.astype(np.int32)
-    if writable and not x.flags.writeable:
-        x = x.copy()
-        del a
+class _Numeric:
+    """Numeric event columns decoded row group by row group into one preallocated numpy array,
+    so reading a column costs the column plus one row group (not 2-4x the column)."""
+
+    def __init__(self, rd: RunDir):
+        self.files = []
+        for f in rd.event_files():
+            try:
+                self.files.append((f, pq.ParquetFile(f)))
+            except (pa.ArrowInvalid, OSError) as e:
+                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
+        self.n = sum(pf.metadata.num_rows for _, pf in self.files)
+
+    def _fits_int32(self, name: str) -> bool:
+        """Row-group statistics say every value fits int32 (no statistics: assume not)."""
+        for _, pf in self.files:
+            idx = pf.schema_arrow.get_field_index(name)
+            for g in range(pf.metadata.num_row_groups):
+                st = pf.metadata.row_group(g).column(idx).statistics
+                if st is None or not st.has_min_max or st.min < -(2**31) or st.max >= 2**31:
+                    return False
+        return True
+
+    def all_null(self, name: str) -> bool:
+        """Row-group statistics say the column holds only nulls (e.g. ``args`` of NVTX events)."""
+        for _, pf in self.files:
+            idx = pf.schema_arrow.get_field_index(name)
+            for g in range(pf.metadata.num_row_groups):
+                col = pf.metadata.row_group(g).column(idx)
+                st = col.statistics
+                if st is None or st.null_count is None or st.null_count != col.num_values:
+                    return False
+        return True
+
+    def __call__(self, name: str, narrow: bool = False) -> np.ndarray:
+        """Column ``name`` as numpy (nulls → -1): int64, or int32 when ``narrow`` and the values
+        fit (or the column is int32 already)."""
+        for f, pf in self.files:
+            if name not in pf.schema_arrow.names:
+                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
+        typ = self.files[0][1].schema_arrow.field(name).type if self.files else pa.int64()
+        small = pa.types.is_integer(typ) and typ.bit_width <= 32
+        out = np.empty(self.n, dtype=np.int32 if small or (narrow and self._fits_int32(name)) else np.int64)
+        pos = 0
+        for _, pf in self.files:
+            for g in range(pf.metadata.num_row_groups):
+                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
+                    if ch.null_count:
+                        ch = ch.fill_null(-1)
+                    out[pos : pos + len(ch)] = ch.to_numpy(zero_copy_only=False)
+                    pos += len(ch)
         _release()
-    return x
+        return out
 
 
 def _dict(rd: RunDir, name: str) -> tuple[np.ndarray, pa.Array]:
@@ -156,9 +197,10 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         last[0] = now
 
     rd = RunDir(run).require()
+    _ints = _Numeric(rd)
 
     # ---- load: thread lanes first (six wide columns → one int32 code), then the rest ----------
-    lane, lanes = factorize([_ints(rd, c) for c in LANE_COLS])
+    lane, lanes = factorize([_ints(c) for c in LANE_COLS])
     lane_node, lane_rank, lane_pid, lane_tid, lane_dev, lane_stream = lanes
     n_lanes = len(lane_tid)
     proc_of_lane, _ = factorize([lane_node, lane_rank, lane_pid])
@@ -166,9 +208,11 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     kind = kind_codes(rd.read_events(columns=["kind"]))
     n = len(kind)
     it = index_dtype(n)
-    start = _ints(rd, "start_ns")
-    end = _ints(rd, "end_ns", writable=True)
-    flags = _ints(rd, "flags").astype(np.int32)
+    if len(kind) != _ints.n:
+        raise TellerError(f"{rd.events_dir}: the event files changed while being read; run again")
+    start = _ints("start_ns")
+    end = _ints("end_ns")
+    flags = _ints("flags")
 
     lap("load")
     # ---- 1. push/pop pairing ------------------------------------------------------------------
@@ -176,10 +220,11 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     pop = np.flatnonzero(kind == _POP).astype(it)
     is_pop = np.zeros(n, dtype=bool)
     is_pop[pop] = True
-    rid = _ints(rd, "range_id")
+    rid = _ints("range_id")
     proc = proc_of_lane[lane]
     pr = pair(push, pop, lane, proc, start, rid)
-    del rid
+    del rid, proc
+    n_pops = len(pop)
     popped = pr.pop_of_push >= 0
     end[push[popped]] = start[pr.pop_of_push[popped]]
     open_push = push[~popped]
@@ -189,6 +234,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         end[open_push] = np.maximum(last[lane[open_push]], start[open_push])
         flags[open_push] |= FLAG_TRUNCATED
     flags[push[pr.duplicate]] |= FLAG_DUPLICATE
+    del push, pop, popped, open_push
 
     # negative durations (instants: markers are points, not repairs)
     bad = np.flatnonzero((end < start) & ~is_pop)
@@ -214,6 +260,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     # ---- 2./3. nesting of host events per thread ------------------------------------------------
     gpu = L.IS_GPU_KIND[kind] | ((kind == _SYNC) & (lane_tid[lane] < 0))
     host = np.flatnonzero(~gpu & ~is_pop).astype(it)
+    del is_pop
     gpu_ev = np.flatnonzero(gpu).astype(it)
     del gpu
     hk = kind[host]
@@ -237,7 +284,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
 
     lap("nest")
     # ---- 3. GPU activity → launching host call by (process, corr_id) -----------------------------
-    corr = _ints(rd, "corr_id", narrow=True)
+    corr = _ints("corr_id", narrow=True)
     call_pos = np.flatnonzero((L.LAUNCH_PRIORITY[kind[hs]] >= 0) & (corr[hs] >= 0)).astype(it)
     calls = hs[call_pos]
     gcorr = corr[gpu_ev]
@@ -261,6 +308,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         m = join(both[: len(calls)], L.LAUNCH_PRIORITY[kind[calls]], both[len(calls) :])
         ok = m >= 0
         bound_pos[todo[ok]] = call_pos[m[ok]]
+        del both, m, ok, todo, gkeys, hkeys
     del calls, call_pos, gcorr, has_corr
     bound = bound_pos >= 0
     flags[gpu_ev[~bound]] |= FLAG_UNBOUND
@@ -291,28 +339,31 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
 
     lap("layout")
     # ---- remaining payload columns ------------------------------------------------------------
-    graph = _ints(rd, "graph_id", narrow=True)
-    nbytes = _ints(rd, "bytes", writable=True)
-    args = _column(rd, "args")
-    if not pa.types.is_string(args.type) and not pa.types.is_large_string(args.type):
+    graph = _ints("graph_id", narrow=True)
+    nbytes = _ints("bytes", narrow=True)
+    args = None if _ints.all_null("args") else _column(rd, "args")
+    if args is not None and not pa.types.is_string(args.type):
         args = args.cast(pa.string())
 
     # ---- COMM: describe nodes (fills bytes), match across ranks -----------------------------------
-    comm_ids = np.flatnonzero(layer[fin_in] == L.COMM)
+    layer_fin = layer[fin_in]
+    comm_ids = np.flatnonzero(layer_fin == L.COMM)
     comm_ev = fin_in[comm_ids]
     desc = describe(
         rules.names.take(pa.array(name[comm_ev])) if comm_ev.size else pa.array([], pa.string()),
-        args.take(pa.array(comm_ev)) if comm_ev.size else pa.array([], pa.string()),
+        args.take(pa.array(comm_ev)) if comm_ev.size and args is not None else pa.nulls(len(comm_ev), pa.string()),
         _RANGE_LIKE[kind[comm_ev]],
         nbytes[comm_ev].astype(np.int64),
     )
+    if nbytes.dtype != np.int64 and len(comm_ev) and desc["bytes"].max() >= 2**31:
+        nbytes = nbytes.astype(np.int64)
     nbytes[comm_ev] = desc["bytes"]
     source = np.where(_RANGE_LIKE[kind[comm_ev]], 0, np.where(L.IS_GPU_KIND[kind[comm_ev]], 1, 2))
     edges = comm_edges(comm_ids, lane_rank[lane[comm_ev]], start[comm_ev], source, desc)
 
     lap("comm")
     # ---- steps and requests -------------------------------------------------------------------
-    step_ids = np.flatnonzero(layer[fin_in] == L.STEP)
+    step_ids = np.flatnonzero(layer_fin == L.STEP)
     sev = fin_in[step_ids]
     # step_ev (ascending input indices) → position of each STEP event's input name
     pos_in = np.searchsorted(step_ev, sev)
@@ -336,6 +387,8 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
 
     lap("steps")
     # ---- write the forest in row chunks --------------------------------------------------------
+    lane_node, lane_rank, lane_dev = (x.astype(np.int32) for x in (lane_node, lane_rank, lane_dev))
+    lane_pid, lane_tid, lane_stream = (x.astype(np.int64) for x in (lane_pid, lane_tid, lane_stream))
     layer_dict = pa.array(LAYERS)
     kind_dict = pa.array(KINDS)
     names = rules.names
@@ -346,16 +399,16 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         return [
             pa.array(np.arange(a, b, dtype=np.int64)),
             pa.array(par_fin[a:b].astype(np.int64)),
-            pa.DictionaryArray.from_arrays(pa.array(layer[ii]), layer_dict),
+            pa.DictionaryArray.from_arrays(pa.array(layer_fin[a:b]), layer_dict),
             pa.DictionaryArray.from_arrays(pa.array(name[ii]), names),
             pa.array(start[ii]),
             pa.array(end[ii]),
-            pa.array(lane_node[ln].astype(np.int32)),
-            pa.array(lane_rank[ln].astype(np.int32)),
-            pa.array(lane_pid[ln].astype(np.int64)),
-            pa.array(lane_tid[ln].astype(np.int64)),
-            pa.array(lane_dev[ln].astype(np.int32)),
-            pa.array(lane_stream[ln].astype(np.int64)),
+            pa.array(lane_node[ln]),
+            pa.array(lane_rank[ln]),
+            pa.array(lane_pid[ln]),
+            pa.array(lane_tid[ln]),
+            pa.array(lane_dev[ln]),
+            pa.array(lane_stream[ln]),
             pa.array(corr[ii].astype(np.int64)),
             pa.array(step[a:b].astype(np.int64)),
             pa.array(flags[ii]),
@@ -364,7 +417,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
             pa.DictionaryArray.from_arrays(pa.array(kind[ii]), kind_dict),
             pa.array(graph[ii].astype(np.int64)),
             pa.array(nbytes[ii].astype(np.int64)),
-            args.take(pa.array(ii)),
+            args.take(pa.array(ii)) if args is not None else pa.nulls(b - a, pa.string()),
         ]
 
     _write_chunks(rd, "forest", FOREST_SCHEMA, m, chunk)
@@ -375,8 +428,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     lap("write")
     # ---- summary ------------------------------------------------------------------------------
     node_flags = flags[fin_in]
-    layer_counts = np.bincount(layer[fin_in], minlength=len(LAYERS))
-    n_pops = len(pop)
+    layer_counts = np.bincount(layer_fin, minlength=len(LAYERS))
     n_dropped = len(pr.pops_unmatched)
     summary: dict[str, Any] = {
         "events_in": int(n),

@@ -30,35 +30,42 @@ def _search_parents(first: np.ndarray, s: np.ndarray, e: np.ndarray, leaf: np.nd
     """Innermost open predecessor of every node (positions in sorted order, -1 for roots)."""
     h = len(s)
     it = np.int32 if h < 2**31 - 2 else np.int64
+    parent = np.full(h, -1, dtype=it)
+    if h < 2:
+        return parent
     # c is open at u's start  <=>  end[c] > start[u] - (1 if u has zero length else 0);
     # a leaf's end is -inf, so it is never open.
     thr = s - (e == s)
     ends = np.where(leaf, np.iinfo(np.int64).min, e)
-    skip = np.arange(-1, h - 1, dtype=it)
-    skip[first] = -1
-    parent = np.full(h, -1, dtype=it)
-    # shortcut for roots: nothing earlier on the thread is still open (running max of ends)
+    # roots: nothing earlier on the thread is still open (running max of ends per thread)
     reach = np.empty_like(ends)
     bounds = np.flatnonzero(first).tolist() + [h]
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         np.maximum.accumulate(ends[a:b], out=reach[a:b])
-    root = np.empty(h, dtype=bool)
-    root[0:1] = True
-    root[1:] = reach[:-1] <= thr[1:]
-    root |= first
+    todo = reach[:-1] > thr[1:]  # for nodes 1..h-1
     del reach
-    u = np.flatnonzero(~root).astype(it)
-    del root
+    todo &= ~first[1:]
+    # round one without gathers: the previous node is the parent when it is still open
+    prev_open = ends[:-1] > thr[1:]
+    hit = np.flatnonzero(todo & prev_open).astype(it) + 1
+    parent[hit] = hit - 1
+    todo &= ~prev_open
+    del prev_open, hit
+    u = np.flatnonzero(todo).astype(it) + 1
+    del todo
+    # the previous node was closed: keep jumping; every node skipped closed before it began
+    skip = np.arange(-1, h - 1, dtype=it)
+    skip[first] = -1
+    skip[u] = np.maximum(u - 2, -1)
     while u.size:
         c = skip[u]
-        op = ends[c] > thr[u]  # c >= 0 here: roots leave the loop below
-        op &= c >= 0
+        ok = c >= 0
+        op = ends[c] > thr[u]
+        op &= ok
         parent[u[op]] = c[op]
-        go = ~op
-        go &= c >= 0
-        rest = u[go]
-        nxt = skip[c[go]]
-        skip[rest] = nxt
+        ok &= ~op
+        rest = u[ok]
+        skip[rest] = skip[c[ok]]
         u = rest
     return parent
 
