@@ -56,9 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to write the runs (default: a temp dir)")
     args = ap.parse_args(argv)
 
-    from rich.console import Console
+    try:
+        from rich.console import Console
 
-    console = Console(stderr=True)
+        console = Console(stderr=True)
+    except ImportError:  # a bare machine: plain progress lines
+        import contextlib
+
+        class _Plain:
+            def status(self, msg):
+                print(msg, file=sys.stderr, flush=True)
+                return contextlib.nullcontext()
+
+            def print(self, msg):
+                print(msg, file=sys.stderr, flush=True)
+
+        console = _Plain()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for size in args.sizes:

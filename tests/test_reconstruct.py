@@ -196,6 +196,20 @@ def test_steps_requests_and_gpu_step_ids(tmp_path):
     assert s["steps"] == 3 and s["requests"] == 2 and s["request_step_pairs"] == 3
 
 
+def test_nested_steps_take_the_innermost(tmp_path):
+    rows = [
+        rng("ProfilerStep#1", 0, 100), rng("STEP id=5 reqs=r", 10, 50), call("cudaLaunchKernel", 20, 30, 1),
+        call("cudaMemcpyAsync", 60, 70, 2), gpu("k", 80, 90, 1), gpu("m", 91, 95, 2, kind="MEMCPY"), rng("after", 200, 210),
+    ]
+    s, f, rd = run_and_read(tmp_path / "r", rows)
+    n = by_name(f)
+    assert n["cudaLaunchKernel"]["step_id"] == n["k"]["step_id"] == n["STEP id=5 reqs=r"]["node_id"]
+    assert n["cudaMemcpyAsync"]["step_id"] == n["m"]["step_id"] == n["ProfilerStep#1"]["node_id"]
+    assert n["STEP id=5 reqs=r"]["step_id"] == n["STEP id=5 reqs=r"]["node_id"] and n["after"]["step_id"] == -1
+    assert s["steps"] == 2
+    check_forest(rd.read_table("forest"))
+
+
 def test_profiler_step_and_custom_patterns(tmp_path):
     rows = [rng("ProfilerStep#4", 0, 10), rng("ProfilerStep#5", 10, 20), rng("iteration 12 (batch=a;b)", 30, 40), rng("ProfilerStep#x", 50, 60)]
     s, f, rd = run_and_read(tmp_path / "r", rows, step_patterns=[r"^iteration (?P<id>\d+) \(batch=(?P<reqs>[^)]*)\)$"])

@@ -63,10 +63,15 @@ def nested_tree(draw, tid):
         walk(r)
         t[0] += draw(st.integers(0, 3))
     kinds = draw(st.lists(st.sampled_from(["range", "range", "call"]), min_size=n, max_size=n))
+    steps = draw(st.lists(st.booleans(), min_size=n, max_size=n))  # some ranges are STEPs, nested or not
+
+    def name(i):
+        return f"STEP id={i} t{tid}n{i}" if steps[i] and (children[i] or kinds[i] == "range") else f"t{tid}n{i}"
+
     out = []
     for i in range(n):
         kind = "range" if children[i] else kinds[i]
-        out.append((f"t{tid}n{i}", f"t{tid}n{parent[i]}" if parent[i] >= 0 else None, *times[i], kind))
+        out.append((name(i), name(parent[i]) if parent[i] >= 0 else None, *times[i], kind))
     return out
 
 

@@ -124,6 +124,18 @@ class _Numeric:
                     return False
         return True
 
+    def constant(self, name: str) -> int | None:
+        """The single value of a column without nulls, when row-group statistics prove it."""
+        vals = set()
+        for _, pf in self.files:
+            idx = pf.schema_arrow.get_field_index(name)
+            for g in range(pf.metadata.num_row_groups):
+                st = pf.metadata.row_group(g).column(idx).statistics
+                if st is None or not st.has_min_max or st.null_count or st.min != st.max:
+                    return None
+                vals.add(st.min)
+        return vals.pop() if len(vals) == 1 else None
+
     def all_null(self, name: str) -> bool:
         """Row-group statistics say the column holds only nulls (e.g. ``args`` of NVTX events)."""
         for _, pf in self.files:
@@ -220,7 +232,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     pop = np.flatnonzero(kind == _POP).astype(it)
     is_pop = np.zeros(n, dtype=bool)
     is_pop[pop] = True
-    rid = _ints("range_id")
+    rid = None if _ints.constant("range_id") == -1 else _ints("range_id")
     proc = proc_of_lane[lane]
     pr = pair(push, pop, lane, proc, start, rid)
     del rid, proc
@@ -263,10 +275,13 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     del is_pop
     gpu_ev = np.flatnonzero(gpu).astype(it)
     del gpu
-    hk = kind[host]
-    order = sort_with_ties([lane[host], start[host]], [-end[host], L.TIE_RANK[hk], host])
+    def tie_keys(rows: np.ndarray, host: np.ndarray = host) -> list[np.ndarray]:
+        ev = host[rows]
+        return [-end[ev], L.TIE_RANK[kind[ev]], ev]
+
+    order = sort_with_ties([lane[host], start[host]], tie_keys)
     hs = host[order]
-    del order, host, hk
+    del order, host, tie_keys
     hlane = lane[hs]
     first = segment_starts(hlane)
     del hlane

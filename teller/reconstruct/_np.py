@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -91,15 +93,19 @@ def lexorder(keys: list[np.ndarray]) -> np.ndarray:
     return np.lexsort(keys[::-1])
 
 
-def sort_with_ties(primary: list[np.ndarray], ties: list[np.ndarray]) -> np.ndarray:
+def sort_with_ties(primary: list[np.ndarray], ties: list[np.ndarray] | Callable[[np.ndarray], list[np.ndarray]]) -> np.ndarray:
     """Order by ``primary`` keys, then ``ties`` keys; the last tie key should be unique.
 
     The primary keys are packed into one int64 and sorted once; only rows sharing a primary key
     are sorted again by the tie keys (few in practice), which is much cheaper than a full lexsort.
+    ``ties`` may be a function of the row indices that need them, so they are built for those
+    rows only.
     """
+    tie_keys = ties if callable(ties) else (lambda rows: [t[rows] for t in ties])
     packed = pack(primary)
     if packed is None:
-        return np.lexsort(list(reversed(primary + ties)))
+        rows = np.arange(len(primary[0]))
+        return np.lexsort(list(reversed(primary + tie_keys(rows))))
     if len(packed) < 2 or (packed[1:] >= packed[:-1]).all():  # already in order (common)
         order = np.arange(len(packed))
         ps = packed
@@ -115,7 +121,7 @@ def sort_with_ties(primary: list[np.ndarray], ties: list[np.ndarray]) -> np.ndar
     pos = np.flatnonzero(member)
     grp = ps[pos]
     rows = order[pos]
-    sub = np.lexsort([t[rows] for t in reversed(ties)] + [grp])
+    sub = np.lexsort(list(reversed(tie_keys(rows))) + [grp])
     order[pos] = rows[sub]
     return order
 

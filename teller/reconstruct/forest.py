@@ -205,9 +205,8 @@ def preorder(pop: np.ndarray, parent: np.ndarray, is_step: np.ndarray, gpu_paren
     it = np.int32 if h + g < 2**31 - 2 else np.int64
     idx = np.arange(h, dtype=it)
     # depth: ancestors of i are the earlier nodes not yet closed at i
-    closed = np.cumsum(np.bincount(pop, minlength=h + 1))[:h]
-    depth = (idx - closed).astype(np.int32)
-    del closed
+    depth = np.cumsum(np.bincount(pop, minlength=h + 1)[:h], dtype=np.int32)
+    np.subtract(idx, depth, out=depth)
     # GPU rows: slot after the parent's subtree, deeper parents first, then start order
     bound = gpu_parent >= 0
     gp = np.where(bound, gpu_parent, 0)
@@ -216,28 +215,38 @@ def preorder(pop: np.ndarray, parent: np.ndarray, is_step: np.ndarray, gpu_paren
     order = sort_with_ties([slot, deeper], [gpu_start, np.arange(g)])
     gpu_parent, bound, gp, slot = gpu_parent[order], bound[order], gp[order], slot[order]
     gpos = np.arange(g, dtype=it) + np.where(bound, slot + 1, h).astype(it)
-    before = np.zeros(h + 1, dtype=np.int64)
-    np.cumsum(np.bincount(slot[bound] + 1, minlength=h + 1)[: h + 1], out=before)
-    hpos = idx + before[:h].astype(it)
+    # host i moves down by the GPU rows slotted before it
+    hpos = np.zeros(h, dtype=it)
+    np.cumsum(np.bincount(slot[bound] + 1, minlength=h)[:h], dtype=it, out=hpos)
+    hpos += idx
     # subtree sizes: host descendants plus GPU rows hanging under them
-    under = np.zeros(h + 1, dtype=np.int64)
-    np.cumsum(np.bincount(gp[bound] + 1, minlength=h + 1)[: h + 1], out=under)
-    hsize = (pop - idx) + (under[pop] - under[idx]).astype(it)
-    del under, before
-    # innermost STEP: the last STEP at or before i, else that STEP's enclosing STEPs
+    under = np.zeros(h + 1, dtype=it)
+    np.cumsum(np.bincount(gp[bound], minlength=h), dtype=it, out=under[1:])
+    hsize = under[pop]
+    hsize -= under[:h]
+    hsize += pop
+    hsize -= idx
+    del under
+    # innermost STEP at or above each host node
     sp = np.flatnonzero(is_step)
     hstep = np.full(h, -1, dtype=it)
     if sp.size:
         sparent = _search_parents(np.r_[True, np.zeros(len(sp) - 1, bool)], sp.astype(np.int64), pop[sp].astype(np.int64), np.zeros(len(sp), bool))
-        cand = np.cumsum(is_step) - 1
-        act = np.flatnonzero(cand >= 0).astype(it)
-        k = cand[act]
-        while act.size:
-            inside = act < pop[sp[k]]
-            hstep[act[inside]] = sp[k[inside]]
-            act, k = act[~inside], sparent[k[~inside]]
-            keep = k >= 0
-            act, k = act[keep], k[keep]
+        if (sparent < 0).all():  # disjoint steps (the usual case): paint [sp, pop[sp]) by a running sum
+            mark = np.zeros(h + 1, dtype=np.int64)
+            mark[sp] = sp + 1
+            np.subtract.at(mark, pop[sp], sp + 1)
+            hstep = (np.cumsum(mark[:h]) - 1).astype(it)
+        else:  # nested steps: the last STEP at or before i, else that STEP's enclosing STEPs
+            cand = np.cumsum(is_step) - 1
+            act = np.flatnonzero(cand >= 0).astype(it)
+            k = cand[act]
+            while act.size:
+                inside = act < pop[sp[k]]
+                hstep[act[inside]] = sp[k[inside]]
+                act, k = act[~inside], sparent[k[~inside]]
+                keep = k >= 0
+                act, k = act[keep], k[keep]
         hstep = np.where(hstep >= 0, hpos[np.maximum(hstep, 0)], -1).astype(it)
     return {
         "hpos": hpos,

@@ -80,18 +80,18 @@ def _by_id(idx: np.ndarray, is_push: np.ndarray, proc: np.ndarray, rid: np.ndarr
     return ev[k], ev[k + 1], ev[dup]
 
 
-def pair(push: np.ndarray, pop: np.ndarray, lane: np.ndarray, proc: np.ndarray, t: np.ndarray, range_id: np.ndarray) -> Pairing:
+def pair(push: np.ndarray, pop: np.ndarray, lane: np.ndarray, proc: np.ndarray, t: np.ndarray, range_id: np.ndarray | None) -> Pairing:
     """Match pushes and pops (event index arrays, ascending) on their threads.
 
     ``lane``/``proc`` are per-event thread and process codes, ``t`` the event time (start_ns),
-    ``range_id`` the NVTX range id (-1 when absent).
+    ``range_id`` the NVTX range id (-1 when absent; ``None``: absent everywhere).
     """
     n = len(lane)
     is_push = np.zeros(n, dtype=bool)
     is_push[push] = True
     ev = np.concatenate([push, pop])
     ev.sort()
-    has_id = range_id[ev] >= 0
+    has_id = range_id[ev] >= 0 if range_id is not None else np.zeros(len(ev), dtype=bool)
     if has_id.any():
         # an id counts only when both ends have one; the rest pair LIFO
         a_push, a_pop, dup = _by_id(ev[has_id], is_push, proc, range_id, t)
