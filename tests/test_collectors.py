@@ -12,6 +12,7 @@ import json
 import sys
 import threading
 import types
+from pathlib import Path
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -729,3 +730,61 @@ def test_collector_applies_api_filter(tmp_path, install_fake):
     assert calls == [("rt", 5, 0), ("drv", 8, 0)]
     assert c.info()["api_filter"] == {"on": True, "quiet_cbids": 2}
     c.stop()
+
+
+def test_kineto_thread_ids_of_new_threads_are_noted_and_remapped(tmp_path):
+    pytest.importorskip("torch")
+    from teller.record.collectors.kineto import KinetoCollector, remap_tids
+
+    sink = EventSink(tmp_path)
+    c = KinetoCollector(cuda=False)
+    c.start(sink)
+    seen = {}
+
+    def worker():
+        seen["ident"], seen["native"] = threading.get_ident(), threading.get_native_id()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()
+    c.stop()
+    assert c.tidmap[seen["ident"] & 0xFFFFFFFF] == seen["native"]
+    assert threading.getprofile() is None  # the hook is removed at stop
+    tid = np.array([seen["ident"] & 0xFFFFFFFF, seen["native"], 12345], np.int64)
+    out, n = remap_tids(tid, c.tidmap)
+    assert out.tolist() == [seen["native"], seen["native"], 12345] and n == 1
+
+
+# ------------------------------------------------------------------ the bundled GPU recording
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "h200_llama8l_cupti"
+
+
+def test_bundled_gpu_recording_reconstructs_into_request_trees(tmp_path):
+    """The committed H200 recording: every kernel binds to its launch, chains reach STEP."""
+    if not EXAMPLE.is_dir():
+        pytest.skip("examples/h200_llama8l_cupti not present")
+    import shutil
+
+    from teller.reconstruct import reconstruct
+
+    run = tmp_path / "ex"
+    shutil.copytree(EXAMPLE, run)
+    summary = reconstruct(run)
+    assert summary["binding_coverage"] == 1.0 and summary["unbound"] == 0
+    assert summary["steps"] >= 16 and summary["requests"] >= 24
+    f = RunDir(run).read_table("forest").select(["node_id", "parent_id", "layer", "name"]).to_pylist()
+    by_id = {r["node_id"]: r for r in f}
+
+    def chain(r):
+        out = []
+        while r is not None:
+            out.append(r["layer"])
+            r = by_id.get(r["parent_id"])
+        return out[::-1]
+
+    chains = {tuple(chain(r)) for r in f if r["layer"] == "K"}
+    assert ("STEP", "FE", "BE", "RT", "K") in chains or any(
+        c[0] == "STEP" and "FE" in c and "BE" in c and c[-2:] == ("RT", "K") for c in chains)
+    info = json.loads((EXAMPLE / "run.json").read_text())
+    assert info["collector"]["resolved"] == "cupti" and info["dropped_records"]["cupti"] == 0

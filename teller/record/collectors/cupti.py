@@ -662,7 +662,8 @@ def _marker_thread(rec: Any) -> tuple[int, int]:
 # API filter: query calls that fire many times per launch and carry no timing information
 
 #: Runtime/driver API calls not recorded by default (``TELLER_CUPTI_API_FILTER=0`` records all).
-#: Measured on the H200 (torch 2.11): cudaGetDevice alone was 17 records per kernel launch.
+#: Measured on the H200 (torch 2.11): cudaGetDevice alone was about 9 records per kernel launch;
+#: with this filter a workload step went from 9,218 to 1,285 records.
 QUIET_APIS = frozenset("""
 cudaGetDevice cudaGetLastError cudaPeekAtLastError cudaGetDeviceCount cudaDeviceGetAttribute
 cudaGetDeviceProperties cudaFuncGetAttributes cudaOccupancyMaxActiveBlocksPerMultiprocessor

@@ -16,6 +16,12 @@ underneath is process-wide), and the STEP/FE/BE ranges come from TELLER's own CP
 so trees still form — but the aten-level detail is whatever the hooks record, not Kineto's. The
 CUPTI collector has no such blind spot.
 
+Thread ids: Kineto writes the CUDA runtime/driver rows of threads other than the profiling
+one with CUPTI's default thread id (``pthread_self()`` cut to 32 bits, seen on the H200), not the
+kernel's tid the range recorder uses, so those calls would not nest under the hooks' ranges. The
+collector notes ``pthread id → native tid`` for every thread (at start, at each flush and, through
+``threading.setprofile``, when a new thread starts) and rewrites those tids after conversion.
+
 If the reader is not importable, or fails, the raw JSON stays in the run directory
 (``info()["raw_trace"]``) so ``teller ingest`` can convert it later.
 """
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +65,9 @@ class KinetoCollector:
         self.activities: list[str] = []
         self._stopped = False
         self._wall0 = self._wall1 = 0
+        self.tidmap: dict[int, int] = {}
+        self.tids_remapped = 0
+        self._profile_hook = False
 
     def start(self, sink) -> None:
         """Start the profiler now (no schedule: it records until stop())."""
@@ -73,6 +84,8 @@ class KinetoCollector:
             self.prof = profile(activities=acts, record_shapes=False, with_stack=False,
                                 profile_memory=False, with_flops=False, with_modules=False)
             self._anchor()
+            self._note_threads()
+            self._watch_new_threads()
             self._wall0 = time.time_ns()
             self.prof.start()
             self.available = True
@@ -85,14 +98,18 @@ class KinetoCollector:
         """Kineto holds everything until stop(); only a clock anchor is taken here."""
         if self.prof is not None and not self._stopped:
             self._anchor()
+            self._note_threads()
 
     def stop(self) -> None:
         """Stop the profiler, export the trace, convert it onto τ; idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        if self._profile_hook and threading.getprofile() == self._on_new_thread:
+            threading.setprofile(None)
         if self.prof is None:
             return
+        self._note_threads()
         try:
             self.prof.stop()
         except Exception as e:
@@ -123,6 +140,7 @@ class KinetoCollector:
     def info(self) -> dict[str, Any]:
         return {"name": self.name, "available": self.available, "reason": self.reason,
                 "activities": self.activities, "events": self.events, "time_base": self.time_base,
+                "threads_noted": len(self.tidmap) // 2, "tids_remapped": self.tids_remapped,
                 "raw_trace": self.raw_trace, "reader": self.summary,
                 "clock_anchors": self.clockmap.summary(),
                 "blind_spot": "CPU ops are recorded only on the thread that started the profiler",
@@ -145,6 +163,8 @@ class KinetoCollector:
         meta = json.loads((table.schema.metadata or {}).get(b"teller.kineto", b"{}"))
         self.summary = {k: meta.get(k) for k in ("counts", "warnings", "clock") if k in meta}
         table = self._to_tau(table, path, int(meta.get("t0_unix_ns") or 0))
+        tid, self.tids_remapped = remap_tids(table.column("tid").to_numpy().astype(np.int64), self.tidmap)
+        table = table.set_column(table.schema.get_field_index("tid"), "tid", pa.array(tid, pa.int64()))
         cols = {c: table.column(c).combine_chunks() for c in table.column_names if c in EVENT_COLUMNS}
         self.events = table.num_rows
         if self.sink is not None and table.num_rows:
@@ -176,6 +196,30 @@ class KinetoCollector:
         table = table.set_column(table.schema.get_field_index("start_ns"), "start_ns", pa.array(start, pa.int64()))
         return table.set_column(table.schema.get_field_index("end_ns"), "end_ns", pa.array(end, pa.int64()))
 
+    # -- thread ids -----------------------------------------------------------------------------
+
+    def _note_threads(self) -> None:
+        try:
+            for t in threading.enumerate():
+                if t.ident is not None and t.native_id is not None:
+                    self.tidmap[t.ident] = t.native_id
+                    self.tidmap[t.ident & 0xFFFFFFFF] = t.native_id
+        except Exception as e:
+            self._error(f"thread ids: {type(e).__name__}: {e}")
+
+    def _on_new_thread(self, frame, event, arg) -> None:
+        """Profile hook of threads started while recording: note the ids once, then step aside."""
+        sys.setprofile(None)
+        ident = threading.get_ident()
+        nid = threading.get_native_id()
+        self.tidmap[ident] = nid
+        self.tidmap[ident & 0xFFFFFFFF] = nid
+
+    def _watch_new_threads(self) -> None:
+        if threading.getprofile() is None:  # never displace an engine's own profile hook
+            threading.setprofile(self._on_new_thread)
+            self._profile_hook = True
+
     def _anchor(self) -> None:
         try:
             s, t, e = take_anchor(time.time_ns)
@@ -186,6 +230,22 @@ class KinetoCollector:
     def _error(self, msg: str) -> None:
         if len(self.errors) < 50:
             self.errors.append(msg)
+
+
+def remap_tids(tid: np.ndarray, mapping: dict[int, int]) -> tuple[np.ndarray, int]:
+    """Replace pthread-derived thread ids by native tids; ids that already are native stay."""
+    if not mapping or len(tid) == 0:
+        return tid, 0
+    native = set(mapping.values())
+    keys = np.array([k for k in mapping if k not in native], dtype=np.int64)
+    if len(keys) == 0:
+        return tid, 0
+    vals = np.array([mapping[k] for k in keys.tolist()], dtype=np.int64)
+    order = np.argsort(keys)
+    keys, vals = keys[order], vals[order]
+    pos = np.clip(np.searchsorted(keys, tid), 0, len(keys) - 1)
+    hit = keys[pos] == tid
+    return np.where(hit, vals[pos], tid), int(hit.sum())
 
 
 def _base_time_ns(path: Path) -> int:
