@@ -337,18 +337,25 @@ def synth_tables(
     comm = ranks > 1 if comm is None else comm
     rng = np.random.default_rng(seed)
     nm = _Names()
-    # events per step on the engine thread ≈ layers·(4 modules·(~2 ops·(2 calls + 1 kernel) + 2-3 ranges)) …
     per_rank = max(n_events // ranks, 1)
     engine_share = 0.85 if threads > 1 else 1.0
-    probe = _engine(np.random.default_rng(seed), _Names(), 8, layers, streams, comm, requests_per_step, graph_frac, 0)
-    ev_per_step = (len(probe.parent) + (probe.kind == KIND_CODE["RANGE"]).sum() + len(probe.gpu_of)) / 8
-    steps = max(1, int(round(per_rank * engine_share / ev_per_step)))
+
+    def rows_per_root(th: _Thread, ti: int) -> float:
+        """Rows one root emits on thread ``ti`` when even threads write push/pop pairs (two rows
+        per range). Sized this way whatever ``pushpop`` says, so the structure (steps, ops,
+        kernels) is the same in every mode and only the way ranges are written changes."""
+        twice = ti % 2 == 0
+        ranges = int((th.kind == KIND_CODE["RANGE"]).sum())
+        return (len(th.parent) + (ranges if twice else 0) + len(th.gpu_of) + len(th.sync)) / th.n_roots
+
+    probe = _engine(np.random.default_rng(seed), _Names(), 32, layers, streams, comm, requests_per_step, graph_frac, 0)
+    steps = max(1, int(round(per_rank * engine_share / rows_per_root(probe, 0))))
     eng = _engine(rng, nm, steps, layers, streams, comm, requests_per_step, graph_frac, 0)
     workers = []
     if threads > 1:
-        wprobe = _worker(np.random.default_rng(seed), _Names(), 64, streams)
-        w_ev = (len(wprobe.parent) + (wprobe.kind == KIND_CODE["RANGE"]).sum() + len(wprobe.gpu_of) + len(wprobe.sync)) / 64
-        iters = max(1, int(round(per_rank * (1 - engine_share) / (threads - 1) / w_ev)))
+        wprobe = _worker(np.random.default_rng(seed), _Names(), 256, streams)
+        per_iter = np.mean([rows_per_root(wprobe, ti) for ti in range(1, threads)])
+        iters = max(1, int(round(per_rank * (1 - engine_share) / (threads - 1) / per_iter)))
         workers = [_worker(rng, nm, iters, streams + i) for i in range(threads - 1)]
     for rank in range(ranks):
         rrng = np.random.default_rng([seed, rank + 1])

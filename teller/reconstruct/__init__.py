@@ -8,7 +8,12 @@
   end_ns, node, rank, pid, tid, device, stream, corr_id, step_id (innermost enclosing STEP, -1
   none; GPU nodes take their launching call's), flags, depth, size, kind, graph_id, bytes, args.
 - ``steps.parquet``, ``requests.parquet`` (:mod:`.steps`), ``comm_edges.parquet`` (:mod:`.comm`),
-- ``reconstruct.json``: the returned summary (counts that reconcile, repairs, binding coverage).
+- ``reconstruct.json``: the returned summary: ``events_in``, ``nodes``, ``pops_consumed``,
+  ``repaired_pops_without_push`` and ``reconciled`` (events in = nodes + pops consumed + pops
+  without a push); flag counts (``truncated``, ``repaired`` with its causes, ``unbound``,
+  ``duplicate``); ``gpu_activity``/``gpu_bound``/``binding_coverage`` (share of kernel, memcpy and
+  memset nodes bound to a host call); ``steps``, ``requests``, ``comm_edges``; per-layer counts;
+  CPU seconds per phase.
 
 Events in = nodes + pops consumed by pairing + pops without a push (dropped and counted).
 Every step is a vectorized numpy/Arrow pass; Python loops run over threads, depth levels and
@@ -25,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.errors import TellerError
@@ -147,6 +153,44 @@ class _Numeric:
                     return False
         return True
 
+    def strings(self, name: str) -> tuple[np.ndarray, pa.Array]:
+        """A string column as (int32 codes, dictionary), nulls as "".
+
+        Writers usually repeat one file's whole dictionary in every row group; chunks whose
+        dictionary equals the previous one reuse its mapping, so only distinct dictionaries are
+        hashed (unifying every row group's copy cost a second on runs with unique step messages).
+        """
+        out = np.empty(self.n, dtype=np.int32)
+        dicts: list[pa.Array] = []
+        spans: list[tuple[int, int, int]] = []  # (row offset, rows, index into dicts)
+        pos = 0
+        for f, pf in self.files:
+            if name not in pf.schema_arrow.names:
+                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
+            for g in range(pf.metadata.num_row_groups):
+                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
+                    if not pa.types.is_dictionary(ch.type):
+                        ch = ch.dictionary_encode()
+                    d = ch.dictionary
+                    if not dicts or not (len(d) == len(dicts[-1]) and d.equals(dicts[-1])):
+                        dicts.append(d)
+                    idx = ch.indices.fill_null(len(d)) if ch.indices.null_count else ch.indices
+                    out[pos : pos + len(ch)] = idx.to_numpy(zero_copy_only=False)
+                    spans.append((pos, len(ch), len(dicts) - 1))
+                    pos += len(ch)
+        _release()
+        if not dicts:
+            return out, pa.array([""], pa.string())
+        # one global dictionary; each distinct dictionary (plus a "" for nulls) maps into it
+        parts = [pc.fill_null(d.cast(pa.string()), "") for d in dicts]
+        enc = pa.concat_arrays([x for p in parts for x in (p, pa.array([""], pa.string()))]).dictionary_encode()
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+        offs = np.cumsum([0] + [len(p) + 1 for p in parts])
+        for start, rows, k in spans:
+            seg = out[start : start + rows]
+            seg[:] = codes[offs[k] : offs[k + 1]][seg]
+        return out, enc.dictionary
+
     def __call__(self, name: str, narrow: bool = False) -> np.ndarray:
         """Column ``name`` as numpy (nulls → -1): int64, or int32 when ``narrow`` and the values
         fit (or the column is int32 already)."""
@@ -168,17 +212,6 @@ class _Numeric:
         return out
 
 
-def _dict(rd: RunDir, name: str) -> tuple[np.ndarray, pa.Array]:
-    a = _column(rd, name)
-    if not pa.types.is_dictionary(a.type):
-        a = a.dictionary_encode()
-    idx = a.indices
-    if idx.null_count:
-        idx = idx.fill_null(len(a.dictionary))
-        a = pa.DictionaryArray.from_arrays(idx, pa.concat_arrays([a.dictionary.cast(pa.string()), pa.array([""])]))
-    return idx.to_numpy(zero_copy_only=False).astype(np.int32), a.dictionary.cast(pa.string())
-
-
 def _write_chunks(rd: RunDir, name: str, schema: pa.Schema, n: int, make) -> Path:
     """Write ``name.parquet`` atomically, ``CHUNK_ROWS`` rows at a time (bounded memory).
 
@@ -194,6 +227,39 @@ def _write_chunks(rd: RunDir, name: str, schema: pa.Schema, n: int, make) -> Pat
             w.write_table(schema.empty_table())
     tmp.replace(out)
     return out
+
+
+def _bind(hs: np.ndarray, gpu_ev: np.ndarray, kind: np.ndarray, lane: np.ndarray, corr: np.ndarray, proc_of_lane: np.ndarray, nr_of_lane: np.ndarray) -> np.ndarray:
+    """Position (in ``hs``) of the host call that launched each GPU row, -1 if none.
+
+    Keys are (process, corr_id); GPU rows whose process made no host calls at all (a reader
+    put the device number in ``pid``) get a second chance by (node, rank, corr_id).
+    """
+    it = hs.dtype
+    call_pos = np.flatnonzero((L.LAUNCH_PRIORITY[kind[hs]] >= 0) & (corr[hs] >= 0)).astype(it)
+    calls = hs[call_pos]
+    gcorr = corr[gpu_ev]
+    bound_pos = np.full(len(gpu_ev), -1, dtype=it)
+    if not calls.size:
+        return bound_pos
+    prio = L.LAUNCH_PRIORITY[kind[calls]]
+    has_corr = gcorr >= 0
+    procs_with_calls = np.zeros(int(proc_of_lane.max(initial=-1)) + 1, dtype=bool)
+    procs_with_calls[proc_of_lane[lane[calls]]] = True
+    for code_of_lane, fallback in ((proc_of_lane, False), (nr_of_lane, True)):
+        todo = np.flatnonzero(has_corr & (bound_pos < 0))
+        if fallback:
+            todo = todo[~procs_with_calls[proc_of_lane[lane[gpu_ev[todo]]]]]
+        if not todo.size:
+            continue
+        keys = [np.concatenate([code_of_lane[lane[calls]], code_of_lane[lane[gpu_ev[todo]]]]), np.concatenate([corr[calls], gcorr[todo]])]
+        both = pack(keys)
+        if both is None:
+            both, _ = factorize(keys)
+        m = join(both[: len(calls)], prio, both[len(calls) :])
+        ok = m >= 0
+        bound_pos[todo[ok]] = call_pos[m[ok]]
+    return bound_pos
 
 
 def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) -> dict[str, Any]:
@@ -257,9 +323,9 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
 
     lap("pair")
     # ---- 4. layers and names (on the dictionary) ----------------------------------------------
-    name_in, name_dict = _dict(rd, "name")
+    name_in, name_dict = _ints.strings("name")
     rules = L.name_rules(name_dict, step_patterns)
-    lcodes, ldict = _dict(rd, "layer")
+    lcodes, ldict = _ints.strings("layer")
     layer_in = L.layer_codes(ldict)[lcodes]
     del lcodes
     layer, name = L.assign(kind, layer_in, name_in, rules)
@@ -300,31 +366,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     lap("nest")
     # ---- 3. GPU activity → launching host call by (process, corr_id) -----------------------------
     corr = _ints("corr_id", narrow=True)
-    call_pos = np.flatnonzero((L.LAUNCH_PRIORITY[kind[hs]] >= 0) & (corr[hs] >= 0)).astype(it)
-    calls = hs[call_pos]
-    gcorr = corr[gpu_ev]
-    bound_pos = np.full(len(gpu_ev), -1, dtype=it)
-    has_corr = gcorr >= 0
-    for code_of_lane, where in ((proc_of_lane, None), (nr_of_lane, "fallback")):
-        hkeys = [code_of_lane[lane[calls]], corr[calls]]
-        todo = np.flatnonzero(has_corr & (bound_pos < 0))
-        if where == "fallback":
-            # GPU rows whose process made no host calls (a reader put the device in pid):
-            # bind by (node, rank, corr_id) instead.
-            procs_with_calls = np.zeros(int(proc_of_lane.max(initial=-1)) + 1, dtype=bool)
-            procs_with_calls[proc_of_lane[lane[calls]]] = True
-            todo = todo[~procs_with_calls[proc_of_lane[lane[gpu_ev[todo]]]]]
-        if not todo.size or not calls.size:
-            continue
-        gkeys = [code_of_lane[lane[gpu_ev[todo]]], gcorr[todo]]
-        both = pack([np.concatenate([a, b]) for a, b in zip(hkeys, gkeys, strict=True)])
-        if both is None:
-            both, _ = factorize([np.concatenate([a, b]) for a, b in zip(hkeys, gkeys, strict=True)])
-        m = join(both[: len(calls)], L.LAUNCH_PRIORITY[kind[calls]], both[len(calls) :])
-        ok = m >= 0
-        bound_pos[todo[ok]] = call_pos[m[ok]]
-        del both, m, ok, todo, gkeys, hkeys
-    del calls, call_pos, gcorr, has_corr
+    bound_pos = _bind(hs, gpu_ev, kind, lane, corr, proc_of_lane, nr_of_lane)
     bound = bound_pos >= 0
     flags[gpu_ev[~bound]] |= FLAG_UNBOUND
     kinds_g = kind[gpu_ev]
@@ -408,6 +450,16 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     kind_dict = pa.array(KINDS)
     names = rules.names
 
+    def used_names(codes: np.ndarray) -> pa.DictionaryArray:
+        """The chunk's names with a dictionary of the entries it uses: Parquet stores the
+        dictionary once per row group, and unique STEP/COMM messages make the full one large."""
+        used = np.zeros(len(names), dtype=bool)
+        used[codes] = True
+        sub = np.flatnonzero(used)
+        remap = np.zeros(len(names), dtype=np.int32)
+        remap[sub] = np.arange(len(sub), dtype=np.int32)
+        return pa.DictionaryArray.from_arrays(pa.array(remap[codes]), names.take(pa.array(sub)))
+
     def chunk(a: int, b: int) -> list[pa.Array]:
         ii = fin_in[a:b]
         ln = lane[ii]
@@ -415,7 +467,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
             pa.array(np.arange(a, b, dtype=np.int64)),
             pa.array(par_fin[a:b].astype(np.int64)),
             pa.DictionaryArray.from_arrays(pa.array(layer_fin[a:b]), layer_dict),
-            pa.DictionaryArray.from_arrays(pa.array(name[ii]), names),
+            used_names(name[ii]),
             pa.array(start[ii]),
             pa.array(end[ii]),
             pa.array(lane_node[ln]),
@@ -461,7 +513,7 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         "gpu_bound": n_km_bound,
         "binding_coverage": round(n_km_bound / n_km, 6) if n_km else None,
         "steps": int(steps.num_rows),
-        "requests": int(requests.column("request_id").unique().__len__()) if requests.num_rows else 0,
+        "requests": len(pc.unique(requests.column("request_id"))),
         "request_step_pairs": int(requests.num_rows),
         "comm_nodes": int(len(comm_ids)),
         "comm_edges": int(edges.num_rows),

@@ -60,10 +60,12 @@ _ARGS = {
 }
 
 
-def _grab(text: pa.Array, pattern: str) -> pa.Array:
-    """The ``v`` group of ``pattern`` per row (null where it does not match)."""
-    st = pc.extract_regex(pc.fill_null(text, ""), pattern)
-    return pc.if_else(st.is_valid(), st.field("v"), pa.scalar(None, pa.string()))
+def _grab(text: pa.DictionaryArray, pattern: str) -> pa.Array:
+    """The ``v`` group of ``pattern`` per row (null where it does not match), matched once per
+    distinct text (the same collective message repeats on every rank)."""
+    st = pc.extract_regex(pc.fill_null(text.dictionary, ""), pattern)
+    per_text = pc.if_else(st.is_valid(), st.field("v"), pa.scalar(None, pa.string()))
+    return per_text.take(text.indices)
 
 
 def _int(text: pa.Array) -> np.ndarray:
@@ -72,10 +74,12 @@ def _int(text: pa.Array) -> np.ndarray:
 
 def describe(name: pa.Array, args: pa.Array, is_range: np.ndarray, nbytes: np.ndarray) -> dict[str, object]:
     """Collective, group, seq (-1 unknown) and bytes (-1 unknown) of each COMM node."""
-    tagged = pc.match_substring_regex(pc.fill_null(name, ""), r"(?:^|\s)(?:bytes|group|seq)=")
-    msg = {k: _grab(name, p) for k, p in _MSG.items()}
-    arg = {k: _grab(args, p) for k, p in _ARGS.items()}
-    collective = pc.coalesce(pc.if_else(tagged, msg["collective"], pa.scalar(None, pa.string())), arg["collective"], pc.fill_null(name, ""))
+    name = pc.fill_null(name.cast(pa.string()), "")
+    names, argd = name.dictionary_encode(), args.cast(pa.string()).dictionary_encode()
+    tagged = pc.match_substring_regex(names.dictionary, r"(?:^|\s)(?:bytes|group|seq)=").take(names.indices)
+    msg = {k: _grab(names, p) for k, p in _MSG.items()}
+    arg = {k: _grab(argd, p) for k, p in _ARGS.items()}
+    collective = pc.coalesce(pc.if_else(tagged, msg["collective"], pa.scalar(None, pa.string())), arg["collective"], name)
     group = pc.coalesce(msg["group"], arg["group"], arg["group_desc"], pa.scalar(""))
     seq = _int(pc.coalesce(msg["seq"], arg["seq"]))
     # dtype sizes through a dictionary, not per row
