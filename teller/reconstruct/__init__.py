@@ -16,8 +16,8 @@
   CPU seconds per phase.
 
 Events in = nodes + pops consumed by pairing + pops without a push (dropped and counted).
-Every step is a vectorized numpy/Arrow pass; Python loops run over threads, depth levels and
-row chunks only.
+Every step is a vectorized numpy/Arrow pass; Python loops run over threads, files and row groups,
+pointer-jumping rounds and output chunks only.
 """
 
 from __future__ import annotations

@@ -7,7 +7,10 @@ pointer ``L`` (initially the previous node); if ``L`` is open at the node's star
 parent, else jump to ``L[L]`` — every node skipped was closed before ``L`` began. All nodes jump
 together, so the number of rounds grows with nesting depth and the log of sibling runs, not with
 the number of events. An entry is *open* at time ``t`` when its end is after ``t`` (or equal,
-for a zero-length node). Markers never contain anything.
+for a zero-length node). Markers never contain anything. Host calls (RT, DRV, SYNC) take part like
+ranges, so a driver call made inside a runtime call becomes its child, as trace viewers draw it;
+at equal start and end, ranges enclose runtime calls, which enclose driver calls, then SYNC
+records; otherwise the input order decides.
 
 Partial overlaps (A starts, B starts, A ends, B ends) are repaired as the stack would: B stays
 A's child and its end is clipped to A's (FLAG_REPAIRED). Rounds alternate between finding parents
@@ -17,6 +20,10 @@ Row order. Rows are a depth-first preorder of the whole forest, so every subtree
 block ``[node_id, node_id + size)``: roots first by thread (node, rank, pid, tid), host roots of a
 thread in start order, then GPU activity that matched no host call (by device, stream, start).
 Children of a node: host children in start order, then bound GPU activity in start order.
+Positions come from counting, not from a tree walk: a host node's subtree is the run of nodes up
+to the first later node that finds it closed (:func:`extent`, one ``searchsorted`` per thread),
+depth is the number of earlier nodes not yet closed, and GPU rows slot in after their launching
+call's subtree (:func:`preorder`).
 """
 
 from __future__ import annotations
