@@ -208,6 +208,86 @@ class Instrumentor:
             self.log(f"patching {module.__name__} failed ({self.reason}); its hooks stay off")
 
 
+class EngineInstrumentor(Instrumentor):
+    """What every engine instrumentor shares: the STEP scope, plain ranges, FE hooks on the model.
+
+    An engine step is bounded by one call (the *scope*: a loop body, ``EngineCore.step``,
+    ``Scheduler.run_batch``); the STEP opens inside it once the batch's request ids are known
+    (:meth:`open_step`, or at once with ``step_scope(..., ids=...)``) and closes when the scope
+    returns or raises.
+    """
+
+    def uninstrument(self) -> None:
+        from teller.record.instrument import torch_ops
+
+        super().uninstrument()
+        torch_ops.detach_module_ranges()
+
+    def step_scope(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
+                   ids: Callable[[], str] | None = None) -> Any:
+        """wrapt wrapper for the scope call; with ``ids`` the STEP opens right away."""
+        from teller.record import runtime as rt
+
+        tls = self.tls
+        if getattr(tls, "in_scope", False) or rt.is_compiling():
+            return wrapped(*args, **kwargs)
+        tls.in_scope, tls.step_open = True, False
+        try:
+            if ids is not None:
+                self.open_step(ids)
+            return wrapped(*args, **kwargs)
+        finally:
+            tls.in_scope = False
+            if tls.step_open:
+                tls.step_open = False
+                try:
+                    rt.pop_step()
+                except Exception as e:
+                    self.failed("STEP end", e)
+
+    def open_step(self, ids: Callable[[], str]) -> None:
+        """Open the current scope's STEP (once) as ``STEP id=<n> reqs=<ids()>``."""
+        from teller.record import runtime as rt
+
+        tls = self.tls
+        if not getattr(tls, "in_scope", False) or tls.step_open:
+            return
+        try:
+            rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids()}")
+            tls.step_open = True
+        except Exception as e:
+            self.failed("STEP begin", e)
+
+    @staticmethod
+    def ranged(msg: str) -> Callable:
+        """A wrapt wrapper recording the call as one range named ``msg`` (e.g. ``"FE Sampling"``)."""
+        from teller.record import runtime as rt
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if rt.is_compiling():
+                return wrapped(*args, **kwargs)
+            rt.push(msg)
+            try:
+                return wrapped(*args, **kwargs)
+            finally:
+                rt.pop()
+
+        return wrapper
+
+    def attach_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        """wrapt wrapper for the call after which ``instance.model`` exists: FE hooks on it."""
+        out = wrapped(*args, **kwargs)
+        try:
+            from teller.record import runtime as rt
+            from teller.record.instrument import torch_ops
+
+            torch_ops.attach_module_ranges(getattr(instance, "model", None))
+            rt.note_model(getattr(instance, "model", None))
+        except Exception as e:
+            self.failed("FE module hooks", e)
+        return out
+
+
 def _range_text(lo: tuple[int, ...], hi: tuple[int, ...]) -> str:
     parts = []
     if lo:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from teller.record import runtime as rt
-from teller.record.instrument import Instrumentor
+from teller.record.instrument import EngineInstrumentor
 
 
-class SGLangInstrumentor(Instrumentor):
+class SGLangInstrumentor(EngineInstrumentor):
     name = "sglang"
     dist = "sglang"
     module = "sglang"
@@ -38,56 +37,15 @@ class SGLangInstrumentor(Instrumentor):
         if name == "sglang.srt.managers.scheduler":
             self.wrap(module, "Scheduler.run_batch", self._run_batch)
         elif name == "sglang.srt.model_executor.model_runner":
-            self.wrap(module, "ModelRunner.load_model", self._load_model)
+            self.wrap(module, "ModelRunner.load_model", self.attach_model)
             if "sample" in vars(getattr(module, "ModelRunner", object)):
-                self.wrap(module, "ModelRunner.sample", self._sample)
+                self.wrap(module, "ModelRunner.sample", self.ranged("FE Sampling"))
         elif name == "sglang.srt.distributed.parallel_state":
             from teller.record.instrument import torch_ops
 
             torch_ops.wrap_group_coordinator(self, module)
 
-    def uninstrument(self) -> None:
-        from teller.record.instrument import torch_ops
-
-        super().uninstrument()
-        torch_ops.detach_module_ranges()
-
     def _run_batch(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        tls = self.tls
-        if getattr(tls, "in_step", False) or rt.is_compiling():
-            return wrapped(*args, **kwargs)
-        opened = False
-        try:
-            batch = args[0] if args else kwargs.get("batch")
-            ids = ",".join(str(r.rid) for r in (getattr(batch, "reqs", None) or ()))
-            rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids}")
-            opened = tls.in_step = True
-        except Exception as e:
-            self.failed("STEP begin", e)
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            if opened:
-                tls.in_step = False
-                try:
-                    rt.pop_step()
-                except Exception as e:
-                    self.failed("STEP end", e)
-
-    def _load_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        out = wrapped(*args, **kwargs)
-        try:
-            from teller.record.instrument import torch_ops
-
-            torch_ops.attach_module_ranges(getattr(instance, "model", None))
-            rt.note_model(getattr(instance, "model", None))
-        except Exception as e:
-            self.failed("FE module hooks", e)
-        return out
-
-    def _sample(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        rt.push("FE Sampling")
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            rt.pop()
+        batch = args[0] if args else kwargs.get("batch")
+        return self.step_scope(wrapped, instance, args, kwargs,
+                               ids=lambda: ",".join(str(r.rid) for r in (getattr(batch, "reqs", None) or ())))

@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from teller.record import runtime as rt
-from teller.record.instrument import Instrumentor
+from teller.record.instrument import EngineInstrumentor
 
 CB = "transformers.generation.continuous_batching"
 
 
-class TransformersCBInstrumentor(Instrumentor):
+class TransformersCBInstrumentor(EngineInstrumentor):
     name = "transformers"
     dist = "transformers"
     module = "transformers"
@@ -40,35 +40,12 @@ class TransformersCBInstrumentor(Instrumentor):
 
     def patch(self, module: Any) -> None:
         if module.__name__.endswith(".continuous_api"):
-            self.wrap(module, "ContinuousBatchingManager._generation_loop_body", self._loop_body)
+            self.wrap(module, "ContinuousBatchingManager._generation_loop_body", self.step_scope)
             self.wrap(module, "ContinuousBatchProcessor.prepare_next_batch", self._prepare)
-            self.wrap(module, "ContinuousBatchProcessor.update_batch", self._update)
-            self.wrap(module, "ContinuousBatchingManager.__init__", self._manager_init)
+            self.wrap(module, "ContinuousBatchProcessor.update_batch", self.ranged("OTHER update_batch"))
+            self.wrap(module, "ContinuousBatchingManager.__init__", self.attach_model)
         elif module.__name__.endswith(".model_runner"):
-            self.wrap(module, "ModelRunner._sample", self._sample)
-
-    def uninstrument(self) -> None:
-        from teller.record.instrument import torch_ops
-
-        super().uninstrument()
-        torch_ops.detach_module_ranges()
-
-    # ---- wrappers (wrapt signature) ----------------------------------------------------------
-    def _loop_body(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        tls = self.tls
-        if getattr(tls, "in_body", False):
-            return wrapped(*args, **kwargs)
-        tls.in_body, tls.step_open = True, False
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            tls.in_body = False
-            if tls.step_open:
-                tls.step_open = False
-                try:
-                    rt.pop_step()
-                except Exception as e:
-                    self.failed("STEP end", e)
+            self.wrap(module, "ModelRunner._sample", self.ranged("FE Sampling"))
 
     def _prepare(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if _idle(instance):  # the loop polls every 0.1 s when idle: no range for empty polls
@@ -78,43 +55,10 @@ class TransformersCBInstrumentor(Instrumentor):
             ready = wrapped(*args, **kwargs)
         finally:
             rt.pop()
-        tls = self.tls
-        if ready and getattr(tls, "in_body", False) and not tls.step_open:
-            try:
-                batch = instance.inputs_and_outputs.requests_in_batch
-                ids = ",".join(str(fs.state.request_id) for fs in batch)
-                rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids}")
-                tls.step_open = True
-            except Exception as e:
-                self.failed("STEP begin", e)
+        if ready:  # the ids are read inside open_step, which never lets an error reach the engine
+            self.open_step(lambda: ",".join(
+                str(fs.state.request_id) for fs in instance.inputs_and_outputs.requests_in_batch))
         return ready
-
-    def _update(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        rt.push("OTHER update_batch")
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            rt.pop()
-
-    def _manager_init(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        out = wrapped(*args, **kwargs)
-        try:
-            from teller.record.instrument import torch_ops
-
-            torch_ops.attach_module_ranges(getattr(instance, "model", None))
-            rt.note_model(getattr(instance, "model", None))
-        except Exception as e:
-            self.failed("FE module hooks", e)
-        return out
-
-    def _sample(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if rt.is_compiling():
-            return wrapped(*args, **kwargs)
-        rt.push("FE Sampling")
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            rt.pop()
 
 
 def _idle(bp: Any) -> bool:

@@ -32,14 +32,14 @@ from __future__ import annotations
 from typing import Any
 
 from teller.record import runtime as rt
-from teller.record.instrument import Instrumentor
+from teller.record.instrument import EngineInstrumentor
 
 
 def _scheduled_ids(scheduler_output: Any) -> str:
     return ",".join(str(k) for k in getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
 
 
-class VLLMInstrumentor(Instrumentor):
+class VLLMInstrumentor(EngineInstrumentor):
     name = "vllm"
     dist = "vllm"
     module = "vllm"
@@ -56,8 +56,8 @@ class VLLMInstrumentor(Instrumentor):
     def patch(self, module: Any) -> None:
         name = module.__name__
         if name == "vllm.v1.engine.core":
-            self.wrap(module, "EngineCore.step", self._step_scope)
-            self.wrap(module, "EngineCore.step_with_batch_queue", self._step_scope)
+            self.wrap(module, "EngineCore.step", self.step_scope)
+            self.wrap(module, "EngineCore.step_with_batch_queue", self.step_scope)
         elif name == "vllm.v1.core.sched.scheduler":
             self.wrap(module, "Scheduler.schedule", self._schedule)
         elif name == "vllm.v1.worker.gpu_worker":
@@ -65,49 +65,21 @@ class VLLMInstrumentor(Instrumentor):
             if "sample_tokens" in vars(getattr(module, "Worker", object)):
                 self.wrap(module, "Worker.sample_tokens", self._sample_tokens)
         elif name == "vllm.v1.worker.gpu_model_runner":
-            self.wrap(module, "GPUModelRunner.load_model", self._load_model)
+            self.wrap(module, "GPUModelRunner.load_model", self.attach_model)
         elif name == "vllm.distributed.parallel_state":
             from teller.record.instrument import torch_ops
 
             torch_ops.wrap_group_coordinator(self, module)
 
-    def uninstrument(self) -> None:
-        from teller.record.instrument import torch_ops
-
-        super().uninstrument()
-        torch_ops.detach_module_ranges()
-
     # ---- engine core -------------------------------------------------------------------------
-    def _step_scope(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        tls = self.tls
-        if getattr(tls, "in_step", False):
-            return wrapped(*args, **kwargs)
-        tls.in_step, tls.step_open = True, False
-        try:
-            return wrapped(*args, **kwargs)
-        finally:
-            tls.in_step = False
-            if tls.step_open:
-                tls.step_open = False
-                try:
-                    rt.pop_step()
-                except Exception as e:
-                    self.failed("STEP end", e)
-
     def _schedule(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         rt.push("OTHER schedule")
         try:
             out = wrapped(*args, **kwargs)
         finally:
             rt.pop()
-        tls = self.tls
-        if getattr(tls, "in_step", False) and not tls.step_open:
-            try:
-                if getattr(out, "total_num_scheduled_tokens", 1):
-                    rt.push_step(f"STEP id={rt.next_step_id()} reqs={_scheduled_ids(out)}")
-                    tls.step_open = True
-            except Exception as e:
-                self.failed("STEP begin", e)
+        if getattr(out, "total_num_scheduled_tokens", 1):
+            self.open_step(lambda: _scheduled_ids(out))
         return out
 
     # ---- worker --------------------------------------------------------------------------------
@@ -149,14 +121,3 @@ class VLLMInstrumentor(Instrumentor):
         finally:
             rt.pop()
             self._end_worker_step()
-
-    def _load_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        out = wrapped(*args, **kwargs)
-        try:
-            from teller.record.instrument import torch_ops
-
-            torch_ops.attach_module_ranges(getattr(instance, "model", None))
-            rt.note_model(getattr(instance, "model", None))
-        except Exception as e:
-            self.failed("FE module hooks", e)
-        return out
