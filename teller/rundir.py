@@ -183,6 +183,19 @@ def kind_codes(table: pa.Table) -> np.ndarray:
     return remap[codes] if len(codes) else codes.astype(np.int8)
 
 
+
+def kind_counts(table: pa.Table) -> dict[str, int]:
+    """Events per kind, kinds with none left out."""
+    codes = kind_codes(table)
+    counts = np.bincount(codes, minlength=len(KINDS)) if len(codes) else np.zeros(len(KINDS), int)
+    return {k: int(c) for k, c in zip(KINDS, counts, strict=True) if c}
+
+
+def flag_counts(flags: np.ndarray) -> dict[str, int]:
+    """Rows per flag bit (:data:`FLAG_NAMES`), bits never set left out."""
+    flags = np.asarray(flags)
+    return {name: int(((flags & bit) != 0).sum()) for bit, name in FLAG_NAMES.items() if ((flags & bit) != 0).any()}
+
 # --------------------------------------------------------------------------------------------
 # run.json
 

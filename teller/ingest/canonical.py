@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.errors import InputError
-from teller.ingest.nsys import prepare_out
+from teller.ingest.common import prepare_out
 from teller.rundir import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
@@ -30,7 +31,7 @@ from teller.rundir import (
     RunDir,
     RunInfo,
     events_table,
-    kind_codes,
+    kind_counts,
 )
 
 #: Columns a canonical file must have (DESIGN.md §3); the others have defaults.
@@ -172,12 +173,10 @@ def _check_labels(path: Path) -> None:
 
 
 def _kind_counts(tables: list[pa.Table]) -> dict[str, int]:
-    counts = np.zeros(len(KINDS), np.int64)
+    total: Counter[str] = Counter()
     for t in tables:
-        codes = kind_codes(t)
-        if len(codes):
-            counts += np.bincount(codes, minlength=len(KINDS))
-    return {k: int(c) for k, c in zip(KINDS, counts, strict=True) if c}
+        total.update(kind_counts(t))
+    return dict(total)
 
 
 def ingest_canonical(src: Path, out: Path, **options: Any) -> dict[str, Any]:

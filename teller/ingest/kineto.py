@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from teller.errors import InputError, TellerError
+from teller.ingest.common import prepare_out
 from teller.rundir import (
     FLAG_DUPLICATE,
     FLAG_REPAIRED,
@@ -1138,25 +1139,6 @@ def _assign_ranks(files: list[KinetoFile]) -> tuple[list[int], list[str]]:
     return ranks, warnings
 
 
-def _prepare_out(out: Path) -> None:
-    """Replace an earlier ingest's events; refuse to mix into a recorded run."""
-    rd = RunDir(out)
-    old = rd.event_files()
-    if not old:
-        return
-    try:
-        reader = rd.read_info().collector.get("reader")
-    except TellerError:
-        reader = None
-    if not reader:
-        raise TellerError(
-            f"{out}: already holds a run ({len(old)} event files) not written by `teller ingest`; "
-            "choose another -o directory"
-        )
-    for p in old:
-        p.unlink()
-
-
 def ingest_kineto(src: Path, out: Path, **options: Any) -> dict[str, Any]:
     """Read a Kineto trace file or a folder of per-rank traces into the run directory ``out``.
 
@@ -1190,7 +1172,7 @@ def ingest_kineto(src: Path, out: Path, **options: Any) -> dict[str, Any]:
         default=None,
     )
 
-    _prepare_out(out)
+    prepare_out(out)
     rd = RunDir(out)
     used: set[str] = set()
     rank_info = []

@@ -61,10 +61,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.errors import InputError, TellerError
+from teller.errors import InputError
+from teller.ingest.common import prepare_out
 from teller.rundir import (
     FLAG_DUPLICATE,
-    FLAG_NAMES,
     FLAG_REPAIRED,
     FLAG_TRUNCATED,
     KINDS,
@@ -72,7 +72,8 @@ from teller.rundir import (
     RunInfo,
     concat_events,
     events_table,
-    kind_codes,
+    flag_counts,
+    kind_counts,
     np_col,
 )
 
@@ -899,41 +900,6 @@ def read_nsys(path: str | os.PathLike, node: int = 0, rank: int = 0) -> pa.Table
 # ingest
 
 
-def _kind_counts(events: pa.Table) -> dict[str, int]:
-    codes = kind_codes(events)
-    counts = np.bincount(codes, minlength=len(KINDS)) if len(codes) else np.zeros(len(KINDS), int)
-    return {k: int(c) for k, c in zip(KINDS, counts, strict=True) if c}
-
-
-def _flag_counts(events: pa.Table) -> dict[str, int]:
-    flags = np_col(events, "flags")
-    return {
-        name: int(((flags & bit) != 0).sum())
-        for bit, name in FLAG_NAMES.items()
-        if ((flags & bit) != 0).any()
-    }
-
-
-def prepare_out(out: Path) -> None:
-    """Replace the events of an earlier ``teller ingest`` into ``out``; refuse to mix into a
-    run that ingest did not write (a recording), so nothing of the user's is overwritten."""
-    rd = RunDir(out)
-    old = rd.event_files()
-    if not old:
-        return
-    try:
-        reader = rd.read_info().collector.get("reader")
-    except TellerError:
-        reader = None
-    if not reader:
-        raise TellerError(
-            f"{out}: already holds a run ({len(old)} event files) not written by `teller ingest`; "
-            "choose another -o directory"
-        )
-    for p in old:
-        p.unlink()
-
-
 def ingest_nsys(
     src: Path, out: Path, node: int = 0, rank: int = 0, **options: Any
 ) -> dict[str, Any]:
@@ -973,8 +939,8 @@ def ingest_nsys(
             rows_in[k] = rows_in.get(k, 0) + v
         for k, v in r.skipped.items():
             skipped[k] = skipped.get(k, 0) + v
-    kinds = _kind_counts(events)
-    flags = _flag_counts(events)
+    kinds = kind_counts(events)
+    flags = flag_counts(np_col(events, "flags"))
     counts = {"tables": rows_in, "kinds": kinds, "flags": flags, "skipped": skipped}
     end_ns = int(np_col(events, "end_ns").max()) if events.num_rows else 0
     ranks = []

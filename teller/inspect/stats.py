@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from teller.inspect.tree import Forest
-from teller.rundir import FLAG_NAMES, KINDS, LAYER_CODE, LAYERS, RunDir, kind_codes, np_col
+from teller.rundir import KINDS, LAYER_CODE, LAYERS, RunDir, flag_counts, kind_codes, np_col
 
 
 def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
@@ -23,7 +23,7 @@ def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
     kc = kind_codes(ev)
     out["events"] = ev.num_rows
     out["events_per_kind"] = {KINDS[i]: int(c) for i, c in enumerate(np.bincount(kc, minlength=len(KINDS))) if c}
-    out["event_flags"] = _flag_counts(np_col(ev, "flags"))
+    out["event_flags"] = flag_counts(np_col(ev, "flags"))
     if rd.has_table("forest"):
         f = Forest(rd.read_table("forest"))
         out["nodes"] = f.n
@@ -35,7 +35,7 @@ def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
         bound = gpu & (f.parent >= 0) & np.isin(f.layer[np.clip(f.parent, 0, None)], [LAYER_CODE["RT"], LAYER_CODE["DRV"]])
         out["gpu_nodes"] = int(gpu.sum())
         out["binding_coverage"] = float(bound.sum() / gpu.sum()) if gpu.sum() else None
-        out["node_flags"] = _flag_counts(f.flags)
+        out["node_flags"] = flag_counts(f.flags)
         out["steps"] = int((f.layer == LAYER_CODE["STEP"]).sum())
     if rd.has_table("requests"):
         req = rd.read_table("requests")
@@ -56,10 +56,6 @@ def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
     if info.dropped_records:
         out["dropped_records"] = info.dropped_records
     return out
-
-
-def _flag_counts(flags: np.ndarray) -> dict[str, int]:
-    return {name: int(((flags & bit) != 0).sum()) for bit, name in FLAG_NAMES.items() if ((flags & bit) != 0).any()}
 
 
 def stats(run: str | os.PathLike, console: Console | None = None) -> dict[str, Any]:
