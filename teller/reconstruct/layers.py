@@ -39,8 +39,8 @@ KIND_LAYER = {
 TAGGED_KINDS = ("NVTX_PUSH", "RANGE")
 
 #: First word of a message → layer. Tags listed in :data:`STRIP_TAGS` are removed from the name.
-MESSAGE_TAGS = {"STEP": "STEP", "FE": "FE", "BE": "BE", "COMM": "COMM"}
-STRIP_TAGS = ("FE", "BE", "COMM")
+MESSAGE_TAGS = {"STEP": "STEP", "FE": "FE", "BE": "BE", "COMM": "COMM", "OTHER": "OTHER"}
+STRIP_TAGS = ("FE", "BE", "COMM", "OTHER")
 
 #: Messages naming an engine step; group ``id`` = step number, optional group ``reqs`` = request
 #: ids separated by commas. ``--step-pattern`` adds more (tried first).
