@@ -296,3 +296,16 @@ def test_forest_schema_types(tmp_path):
     assert types["depth"] == "int32" and types["args"] == "string"
     for col in ("node", "rank", "pid", "tid", "device", "stream", "corr_id", "flags"):
         assert col in types
+
+
+def test_tag_words_set_layer_and_leave_the_name(tmp_path):
+    rows = [
+        rng("STEP id=3 reqs=r1", 0, 100),
+        rng("OTHER update_batch", 10, 20),
+        rng("COMM all_reduce bytes=64 group=tp seq=0", 30, 40),
+        rng("plain range", 50, 60),
+    ]
+    _, f, _ = run_and_read(tmp_path / "r", rows)
+    got = {r["name"]: r["layer"] for r in f}
+    assert got == {"STEP id=3 reqs=r1": "STEP", "update_batch": "OTHER",
+                   "all_reduce bytes=64 group=tp seq=0": "COMM", "plain range": "OTHER"}
