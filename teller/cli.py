@@ -86,7 +86,8 @@ def _register_optional() -> None:
     """Attach the command groups that live in their stage packages (record, workload, logs)."""
     import importlib
 
-    for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli"):
+    for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
+                "teller.dataset.cli", "teller.tpe.cli", "teller.report.cli"):
         importlib.import_module(mod).register(app)
 
 

@@ -602,7 +602,28 @@ def activate() -> Runtime | None:
     rt = Runtime()
     RUNTIME = rt
     rt.install()
+    _load_fault_agent()
     return rt
+
+
+def _load_fault_agent() -> None:
+    """Fault-injection hook point: only when a campaign set ``TELLER_FAULTS`` (teller.inject).
+
+    Loaded after the recorder's hooks so the agent's wrappers sit outside them; it never raises
+    into the engine.
+    """
+    if not os.environ.get("TELLER_FAULTS"):
+        return
+    try:
+        import sys as _sys
+
+        from teller.inject import agent
+
+        agent.install(_sys.modules[__name__])
+    except Exception as e:
+        log(f"fault plan not applied ({type(e).__name__}: {e})")
+
+
 
 
 def note_model(model: Any) -> None:

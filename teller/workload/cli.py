@@ -65,6 +65,17 @@ def serve(
         raise typer.Exit(1)
 
 
+@workload_app.command("serve-tp", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve_tp(ctx: typer.Context, tp: int = typer.Option(2, "--tp", help="Ranks (processes), gloo on the CPU.")) -> None:
+    """Tensor-parallel random-Llama serving on --tp ranks with torch.distributed collectives (see teller.workload.tp)."""
+    from teller.workload.tp import launch, parser
+
+    parser().parse_args(list(ctx.args))  # bad options fail here, before ranks start
+    rc = launch(list(ctx.args), tp)
+    if rc:
+        raise typer.Exit(rc)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``workload`` group to the ``teller`` app."""
     app.add_typer(workload_app, name="workload")

@@ -1,0 +1,1 @@
+"""The labelled step dataset (DESIGN.md §11): step records, splits and a datasheet."""

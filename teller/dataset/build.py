@@ -1,0 +1,259 @@
+"""``teller dataset build RUNS... -o DS``: labelled step records from reconstructed runs (DESIGN.md §11).
+
+Writes, all Parquet (columnar, zstd):
+
+- ``records.parquet``: one row per (request, step) and view. ``view`` is ``vertical`` (the step
+  on one rank: its within-node stack) or ``horizontal`` (the same step number on every rank of a
+  tensor-parallel run, joined by its collectives). Columns: record_id, run_id, request_id,
+  step_id (the forest node id of the step; rank 0's for horizontal records), step_ids and ranks
+  (every rank's step), step_num, rank, view, start_ns, end_ns, duration_ns, log_text (the
+  step's aligned log lines that name this request or no request), is_anomaly, in_window,
+  fault_type, mechanism, operator_labels, layer, explanation, effect_ms, ref_p99_ms,
+  run_status, provenance (JSON: run path, campaign, forest row range per rank, label rule),
+  the TPE fields input_ids, parent_idx, duration, depth (null until a tokenizer is attached:
+  :func:`attach_tpe`) and the split columns of :mod:`.splits`;
+- ``subtrees.parquet``: the forest rows of every step referenced by a record (the DFS block
+  ``[step_id, step_id + size)``), with ``run_id``: enough to recompute localization, slices
+  and TPE without the run directories;
+- ``logs.parquet``: the aligned log lines of those steps (``log_alignment`` rows plus run_id);
+- ``comm_edges.parquet``: the cross-rank communication edges of the runs (plus run_id);
+- ``datasheet.json`` / ``datasheet.md`` (:mod:`.datasheet`).
+
+Runs are folders holding ``labels.json`` (from ``teller inject run``) or reconstructed runs
+without labels (then every step is normal and ``provenance.label`` says "unlabelled"). Runs
+marked skipped are listed in the datasheet and contribute no records; crashed runs contribute
+what they recorded, marked ``run_status = crashed``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from teller.errors import TellerError
+from teller.rundir import RunDir
+
+TPE_FIELDS = ("input_ids", "parent_idx", "duration", "depth")
+
+
+def find_runs(paths: list[str | Path]) -> list[Path]:
+    """Run directories named directly or found one level below (campaign output folders)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            raise TellerError(f"{p}: no such folder; give run directories or a `teller inject run -o` folder")
+        if (p / "labels.json").is_file() or (p / "run.json").is_file():
+            out.append(p)
+            continue
+        kids = sorted(d for d in p.iterdir() if d.is_dir() and ((d / "labels.json").is_file() or (d / "run.json").is_file()))
+        if not kids:
+            raise TellerError(f"{p}: holds no run directories (no labels.json or run.json); record some with `teller inject run`")
+        out += kids
+    return out
+
+
+def _slices(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Concatenated ranges [s, s+n) without a Python loop."""
+    sizes = sizes.astype(np.int64)
+    if not len(sizes) or sizes.sum() == 0:
+        return np.zeros(0, np.int64)
+    offs = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
+    return offs + np.arange(int(sizes.sum()), dtype=np.int64)
+
+
+def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | None:
+    from teller.inject.labels import STEP_LABELS_SCHEMA
+
+    rd = RunDir(run)
+    if not (rd.has_table("steps") and rd.has_table("forest")):
+        return None
+    run_id = (labels or {}).get("run_id") or run.name
+    status = (labels or {}).get("status", "unlabelled")
+    steps = rd.read_table("steps")
+    reqs = rd.read_table("requests")
+    sl = rd.read_table("step_labels") if rd.has_table("step_labels") else None
+    if sl is None:
+        n = steps.num_rows
+        sl = pa.table({"step_id": steps.column("step_id"), "is_anomaly": np.zeros(n, bool),
+                       "in_window": np.zeros(n, bool), "fault_type": [""] * n, "mechanism": [""] * n,
+                       "operator_labels": pa.array([[]] * n, pa.list_(pa.string())), "layer": [""] * n,
+                       "explanation": [""] * n, "effect_ms": np.full(n, np.nan), "ref_p99_ms": np.full(n, np.nan)})
+    sl = sl.select(["step_id", "is_anomaly", "in_window", "fault_type", "mechanism", "operator_labels", "layer",
+                    "explanation", "effect_ms", "ref_p99_ms"])
+    st = steps.select(["step_id", "step_num", "rank", "start_ns", "end_ns", "size"])
+    v = _take_by_step(reqs.select(["request_id", "step_id"]), [st, sl])
+    v = v.sort_by([("rank", "ascending"), ("step_num", "ascending"), ("request_id", "ascending")])
+    _ = STEP_LABELS_SCHEMA
+    # logs of the referenced steps
+    logs = rd.read_table("log_alignment") if rd.has_table("log_alignment") else None
+    log_text = _log_text(v, logs)
+    n = v.num_rows
+    sid = v.column("step_id").to_numpy()
+    size = v.column("size").to_numpy()
+    prov = [json.dumps({"run": str(run), "campaign": (labels or {}).get("campaign"), "forest_rows": [int(a), int(a + b)],
+                        "label": "labels.json + step_labels.parquet" if rd.has_table("step_labels") else "unlabelled"})
+            for a, b in zip(sid, size, strict=False)]
+    rec = {
+        "run_id": [run_id] * n, "request_id": v.column("request_id"), "step_id": v.column("step_id"),
+        "step_ids": pa.array([[int(x)] for x in sid], pa.list_(pa.int64())),
+        "ranks": pa.array([[int(x)] for x in v.column("rank").to_numpy()], pa.list_(pa.int32())),
+        "step_num": v.column("step_num"), "rank": v.column("rank"), "view": ["vertical"] * n,
+        "start_ns": v.column("start_ns"), "end_ns": v.column("end_ns"),
+        "duration_ns": pc.subtract(v.column("end_ns"), v.column("start_ns")),
+        "log_text": log_text, "is_anomaly": v.column("is_anomaly"), "in_window": v.column("in_window"),
+        "fault_type": v.column("fault_type"), "mechanism": v.column("mechanism"),
+        "operator_labels": v.column("operator_labels"), "layer": v.column("layer"),
+        "explanation": v.column("explanation"), "effect_ms": v.column("effect_ms"), "ref_p99_ms": v.column("ref_p99_ms"),
+        "run_status": [status] * n, "provenance": prov,
+    }
+    vert = pa.table(rec)
+    horiz = _horizontal(vert) if len(np.unique(v.column("rank").to_numpy())) > 1 else None
+    # subtrees and logs of the referenced steps (each step once)
+    us, first = np.unique(sid, return_index=True)
+    rows = _slices(us, size[first])
+    forest = rd.read_table("forest").take(pa.array(rows))
+    forest = forest.append_column("run_id", pa.array([run_id] * forest.num_rows, pa.string()).dictionary_encode())
+    if logs is not None and logs.num_rows:
+        keep = np.isin(logs.column("step_id").to_numpy(), us)
+        logs = logs.filter(pa.array(keep))
+        logs = logs.append_column("run_id", pa.array([run_id] * logs.num_rows, pa.string()))
+    comm = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
+    if comm is not None:
+        comm = comm.append_column("run_id", pa.array([run_id] * comm.num_rows, pa.string()))
+    return {"records": [t for t in (vert, horiz) if t is not None], "subtrees": forest, "logs": logs, "comm": comm}
+
+
+def _take_by_step(left: pa.Table, tables: list[pa.Table]) -> pa.Table:
+    """Left join on ``step_id`` by sorted lookup (Arrow's join cannot carry list columns)."""
+    sid = left.column("step_id").to_numpy()
+    out = left
+    for t in tables:
+        ts = t.column("step_id").to_numpy()
+        order = np.argsort(ts, kind="stable")
+        pos = order[np.clip(np.searchsorted(ts[order], sid), 0, max(len(ts) - 1, 0))]
+        if len(ts) and not np.array_equal(ts[pos], sid):
+            keep = ts[pos] == sid
+            left, sid, pos = left.filter(pa.array(keep)), sid[keep], pos[keep]
+            out = out.filter(pa.array(keep))
+        taken = t.take(pa.array(pos))
+        for c in taken.column_names:
+            if c != "step_id":
+                out = out.append_column(c, taken.column(c))
+    return out
+
+
+def _log_text(v: pa.Table, logs: pa.Table | None) -> list[str]:
+    n = v.num_rows
+    if logs is None or not logs.num_rows:
+        return [""] * n
+    lsid = logs.column("step_id").to_numpy()
+    lrid = logs.column("request_id").to_pylist()
+    ltext = logs.column("text").to_pylist()
+    by_step: dict[int, list[tuple[Any, str]]] = {}
+    for s, r, t in zip(lsid.tolist(), lrid, ltext, strict=False):  # one entry per aligned log line (few per step)
+        if s >= 0:
+            by_step.setdefault(s, []).append((r, t))
+    out = []
+    for s, q in zip(v.column("step_id").to_pylist(), v.column("request_id").to_pylist(), strict=False):
+        out.append("\n".join(t for r, t in by_step.get(s, ()) if r is None or r == q))
+    return out
+
+
+def _horizontal(vert: pa.Table) -> pa.Table:
+    """One record per (request, step number) served by several ranks: their steps joined."""
+    g = vert.group_by(["run_id", "request_id", "step_num"], use_threads=False).aggregate([
+        ("step_id", "list"), ("rank", "list"), ("start_ns", "min"), ("end_ns", "max"), ("is_anomaly", "max"),
+        ("in_window", "max"), ("log_text", "list")])
+    g = g.filter(pc.greater(pc.list_value_length(g.column("rank_list")), 1))
+    n = g.num_rows
+    if not n:
+        return None  # type: ignore[return-value]
+    # labels of the first abnormal rank (else rank 0's)
+    key = pc.binary_join_element_wise(vert.column("run_id"), vert.column("request_id"),
+                                      pc.cast(vert.column("step_num"), pa.string()), "\x1f")
+    gkey = pc.binary_join_element_wise(g.column("run_id"), g.column("request_id"),
+                                       pc.cast(g.column("step_num"), pa.string()), "\x1f")
+    order = np.lexsort((vert.column("rank").to_numpy(), ~vert.column("is_anomaly").to_numpy(zero_copy_only=False)))
+    k_sorted = np.asarray(key.to_pylist(), dtype=object)[order]
+    _, first = np.unique(k_sorted, return_index=True)
+    pick_keys = k_sorted[first]
+    idx = order[first][np.searchsorted(pick_keys, np.asarray(gkey.to_pylist(), dtype=object))]
+    src = vert.take(pa.array(idx))
+    start, end = g.column("start_ns_min"), g.column("end_ns_max")
+    rec = {c: src.column(c) for c in vert.column_names}
+    rec.update({
+        "run_id": g.column("run_id"), "request_id": g.column("request_id"), "step_num": g.column("step_num"),
+        "step_ids": pc.cast(g.column("step_id_list"), pa.list_(pa.int64())),
+        "ranks": pc.cast(g.column("rank_list"), pa.list_(pa.int32())),
+        "view": ["horizontal"] * n, "start_ns": start, "end_ns": end, "duration_ns": pc.subtract(end, start),
+        "is_anomaly": g.column("is_anomaly_max"), "in_window": g.column("in_window_max"),
+        "log_text": ["\n".join(x for x in lst if x) for lst in g.column("log_text_list").to_pylist()],
+    })
+    return pa.table({c: rec[c] for c in vert.column_names})
+
+
+def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
+                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None) -> dict[str, Any]:
+    """Build the dataset from run directories; returns the datasheet dict."""
+    from teller.dataset.datasheet import write_datasheet
+    from teller.dataset.splits import split_table
+
+    paths = find_runs(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    recs, subs, logs, comms, run_rows = [], [], [], [], []
+    for p in paths:
+        labels = RunDir(p).read_labels()
+        status = (labels or {}).get("status", "unlabelled")
+        row = {"run_id": (labels or {}).get("run_id") or p.name, "path": str(p), "status": status,
+               "skipped": (labels or {}).get("skipped", []), "records": 0}
+        r = _run_records(p, labels) if status != "skipped" else None
+        if r is not None:
+            recs += r["records"]
+            subs.append(r["subtrees"])
+            if r["logs"] is not None:
+                logs.append(r["logs"])
+            if r["comm"] is not None and r["comm"].num_rows:
+                comms.append(r["comm"])
+            row["records"] = sum(t.num_rows for t in r["records"])
+        elif status != "skipped":
+            row["note"] = "not reconstructed (no steps.parquet/forest.parquet)"
+        run_rows.append(row)
+    if not recs:
+        raise TellerError(f"{', '.join(map(str, runs))}: no step records (no reconstructed, labelled runs); "
+                          "run `teller inject run SPEC -o RUNS` first")
+    records = pa.concat_tables(recs, promote_options="permissive")
+    records = records.append_column("record_id", pa.array(np.arange(records.num_rows, dtype=np.int64)))
+    nulls = pa.nulls(records.num_rows, pa.list_(pa.int32()))
+    for f in TPE_FIELDS:
+        records = records.append_column(f, nulls if f != "duration" else pa.nulls(records.num_rows, pa.list_(pa.int64())))
+    records, held = split_table(records, seed)
+    subtrees = pa.concat_tables([s.cast(subs[0].schema) if s.schema != subs[0].schema else s for s in subs],
+                                promote_options="permissive").unify_dictionaries()
+    if tpe is not None:
+        records = attach_tpe(records, subtrees, tpe)
+    pq.write_table(records, out / "records.parquet", compression="zstd")
+    pq.write_table(subtrees, out / "subtrees.parquet", compression="zstd")
+    if logs:
+        pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
+    if comms:
+        pq.write_table(pa.concat_tables(comms, promote_options="permissive"), out / "comm_edges.parquet", compression="zstd")
+    return write_datasheet(records, run_rows, out, seed=seed, held_out=held)
+
+
+def attach_tpe(records: pa.Table, subtrees: pa.Table, encode: Callable[[pa.Table, pa.Table], pa.Table]) -> pa.Table:
+    """Fill the TPE fields: ``encode(records, subtrees)`` returns a table with one row per record
+    and the columns of :data:`TPE_FIELDS` (the hook for ``teller.tpe``)."""
+    enc = encode(records, subtrees)
+    if enc.num_rows != records.num_rows:
+        raise TellerError(f"TPE encoder returned {enc.num_rows} rows for {records.num_rows} records")
+    for f in TPE_FIELDS:
+        i = records.column_names.index(f)
+        records = records.set_column(i, f, enc.column(f))
+    return records

@@ -1,0 +1,37 @@
+"""``teller dataset build RUNS... -o DS``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List  # noqa: UP035 (typer reads these annotations)
+
+import typer
+
+dataset_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                          help="The labelled step dataset: records, splits, datasheet.")
+
+
+@dataset_app.callback()
+def _group() -> None:
+    """The labelled step dataset: records, splits, datasheet."""
+
+
+@dataset_app.command("build")
+def build_cmd(
+    runs: List[Path] = typer.Argument(..., help="Run directories, or folders of runs from `teller inject run`."),
+    out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the splits."),
+) -> None:
+    """Write step records (vertical and horizontal views), splits and a datasheet."""
+    from rich.console import Console
+
+    from teller.dataset.build import build_dataset
+
+    s = build_dataset(list(runs), out, seed=seed)
+    Console(stderr=True).print(f"[green]dataset[/]: records={s['records']}, abnormal={s['abnormal']}, "
+                               f"prior={s['fault_prior']:.3f}, views={s['by_view']}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``dataset`` group to the ``teller`` app."""
+    app.add_typer(dataset_app, name="dataset")

@@ -1,0 +1,59 @@
+"""The datasheet: counts per category, mechanism, view and split; the fault prior; the runs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+def _counts(t: pa.Table, col: str, where: Any = None) -> dict[str, int]:
+    vals = t.column(col).to_pylist()
+    if where is not None:
+        vals = [v for v, w in zip(vals, where, strict=False) if w]
+    return dict(sorted(Counter(str(v) for v in vals).items()))
+
+
+def write_datasheet(records: pa.Table, runs: list[dict[str, Any]], out: Path, seed: int = 0,
+                    held_out: list[str] | None = None) -> dict[str, Any]:
+    """Write ``datasheet.json`` and ``datasheet.md``; returns the JSON dict."""
+    ab = records.column("is_anomaly").to_pylist()
+    n, na = records.num_rows, sum(bool(x) for x in ab)
+    sheet: dict[str, Any] = {
+        "records": n, "abnormal": na, "fault_prior": (na / n) if n else 0.0, "seed": seed,
+        "by_view": _counts(records, "view"),
+        "abnormal_by_category": _counts(records, "fault_type", ab),
+        "abnormal_by_mechanism": _counts(records, "mechanism", ab),
+        "by_split": {s: _counts(records, s) for s in ("split_request", "split_run", "split_mechanism")},
+        "abnormal_by_split": {s: _counts(records, s, ab) for s in ("split_request", "split_run", "split_mechanism")},
+        "requests": len(set(zip(records.column("run_id").to_pylist(), records.column("request_id").to_pylist(), strict=False))),
+        "runs": runs, "held_out_mechanisms": held_out or [],
+        "in_window_without_effect": int(sum(1 for a, w in zip(ab, records.column("in_window").to_pylist(), strict=False) if w and not a)),
+        "tpe_fields": "null until a tokenizer is attached (teller.dataset.build.attach_tpe)",
+    }
+    cats = sheet["abnormal_by_category"]
+    sheet["category_share_of_abnormal"] = {k: v / na for k, v in cats.items()} if na else {}
+    (out / "datasheet.json").write_text(json.dumps(sheet, indent=2, default=str))
+    lines = [f"# Datasheet: {out.name}", "",
+             f"{n} step records ({na} abnormal, fault prior {sheet['fault_prior']:.3f}) from {len(runs)} runs, "
+             f"{sheet['requests']} requests; split seed {seed}.", "",
+             "| view | records |", "|---|---|"] + [f"| {k} | {v} |" for k, v in sheet["by_view"].items()]
+    lines += ["", "| fault type | abnormal records | share |", "|---|---|---|"]
+    lines += [f"| {k} | {v} | {v / na:.2f} |" for k, v in cats.items()] if na else ["| - | 0 | - |"]
+    lines += ["", "| mechanism | abnormal records |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sheet["abnormal_by_mechanism"].items()]
+    for s in ("split_request", "split_run", "split_mechanism"):
+        lines += ["", f"| {s} | records | abnormal |", "|---|---|---|"]
+        lines += [f"| {k} | {v} | {sheet['abnormal_by_split'][s].get(k, 0)} |" for k, v in sheet["by_split"][s].items()]
+    lines += ["", f"Held-out mechanisms (mechanism-disjoint test): {', '.join(held_out or []) or 'none'}.", "",
+              "| run | status | records | skipped faults |", "|---|---|---|---|"]
+    for r in runs:
+        sk = "; ".join(f"{x['mechanism']}: {x['reason']}" for x in r.get("skipped", []))
+        lines.append(f"| {r['run_id']} | {r['status']} | {r['records']} | {sk} |")
+    lines += ["", f"Steps inside a fault window that showed no effect (labelled normal): "
+              f"{sheet['in_window_without_effect']}.", ""]
+    (out / "datasheet.md").write_text("\n".join(lines))
+    return sheet

@@ -1,0 +1,64 @@
+"""Splits of the step records: request-disjoint 80/10/10, run-disjoint, mechanism-disjoint.
+
+All three are deterministic given the seed. ``split_request``: the (run, request) pairs are
+shuffled and cut 80/10/10, so every step of a request lands in one split (a request id such as
+``req_3`` names a different request in every run). ``split_run``: whole runs, shuffled and cut
+80/10/10 (at least one run in test when there are three or more). ``split_mechanism``: for
+every category with two or more mechanisms one mechanism (drawn with the seed) is held out for
+test; records of the others, and normal records, follow their request split (val stays val).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+SPLITS = ("train", "val", "test")
+
+
+def _cut(n: int, rng: np.random.Generator, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> np.ndarray:
+    """Split codes (0 train, 1 val, 2 test) for n shuffled items."""
+    perm = rng.permutation(n)
+    n_train = int(round(fractions[0] * n))
+    n_val = int(round(fractions[1] * n))
+    if n >= 3:
+        n_train = min(n_train, n - 2)
+        n_val = max(1, min(n_val, n - n_train - 1))
+    codes = np.full(n, 2, np.int8)
+    codes[perm[:n_train]] = 0
+    codes[perm[n_train:n_train + n_val]] = 1
+    return codes
+
+
+def assign_splits(run_id: np.ndarray, request_id: np.ndarray, mechanism: np.ndarray, category: np.ndarray,
+                  seed: int = 0) -> dict[str, list[str]]:
+    """Split names per record for the three protocols (arrays of equal length)."""
+    names = np.array(SPLITS, dtype=object)
+    key = np.char.add(np.char.add(run_id.astype(str), "\x1f"), request_id.astype(str))
+    uk, inv = np.unique(key, return_inverse=True)
+    req = _cut(len(uk), np.random.default_rng(seed))[inv]
+    ur, rinv = np.unique(run_id.astype(str), return_inverse=True)
+    run = _cut(len(ur), np.random.default_rng(seed + 1))[rinv]
+    rng = np.random.default_rng(seed + 2)
+    held: set[str] = set()
+    mech = mechanism.astype(str)
+    cat = category.astype(str)
+    for c in sorted(set(cat[mech != ""])):
+        ms = sorted(set(mech[(cat == c) & (mech != "")]))
+        if len(ms) >= 2:
+            held.add(ms[int(rng.integers(len(ms)))])
+    mcode = np.where(np.isin(mech, sorted(held)), 2, np.where(req == 2, 0, req)) if held else req.copy()
+    return {"split_request": names[req].tolist(), "split_run": names[run].tolist(),
+            "split_mechanism": names[mcode].tolist(), "held_out_mechanisms": sorted(held)}
+
+
+def split_table(records: pa.Table, seed: int = 0) -> tuple[pa.Table, list[str]]:
+    """Add the three split columns to a records table; returns it and the held-out mechanisms."""
+    s = assign_splits(np.asarray(records.column("run_id").to_pylist(), dtype=object),
+                      np.asarray(records.column("request_id").to_pylist(), dtype=object),
+                      np.asarray(records.column("mechanism").to_pylist(), dtype=object),
+                      np.asarray(records.column("fault_type").to_pylist(), dtype=object), seed)
+    held = s.pop("held_out_mechanisms")
+    for k, v in s.items():
+        records = records.append_column(k, pa.array(v, pa.string()).dictionary_encode())
+    return records, held

@@ -1,0 +1,25 @@
+"""Fault injection (DESIGN.md §10): campaigns of recorded runs with ground-truth windows.
+
+- :mod:`.spec` parses and validates a campaign spec (TOML);
+- :mod:`.mechanisms` holds one class per mechanism in a registry (category, magnitude knob,
+  targeted operators, what it needs to run);
+- :mod:`.agent` runs inside the recorded engine process when ``TELLER_FAULTS`` is set (loaded by
+  :mod:`teller.record.runtime`) and applies the plan through post-import hooks, or starts the
+  co-located processes of :mod:`.hogs` beside the engine; it writes the windows it actually
+  applied, on the run's time base τ, to ``RUN/inject/<pid>.json``;
+- :mod:`.campaign` records each run with ``teller record`` and writes ``labels.json``;
+- :mod:`.labels` turns windows plus the measured effect into per-step labels and explanations.
+
+Nothing here edits the engine: mechanisms act through hooks or beside it.
+"""
+
+#: The five fault types (DESIGN.md §10), in label order.
+CATEGORIES = ("memory", "kernel", "runtime", "communication", "scheduling")
+CATEGORY_TITLES = {
+    "memory": "memory/resource",
+    "kernel": "CUDA/kernel",
+    "runtime": "runtime/driver",
+    "communication": "communication/network",
+    "scheduling": "scheduling/software",
+}
+ENV_FAULTS = "TELLER_FAULTS"

@@ -1,0 +1,192 @@
+"""Run a campaign: record each run with ``teller record``, then reconstruct and label it.
+
+For every run × repetition, in ``RUNS/<run>-r<k>/``:
+
+1. mechanisms that cannot run here are dropped from the plan and listed under ``skipped`` with
+   the reason (no GPU, not root, wrong workload); a faulty run whose faults were all skipped is
+   not recorded (``status: skipped``);
+2. the workload command is recorded with :func:`teller.record.launcher.record`, the fault plan
+   passed in ``TELLER_FAULTS`` (the in-engine agent applies it and writes ``inject/<pid>.json``);
+3. the run is reconstructed and its logs aligned; a run whose command failed keeps its partial
+   trace and is marked ``status: crashed`` with the exit code (reconstruction is still tried);
+4. :mod:`teller.inject.labels` labels every step; ``labels.json`` gets the windows, the plan,
+   the skipped faults, the status and a label summary, ``step_labels.parquet`` the per-step labels.
+
+Normal runs come first, so faulty runs can use the first normal run of the same workload as
+their reference when they have too few fault-free steps of their own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from teller.errors import TellerError
+from teller.inject import ENV_FAULTS
+from teller.inject.spec import Campaign, RunSpec, load_spec
+
+
+def workload_command(w: dict[str, Any], extra: list[str], seed_offset: int) -> list[str]:
+    """The ``python -m teller.workload ...`` command of a workload table."""
+    kind = w.get("kind", "serve")
+    cmd = [sys.executable, "-m", "teller.workload", kind]
+    for k, v in w.items():
+        if k in ("kind", "args"):
+            continue
+        if k == "seed":
+            v = int(v) + seed_offset
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    if "seed" not in w and seed_offset:
+        cmd += ["--seed", str(seed_offset)]
+    return cmd + list(w.get("args", [])) + extra
+
+
+def machine_context(w: dict[str, Any]) -> dict[str, Any]:
+    """What the mechanisms' availability checks need to know about this machine and workload."""
+    import os
+
+    from teller.record.launcher import gpu_present
+
+    gpu = gpu_present()
+    device = str(w.get("device", "auto"))
+    return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device,
+            "tp": int(w.get("tp", 2)) if w.get("kind") == "serve-tp" else 1,
+            "workload": w.get("kind", "serve"), "root": os.geteuid() == 0}
+
+
+def tp_hooks_file() -> str:
+    return str(Path(__file__).resolve().parents[2] / "campaigns" / "hooks_tp.toml")
+
+
+def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] | None = None,
+                 force: bool = False, quiet: bool = True) -> dict[str, Any]:
+    """Record, reconstruct and label every run of ``spec`` under ``out``; returns a summary."""
+    from teller.inject.mechanisms import registry
+
+    camp = spec if isinstance(spec, Campaign) else load_spec(spec)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    reg = registry()
+    order = sorted(camp.runs, key=lambda r: bool(r.faults))  # normal runs first (references)
+    if only:
+        unknown = sorted(set(only) - {r.name for r in camp.runs})
+        if unknown:
+            raise TellerError(f"--only {unknown[0]!r}: no run of that name in {camp.path}")
+        order = [r for r in order if r.name in only]
+    results, refs = [], {}
+    (out / "campaign.json").write_text(json.dumps({"name": camp.name, "spec": camp.path, "seed": camp.seed,
+                                                   "mechanisms": {k: m.describe() for k, m in reg.items()}},
+                                                  indent=2))
+    for run in order:
+        for rep in range(run.repetitions):
+            res = run_one(camp, run, rep, out, refs, force=force, quiet=quiet)
+            results.append(res)
+            if not run.faults and res["status"] == "finished":
+                refs.setdefault(_wl_key(run.workload), res["path"])
+    summary = {"campaign": camp.name, "runs": len(results),
+               "finished": sum(r["status"] == "finished" for r in results),
+               "crashed": sum(r["status"] == "crashed" for r in results),
+               "skipped": sum(r["status"] == "skipped" for r in results),
+               "abnormal_steps": sum(r.get("abnormal_steps", 0) for r in results),
+               "steps": sum(r.get("steps", 0) for r in results), "results": results}
+    (out / "campaign_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _wl_key(w: dict[str, Any]) -> str:
+    keep = {k: v for k, v in w.items() if k not in ("num_blocks", "seed")}
+    return json.dumps(keep, sort_keys=True)
+
+
+def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, str],
+            force: bool = False, quiet: bool = True) -> dict[str, Any]:
+    """Record and label one repetition of one run."""
+    from teller.inject.mechanisms import registry
+    from teller.record.launcher import record
+    from teller.rundir import RunDir
+
+    reg = registry()
+    run_id = f"{run.name}-r{rep}"
+    path = out / run_id
+    ctx = machine_context(run.workload)
+    plan, skipped, extra = [], [], []
+    for j, f in enumerate(run.faults):
+        m = reg[f.mechanism]
+        reason = m.unavailable(ctx)
+        if reason:
+            skipped.append({"mechanism": f.mechanism, "category": f.category, "reason": reason})
+            continue
+        entry = f.to_plan(f"f{j}")
+        entry["implementation"] = m.implementation(ctx)
+        entry["where"], entry["evidence"] = m.where, m.evidence
+        plan.append(entry)
+        extra += m.workload_args(entry)
+    labels: dict[str, Any] = {"run_id": run_id, "campaign": camp.name, "run": run.name, "repetition": rep,
+                              "workload": run.workload, "plan": plan, "skipped": skipped, "windows": [],
+                              "machine": {k: v for k, v in ctx.items()}}
+    rd = RunDir(path)
+    if run.faults and not plan:
+        labels["status"] = "skipped"
+        path.mkdir(parents=True, exist_ok=True)
+        rd.write_labels(labels)
+        return {"run_id": run_id, "path": str(path), "status": "skipped", "skipped": skipped}
+    cmd = workload_command(run.workload, extra, seed_offset=camp.seed + rep)
+    if "timeout" not in run.workload:
+        cmd += ["--timeout", str(camp.timeout_s)]
+    import os
+
+    env_before = os.environ.get(ENV_FAULTS)
+    os.environ[ENV_FAULTS] = json.dumps({"run_id": run_id, "faults": plan, "gpu_device": ctx["gpu_device"]})
+    hooks = tp_hooks_file() if run.workload.get("kind") == "serve-tp" else None
+    t0 = time.time()
+    sink = io.BytesIO() if quiet else None
+    try:
+        summary = record(path, cmd, collector=camp.collector, be_depth=camp.be_depth, force=force,
+                         hooks=hooks, stdout=sink, stderr=sink)
+    finally:
+        if env_before is None:
+            os.environ.pop(ENV_FAULTS, None)
+        else:
+            os.environ[ENV_FAULTS] = env_before
+    status = "finished" if summary["exit_code"] == 0 else "crashed"
+    labels.update(status=status, exit_code=summary["exit_code"], command=cmd, record_s=round(time.time() - t0, 3))
+    labels["windows"] = gather_windows(path)
+    rec_err = None
+    try:
+        from teller.logs import align_run
+        from teller.reconstruct import reconstruct
+
+        reconstruct(path)
+        align_run(path)
+    except Exception as e:  # a crashed run may not reconstruct; keep it, marked
+        rec_err = f"{type(e).__name__}: {e}"
+        labels["reconstruct_error"] = rec_err
+    res = {"run_id": run_id, "path": str(path), "status": status, "exit_code": summary["exit_code"],
+           "skipped": skipped}
+    if rec_err is None:
+        from teller.inject.labels import label_run
+
+        ref = refs.get(_wl_key(run.workload)) if run.faults else None
+        lsum = label_run(path, labels, reference=ref)
+        labels["label_summary"] = lsum
+        res.update(steps=lsum["steps"], abnormal_steps=lsum["abnormal"])
+    rd.write_labels(labels)
+    return res
+
+
+def gather_windows(path: Path) -> list[dict[str, Any]]:
+    """The windows the agents applied (``RUN/inject/<pid>.json``), one list for the run."""
+    out = []
+    for f in sorted((Path(path) / "inject").glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        for w in doc.get("windows", []):
+            w["first_step_tau_ns"] = doc.get("first_step_tau_ns")
+            out.append(w)
+    return out

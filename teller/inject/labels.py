@@ -1,0 +1,267 @@
+"""Per-step labels and reference explanations from the applied windows and the measured effect.
+
+Rule (DESIGN.md §10; documented in docs/faults.md). A step *overlaps* a window when its
+interval [start, end] on τ meets the window's [start, end] and it ran where the mechanism acts:
+the same process for in-process mechanisms, any process of the run for co-located ones and for
+communication faults (the other ranks wait too). An overlapping step is **abnormal** only when
+its execution shows the effect:
+
+- ``targets`` evidence (targeted operators): the summed time of the targeted operator families
+  in the step exceeds the p99 of the same sum over the reference steps;
+- ``step`` evidence (contention, churn, stalls, KV pressure): the step's duration exceeds the
+  reference p99 of step durations;
+- ``comm`` evidence (straggler, throttling): the step's summed COMM time exceeds the reference p99;
+- ``admission`` evidence (delayed admission): the step is the first step of a request whose
+  admission the mechanism delayed.
+
+Reference steps are the run's steps that overlap no window, on the same rank; when there are
+fewer than :data:`MIN_REF` of them the first fault-free run of the same workload in the campaign
+is used instead. Steps in a window without the effect stay normal (``is_anomaly`` false,
+``in_window`` true, ``effect`` "none"): the fault was present but did not show in that step.
+
+The operator locator names the operator families the mechanism targets and actually hit (e.g.
+``FE LlamaMLP``); for mechanisms without fixed targets it is measured: the FE/OTHER/COMM
+families whose time in the step exceeds their own reference p99, largest excess first (at most
+three). Normal steps have an empty locator.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from teller.inject import CATEGORY_TITLES
+from teller.rundir import RunDir
+
+MIN_REF = 20
+Q = 99.0
+MEASURED_LAYERS = ("FE", "OTHER", "COMM")
+
+STEP_LABELS_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("step_id", pa.int64()), ("step_num", pa.int64()), ("rank", pa.int32()),
+    ("pid", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()), ("duration_ns", pa.int64()),
+    ("is_anomaly", pa.bool_()), ("in_window", pa.bool_()), ("fault_type", pa.string()),
+    ("mechanism", pa.string()), ("window_id", pa.string()), ("effect", pa.string()),
+    ("effect_ms", pa.float64()), ("ref_p99_ms", pa.float64()), ("ref_median_ms", pa.float64()),
+    ("operator_labels", pa.list_(pa.string())), ("layer", pa.string()), ("explanation", pa.string()),
+])
+
+
+class StepMeasures:
+    """Per-step times of the whole step, of COMM and of every operator family (layer + name)."""
+
+    def __init__(self, run: str | Path):
+        rd = RunDir(run)
+        steps = rd.read_table("steps")
+        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first").select(
+            ["layer", "name", "start_ns", "end_ns", "step_id"])
+        self.steps = steps
+        self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
+        self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
+        self.rank = steps.column("rank").to_numpy().astype(np.int32)
+        self.pid = steps.column("pid").to_numpy().astype(np.int64)
+        self.start = steps.column("start_ns").to_numpy().astype(np.int64)
+        self.end = steps.column("end_ns").to_numpy().astype(np.int64)
+        self.duration = self.end - self.start
+        sid = forest.column("step_id").to_numpy().astype(np.int64)
+        layer = np.asarray(forest.column("layer").cast(pa.string()).to_pylist(), dtype=object) if forest.num_rows else np.zeros(0, object)
+        name = forest.column("name").combine_chunks()
+        name = name.dictionary_decode() if pa.types.is_dictionary(name.type) else name
+        keys = np.char.add(np.char.add(layer.astype(str), " "), np.asarray(name.to_pylist(), dtype=str)) if len(layer) else np.zeros(0, str)
+        dur = (forest.column("end_ns").to_numpy() - forest.column("start_ns").to_numpy()).astype(np.int64)
+        pos = np.searchsorted(self.step_id, sid)
+        pos = np.clip(pos, 0, max(len(self.step_id) - 1, 0))
+        ok = (sid >= 0) & (len(self.step_id) > 0)
+        ok &= self.step_id[pos] == sid if len(self.step_id) else ok
+        ok &= ~np.char.startswith(keys.astype(str), "STEP ") if len(keys) else ok
+        self.families, fam = np.unique(keys[ok], return_inverse=True) if ok.any() else (np.zeros(0, str), np.zeros(0, np.int64))
+        nf, ns = len(self.families), len(self.step_id)
+        self.fam_time = np.bincount(pos[ok] * nf + fam, weights=dur[ok], minlength=ns * nf).reshape(ns, nf) if nf else np.zeros((ns, 0))
+        self.fam_index = {str(f): i for i, f in enumerate(self.families)}
+        is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
+        self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)
+        self.fam_layer = np.array([f.split(" ", 1)[0] for f in self.families], dtype=object)
+
+    def family_columns(self, names: list[str]) -> np.ndarray:
+        """Summed time per step of the named families (absent families count 0)."""
+        idx = [self.fam_index[n] for n in names if n in self.fam_index]
+        return self.fam_time[:, idx].sum(axis=1) if idx else np.zeros(len(self.step_id))
+
+    def families_matching(self, suffixes: list[str]) -> list[str]:
+        """Families named exactly, or FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``)."""
+        out = []
+        for f in self.families.astype(str):
+            layer, _, nm = f.partition(" ")
+            if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
+                out.append(f)
+        return out
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | None = None) -> dict[str, Any]:
+    """Label every step of a reconstructed run; writes ``step_labels.parquet``, returns a summary."""
+    from teller.inject.mechanisms import registry
+
+    reg = registry()
+    sm = StepMeasures(run)
+    n = len(sm.step_id)
+    run_id = labels.get("run_id", Path(run).name)
+    wins = [w for w in labels.get("windows", []) if w.get("start_tau_ns") is not None]
+    plan = {p["id"]: p for p in labels.get("plan", [])}
+    for w in wins:
+        if w.get("end_tau_ns") is None:
+            w["end_tau_ns"] = int(sm.end.max()) if n else w["start_tau_ns"]
+    # which steps each window covers
+    cover = np.zeros((len(wins), n), bool)
+    for i, w in enumerate(wins):
+        m = reg.get(w["mechanism"])
+        c = (sm.start <= int(w["end_tau_ns"])) & (sm.end >= int(w["start_tau_ns"]))
+        scope_all = m is not None and (m.where in ("co_located", "workload") or m.evidence == "comm")
+        if not scope_all:
+            c &= sm.pid == int(w.get("pid", -1))
+        cover[i] = c
+    in_any = cover.any(axis=0) if len(wins) else np.zeros(n, bool)
+    ref_ms = _reference(sm, ~in_any, reference)
+
+    is_anom = np.zeros(n, bool)
+    fault_type = np.full(n, "", object)
+    mech = np.full(n, "", object)
+    win_id = np.full(n, "", object)
+    effect = np.full(n, "", object)
+    eff_ms = np.full(n, np.nan)
+    p99_ms = np.full(n, np.nan)
+    med_ms = np.full(n, np.nan)
+    locs: list[list[str]] = [[] for _ in range(n)]
+    layer = np.full(n, "", object)
+    expl = np.full(n, "", object)
+    effect[in_any] = "none"
+    first_step_of: dict[str, int] = {}
+    if any((reg.get(w["mechanism"]) and reg[w["mechanism"]].evidence == "admission") for w in wins):
+        rq = RunDir(run).read_table("requests")
+        rid = np.asarray(rq.column("request_id").to_pylist(), dtype=object)
+        rsn = rq.column("step_id").to_numpy()
+        order = np.lexsort((rsn, rid))
+        for r, s in zip(rid[order][::-1], rsn[order][::-1], strict=False):  # small: one row per (request, step)
+            first_step_of[str(r)] = int(s)
+    for i, w in enumerate(wins):
+        m = reg.get(w["mechanism"])
+        if m is None:
+            continue
+        idx = np.nonzero(cover[i] & ~is_anom)[0]
+        if not len(idx):
+            continue
+        targets = list(w.get("targets_hit") or []) or list(w.get("targets") or m.targets)
+        if m.evidence == "targets":
+            fams = sm.families_matching(targets)
+            val, ref = sm.family_columns(fams), ref_ms("fams", fams)
+            loc = fams
+        elif m.evidence == "comm":
+            val, ref = sm.comm, ref_ms("comm", None)
+            loc = [f for f in sm.families.astype(str) if f.startswith("COMM ")]
+        elif m.evidence == "admission":
+            delayed = {first_step_of.get(r) for r in (w.get("extra") or {}).get("requests", [])}
+            hit = np.isin(sm.step_id, np.array(sorted(x for x in delayed if x is not None), dtype=np.int64))
+            val, ref = sm.duration.astype(float), ref_ms("step", None)
+            loc = ["OTHER schedule"]
+        else:
+            val, ref = sm.duration.astype(float), ref_ms("step", None)
+            loc = sm.families_matching([t for t in targets if t != "STEP"]) if targets else []
+        p99, med = ref
+        if m.evidence == "admission":
+            show = idx[hit[idx]]
+        else:
+            show = idx[val[idx] > p99] if np.isfinite(p99) else idx[:0]
+        eff_ms[idx], p99_ms[idx], med_ms[idx] = val[idx] / 1e6, p99 / 1e6, med / 1e6
+        mech[idx], win_id[idx] = w["mechanism"], w["id"]
+        for s in show:
+            sl = loc if loc or m.targets == ("STEP",) else _measured_locator(sm, s, ref_ms)
+            if not sl and "STEP" in targets:
+                sl = ["STEP"]
+            if not sl:
+                sl = _measured_locator(sm, s, ref_ms) or ["STEP"]  # no single family: the step as a whole
+            is_anom[s] = True
+            fault_type[s] = m.category
+            effect[s] = "shown"
+            locs[s] = list(sl)
+            layer[s] = ",".join(sorted({x.split(" ", 1)[0] for x in sl}))
+            expl[s] = explanation(m, plan.get(w["id"], w), w, sl, layer[s], float(val[s]) / 1e6,
+                                  p99 / 1e6, med / 1e6, int(sm.step_num[s]), int(sm.rank[s]))
+    table = pa.table({
+        "run_id": pa.array([run_id] * n, pa.string()), "step_id": sm.step_id, "step_num": sm.step_num,
+        "rank": sm.rank, "pid": sm.pid, "start_ns": sm.start, "end_ns": sm.end, "duration_ns": sm.duration,
+        "is_anomaly": is_anom, "in_window": in_any, "fault_type": fault_type.astype(str).tolist(),
+        "mechanism": mech.astype(str).tolist(), "window_id": win_id.astype(str).tolist(),
+        "effect": effect.astype(str).tolist(), "effect_ms": eff_ms, "ref_p99_ms": p99_ms, "ref_median_ms": med_ms,
+        "operator_labels": locs, "layer": layer.astype(str).tolist(), "explanation": expl.astype(str).tolist(),
+    }, schema=STEP_LABELS_SCHEMA)
+    RunDir(run).write_table(table, "step_labels")
+    return {"steps": n, "abnormal": int(is_anom.sum()), "in_window": int(in_any.sum()),
+            "in_window_no_effect": int((in_any & ~is_anom).sum()), "windows": len(wins),
+            "reference": "own fault-free steps" if int((~in_any).sum()) >= MIN_REF or reference is None
+            else str(reference), "reference_steps": int((~in_any).sum())}
+
+
+def _reference(sm: StepMeasures, ref_mask: np.ndarray, reference: str | Path | None):
+    """A function (kind, families) → (p99, median) in ns over the reference steps."""
+    src, mask = sm, ref_mask
+    if int(ref_mask.sum()) < MIN_REF and reference is not None and Path(reference, "steps.parquet").is_file():
+        src = StepMeasures(reference)
+        mask = np.ones(len(src.step_id), bool)
+
+    def ref(kind: str, fams: list[str] | None) -> tuple[float, float]:
+        if kind == "step":
+            v = src.duration[mask].astype(float)
+        elif kind == "comm":
+            v = src.comm[mask]
+        else:
+            v = src.family_columns(list(fams or []))[mask]
+        return _pct(v, Q), _pct(v, 50)
+
+    ref.src, ref.mask = src, mask  # type: ignore[attr-defined]
+    return ref
+
+
+def _measured_locator(sm: StepMeasures, s: int, ref: Any) -> list[str]:
+    src, mask = ref.src, ref.mask
+    out = []
+    for f in sm.families.astype(str):
+        if f.split(" ", 1)[0] not in MEASURED_LAYERS:
+            continue
+        v = sm.fam_time[s, sm.fam_index[f]]
+        j = src.fam_index.get(f)
+        rv = src.fam_time[mask, j] if j is not None else np.zeros(0)
+        p99 = _pct(rv, Q) if len(rv) else 0.0
+        med = _pct(rv, 50) if len(rv) else 0.0
+        if v > p99 and v > 0:
+            out.append((v - med, f))
+    out.sort(reverse=True)
+    return [f for _, f in out[:3]]
+
+
+def explanation(m: Any, fault: dict[str, Any], w: dict[str, Any], loc: list[str], layer: str, val_ms: float,
+                p99_ms: float, med_ms: float, step_num: int, rank: int) -> str:
+    """One or two sentences: fault type, evidence (operators, layer, numbers), cause."""
+    what = {"targets": "the targeted operators took", "comm": "communication took",
+            "step": "the step took", "admission": "the step took"}[m.evidence]
+    ops = ", ".join(loc) if loc else "the whole step"
+    mag = fault.get("magnitude", w.get("magnitude"))
+    return (f"{CATEGORY_TITLES.get(m.category, m.category)} fault ({m.name}) in step {step_num} on rank {rank}: "
+            f"evidence {ops} (layer {layer or 'STEP'}); {what} {val_ms:.2f} ms against a fault-free p99 of "
+            f"{p99_ms:.2f} ms (median {med_ms:.2f} ms). Cause: {m.cause} (magnitude {mag:g}: {m.knob}).")
+
+
+def read_step_labels(run: str | Path) -> pa.Table | None:
+    rd = RunDir(run)
+    return rd.read_table("step_labels") if rd.has_table("step_labels") else None
+
+
+def load_labels(run: str | Path) -> dict[str, Any] | None:
+    p = Path(run) / "labels.json"
+    return json.loads(p.read_text()) if p.is_file() else None

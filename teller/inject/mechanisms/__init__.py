@@ -1,0 +1,113 @@
+"""The mechanism registry: one class per mechanism, grouped by category in one file each.
+
+A mechanism states its ``category`` (one of :data:`teller.inject.CATEGORIES`), its magnitude
+knob (``knob``: what the number means, with its unit, and ``default_magnitude``), the operators
+it targets (``targets``: the operator locator written into the labels; ``*MLP`` style suffixes
+are resolved to the classes actually hit), how its effect is measured (``evidence``), where it
+acts (``where``: ``in_process`` through hooks in the engine process, ``co_located`` as separate
+processes beside the engine, ``workload`` through the workload's own configuration) and what it
+needs (:meth:`Mechanism.unavailable` says why it cannot run here, or None).
+
+The agent (:mod:`teller.inject.agent`) calls :meth:`install` once per engine process, then
+:meth:`start` / :meth:`stop` at the window's edges. Per-call mechanisms check
+``agent.active(fault)`` inside their hooks, so outside their window they cost one dict lookup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from typing import Any
+
+#: evidence kinds: which part of a step the labeller measures
+EVIDENCE = ("targets", "step", "comm", "admission")
+WHERE = ("in_process", "co_located", "workload")
+
+
+class Mechanism:
+    """Base class; subclasses set the class attributes and override the hooks they need."""
+
+    name = "base"
+    category = ""
+    knob = ""
+    default_magnitude: float = 1.0
+    targets: tuple[str, ...] = ()
+    evidence = "step"
+    where = "in_process"
+    needs: tuple[str, ...] = ()  # subset of: gpu, root, tp, transformers_cb
+    #: what the CPU run does instead when the GPU original cannot run (None: GPU only)
+    cpu_analogue: str | None = None
+    cause = ""
+
+    # ---- where it can run --------------------------------------------------------------------
+    def unavailable(self, ctx: dict[str, Any]) -> str | None:
+        """Why this mechanism cannot run in ``ctx`` (device, gpu, tp, workload, root), or None."""
+        if "gpu" in self.needs and not ctx.get("gpu"):
+            return f"{self.name} needs a CUDA GPU (none visible here)" + (
+                f"; on the CPU it runs as: {self.cpu_analogue}" if self.cpu_analogue else "")
+        if "tp" in self.needs and int(ctx.get("tp", 1)) < 2:
+            return f"{self.name} needs the tensor-parallel workload (workload.tp >= 2)"
+        if "transformers_cb" in self.needs and ctx.get("workload") not in ("serve", None):
+            return f"{self.name} hooks transformers continuous batching; the {ctx.get('workload')} workload has none"
+        if "root" in self.needs and os.geteuid() != 0:
+            return f"{self.name} needs root (network namespaces, tc)"
+        return None
+
+    def implementation(self, ctx: dict[str, Any]) -> str:
+        """Which variant runs in ``ctx`` (the GPU original or the CPU analogue)."""
+        if self.cpu_analogue and not ctx.get("gpu_device"):
+            return "cpu-analogue: " + self.cpu_analogue
+        return "native"
+
+    def workload_args(self, fault: dict[str, Any]) -> list[str]:
+        """Extra workload command-line arguments (``where == "workload"``)."""
+        return []
+
+    # ---- in the engine process (agent side) -------------------------------------------------
+    def install(self, agent: Any, fault: dict[str, Any]) -> None:
+        """Register hooks (post-import); called once when the agent loads."""
+
+    def start(self, agent: Any, fault: dict[str, Any]) -> None:
+        """The window opens."""
+
+    def stop(self, agent: Any, fault: dict[str, Any]) -> None:
+        """The window closes (also at exit when still open)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "category": self.category, "knob": self.knob,
+                "default_magnitude": self.default_magnitude, "targets": list(self.targets),
+                "evidence": self.evidence, "where": self.where, "needs": list(self.needs),
+                "cpu_analogue": self.cpu_analogue, "cause": self.cause}
+
+
+_MODULES = ("memory", "kernel", "runtime_driver", "communication", "scheduling")
+_REGISTRY: dict[str, Mechanism] | None = None
+
+
+def registry() -> dict[str, Mechanism]:
+    """name → mechanism instance, for every mechanism of every category."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        reg: dict[str, Mechanism] = {}
+        for m in _MODULES:
+            mod = importlib.import_module(f"teller.inject.mechanisms.{m}")
+            for cls in getattr(mod, "MECHANISMS", ()):
+                inst = cls()
+                reg[inst.name] = inst
+        _REGISTRY = reg
+    return _REGISTRY
+
+
+def get(name: str) -> Mechanism:
+    return registry()[name]
+
+
+def netns_unavailable() -> str | None:
+    """Why ``tc netem`` in network namespaces cannot be used here, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"{tool} (iproute2) not installed"
+    return None

@@ -1,0 +1,94 @@
+"""scheduling/software: GIL contention, delayed admission, a stalled scheduler step."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from teller.inject.mechanisms import Mechanism
+
+
+class GilContention(Mechanism):
+    name = "gil_contention"
+    category = "scheduling"
+    knob = "busy pure-Python threads in the engine process (count)"
+    default_magnitude = 1.0
+    targets = ()
+    evidence = "step"
+    cause = "a busy Python thread in the engine process holds the GIL, so the engine's host code waits for it"
+
+    def start(self, agent: Any, fault: dict[str, Any]) -> None:
+        stop = threading.Event()
+        agent.windows[fault["id"]]["extra"]["threads"] = int(fault["magnitude"])
+
+        def spin() -> None:
+            x = 0
+            while not stop.is_set():
+                for _ in range(1000):
+                    x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+
+        fault["_stop"] = stop
+        for i in range(max(1, int(fault["magnitude"]))):
+            threading.Thread(target=spin, name=f"teller-gil-{i}", daemon=True).start()
+        agent.count(fault, 1)
+
+    def stop(self, agent: Any, fault: dict[str, Any]) -> None:
+        ev = fault.pop("_stop", None)
+        if ev is not None:
+            ev.set()
+
+
+CB = "transformers.generation.continuous_batching.continuous_api"
+
+
+class DelayedAdmission(Mechanism):
+    name = "delayed_admission"
+    category = "scheduling"
+    knob = "delay between a request's arrival and its admission to the engine (ms)"
+    default_magnitude = 50.0
+    targets = ("OTHER schedule",)
+    evidence = "admission"
+    needs = ("transformers_cb",)
+    cause = "requests are admitted late (a slow admission path), so their first step comes late and batches shrink"
+
+    def install(self, agent: Any, fault: dict[str, Any]) -> None:
+        delay = float(fault["magnitude"]) / 1e3
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if not agent.active(fault):
+                return wrapped(*args, **kwargs)
+            rid = kwargs.get("request_id")
+            reqs = agent.windows[fault["id"]]["extra"].setdefault("requests", [])
+            if rid is not None and len(reqs) < 10000:
+                reqs.append(str(rid))
+            agent.count(fault, 1, "OTHER schedule")
+            threading.Timer(delay, lambda: wrapped(*args, **kwargs)).start()
+            return rid
+
+        agent.wrap(CB, "ContinuousBatchingManager.add_request", wrapper)
+
+
+class SchedulerStall(Mechanism):
+    name = "scheduler_stall"
+    category = "scheduling"
+    knob = "stall of the engine's batch bookkeeping per step (ms, sleeping: the GIL is released)"
+    default_magnitude = 3.0
+    targets = ("STEP",)
+    evidence = "step"
+    needs = ("transformers_cb",)
+    cause = "the scheduler's per-step bookkeeping stalls before update_batch, idling the step"
+
+    def install(self, agent: Any, fault: dict[str, Any]) -> None:
+        delay = float(fault["magnitude"]) / 1e3
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if agent.active(fault):
+                time.sleep(delay)
+                agent.count(fault, 1, "STEP")
+            return wrapped(*args, **kwargs)
+
+        agent.wrap(CB, "ContinuousBatchProcessor.update_batch", wrapper)
+
+
+MECHANISMS = (GilContention, DelayedAdmission, SchedulerStall)
