@@ -1,0 +1,255 @@
+"""Numeric candidate localization (DESIGN.md §6): features, the per-family GMM, step scores.
+
+- :mod:`.features`: operator instances and their feature vectors φ(x) from ``forest.parquet``,
+  and the step each instance belongs to;
+- :mod:`.gmm`: :class:`GMMLocalizer`, the scikit-learn-style estimator (fit on reference runs,
+  a(x) = 1 − ρ(x), family suspiciousness, one ``.npz`` artefact);
+- here: :func:`fit_localizer` (reference runs → fitted estimator) and :func:`localize` (a run's
+  instances → step scores, candidate families Õ_s and suspicious instances I_s with evidence).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.errors import TellerError
+from teller.localize.features import FEATURES, Instances, RunFeatures, run_features
+from teller.localize.gmm import GMMLocalizer, StepScores
+
+__all__ = ["GMMLocalizer", "fit_localizer", "localize", "Localization", "FEATURES", "run_features"]
+
+#: Per-feature |z| at or above which a feature is named as evidence.
+EVIDENCE_Z = 2.0
+#: Features named per suspect at most.
+EVIDENCE_MAX = 4
+#: Instances named per (step, family) raised by the shift test alone.
+COLLECTIVE_SUSPECTS = 3
+
+
+def no_reference_error(run: str | os.PathLike | None = None) -> TellerError:
+    """The error for a diagnosis without reference data, naming the commands that make some."""
+    target = f" {run}" if run else " RUN"
+    return TellerError(
+        "no reference data: the numeric stage compares a run with normal operation. Record a reference run "
+        "(e.g. `teller record -o REF -- CMD`, or `teller ingest TRACE -o REF`), then `teller reconstruct REF` and "
+        f"`teller diagnose{target} --reference REF`, or fit once with `teller localize fit REF -o localizer.npz` "
+        f"and pass `--localizer localizer.npz`"
+    )
+
+
+def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: int | None = None,
+                  layers: tuple[str, ...] | None = None, **params: Any) -> GMMLocalizer:
+    """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``.
+
+    ``extra_`` of the result records the reference runs, instance layers and how many of the
+    reference's own steps the fitted model flags (its in-sample false-positive rate)."""
+    if not runs:
+        raise no_reference_error()
+    feats = [r if isinstance(r, RunFeatures) else run_features(r, window_ns=window_ns, layers=layers) for r in runs]
+    if layers is None:
+        # all reference runs must use the same instance layers; FE/BE/COMM wins when any has them
+        lays = {tuple(f.instances.layers) for f in feats}
+        if len(lays) > 1:
+            layers = ("FE", "BE", "COMM")
+            feats = [run_features(f.path, window_ns=window_ns, layers=layers) for f in feats]
+    X_parts, fam_parts, grp_parts = [], [], []
+    offset = 0
+    for f in feats:
+        keep = f.instances.step >= 0
+        X_parts.append(f.instances.X[keep])
+        fam_parts.append(f.instances.family_of()[keep])
+        grp_parts.append(f.instances.step[keep] + offset)  # steps of different runs stay apart
+        offset += f.steps.n
+    X = np.concatenate(X_parts) if X_parts else np.zeros((0, len(FEATURES)))
+    fam = np.concatenate(fam_parts) if fam_parts else np.zeros(0, object)
+    groups = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.int64)
+    if not len(X):
+        raise TellerError(
+            f"reference run(s) {', '.join(str(f.path) for f in feats)} hold no operator instances inside steps; "
+            "record a reference with hook ranges (`teller record -o REF -- CMD`) and run `teller reconstruct REF`"
+        )
+    est = GMMLocalizer(**params).fit(X, families=fam, groups=groups)
+    flagged = total = 0
+    for f in feats:
+        loc = localize(est, f.instances)
+        flagged += int(loc.steps.flag.sum())
+        total += len(loc.steps.steps)
+    est.extra_ = {
+        "reference_runs": [str(f.path) for f in feats],
+        "instance_layers": list(feats[0].instances.layers),
+        "reference_instances": int(len(X)),
+        "reference_steps": total,
+        "reference_steps_flagged": flagged,
+        "step_rules": sorted({f.steps.rule for f in feats}),
+    }
+    return est
+
+
+@dataclass
+class StepResult:
+    """Localization of one flagged step."""
+
+    step: int
+    candidates: list[dict[str, Any]]  # family, suspiciousness, instances, unseen
+    suspects: np.ndarray  # instance indices, most suspicious first
+    explained: dict[int, int] = field(default_factory=dict)  # explained instance → explaining one
+
+
+@dataclass
+class Localization:
+    """Output of :func:`localize`: per-instance scores, per-step scores and per flagged step the
+    candidate families and suspects."""
+
+    a: np.ndarray
+    m2: np.ndarray
+    unseen: np.ndarray
+    z: np.ndarray
+    component: np.ndarray
+    steps: StepScores
+    flagged: dict[int, StepResult]
+    summary: dict[str, Any]
+    collective: np.ndarray  # suspects standing for a family raised by the shift test alone
+
+
+def localize(est: GMMLocalizer, inst: Instances) -> Localization:
+    """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
+    fam_names = inst.family_of()
+    det = est.details(inst.X, fam_names)
+    a = det["a"]
+    ss = est.score_steps(a, inst.family, inst.step, det["z"], det["family"])
+    flagged_steps = ss.steps[ss.flag]
+    # candidate (step, family) pairs
+    is_flag_step = np.zeros(int(inst.step.max(initial=-1)) + 2, bool)
+    is_flag_step[flagged_steps] = True
+    cand_pair = (ss.sf_susp >= est.family_threshold) & is_flag_step[ss.sf_step]
+    pair_key = ss.sf_step * (len(inst.families) + 1) + ss.sf_family
+    inst_key = inst.step * (len(inst.families) + 1) + inst.family
+    in_cand = np.isin(inst_key, pair_key[cand_pair]) & (inst.step >= 0)
+    # S0: suspicious instances of flagged steps (any family)
+    s0 = (a >= est.instance_threshold) & (inst.step >= 0) & is_flag_step[np.maximum(inst.step, 0)] & (inst.step >= 0)
+    # candidate families raised by the shift test may have no single instance above the threshold:
+    # their most deviating instances (up to COLLECTIVE_SUSPECTS per step) stand for the family
+    coll = np.flatnonzero(in_cand & ~np.isin(inst_key, inst_key[s0]))
+    collective = np.zeros(inst.n, bool)
+    if len(coll):
+        o = np.lexsort((-np.nan_to_num(det["m2"][coll], nan=-np.inf), inst_key[coll]))
+        k = inst_key[coll][o]
+        first = np.r_[True, k[1:] != k[:-1]]
+        rank = np.arange(len(k)) - np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))
+        collective[coll[o][rank < COLLECTIVE_SUSPECTS]] = True
+    S = s0 | collective
+    # explain-away: walk up the instance-ancestor chains from every instance of S
+    has_desc = np.zeros(inst.n, bool)
+    explainer = np.full(inst.n, -1, np.int64)
+    explains_cand = np.zeros(inst.n, bool)
+    start = np.flatnonzero(S)
+    cur = inst.parent[start]
+    while True:
+        live = cur >= 0
+        if not live.any():
+            break
+        st, cu = start[live], cur[live]
+        hit = S[cu]
+        has_desc[cu[hit]] = True
+        first = hit & (explainer[cu] < 0)
+        explainer[cu[first]] = st[first]
+        explains_cand[st[hit & in_cand[cu]]] = True
+        cur = np.where(live, inst.parent[np.maximum(cur, 0)], -1)
+    z = det["z"]
+    self_col = list(est.feature_names_in_).index("self_ns") if "self_ns" in list(est.feature_names_in_) else None
+    own = np.abs(np.nan_to_num(z[:, self_col])) >= est.own_z if self_col is not None else np.zeros(inst.n, bool)
+    explained = S & has_desc & ~own
+    suspect = S & ~explained & (in_cand | explains_cand)
+    # per flagged step: candidates and suspects (loop over flagged steps; arrays inside)
+    flagged: dict[int, StepResult] = {}
+    order = np.lexsort((-np.nan_to_num(det["m2"], nan=np.inf), -a, inst.step))
+    sus_sorted = order[suspect[order]]
+    sus_steps = inst.step[sus_sorted]
+    exp_idx = np.flatnonzero(explained)
+    exp_steps = inst.step[exp_idx]
+    pair_pos = {(int(s), int(f)): i for i, (s, f) in enumerate(zip(ss.sf_step.tolist(), ss.sf_family.tolist(), strict=True))}
+    for s in flagged_steps.tolist():
+        lo, hi = np.searchsorted(sus_steps, [s, s + 1])
+        sus = sus_sorted[lo:hi]
+        fams: dict[int, float] = {}
+        for i in sus.tolist():  # suspects per step: at most a few dozen
+            fams.setdefault(int(inst.family[i]), 0.0)
+        cands = []
+        for fcode in fams:
+            p = pair_pos.get((s, fcode))
+            susp = float(ss.sf_susp[p]) if p is not None else float("nan")
+            cnt = int(ss.sf_count[p]) if p is not None else 0
+            best_a = float(a[sus[inst.family[sus] == fcode]].max())
+            shift = float(ss.sf_shift[p]) if p is not None else 0.0
+            cands.append({"family": inst.families[fcode], "code": fcode, "suspiciousness": susp, "shift": shift, "instances": cnt,
+                          "max_a": best_a, "unseen": bool(det["unseen"][sus[inst.family[sus] == fcode][0]])})
+        cands.sort(key=lambda c: (-np.nan_to_num(c["suspiciousness"]), -c["max_a"]))
+        cands = cands[: est.max_candidates]
+        keep_fams = {c["code"] for c in cands}
+        sus = sus[np.isin(inst.family[sus], list(keep_fams))][: est.max_suspects]
+        e = exp_idx[exp_steps == s]
+        flagged[s] = StepResult(s, cands, sus, {int(i): int(explainer[i]) for i in e.tolist()})
+    n_unseen = int(det["unseen"].sum())
+    summary = {
+        "instances_scored": int(inst.n),
+        "instances_in_steps": int((inst.step >= 0).sum()),
+        "unseen_instances": n_unseen,
+        "unseen_families": sorted({str(x) for x in fam_names[det["unseen"]]}),
+        "nan_feature_values": int(np.isnan(inst.X).sum() + (~np.isfinite(inst.X) & ~np.isnan(inst.X)).sum()),
+        "steps_scored": int(len(ss.steps)),
+        "steps_flagged": int(ss.flag.sum()),
+        "suspicious_instances": int(s0.sum()),
+        "explained_away": int(explained.sum()),
+        "collective_suspects": int(collective.sum()),
+    }
+    return Localization(a, det["m2"], det["unseen"], z, det["component"], ss, flagged, summary, collective)
+
+
+def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndarray) -> list[list[dict[str, Any]]]:
+    """For instances ``idx``: the features that deviate most from the reference (|z| ≥
+    :data:`EVIDENCE_Z`, at most :data:`EVIDENCE_MAX`, else the single largest), each with the
+    value, the reference's typical value (centre of the nearest central component), the ratio
+    and z (in that component's standard deviations)."""
+    if not len(idx):
+        return []
+    fam = inst.family_of()[idx]
+    ref = est.reference_value(fam, loc.component[idx])
+    X = inst.X[idx]
+    Z = loc.z[idx]
+    names = list(est.feature_names_in_)
+    out = []
+    for j in range(len(idx)):  # suspects only
+        if loc.unseen[idx[j]]:
+            out.append([{"feature": "family", "note": "operator family not seen in the reference"}])
+            continue
+        zj = np.nan_to_num(Z[j], nan=0.0)
+        # one-sided scores are driven by excesses only: name those (else the largest deviation)
+        key = zj if est.one_sided and (zj > 0).any() else np.abs(zj)
+        order = np.argsort(-key, kind="stable")
+        sel = [k for k in order[:EVIDENCE_MAX] if key[k] >= EVIDENCE_Z] or [int(order[0])]
+        items = []
+        for k in sel:
+            v, r = float(X[j, k]), float(ref[j, k])
+            items.append({"feature": str(names[k]), "value": v, "reference": r,
+                          "ratio": (v / r) if r > 0 else None, "z": float(zj[k])})
+        out.append(items)
+    return out
+
+
+def load_or_fit(reference: list[str | os.PathLike] | None, localizer: str | os.PathLike | None,
+                window_ns: int | None = None, run: str | os.PathLike | None = None,
+                **params: Any) -> tuple[GMMLocalizer, str]:
+    """The estimator from ``--localizer`` or fitted on ``--reference`` runs, and a description."""
+    if localizer is not None and reference:
+        raise TellerError("give either --reference RUN... or --localizer PATH, not both")
+    if localizer is not None:
+        return GMMLocalizer.load(localizer), f"localizer {localizer}"
+    if not reference:
+        raise no_reference_error(run)
+    est = fit_localizer([Path(r) for r in reference], window_ns=window_ns, **params)
+    return est, "reference " + ", ".join(str(r) for r in reference)

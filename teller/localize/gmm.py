@@ -1,0 +1,521 @@
+"""The numeric localizer (DESIGN.md §6): one Gaussian mixture per operator family.
+
+``GMMLocalizer`` follows scikit-learn's estimator conventions: hyper-parameters in ``__init__``,
+``fit`` returns ``self``, learned state in attributes ending with ``_``, ``score_samples`` and
+``predict`` on new data. Inputs are a feature matrix ``X`` (rows = operator instances, columns =
+:data:`teller.localize.features.FEATURES`) and, as a keyword, each row's operator ``families``.
+
+Fitting, per family f (reference runs: normal operation):
+
+1. z = (log(1 + max(x, 0)) − median_f) / scale_f, with scale_f = max(IQR_f / 1.349, ``min_scale``)
+   per feature (robust standardization; the floor keeps constant features usable: in log space a
+   change of ``min_scale`` is one unit).
+2. A diagonal-covariance ``GaussianMixture`` with 1..``max_components`` components, the number
+   chosen by BIC (families with fewer than ``min_family_size`` instances get one component at the
+   mean). Component variances are floored so that no component is narrower than ``min_scale``
+   in log space (a family whose feature never varied still gives a finite, meaningful distance).
+3. Central components: those with weight ≥ ``min_central_weight`` (always the heaviest one).
+   Rare modes of the reference (warm-up, hiccups) are thereby treated as suspicious.
+4. The outlier radius T_f: the larger of the χ² quantile at 1 − ``tail`` (degrees of freedom =
+   features that vary) and the empirical 1 − ``tail`` quantile of the reference instances'
+   squared Mahalanobis distance to their nearest central component. With ``calibration=
+   "crossfit"`` (default) the held-out distances count as well: the reference steps are split in
+   two folds (even and odd steps) and each fold is measured against a mixture fitted on the
+   other, so T_f also reflects new data, not only the data the mixture has already seen.
+
+Scoring an instance x of family f:
+
+- r_k(x): posterior responsibility of component k; m²_k(x): squared Mahalanobis distance;
+- g_k(x) = 1 / (1 + exp((m²_k − T_f) / 2)): the posterior of "inside k" against a flat
+  background that matches component k's density at distance T_f (the exp(−m²/2) of a Gaussian
+  against a constant: this is why the width is 2);
+- ρ(x) = Σ_{k central} r_k(x) · g_k(x), the posterior mass on the central components, and the
+  anomaly score **a(x) = 1 − ρ(x)** ∈ [0, 1].
+
+NaN features are marginalized (left out of the distances and densities). Instances of a family
+never seen in the reference get ``a = unseen_score`` and are reported as unseen.
+
+Step level: the suspiciousness of family f in step s is the mean of a(x) over the least-confident
+``quantile`` of f's instances in s (the top ⌈quantile·n⌉ scores, at least one); the step score is
+the largest family suspiciousness, and a step is flagged when it reaches ``step_threshold``. The
+candidate families Õ_s are the families at or above ``family_threshold`` (at most
+``max_candidates``); the suspicious instances I_s are their instances with a(x) ≥
+``instance_threshold``, minus those *explained away* by a suspicious descendant instance (an FE
+module is slow because an op inside it is slow) unless their own self time deviates by at least
+``own_z`` standard deviations; at most ``max_suspects`` per step.
+
+Artefact: ``save(path)`` writes one ``.npz`` file (arrays plus a JSON header, no pickled objects);
+``GMMLocalizer.load(path)`` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import expit
+from scipy.stats import chi2
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.mixture import GaussianMixture
+
+from teller import __version__
+from teller.errors import TellerError
+from teller.localize.features import FEATURES
+
+ARTEFACT_KIND = "teller.localize.GMMLocalizer"
+ARTEFACT_VERSION = 1
+_LOG2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class StepScores:
+    """Step-level output of :meth:`GMMLocalizer.score_steps`, all arrays."""
+
+    steps: np.ndarray  # step indices (sorted, unique) that have instances
+    score: np.ndarray  # per step: max family suspiciousness
+    flag: np.ndarray  # per step: score >= step_threshold
+    top_family: np.ndarray  # per step: family code of the max (-1 none)
+    # (step, family) table
+    sf_step: np.ndarray
+    sf_family: np.ndarray
+    sf_susp: np.ndarray
+    sf_count: np.ndarray
+    sf_shift: np.ndarray  # the family-shift part of the suspiciousness (0 when not tested)
+
+
+class GMMLocalizer(BaseEstimator):
+    """Per-family Gaussian-mixture anomaly scores a(x) = 1 − ρ(x) (module docstring)."""
+
+    def __init__(
+        self,
+        max_components: int = 4,
+        min_scale: float = 0.05,
+        count_scale: float = 0.25,
+        tail: float = 1e-4,
+        one_sided: bool = True,
+        shift_test: bool = True,
+        shift_margin: float = 1.25,
+        calibration: str = "crossfit",
+        min_central_weight: float = 0.005,
+        quantile: float = 0.1,
+        step_threshold: float = 0.5,
+        family_threshold: float = 0.5,
+        instance_threshold: float = 0.5,
+        own_z: float = 3.0,
+        max_candidates: int = 5,
+        max_suspects: int = 10,
+        unseen_score: float = 1.0,
+        min_family_size: int = 8,
+        max_fit_samples: int = 20000,
+        reg_covar: float = 1e-4,
+        random_state: int = 0,
+    ):
+        self.max_components = max_components
+        self.min_scale = min_scale
+        self.count_scale = count_scale
+        self.tail = tail
+        self.one_sided = one_sided
+        self.shift_test = shift_test
+        self.shift_margin = shift_margin
+        self.calibration = calibration
+        self.min_central_weight = min_central_weight
+        self.quantile = quantile
+        self.step_threshold = step_threshold
+        self.family_threshold = family_threshold
+        self.instance_threshold = instance_threshold
+        self.own_z = own_z
+        self.max_candidates = max_candidates
+        self.max_suspects = max_suspects
+        self.unseen_score = unseen_score
+        self.min_family_size = min_family_size
+        self.max_fit_samples = max_fit_samples
+        self.reg_covar = reg_covar
+        self.random_state = random_state
+
+    # ---------------------------------------------------------------------------------------
+    # fitting
+
+    def fit(self, X: np.ndarray, y: Any = None, *, families: np.ndarray, groups: np.ndarray | None = None,
+            feature_names: tuple[str, ...] = FEATURES) -> "GMMLocalizer":
+        """Fit one mixture per family on reference instances ``X`` (n × d) of ``families`` (n,);
+        ``groups`` (the step of each instance) keeps a step's instances in one calibration fold
+        and calibrates the family shift test."""
+        X = np.asarray(X, dtype=np.float64)
+        fam = np.asarray(families).astype(str)
+        if X.ndim != 2 or len(X) != len(fam):
+            raise ValueError(f"X must be (n, d) with one family per row; got X {X.shape}, families {fam.shape}")
+        if len(X) == 0:
+            raise TellerError("no operator instances in the reference data: the reference runs hold no FE/BE/COMM "
+                              "(or RT/DRV) nodes inside steps; record a reference with `teller record -o REF -- CMD` "
+                              "and `teller reconstruct REF`")
+        if self.calibration not in ("crossfit", "in-sample"):
+            raise ValueError("calibration must be 'crossfit' or 'in-sample'")
+        d = X.shape[1]
+        names, inv = np.unique(fam, return_inverse=True)
+        inv = inv.reshape(-1)
+        F, K = len(names), max(int(self.max_components), 1)
+        self.families_ = names
+        self.feature_names_in_ = np.asarray(feature_names[:d] if len(feature_names) >= d else [f"x{i}" for i in range(d)])
+        self.n_features_in_ = d
+        self.median_ = np.zeros((F, d))
+        self.scale_ = np.ones((F, d))
+        self.weights_ = np.zeros((F, K))
+        self.means_ = np.zeros((F, K, d))
+        self.covariances_ = np.ones((F, K, d))
+        self.central_ = np.zeros((F, K), bool)
+        self.n_components_ = np.zeros(F, np.int64)
+        self.n_samples_ = np.bincount(inv, minlength=F).astype(np.int64)
+        self.radius_ = np.zeros(F)
+        self.shift_radius_ = np.zeros(F)
+        self.varying_ = np.zeros(F, np.int64)
+        self.nan_values_ = 0
+        rng = np.random.default_rng(self.random_state)
+        g = None if groups is None else np.asarray(groups).astype(np.int64)
+        fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
+        z_cal = np.full((len(X), d), np.nan)  # held-out deviations of every reference instance
+        order = np.argsort(inv, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
+        for f in range(F):  # one loop turn per family (tens to hundreds)
+            idx = order[bounds[f]:bounds[f + 1]]
+            z_cal[idx] = self._fit_family(f, X[idx], fold[idx], rng)
+        # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
+        self.shift_radius_ = chi2.isf(self.tail, np.maximum(self.varying_, 1)).astype(np.float64)
+        if self.shift_test and g is not None:
+            ok = g >= 0
+            _, _, sf_fam, m2s, gsize = self._shift_groups(np.zeros(int(ok.sum())), inv[ok], g[ok], z_cal[ok])
+            use = gsize >= 2
+            for f in np.unique(sf_fam[use]).tolist():  # families
+                v = m2s[use & (sf_fam == f)]
+                self.shift_radius_[f] = max(self.shift_radius_[f], float(np.quantile(v, 1 - self.tail)))
+        self.shift_radius_ *= self.shift_margin
+        return self
+
+    def _min_scale(self) -> np.ndarray:
+        """Per-feature floor of the log-space spread: ``count_scale`` for counts (names ending in
+        ``_n``: one call more or less is not an anomaly by itself), ``min_scale`` elsewhere."""
+        names = [str(x) for x in self.feature_names_in_]
+        return np.array([self.count_scale if x.endswith("_n") else self.min_scale for x in names])
+
+    def _transform_raw(self, Xf: np.ndarray) -> np.ndarray:
+        L = np.log1p(np.maximum(Xf, 0.0))
+        L[~np.isfinite(Xf)] = np.nan
+        return L
+
+    def _mixture(self, Z: np.ndarray, floor: np.ndarray, k: int | None, rng: np.random.Generator):
+        """Weights, means and floored variances of a diagonal mixture on ``Z`` (k components, or
+        1..max_components chosen by BIC when k is None)."""
+        if len(Z) > self.max_fit_samples:
+            Z = Z[rng.choice(len(Z), self.max_fit_samples, replace=False)]
+        n = len(Z)
+        if n < self.min_family_size:
+            # too few samples to trust a spread: one robust unit at least
+            return np.ones(1), Z.mean(axis=0, keepdims=True), np.maximum(np.maximum(Z.var(axis=0, keepdims=True), floor), 1.0)
+        if k is None:
+            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)))
+            ks = range(1, kmax + 1)
+        else:
+            ks = [max(1, min(k, len(np.unique(Z, axis=0))))]
+        best = None
+        for kk in ks:
+            gm = GaussianMixture(kk, covariance_type="diag", reg_covar=self.reg_covar, random_state=self.random_state,
+                                 max_iter=200, init_params="k-means++")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                gm.fit(Z)
+            bic = gm.bic(Z) if len(ks) > 1 else 0.0
+            if best is None or bic < best[0]:
+                best = (bic, gm)
+        gm = best[1]
+        return gm.weights_, gm.means_, np.maximum(gm.covariances_, floor)
+
+    def _central(self, w: np.ndarray) -> np.ndarray:
+        central = w >= self.min_central_weight
+        central[np.argmax(w)] = True
+        return central
+
+    def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Fit family f; returns the (held-out, when cross-fitting) deviations z of its rows."""
+        L = self._transform_raw(Xf)
+        nan = np.isnan(L)
+        self.nan_values_ += int(nan.sum())
+        with np.errstate(all="ignore"):
+            med = np.nanmedian(L, axis=0) if len(L) else np.zeros(L.shape[1])
+            q75, q25 = (np.nanpercentile(L, [75, 25], axis=0) if len(L) else (np.zeros(L.shape[1]),) * 2)
+            varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum()) if len(L) else 0
+        med = np.where(np.isfinite(med), med, 0.0)
+        iqr = np.where(np.isfinite(q75 - q25), q75 - q25, 0.0)
+        min_scale = self._min_scale()
+        scale = np.maximum(iqr / 1.349, min_scale)
+        self.median_[f], self.scale_[f] = med, scale
+        Z = (L - med) / scale
+        Zfit = np.where(nan, 0.0, Z)  # fit on the median where a value is missing
+        floor = (min_scale / scale) ** 2  # component variance floor, in z units
+        w, mu, var = self._mixture(Zfit, floor, None, rng)
+        k = len(w)
+        self.n_components_[f] = k
+        self.weights_[f, :k], self.means_[f, :k], self.covariances_[f, :k] = w, mu, var
+        self.central_[f, :k] = self._central(w)
+        self.varying_[f] = varying
+        # radius: the chi-square quantile, or the reference's own 1 - tail quantile of the distance
+        # to the nearest central component (held out: from a mixture fitted on the other fold)
+        own = np.full(len(Z), np.nan)
+        z = np.full(Z.shape, np.nan)
+        folds = [fold == b for b in (0, 1)]
+        crossfit = self.calibration == "crossfit" and all(m.sum() >= max(self.min_family_size, 2 * k) for m in folds)
+        parts = [(~m, m) for m in folds] if crossfit else [(np.ones(len(Z), bool), np.ones(len(Z), bool))]
+        for train, test in parts:
+            if crossfit:
+                pw, pmu, pvar = self._mixture(Zfit[train], floor, k, rng)
+            else:
+                pw, pmu, pvar = w, mu, var
+            central = self._central(pw)
+            m2, _ = self._comp_stats(Z[test], ~nan[test], pw, pmu, pvar)
+            best, z[test] = self._best_z(Z[test], ~nan[test], m2, central, pmu, pvar)
+            own[test] = m2[np.arange(len(best)), best]
+        own = own[np.isfinite(own)]
+        r_emp = float(np.quantile(own, 1 - self.tail)) if len(own) else 0.0
+        if crossfit:  # the final mixture's own distances too: it may be sharper than the folds'
+            m2, _ = self._comp_stats(Z, ~nan, w, mu, var)
+            r_emp = max(r_emp, float(np.quantile(self._best_m2(m2, self._central(w)), 1 - self.tail)))
+        self.radius_[f] = max(float(chi2.isf(self.tail, max(varying, 1))), r_emp)
+        return z
+
+    # ---------------------------------------------------------------------------------------
+    # scoring
+
+    def _comp_stats(self, Z: np.ndarray, finite: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray):
+        """Per row and component: the squared distance m²_k used by g_k (one-sided when
+        ``one_sided``: only excesses over the centre count) and log(π_k N_k) (the full, two-sided
+        Gaussian: responsibilities are the mixture's own). NaNs are marginalized."""
+        k = len(w)
+        Zc = np.where(finite, Z, 0.0)
+        fin = finite.astype(np.float64)
+        m2 = np.empty((len(Z), k))
+        logp = np.empty((len(Z), k))
+        for j in range(k):
+            diff = Zc - mu[j]
+            full = (diff ** 2 / var[j] * fin).sum(axis=1)
+            logp[:, j] = math.log(max(w[j], 1e-300)) - 0.5 * (fin @ (np.log(var[j]) + _LOG2PI)) - 0.5 * full
+            m2[:, j] = (np.maximum(diff, 0.0) ** 2 / var[j] * fin).sum(axis=1) if self.one_sided else full
+        return m2, logp
+
+    @staticmethod
+    def _best_m2(m2: np.ndarray, central: np.ndarray) -> np.ndarray:
+        return np.where(central, m2, np.inf).min(axis=1)
+
+    @staticmethod
+    def _best_z(Z: np.ndarray, finite: np.ndarray, m2: np.ndarray, central: np.ndarray, mu: np.ndarray,
+                var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Nearest central component of each row and the row's deviation from it, per feature, in
+        that component's standard deviations (NaN where the feature is missing)."""
+        m2c = np.where(central, m2, np.inf)
+        best = np.argmin(m2c, axis=1)
+        z = np.where(finite, (Z - mu[best]) / np.sqrt(var[best]), np.nan)
+        return best, z
+
+    def _components(self, f: int, Z: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k = int(self.n_components_[f])
+        return self._comp_stats(Z, finite, self.weights_[f, :k], self.means_[f, :k], self.covariances_[f, :k])
+
+    def _check(self) -> None:
+        if not hasattr(self, "families_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError("GMMLocalizer is not fitted; call fit() or GMMLocalizer.load(path)")
+
+    def family_codes(self, families: np.ndarray) -> np.ndarray:
+        """Index of each family in ``families_``; -1 for families never seen in the reference."""
+        self._check()
+        fam = np.asarray(families).astype(str)
+        pos = np.clip(np.searchsorted(self.families_, fam), 0, max(len(self.families_) - 1, 0))
+        hit = (self.families_[pos] == fam) if len(self.families_) else np.zeros(len(fam), bool)
+        return np.where(hit, pos, -1)
+
+    def details(self, X: np.ndarray, families: np.ndarray) -> dict[str, np.ndarray]:
+        """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
+        nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
+        from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
+        family median)."""
+        self._check()
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X must have {self.n_features_in_} features, got shape {X.shape}")
+        n, d = X.shape
+        codes = self.family_codes(families)
+        a = np.full(n, np.nan)
+        m2_out = np.full(n, np.nan)
+        comp = np.full(n, -1, np.int64)
+        z = np.full((n, d), np.nan)
+        z_ref = np.full((n, d), np.nan)
+        order = np.argsort(codes, kind="stable")
+        sc = codes[order]
+        bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
+        for f in range(len(self.families_)):  # loop over families, vectorized inside
+            idx = order[bounds[f + 1]:bounds[f + 2]]
+            if not len(idx):
+                continue
+            L = self._transform_raw(X[idx])
+            finite = ~np.isnan(L)
+            Z = (L - self.median_[f]) / self.scale_[f]
+            m2, logp = self._components(f, Z, finite)
+            logp -= logp.max(axis=1, keepdims=True)
+            r = np.exp(logp)
+            r /= r.sum(axis=1, keepdims=True)
+            k = int(self.n_components_[f])
+            central = self.central_[f, :k]
+            g = expit((self.radius_[f] - m2) / 2.0)
+            rho = (r * g)[:, central].sum(axis=1)
+            a[idx] = np.clip(1.0 - rho, 0.0, 1.0)
+            best, z[idx] = self._best_z(Z, finite, m2, central, self.means_[f, :k], self.covariances_[f, :k])
+            comp[idx] = best
+            m2_out[idx] = m2[np.arange(len(idx)), best]
+            z_ref[idx] = np.where(finite, Z, np.nan)
+        unseen = codes < 0
+        a[unseen] = self.unseen_score
+        return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
+
+    def score_samples(self, X: np.ndarray, families: np.ndarray) -> np.ndarray:
+        """Anomaly score a(x) = 1 − ρ(x) of every instance (``unseen_score`` for unseen families)."""
+        return self.details(X, families)["a"]
+
+    def predict(self, X: np.ndarray, families: np.ndarray) -> np.ndarray:
+        """Suspicious instances: a(x) ≥ ``instance_threshold``."""
+        return self.score_samples(X, families) >= self.instance_threshold
+
+    def reference_value(self, families: np.ndarray, component: np.ndarray) -> np.ndarray:
+        """Raw feature values at the centre of each row's component (n × d): the reference's typical value."""
+        codes = self.family_codes(families)
+        out = np.full((len(codes), self.n_features_in_), np.nan)
+        ok = (codes >= 0) & (component >= 0)
+        c, k = codes[ok], component[ok]
+        L = self.means_[c, k] * self.scale_[c] + self.median_[c]
+        out[ok] = np.expm1(L)
+        return out
+
+    def _shift_groups(self, a: np.ndarray, codes: np.ndarray, step: np.ndarray, z: np.ndarray):
+        """(step, family) groups of instances sorted by (step, family, -a): group starts, steps,
+        families, the shift statistic m²_shift and sizes. m²_shift = Σ_j max(t_j, 0)² (Σ t_j² when
+        two-sided) with t_j = Σ z_j / √n over the group's instances (their deviations from their
+        own components): n instances all a little slow add up to a large t."""
+        o = np.lexsort((-a, codes, step))
+        st, fam, zs = step[o], codes[o], z[o]
+        new = np.r_[True, (st[1:] != st[:-1]) | (fam[1:] != fam[:-1])] if len(st) else np.zeros(0, bool)
+        gstart = np.flatnonzero(new)
+        gsize = np.diff(np.r_[gstart, len(st)])
+        if not len(gstart):
+            return o, gstart, fam[gstart], np.zeros(0), gsize
+        return o, gstart, fam[gstart], self._group_m2(zs, gstart), gsize
+
+    def _group_m2(self, zs: np.ndarray, gstart: np.ndarray) -> np.ndarray:
+        """m²_shift of row groups starting at ``gstart`` (rows of ``zs`` grouped contiguously)."""
+        fin = np.isfinite(zs)
+        sums = np.add.reduceat(np.where(fin, zs, 0.0), gstart, axis=0)
+        cnt = np.add.reduceat(fin.astype(np.float64), gstart, axis=0)
+        t = sums / np.sqrt(np.maximum(cnt, 1.0))
+        return (np.maximum(t, 0.0) ** 2 if self.one_sided else t ** 2).sum(axis=1)
+
+    def score_steps(self, a: np.ndarray, family: np.ndarray, step: np.ndarray, z: np.ndarray | None = None,
+                    codes: np.ndarray | None = None) -> StepScores:
+        """Family suspiciousness per (step, family) and the step scores (vectorized).
+
+        ``family`` are integer codes of the run's families, ``step`` step indices; rows with
+        step < 0 or NaN scores are ignored. With ``z`` and ``codes`` (from :meth:`details`) and
+        ``shift_test``, a family whose instances in a step are all somewhat off also scores:
+        a_shift = 1 − expit((T_shift − m²_shift) / 2), and the family's suspiciousness is the
+        larger of that and the least-confident-quantile mean."""
+        a = np.asarray(a, dtype=np.float64)
+        ok = (step >= 0) & np.isfinite(a)
+        a, fam, st = a[ok], np.asarray(family)[ok].astype(np.int64), np.asarray(step)[ok].astype(np.int64)
+        if not len(a):
+            e = np.zeros(0, np.int64)
+            return StepScores(e, np.zeros(0), np.zeros(0, bool), e, e, e, np.zeros(0), e, np.zeros(0))
+        o = np.lexsort((-a, fam, st))
+        a, fam, st = a[o], fam[o], st[o]
+        new = np.r_[True, (st[1:] != st[:-1]) | (fam[1:] != fam[:-1])]
+        gstart = np.flatnonzero(new)
+        gsize = np.diff(np.r_[gstart, len(a)])
+        gid = np.cumsum(new) - 1
+        rank = np.arange(len(a)) - gstart[gid]
+        top = np.maximum(np.ceil(self.quantile * gsize), 1).astype(np.int64)
+        take = rank < top[gid]
+        susp = np.bincount(gid[take], weights=a[take], minlength=len(gstart)) / top
+        shift = np.zeros(len(gstart))
+        if self.shift_test and z is not None and codes is not None:
+            m2 = self._group_m2(np.asarray(z)[ok][o], gstart)
+            gc = np.asarray(codes)[ok][o][gstart]
+            use = (gsize >= 2) & (gc >= 0)
+            shift[use] = 1.0 - expit((self.shift_radius_[gc[use]] - m2[use]) / 2.0)
+            susp = np.maximum(susp, shift)
+        sf_step, sf_family = st[gstart], fam[gstart]
+        steps, first = np.unique(sf_step, return_index=True)
+        # max per step: groups are sorted by step; reduceat over the step blocks
+        score = np.maximum.reduceat(susp, first)
+        # family of the max (first family reaching it)
+        sidx = np.searchsorted(steps, sf_step)
+        is_max = susp >= score[sidx]
+        cand = np.where(is_max, np.arange(len(susp)), len(susp))
+        best = np.minimum.reduceat(cand, first)
+        return StepScores(steps, score, score >= self.step_threshold, sf_family[best], sf_step, sf_family, susp, gsize, shift)
+
+    # ---------------------------------------------------------------------------------------
+    # persistence
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the fitted model as one ``.npz`` artefact (arrays + JSON header, no pickle)."""
+        self._check()
+        header = {
+            "kind": ARTEFACT_KIND,
+            "version": ARTEFACT_VERSION,
+            "tool_version": __version__,
+            "params": self.get_params(),
+            "extra": getattr(self, "extra_", {}),
+            "nan_values": int(self.nan_values_),
+        }
+        arrays = {
+            "families": np.asarray(self.families_, dtype=str),
+            "feature_names": np.asarray(self.feature_names_in_, dtype=str),
+            "median": self.median_, "scale": self.scale_, "weights": self.weights_, "means": self.means_,
+            "covariances": self.covariances_, "central": self.central_, "n_components": self.n_components_,
+            "n_samples": self.n_samples_, "radius": self.radius_,
+            "shift_radius": self.shift_radius_, "varying": self.varying_,
+        }
+        path = os.fspath(path)
+        tmp = path + ".tmp.npz"
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, header=np.asarray(json.dumps(header)), **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "GMMLocalizer":
+        """Read an artefact written by :meth:`save`."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                header = json.loads(str(z["header"]))
+                data = {k: z[k] for k in z.files if k != "header"}
+        except FileNotFoundError:
+            raise TellerError(f"{path}: no such localizer file; make one with `teller localize fit REF_RUN... -o {path}`") from None
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            raise TellerError(f"{path}: not a localizer artefact ({e}); make one with `teller localize fit REF_RUN... -o {path}`") from e
+        if header.get("kind") != ARTEFACT_KIND:
+            raise TellerError(f"{path}: not a localizer artefact (kind {header.get('kind')!r}); make one with `teller localize fit`")
+        if header.get("version", 0) > ARTEFACT_VERSION:
+            raise TellerError(f"{path}: localizer artefact version {header['version']} is newer than this teller; upgrade teller")
+        known = cls().get_params()
+        est = cls(**{k: v for k, v in header["params"].items() if k in known})
+        est.families_ = data["families"]
+        est.feature_names_in_ = data["feature_names"]
+        est.n_features_in_ = len(est.feature_names_in_)
+        est.median_, est.scale_ = data["median"], data["scale"]
+        est.weights_, est.means_, est.covariances_ = data["weights"], data["means"], data["covariances"]
+        est.central_ = data["central"].astype(bool)
+        est.n_components_, est.n_samples_, est.radius_ = data["n_components"], data["n_samples"], data["radius"]
+        est.shift_radius_, est.varying_ = data["shift_radius"], data["varying"]
+        est.nan_values_ = int(header.get("nan_values", 0))
+        est.extra_ = header.get("extra", {})
+        return est

@@ -1,0 +1,1 @@
+"""Reports of a diagnosis: ``diagnosis.json``, the console summary and the HTML page."""

@@ -1,0 +1,164 @@
+"""`teller diagnose` end to end: the bundled example, foreign traces, planted anomalies, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from teller.errors import TellerError
+from teller.ingest import ingest
+from teller.localize.planted import (
+    Plant,
+    evaluate,
+    operator_metrics,
+    step_metrics,
+    write_planted_run,
+)
+from teller.report.cli import register
+from teller.report.diagnose import diagnose, evidence_text, print_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "h200_llama8l_cupti"
+EXT = Path(__file__).resolve().parent / "data" / "external"
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    if not EXAMPLE.is_dir():
+        pytest.skip("examples/h200_llama8l_cupti not present")
+    out = tmp_path_factory.mktemp("ex") / "run"
+    ingest(EXAMPLE, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def example_diagnosis(example, tmp_path_factory):
+    out = tmp_path_factory.mktemp("diag")
+    return diagnose(example, reference=[example], out=out, html=True), out
+
+
+def test_bundled_example_against_itself(example, example_diagnosis):
+    d, out = example_diagnosis
+    on_disk = json.loads((out / "diagnosis.json").read_text())
+    assert on_disk["format"] == "teller.diagnosis" and on_disk["steps_rule"]["rule"] == "STEP ranges"
+    assert len(on_disk["steps"]) == 20 and on_disk["summary"]["reconciled"]
+    flagged = [s for s in on_disk["steps"] if s["flag"]]
+    # judged against itself, only the two warm-up steps (lazy module loading) stand out
+    assert {s["step_num"] for s in flagged} == {0, 1}
+    forest = pq.read_table(example / "forest.parquet", columns=["node_id", "layer"])
+    ids = set(forest.column("node_id").to_pylist())
+    for s in flagged:
+        assert s["candidates"] and s["suspects"] and s["requests"]
+        sl = {n["id"] for n in s["slice"]["nodes"]}
+        assert sl <= ids
+        assert {x["node_id"] for x in s["suspects"]} <= sl
+        assert all(n["parent"] in sl or n["parent"] == -1 for n in s["slice"]["nodes"])
+        for x in s["suspects"]:
+            assert x["layer"] in ("FE", "BE", "COMM") and 0 <= x["a"] <= 1
+            for item in x["evidence"]:
+                assert {"feature", "value", "reference", "z"} <= set(item)
+                assert evidence_text(item).startswith(item["feature"])
+    # the step with lazy module loading: driver time is the evidence
+    s0 = next(s for s in flagged if s["step_num"] == 0)
+    assert any(i["feature"] == "drv_ns" and i["z"] > 10 for x in s0["suspects"] for i in x["evidence"])
+    assert all(s["score"] < 0.5 for s in on_disk["steps"] if not s["flag"])
+    assert Path(d["paths"]["html"]).is_file()
+
+
+def test_report_page_is_self_contained(example_diagnosis):
+    d, out = example_diagnosis
+    page = (out / "report.html").read_text()
+    assert "<script" in page and "<style>" in page
+    for bad in ("src=\"http", "href=\"http", "src='http", "@import", "<link"):
+        assert bad not in page
+    assert '"step_num"' in page and "</script><" not in page.split('id="diagnosis-data">')[1].split("</script>")[0]
+
+
+def test_console_summary(example_diagnosis):
+    from rich.console import Console
+
+    con = Console(record=True, width=120)
+    print_summary(example_diagnosis[0], con)
+    text = con.export_text()
+    assert "worst steps" in text and "drv_ns" in text and "flagged 2" in text
+
+
+def test_no_reference_names_the_commands(example, tmp_path):
+    with pytest.raises(TellerError) as e:
+        diagnose(example, out=tmp_path)
+    msg = str(e.value)
+    assert "--reference" in msg and "teller localize fit" in msg and "teller record" in msg
+    with pytest.raises(TellerError, match="either --reference"):
+        diagnose(example, reference=[example], localizer=tmp_path / "x.npz", out=tmp_path)
+
+
+def test_cli_fit_then_diagnose(example, tmp_path):
+    app = typer.Typer()
+    register(app)
+    runner = CliRunner()
+    art = tmp_path / "loc.npz"
+    r = runner.invoke(app, ["localize", "fit", str(example), "-o", str(art)])
+    assert r.exit_code == 0, r.output
+    assert art.is_file()
+    r = runner.invoke(app, ["diagnose", str(example), "--localizer", str(art), "-o", str(tmp_path / "o"), "--html"])
+    assert r.exit_code == 0, r.output
+    assert "worst steps" in r.output
+    d = json.loads((tmp_path / "o" / "diagnosis.json").read_text())
+    assert d["reference"] == f"localizer {art}"
+    assert {s["step_num"] for s in d["steps"] if s["flag"]} == {0, 1}
+    assert (tmp_path / "o" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("name,rule,layers", [
+    ("nsys/cupy_report3.sqlite", "fixed windows", ["RT", "DRV"]),
+    ("kineto/h200_torch211_matmul.json.gz", "profiler steps", ["FE", "BE", "COMM"]),
+    ("kineto/hta_backward_thread.json", "STEP ranges", ["FE", "BE", "COMM"]),
+])
+def test_foreign_traces(tmp_path, name, rule, layers):
+    run = tmp_path / "run"
+    ingest(EXT / name, run)
+    notes = []
+    d = diagnose(run, reference=[run], out=tmp_path / "o", note=notes.append)  # reconstructs first
+    assert any("teller reconstruct" in n for n in notes)
+    assert d["steps_rule"]["rule"] == rule and d["instance_layers"] == layers
+    assert d["summary"]["instances_in_steps"] > 0
+    assert (tmp_path / "o" / "diagnosis.json").is_file()
+
+
+def test_planted_slowdowns_are_found(tmp_path):
+    write_planted_run(tmp_path / "ref", 40_000, [], seed=1)
+    plants = [Plant("BE aten::mul", [12, 40], "host", 4.0), Plant("BE aten::silu", [70], "churn", 4.0)]
+    write_planted_run(tmp_path / "bad", 40_000, plants, seed=2)
+    labels = json.loads((tmp_path / "bad" / "labels.json").read_text())
+    assert labels["windows"] and {w["mechanism"] for w in labels["windows"]} == {"host", "churn"}
+    d = diagnose(tmp_path / "bad", reference=[tmp_path / "ref"], out=tmp_path / "o")
+    m = evaluate(d, labels)
+    # the synthetic reference and test differ in structure too (op counts per module are drawn per
+    # run), so a step or two of unusual shape may be flagged besides the planted ones
+    assert m["step"]["recall"] == 1.0 and m["step"]["fp"] <= 2
+    assert m["operator"]["macro_plus_f1"] >= 0.75
+    by_num = {s["step_num"]: s for s in d["steps"]}
+    assert by_num[12]["candidates"][0]["family"] == "BE aten::mul"
+    churn = by_num[70]
+    assert churn["candidates"][0]["family"] == "BE aten::silu"
+    # evidence of allocator churn: more runtime calls and runtime time than the reference
+    feats = {i["feature"] for x in churn["suspects"] for i in x["evidence"]}
+    assert {"rt_n", "rt_ns"} & feats
+
+
+def test_metric_definitions():
+    m = step_metrics(np.array([1, 1, 0, 0], bool), np.array([1, 0, 1, 0], bool))
+    assert (m["precision"], m["recall"], m["f1"], m["accuracy"]) == (0.5, 0.5, 0.5, 0.5)
+    o = operator_metrics([set(), {"a"}, {"a", "b"}], [set(), {"a", "c"}, set()])
+    # both empty: f = j = 1, p = r = 0; {a} vs {a,c}: p .5 r 1 f 2/3 j .5; {a,b} vs {}: all 0
+    assert o["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
+    assert o["precision"] == pytest.approx((0 + 0.5 + 0) / 3)
+    assert o["jaccard"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert o["macro_plus_f1"] == pytest.approx((2 / 3 + 0) / 2)
+    assert o["macro_plus_recall"] == pytest.approx(0.5) and o["operator_positive_steps"] == 2

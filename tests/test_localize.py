@@ -1,0 +1,368 @@
+"""Numeric localization: instance features, step rules and the per-family GMM estimator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.base import clone
+
+from teller.errors import TellerError
+from teller.localize import fit_localizer, localize
+from teller.localize.features import (
+    FEATURES,
+    ForestArrays,
+    Instances,
+    assign_steps,
+    family_names,
+    instance_features,
+)
+from teller.localize.gmm import GMMLocalizer
+
+F = {name: i for i, name in enumerate(FEATURES)}
+_KIND = {"STEP": "RANGE", "FE": "RANGE", "BE": "RANGE", "COMM": "RANGE", "OTHER": "RANGE", "RT": "RUNTIME",
+         "DRV": "DRIVER", "K": "KERNEL", "MEM": "MEMCPY", "SYNC": "SYNC"}
+
+
+def N(layer, name, s, e, *children, tid=1, stream=-1, nbytes=-1, kind=None, rank=0):
+    """A hand-built forest node (GPU nodes: a stream >= 0)."""
+    return dict(layer=layer, name=name, s=s, e=e, children=list(children), tid=-1 if stream >= 0 else tid,
+                stream=stream, nbytes=nbytes, kind=kind or _KIND[layer], rank=rank)
+
+
+def forest_table(roots, with_layout=True):
+    """Preorder forest table of nested ``N`` specs, with step_id like reconstruct writes it."""
+    rows = []
+
+    def walk(nd, parent, step, depth):
+        i = len(rows)
+        step = i if nd["layer"] == "STEP" else step
+        rows.append(dict(nd, parent=parent, step=step, depth=depth))
+        for c in nd["children"]:
+            walk(c, i, step, depth + 1)
+        rows[i]["size"] = len(rows) - i
+
+    for r in roots:
+        walk(r, -1, -1, 0)
+    n = len(rows)
+    cols = {
+        "node_id": np.arange(n), "parent_id": [r["parent"] for r in rows],
+        "layer": pa.array([r["layer"] for r in rows]).dictionary_encode(),
+        "name": pa.array([r["name"] for r in rows]).dictionary_encode(),
+        "start_ns": [r["s"] for r in rows], "end_ns": [r["e"] for r in rows], "node": [0] * n,
+        "rank": [r["rank"] for r in rows], "pid": [100 + r["rank"] for r in rows], "tid": [r["tid"] for r in rows],
+        "device": [0 if r["stream"] >= 0 else -1 for r in rows], "stream": [r["stream"] for r in rows],
+        "corr_id": [-1] * n, "step_id": [r["step"] for r in rows], "flags": [0] * n,
+        "kind": pa.array([r["kind"] for r in rows]).dictionary_encode(), "bytes": [r["nbytes"] for r in rows],
+    }
+    if with_layout:
+        cols["depth"] = [r["depth"] for r in rows]
+        cols["size"] = [r["size"] for r in rows]
+    return pa.table({k: (v if isinstance(v, pa.Array) else pa.array(np.asarray(v, np.int64))) for k, v in cols.items()})
+
+
+def sample_step():
+    return N("STEP", "STEP id=0 reqs=a", 0, 1000,
+             N("FE", "A", 10, 500,
+               N("BE", "aten::x", 20, 200,
+                 N("RT", "cudaLaunchKernel", 30, 50, N("K", "k1", 100, 160, stream=7)),
+                 N("RT", "cudaLaunchKernel", 60, 70, N("K", "k2", 150, 200, stream=8)),
+                 N("DRV", "cuMemAlloc", 80, 90)),
+               N("BE", "aten::y", 250, 300,
+                 N("RT", "cudaMemcpyAsync", 260, 280, N("MEM", "Memcpy HtoD", 270, 290, stream=7, nbytes=4096)))),
+             N("COMM", "all_reduce bytes=8192 group=tp seq=3", 600, 700,
+               N("RT", "cudaLaunchKernel", 610, 620,
+                 N("COMM", "ncclDevKernel_AllReduce", 650, 690, stream=9, nbytes=8192, kind="KERNEL")), nbytes=8192))
+
+
+def test_features_on_a_hand_built_step():
+    fa = ForestArrays.from_table(forest_table([sample_step()]))
+    assert fa.preorder
+    inst = instance_features(fa, np.zeros(fa.n, np.int64))
+    fam = list(inst.family_of())
+    # COMM nodes are instances whether host ranges or NCCL kernels
+    assert fam == ["FE A", "BE aten::x", "BE aten::y", "COMM all_reduce", "COMM ncclDevKernel_AllReduce"]
+    x, A, y, c = (inst.X[fam.index(k)] for k in ("BE aten::x", "FE A", "BE aten::y", "COMM all_reduce"))
+    assert x[F["dur_ns"]] == 180 and x[F["self_ns"]] == 140
+    assert (x[F["rt_ns"]], x[F["rt_n"]], x[F["drv_ns"]], x[F["drv_n"]]) == (30, 2, 10, 1)
+    assert (x[F["k_n"]], x[F["k_ns"]]) == (2, 110)
+    # k1 [100,160] and k2 [150,200] overlap for 10 ns each
+    assert x[F["overlap"]] == pytest.approx(20 / 110)
+    assert A[F["self_ns"]] == 490 - 180 - 50
+    assert (A[F["rt_n"]], A[F["mem_bytes"]], A[F["mem_ns"]]) == (3, 4096, 20)
+    assert y[F["k_n"]] == 0 and y[F["overlap"]] == 0
+    # the COMM range counts its bytes once, not again for the NCCL kernel below it
+    assert (c[F["comm_bytes"]], c[F["k_n"]], c[F["k_ns"]]) == (8192, 1, 40)
+    assert A[F["comm_bytes"]] == 0
+    nccl = inst.X[fam.index("COMM ncclDevKernel_AllReduce")]
+    assert (nccl[F["dur_ns"]], nccl[F["k_n"]], nccl[F["comm_bytes"]]) == (40, 1, 0)
+    # nearest instance ancestor
+    assert inst.parent[fam.index("BE aten::x")] == fam.index("FE A")
+    assert inst.parent[fam.index("FE A")] == -1
+
+
+def test_family_names_drop_parameters_and_numbers():
+    assert family_names("COMM", ["all_reduce bytes=8192 group=tp seq=3"]) == ["COMM all_reduce"]
+    assert family_names("FE", ["model.layers.3.mlp"]) == ["FE model.layers.#.mlp"]
+    assert family_names("BE", ["aten::_to_copy"]) == ["BE aten::_to_copy"]
+    assert family_names("K", ["gemm_bf16 128"]) == ["K gemm_bf16 #"]
+
+
+@st.composite
+def random_forest(draw):
+    """Random nested intervals with GPU leaves, as N specs."""
+    n_roots = draw(st.integers(1, 3))
+    counter = [0]
+
+    def build(s, e, depth):
+        counter[0] += 1
+        layer = draw(st.sampled_from(["FE", "BE", "RT", "DRV", "SYNC"] if depth else ["STEP", "FE", "BE"]))
+        kids = []
+        if depth < 4 and e - s > 20 and layer != "SYNC":
+            t = s + 1
+            for _ in range(draw(st.integers(0, 3))):
+                if e - t < 6:
+                    break
+                a = draw(st.integers(t, e - 5))
+                b = draw(st.integers(a + 1, min(a + 200, e - 1)))
+                kids.append(build(a, b, depth + 1))
+                t = b + 1
+        if layer == "RT" and draw(st.booleans()):
+            ks = draw(st.integers(s, s + 50))
+            kids.append(N("K", "kern", ks, ks + draw(st.integers(1, 80)), stream=draw(st.integers(7, 8))))
+        return N(layer, f"op{draw(st.integers(0, 2))}", s, e, *kids)
+
+    roots, t = [], 0
+    for _ in range(n_roots):
+        roots.append(build(t, t + draw(st.integers(50, 800)), 0))
+        t += 1000
+    return roots
+
+
+def _bfs(table: pa.Table) -> pa.Table:
+    """The same forest in breadth-first row order (parents still first, subtrees not contiguous)."""
+    depth = table.column("depth").to_numpy()
+    order = np.argsort(depth, kind="stable")
+    return table.take(pa.array(order)).drop(["size", "depth"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_forest())
+def test_features_do_not_depend_on_the_row_layout(roots):
+    t = forest_table(roots)
+    fa1 = ForestArrays.from_table(t)
+    fa2 = ForestArrays.from_table(_bfs(t))
+    assert fa1.preorder
+    st1, st2 = assign_steps(fa1), assign_steps(fa2)
+    i1 = instance_features(fa1, st1.step_of_row)
+    i2 = instance_features(fa2, st2.step_of_row)
+    k1 = fa1.node_id[i1.rows]
+    k2 = fa2.node_id[i2.rows]
+    o1, o2 = np.argsort(k1), np.argsort(k2)
+    assert np.array_equal(k1[o1], k2[o2])
+    np.testing.assert_allclose(i1.X[o1], i2.X[o2])
+    assert np.array_equal(i1.step[o1], i2.step[o2])
+    # subtree sizes agree with the explicit preorder sizes
+    assert np.array_equal(fa1.subtree_sums(np.ones(fa1.n, np.int64)), t.column("size").to_numpy())
+
+
+def test_step_rules_profiler_steps_and_windows():
+    prof = forest_table([N("OTHER", "ProfilerStep#7", 0, 100, N("BE", "aten::mm", 10, 20)),
+                         N("OTHER", "step:8", 200, 300, N("BE", "aten::mm", 210, 230))])
+    st = assign_steps(ForestArrays.from_table(prof))
+    assert st.rule == "profiler steps" and list(st.step_num) == [7, 8]
+    assert list(st.step_of_row) == [0, 0, 1, 1]
+    flat = forest_table([N("BE", "aten::mm", t, t + 10) for t in (0, 50, 120, 130, 990)])
+    st = assign_steps(ForestArrays.from_table(flat), window_ns=100)
+    assert st.rule == "fixed windows" and "100" not in st.detail.split("windows of")[0]
+    assert list(st.step_of_row) == [0, 0, 1, 1, 2] and list(st.step_num) == [0, 1, 9]
+
+
+def test_other_threads_join_the_step_running_at_their_start():
+    t = forest_table([N("STEP", "STEP id=0", 0, 100, N("FE", "A", 5, 10)),
+                      N("BE", "aten::mm", 50, 60, tid=2), N("BE", "aten::mm", 150, 160, tid=2)])
+    st = assign_steps(ForestArrays.from_table(t))
+    assert st.rule == "STEP ranges" and list(st.step_of_row) == [0, 0, 0, -1]
+    assert "1 root node(s) of other threads" in st.detail
+
+
+def test_a_step_rule_without_instances_gives_way():
+    t = forest_table([N("STEP", "STEP id=0", 0, 10), N("BE", "aten::mm", 50, 60, tid=2)])
+    st = assign_steps(ForestArrays.from_table(t), window_ns=1000)
+    assert st.rule == "fixed windows" and list(st.step_of_row) == [0, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# the estimator
+
+
+def _reference(rng, n=400):
+    """Two families: 'BE mm' (two modes), 'FE att' (one), 'BE const' (never varies)."""
+    d = len(FEATURES)
+    X = np.zeros((3 * n, d))
+    X[:n, F["dur_ns"]] = np.where(rng.random(n) < 0.5, 1000, 8000) * rng.lognormal(0, 0.1, n)
+    X[:n, F["k_n"]] = 1
+    X[:n, F["k_ns"]] = X[:n, F["dur_ns"]] * 0.8
+    X[n:2 * n, F["dur_ns"]] = 50000 * rng.lognormal(0, 0.1, n)
+    X[n:2 * n, F["self_ns"]] = 10000 * rng.lognormal(0, 0.1, n)
+    X[2 * n:, F["dur_ns"]] = 3000
+    X[2 * n:, F["rt_n"]] = 1
+    fam = np.array(["BE mm"] * n + ["FE att"] * n + ["BE const"] * n)
+    return X, fam
+
+
+def test_inliers_score_low_and_outliers_high():
+    rng = np.random.default_rng(0)
+    X, fam = _reference(rng)
+    est = GMMLocalizer().fit(X, families=fam)
+    Xt, ft = _reference(np.random.default_rng(1))
+    a = est.score_samples(Xt, ft)
+    assert (a < 0.5).mean() > 0.99
+    slow = Xt.copy()
+    slow[:, [F["dur_ns"], F["self_ns"], F["k_ns"]]] *= 20  # beyond the slow mode of 'BE mm' too
+    assert (est.score_samples(slow, ft) > 0.9).mean() > 0.99
+    # 5x slower puts the fast mode of 'BE mm' near its slow mode: the mixture cannot tell
+    five = Xt.copy()
+    five[:, [F["dur_ns"], F["self_ns"], F["k_ns"]]] *= 5
+    assert (est.score_samples(five, ft)[ft != "BE mm"] > 0.9).all()
+    assert set(est.families_) == {"BE mm", "FE att", "BE const"}
+    assert est.n_components_[list(est.families_).index("BE mm")] >= 2  # BIC sees both modes
+
+
+def test_one_sided_ignores_faster_instances():
+    X, fam = _reference(np.random.default_rng(0))
+    fast = X.copy()
+    fast[:, [F["dur_ns"], F["self_ns"], F["k_ns"]]] /= 20  # below every mode
+    assert (GMMLocalizer().fit(X, families=fam).score_samples(fast, fam) < 0.5).mean() > 0.99
+    assert (GMMLocalizer(one_sided=False).fit(X, families=fam).score_samples(fast, fam) > 0.9).mean() > 0.95
+
+
+def test_zero_variance_single_instance_nan_and_unseen_families():
+    X, fam = _reference(np.random.default_rng(0))
+    one = np.zeros((1, X.shape[1]))
+    one[0, F["dur_ns"]] = 777
+    Xn = np.vstack([X, one])
+    Xn[3, F["self_ns"]] = np.nan  # a missing value in the reference
+    Xn[5, F["k_ns"]] = np.inf
+    fam_n = np.append(fam, "BE lonely")
+    est = GMMLocalizer().fit(Xn, families=fam_n)
+    const = X[fam == "BE const"][:2].copy()
+    assert (est.score_samples(const, ["BE const"] * 2) < 0.01).all()
+    const[1, F["dur_ns"]] *= 2  # a family that never varied: a doubling is an anomaly
+    assert est.score_samples(const, ["BE const"] * 2)[1] > 0.99
+    lone = np.vstack([one, one * 10])
+    a = est.score_samples(lone, ["BE lonely"] * 2)
+    assert a[0] < 0.5 < 0.99 < a[1]
+    probe = X[:3].copy()
+    probe[0, :] = np.nan
+    probe[1, F["k_ns"]] = np.nan
+    det = est.details(probe, ["BE mm", "BE mm", "BE never-seen"])
+    assert np.isfinite(det["a"]).all()
+    assert det["a"][0] < 0.5  # nothing known: nothing abnormal
+    assert list(det["unseen"]) == [False, False, True]
+    assert det["a"][2] == est.unseen_score
+    assert est.nan_values_ == 2
+
+
+def test_save_load_roundtrip(tmp_path):
+    X, fam = _reference(np.random.default_rng(0))
+    est = GMMLocalizer(max_components=3, tail=1e-3).fit(X, families=fam, groups=np.arange(len(X)) // 10)
+    est.extra_ = {"instance_layers": ["FE", "BE", "COMM"]}
+    p = tmp_path / "loc.npz"
+    est.save(p)
+    back = GMMLocalizer.load(p)
+    assert back.get_params() == est.get_params()
+    assert back.extra_ == est.extra_
+    Xt, ft = _reference(np.random.default_rng(5))
+    Xt[::7, F["dur_ns"]] *= 6
+    np.testing.assert_allclose(back.score_samples(Xt, ft), est.score_samples(Xt, ft))
+    np.testing.assert_allclose(back.shift_radius_, est.shift_radius_)
+    # no pickled objects inside
+    with np.load(p, allow_pickle=False) as z:
+        assert all(z[k].dtype != object for k in z.files)
+    assert clone(est).get_params() == est.get_params()
+
+
+def test_bad_artefacts_are_refused(tmp_path):
+    with pytest.raises(TellerError, match="teller localize fit"):
+        GMMLocalizer.load(tmp_path / "missing.npz")
+    p = tmp_path / "other.npz"
+    np.savez(p, x=np.arange(3))
+    with pytest.raises(TellerError, match="not a localizer artefact"):
+        GMMLocalizer.load(p)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(TellerError):
+        GMMLocalizer.load(tmp_path / "junk.npz")
+    with pytest.raises(TellerError, match="no operator instances"):
+        GMMLocalizer().fit(np.zeros((0, len(FEATURES))), families=np.zeros(0, str))
+
+
+def test_family_suspiciousness_is_the_least_confident_quantile():
+    est = GMMLocalizer(quantile=0.1, shift_test=False)
+    a = np.array([0.9, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] + [1.0, 0.8] + [0.0] * 18 + [0.2])
+    fam = np.array([0] * 10 + [1] * 20 + [0])
+    step = np.array([0] * 30 + [1])
+    ss = est.score_steps(a, fam, step)
+    got = {(int(s), int(f)): round(float(v), 6) for s, f, v in zip(ss.sf_step, ss.sf_family, ss.sf_susp, strict=True)}
+    assert got == {(0, 0): 0.9, (0, 1): 0.9, (1, 0): 0.2}  # top ceil(0.1 n) scores: 1 of 10, 2 of 20
+    assert list(ss.steps) == [0, 1] and list(ss.flag) == [True, False]
+    assert list(ss.score) == pytest.approx([0.9, 0.2])
+
+
+def _tree_instances(X, fam, parent):
+    return Instances(np.arange(len(X)), np.unique(fam, return_inverse=True)[1].astype(np.int32),
+                     sorted(set(fam)), np.zeros(len(X), np.int64), X, np.asarray(parent), ("FE", "BE", "COMM"))
+
+
+def test_a_module_slow_because_of_its_op_is_explained_away():
+    rng = np.random.default_rng(0)
+    n = 300
+    X = np.zeros((2 * n, len(FEATURES)))
+    op = 1000 * rng.lognormal(0, 0.1, n)
+    own = 500 * rng.lognormal(0, 0.1, n)
+    X[:n, F["dur_ns"]], X[:n, F["self_ns"]] = op, op
+    X[n:, F["dur_ns"]], X[n:, F["self_ns"]] = op + own, own
+    fam = np.array(["BE op"] * n + ["FE mod"] * n)
+    est = GMMLocalizer().fit(X, families=fam)
+    # test: module 0 contains op 1 (slow); module 2 contains op 3 (normal)
+    T = np.zeros((4, len(FEATURES)))
+    T[0, [0, 1]] = [10000 + 500, 500]
+    T[1, [0, 1]] = [10000, 10000]
+    T[2, [0, 1]] = [1500, 500]
+    T[3, [0, 1]] = [1000, 1000]
+    inst = _tree_instances(T, np.array(["FE mod", "BE op", "FE mod", "BE op"]), [-1, 0, -1, 2])
+    loc = localize(est, inst)
+    assert list(loc.flagged) == [0]
+    res = loc.flagged[0]
+    assert list(res.suspects) == [1]
+    assert res.explained == {0: 1}
+    assert [c["family"] for c in res.candidates] == ["BE op"]
+    # when the module's own time is abnormal too, it stays a suspect
+    T[0, [0, 1]] = [20000, 10000]
+    loc = localize(est, _tree_instances(T, np.array(["FE mod", "BE op", "FE mod", "BE op"]), [-1, 0, -1, 2]))
+    assert sorted(loc.flagged[0].suspects.tolist()) == [0, 1]
+
+
+def test_fit_localizer_on_runs(tmp_path):
+    from teller.localize.planted import Plant, write_planted_run
+    from teller.reconstruct import reconstruct
+
+    write_planted_run(tmp_path / "ref", 30_000, [], seed=1)
+    reconstruct(tmp_path / "ref")
+    est = fit_localizer([tmp_path / "ref"])
+    assert est.extra_["reference_steps"] > 50
+    assert est.extra_["reference_steps_flagged"] <= 1
+    assert est.extra_["instance_layers"] == ["FE", "BE", "COMM"]
+    write_planted_run(tmp_path / "bad", 30_000, [Plant("BE aten::mul", [10, 20], "host", 4.0)], seed=2)
+    reconstruct(tmp_path / "bad")
+    from teller.localize.features import run_features
+
+    rf = run_features(tmp_path / "bad")
+    loc = localize(est, rf.instances)
+    flagged = {int(rf.steps.step_num[s]) for s in loc.flagged}
+    assert {10, 20} <= flagged
+    for s, res in loc.flagged.items():
+        if rf.steps.step_num[s] in (10, 20):
+            assert res.candidates[0]["family"] == "BE aten::mul"
