@@ -1,0 +1,87 @@
+"""``teller tpe train`` and ``teller tpe encode``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``tpe`` command group to the ``teller`` app."""
+    tpe = typer.Typer(no_args_is_help=True, help="Trace Pair Encoding: a structure-preserving tokenizer for call trees.")
+
+    @tpe.command("train")
+    def train_cmd(
+        corpus: List[Path] = typer.Argument(..., help="Reconstructed run directories (their steps are the training corpus)."),
+        out: Path = typer.Option(..., "-o", "--out", help="Directory for vocab.json, merges.json, tokenizer_config.json."),
+        vocab_size: int = typer.Option(..., "--vocab-size", help="Target vocabulary size (base symbols and special tokens included)."),
+        min_frequency: int = typer.Option(2, "--min-frequency", help="Stop when no pair occurs this often."),
+        seed: int = typer.Option(0, "--seed", help="Seed for --max-steps sampling."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Train on a random sample of this many steps."),
+        duration: str = typer.Option("self", "--duration", help="Duration side channel: self (span minus host children) or total (span)."),
+    ) -> None:
+        """Learn TPE merges from the steps of reconstructed runs."""
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        from teller.tpe.trainer import train
+
+        con = Console(stderr=True)
+        with Progress(TextColumn("merges"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=con, transient=True) as bar:
+            task = bar.add_task("merges", total=None)
+
+            def progress(done: int, total: int) -> None:
+                if done % 64 == 0 or done == total:
+                    bar.update(task, completed=done, total=total)
+
+            tok = train([Path(c) for c in corpus], vocab_size, min_frequency=min_frequency, seed=seed,
+                        max_sequences=max_steps, duration=duration, progress=progress)
+        tok.save(out)
+        t = tok.meta["training"]
+        red = 1 - t["tokens_after"] / t["symbols"] if t["symbols"] and t["sequences_used"] == t["sequences"] else None
+        con.print(f"[green]trained[/]: vocab_size={len(tok)}, base={tok.n_base}, merges={t['merges']}, steps={t['sequences']}, "
+                  f"symbols={t['symbols']}, distinct_steps={t['distinct_sequences']}"
+                  + (f", corpus_reduction={red:.1%}" if red is not None else "")
+                  + f", stop='{t['stop']}', seconds={t['seconds']}, out={out}")
+
+    @tpe.command("encode")
+    def encode_cmd(
+        tokenizer: Path = typer.Argument(..., help="Tokenizer directory (from `teller tpe train`)."),
+        run: Path = typer.Argument(..., help="Reconstructed run directory."),
+        out: Optional[Path] = typer.Option(None, "-o", "--out", help="Parquet file to write (default RUN/tpe.parquet)."),
+    ) -> None:
+        """Encode every step of a run: one row per step with input_ids, parent_idx, duration, depth."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from rich.console import Console
+
+        from teller.rundir import RunDir
+        from teller.tpe.tokenizer import TraceTokenizer
+
+        tok = TraceTokenizer.load(tokenizer)
+        enc = tok.encode_run(run)
+        table = enc.to_arrow().rename_columns(["step_id", *enc.to_arrow().column_names[1:]])
+        rd = RunDir(run)
+        if rd.has_table("steps"):
+            steps = rd.read_table("steps").select(["step_id", "step_num"])
+            pos = np.searchsorted(steps.column("step_id").to_numpy(), table.column("step_id").to_numpy())
+            table = table.add_column(1, "step_num", steps.column("step_num").take(pa.array(pos)))
+        dest = Path(out) if out else rd.path / "tpe.parquet"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, dest, compression="zstd")
+        n_nodes, n_tok = int(enc.n_nodes.sum()), int(enc.lengths().sum())
+        per_step = 1 - enc.lengths() / np.maximum(enc.n_nodes, 1)
+        Console(stderr=True).print(
+            f"[green]encoded[/]: steps={len(enc)}, nodes={n_nodes}, tokens={n_tok}, unknown={int(enc.n_unknown.sum())}, "
+            f"mean_step_reduction={float(per_step.mean()) if len(enc) else 0:.1%}, out={dest}")
+
+    app.add_typer(tpe, name="tpe")
