@@ -121,6 +121,10 @@ def events_table(columns: dict[str, Any], n: int | None = None) -> pa.Table:
             if arr.dtype.kind in "iu":
                 v = pa.DictionaryArray.from_arrays(arr.astype(np.int8), pa.array(KINDS))
         arrays.append(_as_type(v, f.type, f.name))
+    kinds = arrays[0].dictionary.to_pylist() if isinstance(arrays[0], pa.DictionaryArray) else []
+    unknown_kinds = set(kinds) - set(KINDS)
+    if unknown_kinds:
+        raise ValueError(f"unknown event kinds {sorted(unknown_kinds)}; expected one of {', '.join(KINDS)}")
     return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
 
 
@@ -130,7 +134,12 @@ def _as_type(v: Any, typ: pa.DataType, name: str) -> pa.Array:
     if isinstance(v, pa.Array):
         if v.type == typ:
             return v
-        if pa.types.is_dictionary(typ) and not pa.types.is_dictionary(v.type):
+        if pa.types.is_dictionary(typ):
+            if pa.types.is_dictionary(v.type):
+                try:
+                    return v.cast(typ)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass  # indices too wide for the target (e.g. a repetitive dictionary): re-encode
             return v.cast(pa.string()).dictionary_encode().cast(typ)
         return v.cast(typ)
     if pa.types.is_dictionary(typ):

@@ -52,6 +52,7 @@ class EventSink:
                 cols.setdefault(k, np.full(n, v, dtype=np.int64))
             table = events_table(cols, n)
         except Exception as e:  # a collector bug must not reach the engine
+            self.dropped_rows += len(columns.get("start_ns", ()))
             self._error(f"append: {type(e).__name__}: {e}")
             return
         with self._lock:
