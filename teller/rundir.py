@@ -121,7 +121,8 @@ def events_table(columns: dict[str, Any], n: int | None = None) -> pa.Table:
             if arr.dtype.kind in "iu":
                 v = pa.DictionaryArray.from_arrays(arr.astype(np.int8), pa.array(KINDS))
         arrays.append(_as_type(v, f.type, f.name))
-    kinds = arrays[0].dictionary.to_pylist() if isinstance(arrays[0], pa.DictionaryArray) else []
+    given = columns.get("kind") is not None
+    kinds = arrays[0].dictionary.to_pylist() if given and isinstance(arrays[0], pa.DictionaryArray) else []
     unknown_kinds = set(kinds) - set(KINDS)
     if unknown_kinds:
         raise ValueError(f"unknown event kinds {sorted(unknown_kinds)}; expected one of {', '.join(KINDS)}")
