@@ -1,0 +1,40 @@
+"""The tensor-parallel workload recorded on 2 gloo ranks: the horizontal view end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from teller.reconstruct import reconstruct
+from teller.rundir import RunDir, np_col
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
+    run = tmp_path / "tp"
+    p = subprocess.run(
+        [sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--engine", "generic",
+         "--hooks", str(ROOT / "campaigns" / "hooks_tp.toml"), "--", sys.executable, "-m", "teller.workload",
+         "serve-tp", "--device", "cpu", "--tp", "2", "--requests", "4"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = reconstruct(run)
+    rd = RunDir(run)
+    steps = rd.read_table("steps")
+    assert sorted(set(np_col(steps, "rank").tolist())) == [0, 1]
+    assert s["requests"] == 4
+    # both ranks run the same steps in lockstep, so every request shows up on both ranks
+    req = rd.read_table("requests")
+    assert set(np_col(req, "rank").tolist()) == {0, 1}
+    edges = rd.read_table("comm_edges")
+    assert edges.num_rows > 0
+    assert set(zip(np_col(edges, "src_rank").tolist(), np_col(edges, "dst_rank").tolist(), strict=True)) == {(0, 1)}
+    # an edge joins the same collective (group, seq) on the two ranks
+    forest = rd.read_table("forest")
+    names = np.asarray(forest.column("name").to_pylist(), dtype=object)
+    src, dst = np_col(edges, "src_node_id"), np_col(edges, "dst_node_id")
+    assert all(names[a].split(" ")[0] == names[b].split(" ")[0] for a, b in zip(src[:20], dst[:20], strict=True))
