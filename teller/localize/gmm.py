@@ -25,12 +25,19 @@ Fitting, per family f (reference runs: normal operation):
 
 Scoring an instance x of family f:
 
-- r_k(x): posterior responsibility of component k; m²_k(x): squared Mahalanobis distance;
+- m²_k(x): squared Mahalanobis distance to component k; r_k(x): its posterior responsibility;
 - g_k(x) = 1 / (1 + exp((m²_k − T_f) / 2)): the posterior of "inside k" against a flat
   background that matches component k's density at distance T_f (the exp(−m²/2) of a Gaussian
   against a constant: this is why the width is 2);
 - ρ(x) = Σ_{k central} r_k(x) · g_k(x), the posterior mass on the central components, and the
   anomaly score **a(x) = 1 − ρ(x)** ∈ [0, 1].
+
+With ``one_sided`` (default) only the features where x exceeds a component's centre count in
+m²_k: slower, more calls, more bytes are anomalies; less of everything is not a root cause. A
+responsibility under such a distance means nothing (every row below a component would sit "at"
+it, and a rare high mode would claim all of them), so ρ(x) is then the best central explanation,
+max_{k central} g_k(x): x is normal when it lies within the radius of some central component,
+counting excesses only; a rare mode (a non-central component) still explains nothing.
 
 NaN features are marginalized (left out of the distances and densities). Instances of a family
 never seen in the reference get ``a = unseen_score`` and are reported as unseen.
@@ -102,7 +109,7 @@ class GMMLocalizer(BaseEstimator):
         shift_test: bool = True,
         shift_margin: float = 1.25,
         calibration: str = "crossfit",
-        min_central_weight: float = 0.005,
+        min_central_weight: float = 0.001,
         quantile: float = 0.1,
         step_threshold: float = 0.5,
         family_threshold: float = 0.5,
@@ -112,7 +119,7 @@ class GMMLocalizer(BaseEstimator):
         max_suspects: int = 10,
         unseen_score: float = 1.0,
         min_family_size: int = 8,
-        max_fit_samples: int = 20000,
+        max_fit_samples: int = 5000,
         reg_covar: float = 1e-4,
         random_state: int = 0,
     ):
@@ -290,9 +297,9 @@ class GMMLocalizer(BaseEstimator):
     # scoring
 
     def _comp_stats(self, Z: np.ndarray, finite: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray):
-        """Per row and component: the squared distance m²_k used by g_k (one-sided when
-        ``one_sided``: only excesses over the centre count) and log(π_k N_k) (the full, two-sided
-        Gaussian: responsibilities are the mixture's own). NaNs are marginalized."""
+        """Per row and component: the squared distance m²_k (with ``one_sided`` only excesses
+        over the component's centre count) and log(π_k N_k) of the full Gaussian. NaNs are
+        marginalized."""
         k = len(w)
         Zc = np.where(finite, Z, 0.0)
         fin = finite.astype(np.float64)
@@ -370,7 +377,10 @@ class GMMLocalizer(BaseEstimator):
             k = int(self.n_components_[f])
             central = self.central_[f, :k]
             g = expit((self.radius_[f] - m2) / 2.0)
-            rho = (r * g)[:, central].sum(axis=1)
+            if self.one_sided:  # the best central explanation (see the module docstring)
+                rho = np.where(central, g, 0.0).max(axis=1)
+            else:
+                rho = (r * g)[:, central].sum(axis=1)
             a[idx] = np.clip(1.0 - rho, 0.0, 1.0)
             best, z[idx] = self._best_z(Z, finite, m2, central, self.means_[f, :k], self.covariances_[f, :k])
             comp[idx] = best

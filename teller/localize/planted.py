@@ -82,6 +82,7 @@ def plant(events: pa.Table, plants: Iterable[Plant]) -> tuple[pa.Table, list[dic
     step_num = np.array([int(m.group(1)) if (m := rx.match(s)) else -1 for s in names.tolist()], np.int64)
     step_rows = np.flatnonzero(is_range & (step_num >= 0))
     windows: list[dict[str, Any]] = []
+    planted: list[tuple[int, Plant]] = []
     extra_rows: list[dict[str, np.ndarray]] = []
     next_corr = int(corr.max(initial=0)) + (1 << 41)
     for pl in plants:
@@ -133,10 +134,13 @@ def plant(events: pa.Table, plants: Iterable[Plant]) -> tuple[pa.Table, list[dic
                 pts, dl = end[kern][mine], add[mine]
                 start[on] = _warp(start[on], pts, dl)
                 end[on] = _warp(end[on], pts, dl)
-        for r in tgt.tolist():
-            windows.append({"start_ns": int(start[r]), "end_ns": int(end[r]), "category": _CATEGORY[pl.mechanism],
-                            "mechanism": pl.mechanism, "magnitude": float(pl.factor),
-                            "operators": [pl.target], "rank": int(cols["rank"].to_numpy()[r])})
+        planted.extend((r, pl) for r in tgt.tolist())
+    # windows last: a later plant may shift the times of an earlier one
+    rank_col = cols["rank"].to_numpy()
+    for r, pl in planted:
+        windows.append({"start_ns": int(start[r]), "end_ns": int(end[r]), "category": _CATEGORY[pl.mechanism],
+                        "mechanism": pl.mechanism, "magnitude": float(pl.factor),
+                        "operators": [pl.target], "rank": int(rank_col[r])})
     out = {c: cols[c] for c in cols}
     out["start_ns"], out["end_ns"] = start, end
     table = events_table({k: v for k, v in out.items()}, events.num_rows)
@@ -175,21 +179,35 @@ def write_planted_run(path: str | os.PathLike, n_events: int, plants: list[Plant
 
 
 def truth_for_steps(steps: list[dict[str, Any]], labels: dict[str, Any] | None) -> tuple[np.ndarray, list[set[str]]]:
-    """Per diagnosis step: abnormal (overlaps a label window of its rank) and the true operators."""
+    """Per diagnosis step: abnormal (overlaps a label window of its rank) and the true operators.
+
+    Windows are ``{start_ns, end_ns, operators}`` (:func:`plant`) or, as ``teller inject`` writes
+    them, ``{start_tau_ns, end_tau_ns, targets_hit}``."""
     wins = (labels or {}).get("windows", [])
     ab = np.zeros(len(steps), bool)
     ops: list[set[str]] = [set() for _ in steps]
     if not wins:
         return ab, ops
-    ws = np.array([w["start_ns"] for w in wins], np.int64)
-    we = np.array([w["end_ns"] for w in wins], np.int64)
-    wr = np.array([w.get("rank", -1) for w in wins], np.int64)
+    ws = np.array([w.get("start_ns", w.get("start_tau_ns", 0)) for w in wins], np.int64)
+    we = np.array([w.get("end_ns", w.get("end_tau_ns", 0)) for w in wins], np.int64)
+    wr = np.array([w.get("rank", -1) if w.get("rank") is not None else -1 for w in wins], np.int64)
     for i, s in enumerate(steps):  # steps: thousands at most
         hit = (ws < s["end_ns"]) & (we > s["start_ns"]) & ((wr < 0) | (wr == s.get("rank", 0)))
         if hit.any():
             ab[i] = True
             for j in np.flatnonzero(hit).tolist():
-                ops[i].update(wins[j].get("operators", []))
+                ops[i].update(wins[j].get("operators", wins[j].get("targets_hit", [])))
+    return ab, ops
+
+
+def truth_from_step_labels(steps: list[dict[str, Any]], table: Any) -> tuple[np.ndarray, list[set[str]]]:
+    """Per diagnosis step: ``is_anomaly`` and ``operator_labels`` from ``step_labels.parquet``
+    (``teller inject``), matched on the STEP node id; steps it does not list are normal."""
+    ids = table.column("step_id").to_pylist()
+    lab = dict(zip(ids, table.column("is_anomaly").to_pylist(), strict=True))
+    opl = dict(zip(ids, table.column("operator_labels").to_pylist(), strict=True))
+    ab = np.array([bool(lab.get(s["node_id"], False)) for s in steps], bool)
+    ops = [set(opl.get(s["node_id"]) or []) if a else set() for s, a in zip(steps, ab, strict=True)]
     return ab, ops
 
 
@@ -230,13 +248,30 @@ def operator_metrics(truth: list[set[str]], pred: list[set[str]]) -> dict[str, f
     return out
 
 
-def evaluate(diagnosis: dict[str, Any], labels: dict[str, Any] | None) -> dict[str, Any]:
-    """Step and operator metrics of a diagnosis against label windows."""
+def evaluate(diagnosis: dict[str, Any], labels: dict[str, Any] | None = None,
+             step_labels: Any = None) -> dict[str, Any]:
+    """Step and operator metrics of a diagnosis against ``step_labels`` (a ``step_labels.parquet``
+    table) or, without one, the windows of ``labels``. Predicted operators of a flagged step are
+    its candidate families."""
     steps = diagnosis["steps"]
-    ab, ops = truth_for_steps(steps, labels)
+    if step_labels is not None:
+        ab, ops = truth_from_step_labels(steps, step_labels)
+    else:
+        ab, ops = truth_for_steps(steps, labels)
     pred = np.array([bool(s["flag"]) for s in steps], bool)
     pops = [{c["family"] for c in s.get("candidates", [])} if s["flag"] else set() for s in steps]
-    return {"step": step_metrics(ab, pred), "operator": operator_metrics(ops, pops)}
+    return {"step": step_metrics(ab, pred), "operator": operator_metrics(ops, pops),
+            "truth": ab.tolist(), "pred": pred.tolist(), "true_ops": [sorted(o) for o in ops],
+            "pred_ops": [sorted(o) for o in pops]}
+
+
+def evaluate_run(run: str | os.PathLike, diagnosis: dict[str, Any]) -> dict[str, Any]:
+    """:func:`evaluate` with the labels found in ``run`` (step_labels.parquet, else labels.json)."""
+    rd = RunDir(run)
+    table = None
+    if rd.has_table("step_labels"):
+        table = rd.read_table("step_labels")
+    return evaluate(diagnosis, rd.read_labels(), table)
 
 
 def save_json(obj: Any, path: str | os.PathLike) -> None:

@@ -65,14 +65,18 @@ def _f(x: float, nd: int = 4) -> float | None:
     return round(x, nd) if math.isfinite(x) else None
 
 
-def _requests_by_step(path: Path) -> dict[int, list[str]]:
+def _requests_by_step(path: Path, step_ids: list[int]) -> dict[int, list[str]]:
+    """Request ids of the given STEP node ids (from ``requests.parquet``)."""
     rd = RunDir(path)
-    if not rd.has_table("requests"):
+    if not rd.has_table("requests") or not step_ids:
         return {}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     t = rd.read_table("requests")
+    t = t.filter(pc.is_in(t.column("step_id"), value_set=pa.array(step_ids, pa.int64())))
     out: dict[int, list[str]] = {}
-    ids = t.column("request_id").to_pylist()
-    for sid, rq in zip(t.column("step_id").to_pylist(), ids, strict=True):
+    for sid, rq in zip(t.column("step_id").to_pylist(), t.column("request_id").to_pylist(), strict=True):
         out.setdefault(int(sid), []).append(rq)
     return out
 
@@ -90,7 +94,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
     top = np.full(n_steps, -1, np.int64)
     score[ss.steps], flag[ss.steps], top[ss.steps] = ss.score, ss.flag, ss.top_family
     n_inst = np.bincount(inst.step[inst.step >= 0], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
-    reqs = _requests_by_step(rf.path) if st.rule == "STEP ranges" else {}
+    reqs = _requests_by_step(rf.path, [int(st.node_id[i]) for i in loc.flagged]) if st.rule == "STEP ranges" else {}
     # per-row anomaly score for the slice builder
     row_a = np.zeros(fa.n)
     row_a[inst.rows] = np.nan_to_num(loc.a, nan=0.0)
