@@ -223,6 +223,15 @@ def test_train_encode_decode_on_the_recording(steps, tmp_path):
     assert again.parent_idx.tolist() == enc.parent_idx.tolist()
 
 
+def test_truncation_equals_training_with_a_smaller_target(steps):
+    big = train(steps, vocab_size=500)
+    for v in (50, big.n_base, big.n_base + 1, 300, 499, 500):
+        small = train(steps, vocab_size=max(v, big.n_base))
+        cut = big.truncate(v)
+        assert cut.vocab == small.vocab
+        assert cut.merges.tolist() == small.merges.tolist()
+
+
 def test_training_limits(steps):
     with pytest.raises(TellerError, match="smaller than the base vocabulary"):
         train(steps, vocab_size=10)

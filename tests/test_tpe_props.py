@@ -71,13 +71,15 @@ def _check_encoding(tok: TraceTokenizer, t: Trace, e) -> None:
 
 
 @SETTINGS
-@given(corpus=corpora(), extra=st.integers(0, 14), min_freq=st.sampled_from([1, 2]))
-def test_fast_training_and_encoding_equal_the_reference(corpus, extra, min_freq):
+@given(corpus=corpora(), extra=st.integers(0, 14), min_freq=st.sampled_from([1, 2]), cap=st.sampled_from([None, 2, 3, 5]))
+def test_fast_training_and_encoding_equal_the_reference(corpus, extra, min_freq, cap):
     batch = Sequences.from_traces(corpus)
     vocab_size = TraceTokenizer([]).n_base + len(set(batch.symbols)) + extra
-    tok = train(batch, vocab_size=vocab_size, min_frequency=min_freq)
+    tok = train(batch, vocab_size=vocab_size, min_frequency=min_freq, max_token_nodes=cap)
     ref_corpus = [(_ids(tok, t), t.parent.tolist(), t.depth.tolist()) for t in corpus]
-    ref = reference_train(ref_corpus, tok.n_base, vocab_size, min_freq)
+    ref = reference_train(ref_corpus, tok.n_base, vocab_size, min_freq, cap)
+    if cap:
+        assert (tok.token_length(np.arange(len(tok))) <= cap).all()
     assert [tuple(m) for m in tok.merges.tolist()] == [tuple(m) for m in ref]
     enc = tok.encode_batch(batch)
     for t, (ids, par, dep), e in zip(corpus, ref_corpus, enc, strict=True):

@@ -21,6 +21,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed for --max-steps sampling."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Train on a random sample of this many steps."),
         duration: str = typer.Option("self", "--duration", help="Duration side channel: self (span minus host children) or total (span)."),
+        max_token_nodes: Optional[int] = typer.Option(None, "--max-token-nodes", help="No token stands for more nodes than this (default: no limit)."),
     ) -> None:
         """Learn TPE merges from the steps of reconstructed runs."""
         from rich.console import Console
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
                     bar.update(task, completed=done, total=total)
 
             tok = train([Path(c) for c in corpus], vocab_size, min_frequency=min_frequency, seed=seed,
-                        max_sequences=max_steps, duration=duration, progress=progress)
+                        max_sequences=max_steps, duration=duration, max_token_nodes=max_token_nodes, progress=progress)
         tok.save(out)
         t = tok.meta["training"]
         red = 1 - t["tokens_after"] / t["symbols"] if t["symbols"] and t["sequences_used"] == t["sequences"] else None

@@ -90,6 +90,7 @@ class MergeEngine:
         keys = ((merges[:, 0] * self.V + merges[:, 1]) * self.D + merges[:, 2]).tolist()
         self.rules: dict[int, tuple[int, int]] = {k: (r, int(t)) for r, (k, t) in enumerate(zip(keys, merges[:, 3].tolist(), strict=True))}  # key -> (rank, new id)
         self._rule_keys: np.ndarray | None = None  # sorted rule keys, rebuilt lazily
+        self.banned: set[int] = set()  # pairs training decided never to merge
         self.heap: list[tuple[int, int]] = []  # (-count, key), lazy
         self.pending: list[tuple[int, int]] = []  # (rank, key) of rules whose pair is present
         self.merges_applied = 0
@@ -167,24 +168,24 @@ class MergeEngine:
         cut = np.flatnonzero(k[1:] != k[:-1]) + 1
         starts = np.r_[0, cut]
         tot = np.add.reduceat(w[order], starts)
-        counts, heap, rules = self.counts, self.heap, self.rules
+        counts, heap, rules, banned = self.counts, self.heap, self.rules, self.banned
         for key, d in zip(k[starts].tolist(), tot.tolist(), strict=True):
             if d == 0:
                 continue
             c = counts.get(key, 0) + d
             if c:
                 counts[key] = c
-                if key not in rules:
+                if key not in rules and key not in banned:
                     heapq.heappush(heap, (-c, key))
             else:
                 counts.pop(key, None)
 
     def best(self, min_count: int = 1) -> tuple[int, int] | None:
         """The most frequent pair without a rule (ties: the smallest key), or None."""
-        heap, counts, rules = self.heap, self.counts, self.rules
+        heap, counts, rules, banned = self.heap, self.counts, self.rules, self.banned
         while heap:
             negc, key = heap[0]
-            if key in rules or counts.get(key, 0) != -negc:
+            if key in rules or key in banned or counts.get(key, 0) != -negc:
                 heapq.heappop(heap)
                 continue
             if -negc < min_count:

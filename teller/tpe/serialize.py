@@ -110,6 +110,30 @@ class Sequences:
             key=np.arange(len(traces), dtype=np.int64),
         )
 
+    @classmethod
+    def concat(cls, batches: Sequence["Sequences"]) -> "Sequences":
+        """One batch from several (symbol tables merged; e.g. the steps of several runs)."""
+        table: dict[str, int] = {}
+        codes, parent, depth, dur, node, key, lens = [], [], [], [], [], [], []
+        for b in batches:
+            lut = np.array([table.setdefault(x, len(table)) for x in b.symbols] or [0], dtype=np.int32)
+            codes.append(lut[b.codes] if len(b.codes) else np.zeros(0, np.int32))
+            parent.append(b.parent)
+            depth.append(b.depth)
+            dur.append(b.duration)
+            node.append(b.node_id if len(b.node_id) == len(b.codes) else np.full(len(b.codes), -1, np.int64))
+            key.append(b.key if len(b.key) == len(b) else np.full(len(b), -1, np.int64))
+            lens.append(b.lengths())
+        lens_a = np.concatenate(lens) if lens else np.zeros(0, np.int64)
+        offsets = np.zeros(len(lens_a) + 1, dtype=np.int64)
+        np.cumsum(lens_a, out=offsets[1:])
+
+        def cat(x, dt):
+            return np.concatenate(x).astype(dt) if x else np.zeros(0, dt)
+
+        return cls(list(table), cat(codes, np.int32), cat(parent, np.int32), cat(depth, np.int32), cat(dur, np.int64),
+                   offsets, cat(node, np.int64), cat(key, np.int64), all(b.checked for b in batches))
+
     def select(self, idx: np.ndarray) -> "Sequences":
         """The sequences ``idx`` (in that order) as a new batch sharing the symbol table."""
         idx = np.asarray(idx, dtype=np.int64)

@@ -303,6 +303,19 @@ class TraceTokenizer:
         voc = self.vocab
         return Trace([voc[i] for i in syms.tolist()], par.astype(np.int32), d.astype(np.int32), np.zeros(len(d), np.int64))
 
+    def truncate(self, vocab_size: int) -> "TraceTokenizer":
+        """The tokenizer that training with target ``vocab_size`` would have produced from the same
+        corpus: merges are learned greedily, so it is the prefix of merges up to the one that
+        creates token ``vocab_size - 1`` (all of them when this vocabulary is not larger)."""
+        if vocab_size <= self.n_base:
+            k = 0
+        elif vocab_size >= len(self.vocab):
+            k = len(self.merges)
+        else:
+            k = int(np.flatnonzero(self.merges[:, 3] == vocab_size - 1)[0]) + 1
+        base = self.vocab[len(SPECIAL_TOKENS) + len(UNK_LAYER) : self.n_base]
+        return TraceTokenizer(base, self.merges[:k], self.normalizer, self.duration, self.meta)
+
     def token_length(self, ids: np.ndarray) -> np.ndarray:
         """Number of serialized nodes each token stands for."""
         ids = np.asarray(ids, dtype=np.int64)

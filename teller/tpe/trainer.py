@@ -128,9 +128,11 @@ def reference_encode(ids, parent, depth, duration, merges: Sequence[tuple[int, i
     return ids, parent, depth, duration
 
 
-def reference_train(corpus: Sequence[tuple[list[int], list[int], list[int]]], n_base: int, vocab_size: int, min_frequency: int = 2) -> list[tuple[int, int, int, int]]:
+def reference_train(corpus: Sequence[tuple[list[int], list[int], list[int]]], n_base: int, vocab_size: int, min_frequency: int = 2,
+                    max_token_nodes: int | None = None) -> list[tuple[int, int, int, int]]:
     """Learn merges on (ids, parent, depth) sequences: the most frequent pair (ties: smallest),
-    merged everywhere; learned pairs that reappear are merged again before counting."""
+    merged everywhere; learned pairs that reappear are merged again before counting. Pairs whose
+    token would stand for more than ``max_token_nodes`` nodes are never merged."""
     merges: list[tuple[int, int, int, int]] = []
     trees = Subtrees(n_base)
     seqs = [(list(i), list(p), list(d), [0] * len(i)) for i, p, d in corpus]
@@ -139,6 +141,8 @@ def reference_train(corpus: Sequence[tuple[list[int], list[int], list[int]]], n_
         stats: Counter = Counter()
         for ids, par, dep, _ in seqs:
             get_stats(ids, par, dep, stats)
+        if max_token_nodes:
+            stats = Counter({p: c for p, c in stats.items() if len(trees.sym[p[0]]) + len(trees.sym[p[1]]) <= max_token_nodes})
         if not stats:
             break
         pair = min(stats, key=lambda p: (-stats[p], p))
@@ -165,40 +169,29 @@ def _as_batches(corpus: Sequences | Iterable[Sequences | str | os.PathLike], nor
 
 def train(corpus: Sequences | Iterable[Sequences | str | os.PathLike], vocab_size: int, min_frequency: int = 2,
           seed: int = 0, max_sequences: int | None = None, normalizer: Normalizer | None = None, duration: str = "self",
-          progress: Callable[[int, int], None] | None = None) -> TraceTokenizer:
+          max_token_nodes: int | None = None, progress: Callable[[int, int], None] | None = None) -> TraceTokenizer:
     """Train a TPE tokenizer of (at most) ``vocab_size`` tokens.
 
     ``corpus``: serialized batches or reconstructed run directories. ``max_sequences``: train on a
-    sample of that many sequences drawn with ``seed`` (default: all). Training stops early when no
-    pair occurs ``min_frequency`` times. The result carries a ``training`` summary in ``meta``.
+    sample of that many sequences drawn with ``seed`` (default: all). ``max_token_nodes``: no token
+    stands for more nodes than this (default: no limit; without one, a corpus of identical steps
+    ends with one token per step). Training stops early when no pair occurs ``min_frequency``
+    times. The result carries a ``training`` summary in ``meta``.
     """
     t0 = time.perf_counter()
     norm = normalizer or Normalizer()
-    batches = _as_batches(corpus, norm, duration)
-    # one global symbol table: frequent symbols first, then by name (deterministic)
-    freq: Counter = Counter()
-    for b in batches:
-        cnt = np.bincount(b.codes, minlength=len(b.symbols)) if len(b.codes) else np.zeros(len(b.symbols), np.int64)
-        for s, c in zip(b.symbols, cnt.tolist(), strict=True):
-            if c:
-                freq[s] += c
+    batch = Sequences.concat(_as_batches(corpus, norm, duration))
+    # one symbol table: frequent symbols first, then by name (deterministic)
+    cnt = np.bincount(batch.codes, minlength=len(batch.symbols)) if len(batch.codes) else np.zeros(len(batch.symbols), np.int64)
+    freq = {s: c for s, c in zip(batch.symbols, cnt.tolist(), strict=True) if c}
     symbols = sorted(freq, key=lambda s: (-freq[s], s))
     tok = TraceTokenizer(symbols, [], norm, duration)
     if vocab_size < tok.n_base:
         raise TellerError(f"--vocab-size {vocab_size} is smaller than the base vocabulary ({tok.n_base}: special tokens and the corpus' {len(symbols)} symbols); ask for at least {tok.n_base}")
-    ids_l, par_l, dep_l, lens_l = [], [], [], []
-    for b in batches:
-        lut = np.array([tok.token_to_id.get(s, 1) for s in b.symbols] or [0], dtype=np.int32)  # unused symbols: <unk>
-        ids_l.append(lut[b.codes] if len(b.codes) else np.zeros(0, np.int32))
-        par_l.append(b.parent)
-        dep_l.append(b.depth)
-        lens_l.append(b.lengths())
-    ids = np.concatenate(ids_l) if ids_l else np.zeros(0, np.int32)
-    par = np.concatenate(par_l) if par_l else np.zeros(0, np.int32)
-    dep = np.concatenate(dep_l) if dep_l else np.zeros(0, np.int32)
-    lens = np.concatenate(lens_l) if lens_l else np.zeros(0, np.int64)
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
+    lut = np.array([tok.token_to_id.get(s, 1) for s in batch.symbols] or [0], dtype=np.int32)  # unused symbols: <unk>
+    ids = lut[batch.codes] if len(batch.codes) else np.zeros(0, np.int32)
+    par, dep, offsets = batch.parent, batch.depth, batch.offsets
+    lens = batch.lengths()
     n_seq, n_sym = len(lens), int(offsets[-1])
     if max_sequences is not None and max_sequences < n_seq:
         pick = np.sort(np.random.default_rng(seed).choice(n_seq, size=max_sequences, replace=False))
@@ -219,6 +212,9 @@ def train(corpus: Sequences | Iterable[Sequences | str | os.PathLike], vocab_siz
             break
         key, _count = best
         pair = eng.unpack(key)
+        if max_token_nodes and len(trees.sym[pair[0]]) + len(trees.sym[pair[1]]) > max_token_nodes:
+            eng.banned.add(key)
+            continue
         new = trees.make(*pair)
         eng.add_rule(key, len(merges), new)
         merges.append((*pair, new))
@@ -237,6 +233,7 @@ def train(corpus: Sequences | Iterable[Sequences | str | os.PathLike], vocab_siz
             "vocab_size": len(trees),
             "vocab_size_requested": int(vocab_size),
             "min_frequency": int(min_frequency),
+            "max_token_nodes": max_token_nodes,
             "seed": int(seed),
             "duration": duration,
             "stop": stop,
