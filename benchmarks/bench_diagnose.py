@@ -283,6 +283,16 @@ def cpu_accuracy(tmp: Path, reps: int, con) -> list[dict]:
         d = diagnose(run, localizer=art, out=run / "diag")
         m = evaluate_run(run, d)
         mech = ",".join(sorted({w["mechanism"] for w in lab.get("windows", [])})) or "none (held-out normal)"
+        # where the flags fall: inside a fault window (labelled abnormal or not) or outside all
+        import pyarrow.parquet as pq
+
+        sl = pq.read_table(run / "step_labels.parquet", columns=["step_id", "in_window"])
+        inw = dict(zip(sl.column("step_id").to_pylist(), sl.column("in_window").to_pylist(), strict=True))
+        win = [bool(inw.get(x["node_id"], False)) for x in d["steps"]]
+        flag = m["pred"]
+        m["in_window"] = {"steps": sum(win), "flagged": sum(f and w for f, w in zip(flag, win, strict=True)),
+                          "outside": len(win) - sum(win),
+                          "flagged_outside": sum(f and not w for f, w in zip(flag, win, strict=True))}
         rows.append({"source": "cpu-inject", "run": run.name, "mechanism": mech, **m})
     con.print(f"campaign: {summary.get('runs', '?')} runs; references {', '.join(p.name for p in refs)}")
     return rows
@@ -295,19 +305,23 @@ def accuracy(args: argparse.Namespace) -> int:
         rows = synthetic_accuracy(tmp, int(args.events), con)
         if args.cpu:
             rows += cpu_accuracy(tmp, args.reps, con)
-    print("| source | mechanism | magnitude | steps | abnormal | step P | step R | step F1 | op Macro₊ F1 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| source | run / mechanism | magnitude | steps | abnormal | step P | step R | step F1 | op Macro₊ F1 "
+          "| in-window steps flagged | other steps flagged |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         s, o = r["step"], r["operator"]
-        print(f"| {r['source']} | {r['mechanism']} | {r.get('magnitude', '')} | {s['steps']} | {s['abnormal']} | "
-              f"{s['precision']:.2f} | {s['recall']:.2f} | {s['f1']:.2f} | {o['macro_plus_f1']:.2f} |")
+        w = r.get("in_window")
+        wtxt = f"{w['flagged']}/{w['steps']} | {w['flagged_outside']}/{w['outside']}" if w else " | "
+        name = f"{r['run']} ({r['mechanism']})" if "run" in r else r["mechanism"]
+        print(f"| {r['source']} | {name} | {r.get('magnitude', '')} | {s['steps']} | {s['abnormal']} | "
+              f"{s['precision']:.2f} | {s['recall']:.2f} | {s['f1']:.2f} | {o['macro_plus_f1']:.2f} | {wtxt} |")
     summary = {}
     for src in sorted({r["source"] for r in rows}):
         pooled = _pool([r for r in rows if r["source"] == src])
         summary[src] = pooled
         s, o = pooled["step"], pooled["operator"]
         print(f"| **{src}, pooled** | all | | {s['steps']} | {s['abnormal']} | {s['precision']:.2f} | "
-              f"{s['recall']:.2f} | {s['f1']:.2f} | {o['macro_plus_f1']:.2f} |")
+              f"{s['recall']:.2f} | {s['f1']:.2f} | {o['macro_plus_f1']:.2f} | | |")
     if args.out:
         slim = [{k: v for k, v in r.items() if k not in ("truth", "pred", "true_ops", "pred_ops")} for r in rows]
         Path(args.out).write_text(json.dumps({"rows": slim, "pooled": summary}, indent=2))

@@ -17,11 +17,12 @@ Fitting, per family f (reference runs: normal operation):
 3. Central components: those with weight ≥ ``min_central_weight`` (always the heaviest one).
    Rare modes of the reference (warm-up, hiccups) are thereby treated as suspicious.
 4. The outlier radius T_f: the larger of the χ² quantile at 1 − ``tail`` (degrees of freedom =
-   features that vary) and the empirical 1 − ``tail`` quantile of the reference instances'
-   squared Mahalanobis distance to their nearest central component. With ``calibration=
-   "crossfit"`` (default) the held-out distances count as well: the reference steps are split in
-   two folds (even and odd steps) and each fold is measured against a mixture fitted on the
-   other, so T_f also reflects new data, not only the data the mixture has already seen.
+   features that vary) and the reference's own 1 − ``tail`` point of the squared Mahalanobis
+   distance to the nearest central component, extrapolated from its 1 − ``calibration_quantile``
+   percentile with the χ² shape (so a few hiccups in the reference do not set the radius). With
+   ``calibration="crossfit"`` (default) held-out distances count as well: the reference steps are
+   split in two folds (even and odd steps) and each fold is measured against a mixture fitted on
+   the other, so T_f also reflects new data, not only the data the mixture has already seen.
 
 Scoring an instance x of family f:
 
@@ -109,6 +110,7 @@ class GMMLocalizer(BaseEstimator):
         shift_test: bool = True,
         shift_margin: float = 1.25,
         calibration: str = "crossfit",
+        calibration_quantile: float = 0.01,
         min_central_weight: float = 0.001,
         quantile: float = 0.1,
         step_threshold: float = 0.5,
@@ -131,6 +133,7 @@ class GMMLocalizer(BaseEstimator):
         self.shift_test = shift_test
         self.shift_margin = shift_margin
         self.calibration = calibration
+        self.calibration_quantile = calibration_quantile
         self.min_central_weight = min_central_weight
         self.quantile = quantile
         self.step_threshold = step_threshold
@@ -241,6 +244,16 @@ class GMMLocalizer(BaseEstimator):
         gm = best[1]
         return gm.weights_, gm.means_, np.maximum(gm.covariances_, floor)
 
+    def _tail_radius(self, m2: np.ndarray, dof: int) -> float:
+        """The 1 − ``tail`` point of the reference's distances, extrapolated from their 99th
+        percentile with the χ² shape (q99 · χ²(1 − tail) / χ²(0.99)): a handful of hiccups in the
+        reference (a descheduled thread, a GC pause) must not become the radius of the family."""
+        m2 = m2[np.isfinite(m2)]
+        if not len(m2):
+            return 0.0
+        q = float(np.quantile(m2, 1 - self.calibration_quantile))
+        return q * float(chi2.isf(self.tail, dof) / chi2.isf(self.calibration_quantile, dof))
+
     def _central(self, w: np.ndarray) -> np.ndarray:
         central = w >= self.min_central_weight
         central[np.argmax(w)] = True
@@ -286,11 +299,12 @@ class GMMLocalizer(BaseEstimator):
             best, z[test] = self._best_z(Z[test], ~nan[test], m2, central, pmu, pvar)
             own[test] = m2[np.arange(len(best)), best]
         own = own[np.isfinite(own)]
-        r_emp = float(np.quantile(own, 1 - self.tail)) if len(own) else 0.0
+        dof = max(varying, 1)
+        r_emp = self._tail_radius(own, dof)
         if crossfit:  # the final mixture's own distances too: it may be sharper than the folds'
             m2, _ = self._comp_stats(Z, ~nan, w, mu, var)
-            r_emp = max(r_emp, float(np.quantile(self._best_m2(m2, self._central(w)), 1 - self.tail)))
-        self.radius_[f] = max(float(chi2.isf(self.tail, max(varying, 1))), r_emp)
+            r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
+        self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
         return z
 
     # ---------------------------------------------------------------------------------------
