@@ -5,16 +5,21 @@
 
 Each configuration runs the real workload (``teller workload serve``) in a fresh process, ``reps``
 times, interleaved (none, hooks, cupti, kineto, none, ...) so slow drift of the machine spreads
-over all configurations. Throughput and step latency p50/p99 come from the workload's own
+over all configurations (process CPU time, launcher and children together, is kept too: it includes
+the work a recording defers to the end of the run). Throughput and step latency p50/p99 come from the workload's own
 ``--out-json`` summary (measured after its warm-up request); the recording's own figures (CUPTI
 records, decode time, records per step, events written, run size) from the run directory.
 
 Configurations (names are free to combine with ``--configs``):
 
 - ``none``            the workload alone
-- ``hooks``           ``teller record --collector cpu``: STEP/FE/BE ranges from the hooks
+- ``hooks``           ``teller record --collector cpu``: STEP/FE/BE ranges from the hooks (default
+                      BE backend)
+- ``hooks_profiler``  hooks, BE ranges from the profiler backend (``--be-backend profiler``)
+- ``hooks_dispatch``  hooks, BE ranges from the dispatch backend (``--be-backend dispatch``)
 - ``hooks_nobe``      hooks without the aten-level BE ranges (``--be-depth 0``)
 - ``cupti``           ``teller record --collector cupti``: hooks + CUPTI activity (default settings)
+- ``cupti_profiler``  / ``cupti_dispatch``: CUPTI with the named BE backend
 - ``cupti_nobe``      CUPTI with STEP/FE hooks only (``--be-depth 0``)
 - ``cupti_nodecode``  CUPTI records taken but not decoded (CUPTI's own cost, for the breakdown)
 - ``cupti_nofilter``  CUPTI with the query-API filter off (every runtime/driver call recorded)
@@ -30,6 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,9 +48,13 @@ from typing import Any
 CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"collector": None, "env": {}},
     "hooks": {"collector": "cpu", "env": {}},
-    "hooks_nobe": {"collector": "cpu", "env": {}, "args": ["--be-depth", "0"]},
+    "hooks_profiler": {"collector": "cpu", "env": {}, "kw": {"be_backend": "profiler"}},
+    "hooks_dispatch": {"collector": "cpu", "env": {}, "kw": {"be_backend": "dispatch"}},
+    "hooks_nobe": {"collector": "cpu", "env": {}, "kw": {"be_depth": 0}},
     "cupti": {"collector": "cupti", "env": {}},
-    "cupti_nobe": {"collector": "cupti", "env": {}, "args": ["--be-depth", "0"]},
+    "cupti_profiler": {"collector": "cupti", "env": {}, "kw": {"be_backend": "profiler"}},
+    "cupti_dispatch": {"collector": "cupti", "env": {}, "kw": {"be_backend": "dispatch"}},
+    "cupti_nobe": {"collector": "cupti", "env": {}, "kw": {"be_depth": 0}},
     "cupti_nodecode": {"collector": "cupti", "env": {"TELLER_CUPTI_SKIP_DECODE": "1"}},
     "cupti_nofilter": {"collector": "cupti", "env": {"TELLER_CUPTI_API_FILTER": "0"}},
     "cupti_nvtx": {"collector": "cupti", "env": {"TELLER_CUPTI_RANGES": "nvtx"}},
@@ -54,9 +65,19 @@ DEFAULT_WORKLOAD = ["--device", "cuda", "--preset", "gpu", "--requests", "64", "
                     "--prompt-len", "uniform:32:128", "--output-len", "32", "--warmup", "2"]
 
 
-def _teller() -> list[str]:
-    exe = shutil.which("teller")
-    return [exe] if exe else [sys.executable, "-c", "import sys; from teller.cli import main; sys.exit(main())"]
+#: output lines worth keeping (TELLER's own messages, profiler/CUPTI complaints)
+_NOTABLE = re.compile(r"\[teller\]|ERROR|Error|WARN|unknown buffer|CUPTI|Traceback")
+
+#: ``teller record`` through the launcher's Python API (independent of the ``teller`` entry point)
+_RECORD = ("import json, sys; from teller.record.launcher import record; "
+           "kw = json.loads(sys.argv[1]); out = kw.pop('out'); "
+           "sys.exit(record(out, sys.argv[3:], **kw)['exit_code'])")
+
+
+def record_cmd(run_dir: Path, collector: str, kw: dict[str, Any], serve: list[str]) -> list[str]:
+    """The command that records ``serve`` into ``run_dir`` (like ``teller record -o RUN ... -- SERVE``)."""
+    return [sys.executable, "-c", _RECORD, json.dumps({"out": str(run_dir), "collector": collector, **kw}),
+            "--", *serve]
 
 
 def run_one(config: str, rep: int, out: Path, workload: list[str], keep: bool) -> dict[str, Any]:
@@ -69,13 +90,19 @@ def run_one(config: str, rep: int, out: Path, workload: list[str], keep: bool) -
     if spec["collector"] is None:
         cmd = serve
     else:
-        cmd = [*_teller(), "record", "-o", str(run_dir), "--collector", spec["collector"],
-               *spec.get("args", []), "--", *serve]
+        cmd = record_cmd(run_dir, spec["collector"], spec.get("kw", {}), serve)
     env = {**os.environ, **spec["env"]}
     t0 = time.perf_counter()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter() - t0
-    row: dict[str, Any] = {"config": config, "rep": rep, "exit_code": p.returncode, "process_wall_s": wall}
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    row: dict[str, Any] = {"config": config, "rep": rep, "exit_code": p.returncode, "process_wall_s": wall,
+                           "process_cpu_s": cpu}
+    notable = [ln[:300] for ln in p.stdout.splitlines() if _NOTABLE.search(ln)]
+    if notable:
+        row["notable_lines"] = notable[:20]
     if p.returncode != 0 or not wjson.is_file():
         row["error_tail"] = p.stdout[-2000:]
         return row
@@ -100,6 +127,13 @@ def _run_figures(run_dir: Path, steps: int) -> dict[str, Any]:
         cpu = cols.get("cpu") or {}
         fig["ranges"] = fig.get("ranges", 0) + cpu.get("ranges_emitted", 0)
         fig["range_backend"] = (d.get("collector") or {}).get("range_backend")
+        fig["be_backend"] = (d.get("collector") or {}).get("be_backend")
+        be = d.get("be") or {}
+        if be:
+            fig["be_stop_export_s"] = (be.get("stop_s") or 0) + (be.get("export_s") or 0)
+            fig["be_cycles"] = be.get("cycles")
+            fig["be_errors"] = (be.get("errors") or [])[:3]
+            fig["be_cupti"] = be.get("cupti")
         cu = cols.get("cupti")
         if cu:
             fig["cupti_records"] = cu.get("records")
@@ -115,15 +149,31 @@ def _run_figures(run_dir: Path, steps: int) -> dict[str, Any]:
             if cu.get("ranges") == "nvtx":
                 fig["ranges"] = fig.get("ranges", 0) + (cu.get("events_out") or {}).get("RANGE", 0)
             fig["cupti_errors"] = (cu.get("errors") or [])[:5]
+            fig["cupti_kernels"] = (cu.get("events_out") or {}).get("KERNEL")
+            fig["cupti_runtime"] = (cu.get("events_out") or {}).get("RUNTIME")
+            fig["cupti_lost_buffers"] = cu.get("lost_buffers")
+            fig["cupti_unwalked_bytes"] = cu.get("unwalked_bytes")
+            fig["cupti_skipped"] = cu.get("skipped_records")
             if steps and cu.get("records"):
                 fig["cupti_records_per_step"] = cu["records"] / steps
         ki = cols.get("kineto")
         if ki:
             fig["kineto_events"] = ki.get("events")
             fig["kineto_errors"] = (ki.get("errors") or [])[:5]
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+        conv = (info.get("extra") or info).get("be_conversion")
+        if conv:
+            fig["be_ranges"] = conv.get("kept", 0)
+            rows += conv.get("kept", 0)
+            fig["be_conversion"] = {k: conv.get(k) for k in ("kept", "aten_rows", "outside_steps", "too_deep",
+                                                            "windows", "windows_matched", "failed",
+                                                            "bracket_len_diff_max_ns", "convert_us")}
+    except (OSError, ValueError):
+        pass
     fig["event_rows"] = rows
     if steps and fig.get("ranges"):
-        fig["ranges_per_step"] = fig["ranges"] / steps
+        fig["ranges_per_step"] = (fig["ranges"] + fig.get("be_ranges", 0)) / steps
     return fig
 
 
@@ -146,9 +196,15 @@ def summarize(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
         }
         if base_mean:
             d["tput_loss_pct"] = 100.0 * (1.0 - d["tok_s_mean"] / base_mean)
+        if base:
+            d["tput_loss_median_pct"] = 100.0 * (1.0 - statistics.median(tput) / statistics.median(base))
+        d["tok_s_median"] = statistics.median(tput)
+        d["process_wall_s_median"] = statistics.median(r["process_wall_s"] for r in rs)
+        if all(r.get("process_cpu_s") is not None for r in rs):
+            d["process_cpu_s_median"] = statistics.median(r["process_cpu_s"] for r in rs)
         for k in ("cupti_records_per_step", "cupti_decode_us_per_record", "cupti_decode_cpu_us_per_record",
-                  "ranges_per_step", "run_mb",
-                  "event_rows", "cupti_dropped"):
+                  "ranges_per_step", "run_mb", "be_ranges", "be_stop_export_s", "cupti_kernels",
+                  "cupti_runtime", "event_rows", "cupti_dropped"):
             vals = [r[k] for r in rs if r.get(k) is not None]
             if vals:
                 d[k] = statistics.median(vals)
@@ -160,17 +216,20 @@ def summarize(runs: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
 
 
 def table(summary: dict[str, Any]) -> str:
-    lines = ["| configuration | runs | tokens/s (mean ± sd) | loss vs none | step p50 ms | step p99 ms | CUPTI records/step | decode µs/record |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration | runs | tokens/s median (mean ± sd) | loss vs none (median; mean) | step p50 ms | "
+             "step p99 ms | ranges/step | CUPTI records/step | process wall s | process CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c, d in summary.items():
         if not d.get("ok_runs"):
-            lines.append(f"| {c} | 0 | failed | | | | | |")
+            lines.append(f"| {c} | 0 | failed | | | | | | | |")
             continue
-        loss = f"{d['tput_loss_pct']:.1f}%" if "tput_loss_pct" in d else ""
+        loss = (f"{d['tput_loss_median_pct']:.1f}%; {d['tput_loss_pct']:.1f}%"
+                if "tput_loss_pct" in d and "tput_loss_median_pct" in d else "")
         rps = f"{d['cupti_records_per_step']:.0f}" if "cupti_records_per_step" in d else ""
-        dec = f"{d['cupti_decode_us_per_record']:.2f}" if d.get("cupti_decode_us_per_record") else ""
-        lines.append(f"| {c} | {d['ok_runs']} | {d['tok_s_mean']:.0f} ± {d['tok_s_std']:.0f} | {loss} | "
-                     f"{d['step_p50_ms']:.2f} | {d['step_p99_ms']:.2f} | {rps} | {dec} |")
+        rng = f"{d['ranges_per_step']:.0f}" if "ranges_per_step" in d else ""
+        lines.append(f"| {c} | {d['ok_runs']} | {d['tok_s_median']:.0f} ({d['tok_s_mean']:.0f} ± {d['tok_s_std']:.0f}) | "
+                     f"{loss} | {d['step_p50_ms']:.2f} | {d['step_p99_ms']:.2f} | {rng} | {rps} | "
+                     f"{d['process_wall_s_median']:.1f} | {d.get('process_cpu_s_median', float('nan')):.1f} |")
     return "\n".join(lines)
 
 

@@ -243,6 +243,7 @@ def record(
     hooks: str | os.PathLike | None = None,
     be_depth: int = 1,
     flush_s: float = 2.0,
+    be_backend: str | None = None,
     force: bool = False,
     node: int = 0,
     stdout: IO[bytes] | None = None,
@@ -266,6 +267,11 @@ def record(
         raise TellerError(f"--collector {collector!r}: expected one of {', '.join(COLLECTOR_CHOICES)}")
     if be_depth < 0:
         raise TellerError(f"--be-depth {be_depth}: expected 0 (off) or a positive depth")
+    from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND
+
+    be_backend = (be_backend or DEFAULT_BE_BACKEND).lower()
+    if be_backend not in BE_BACKENDS:
+        raise TellerError(f"--be-backend {be_backend!r}: expected one of {', '.join(BE_BACKENDS)}")
     hooks_path = None
     if hooks is not None:
         from teller.record.instrument.generic import load_hooks
@@ -291,6 +297,8 @@ def record(
             "TELLER_COLLECTOR": resolved,
             "TELLER_ENGINE": engine,
             "TELLER_BE_DEPTH": str(be_depth),
+            "TELLER_BE_BACKEND": be_backend,
+            "TELLER_BE_DEFER": "1",  # profiler BE segments are converted here, after the run
             "TELLER_FLUSH_S": str(flush_s),
             "TELLER_NODE": str(node),
             "TELLER_HOME": str(TELLER_HOME),
@@ -303,7 +311,8 @@ def record(
 
     settings = {"requested": collector, "resolved": resolved, "cupti_library": cupti_lib,
                 "nvtx_injection": env.get("NVTX_INJECTION64_PATH") if resolved == "cupti" else None,
-                "gpu": gpu_present(), "be_depth": be_depth, "flush_s": flush_s, "notes": notes}
+                "gpu": gpu_present(), "be_depth": be_depth, "be_backend": be_backend, "flush_s": flush_s,
+                "notes": notes}
     info = RunInfo(source="teller record", command=command,
                    engine={"requested": engine, "hooks_file": hooks_path},
                    clock={"t0_unix_ns": t0, "time_base": "tau = wall ns - t0_unix_ns"},
@@ -358,7 +367,12 @@ def record(
         r.join(timeout=drain_timeout_s)  # a grandchild may still hold the pipes open
 
     exit_code = rc if rc >= 0 else 128 - rc
+    be_conv = _convert_be_segments(run)
     _finish_info(info, run, rc, exit_code, end, readers, forwarded)
+    if be_conv is not None:
+        info.extra["be_conversion"] = be_conv
+        info.counts["event_rows"] = info.counts.get("event_rows", 0) + be_conv.get("kept", 0)
+        info.counts["event_files"] = len(run.event_files())
     notes = _engine_notes(engine, hooks_path, resolved, info)
     for n in notes:
         print(f"[teller] {n}", file=sys.stderr)
@@ -368,6 +382,21 @@ def record(
     return {"exit_code": exit_code, "run": str(run.path), "collector": active,
             "processes": info.counts.get("processes", 0), "event_rows": info.counts.get("event_rows", 0),
             "log_lines": info.counts.get("log_lines", {}), "dropped_rows": info.dropped_records.get("sink_rows", 0)}
+
+
+def _convert_be_segments(run: RunDir) -> dict[str, Any] | None:
+    """Turn the profiler BE backend's exported segments (``RUN/be/``) into events files."""
+    if not (run.path / "be").is_dir():
+        return None
+    try:
+        from teller.record.instrument.torch_profiler_ops import convert_run
+
+        out = convert_run(run.path)
+    except Exception as e:
+        out = {"failed": 1, "errors": [f"{type(e).__name__}: {e}"]}
+    for err in out.get("errors", [])[:5]:
+        print(f"[teller] BE segment not converted: {err}", file=sys.stderr)
+    return out
 
 
 def _finish_info(info: RunInfo, run: RunDir, rc: int, exit_code: int, end_ns: int,

@@ -7,7 +7,9 @@ handlers; it imports nothing heavy and never touches torch or CUDA. Later:
 - when the engine imports ``torch``, the runtime creates the per-process
   :class:`~teller.record.sink.EventSink`, the CPU collector for the hooks' ranges and the
   requested activity collector (``cpu``, ``cupti`` or ``kineto``; created by name, falling back
-  to ``cpu`` with one ``[teller]`` line when it cannot start), and hooks ``torch.distributed``;
+  to ``cpu`` with one ``[teller]`` line when it cannot start), installs the BE backend
+  (``TELLER_BE_BACKEND``: ``profiler``, whose profiler starts at the first STEP, or ``dispatch``),
+  and hooks ``torch.distributed``;
 - when the engine imports one of its modules, the matching instrumentor patches it
   (:mod:`teller.record.instrument`).
 
@@ -43,11 +45,16 @@ ENV_COLLECTOR = "TELLER_COLLECTOR"
 ENV_ENGINE = "TELLER_ENGINE"
 ENV_HOOKS = "TELLER_HOOKS"
 ENV_BE_DEPTH = "TELLER_BE_DEPTH"
+ENV_BE_BACKEND = "TELLER_BE_BACKEND"
 ENV_FLUSH_S = "TELLER_FLUSH_S"
 ENV_NODE = "TELLER_NODE"
 ENV_COMM = "TELLER_COMM"
 
 COLLECTORS = ("cpu", "cupti", "kineto")
+#: how aten ops (BE ranges) are recorded: PyTorch's profiler (C++ RecordFunction callbacks) or a
+#: Python TorchDispatchMode (teller.record.instrument.torch_profiler_ops / torch_ops)
+BE_BACKENDS = ("profiler", "dispatch")
+DEFAULT_BE_BACKEND = "profiler"
 
 # ---------------------------------------------------------------------------------------------
 # the range API used by the hooks
@@ -122,8 +129,8 @@ def set_be_backend(enter_fn: Callable[[int], None] | None, exit_fn: Callable[[],
     """Replace how aten ops are recorded during a step (default: a TorchDispatchMode per thread).
 
     ``enter_fn(depth)`` runs on the step's thread after its STEP range opens, ``exit_fn()``
-    before it closes; a GPU collector can use this to emit op ranges more cheaply (for example
-    through the profiler's NVTX mode). ``None`` restores the default.
+    before it closes; the profiler BE backend (``torch_profiler_ops.ProfilerBE``) is installed
+    this way when ``TELLER_BE_BACKEND`` is ``profiler``. ``None`` restores the dispatch mode.
     """
     global _be_backend
     _be_backend = None if enter_fn is None else (enter_fn, exit_fn or (lambda: None))
@@ -221,6 +228,10 @@ class Runtime:
         self.engine = (env.get(ENV_ENGINE) or "auto").lower()
         self.hooks_file = env.get(ENV_HOOKS) or None
         self.be_depth = _int(env.get(ENV_BE_DEPTH), 1)
+        self.be_backend_requested = (env.get(ENV_BE_BACKEND) or DEFAULT_BE_BACKEND).lower()
+        self.be_backend = "dispatch"
+        self.be: Any = None
+        self.be_note: str | None = None
         self.flush_s = max(0.05, _float(env.get(ENV_FLUSH_S), 2.0))
         self.node = _int(env.get(ENV_NODE), 0)
         self.rank = _int(env.get("RANK"), 0)
@@ -302,8 +313,28 @@ class Runtime:
             self.ensure_started()
             if self._started and self.collector_name == "cpu" and self.collector_requested != "cpu":
                 self._start_collector()
+            if self._started:
+                self._setup_be_backend()
         except Exception as e:
             hook_failed("torch import", e)
+
+    def _setup_be_backend(self) -> None:
+        """Install the requested BE backend (the profiler one starts at the first STEP)."""
+        want = self.be_backend_requested
+        if self.be is not None or self.be_depth <= 0 or want == "dispatch":
+            return
+        if want not in BE_BACKENDS:
+            self.be_note = f"unknown BE backend {want!r} (expected one of {', '.join(BE_BACKENDS)}); using dispatch"
+            log(self.be_note)
+            return
+        if self.collector_name == "kineto":
+            self.be_note = "the kineto collector holds the profiler; BE ranges use the dispatch backend"
+            return
+        from teller.record.instrument.torch_profiler_ops import ProfilerBE
+
+        self.be = ProfilerBE(self.run_dir, sink=self.sink, pid=self.pid)
+        self.be_backend = "profiler"
+        set_be_backend(self.be.enter, self.be.exit)
 
     def _start_collector(self) -> None:
         name = self.collector_requested
@@ -368,6 +399,11 @@ class Runtime:
                         c.flush()
                 except Exception as e:
                     hook_failed(f"collector {getattr(c, 'name', '?')} flush", e)
+            if final and self.be is not None:  # after the collectors: CUPTI is done by then
+                try:
+                    self.be.stop()
+                except Exception as e:
+                    hook_failed("BE backend stop", e)
             if self.sink is not None:
                 before = len(self.sink.errors)
                 self.sink.flush()
@@ -471,7 +507,16 @@ class Runtime:
                 reset_range_backend()
                 self.fallback_reason = f"forked from pid {parent}: {self.collector_name} not restarted"
             self.sink = self.cpu = self.collector = None
+            parent_profiling = self.be is not None and self.be.started
+            if self.be is not None:  # the parent's profiler session is not this process's
+                self.be = None
+                self.be_backend = "dispatch"
+                set_be_backend(None)
             self.ensure_started()
+            if parent_profiling:  # its global callbacks came along; a second session cannot start
+                self.be_note = f"forked from pid {parent} while its profiler ran: BE ranges use the dispatch backend"
+            elif "torch" in sys.modules:
+                self._setup_be_backend()
             self._register_mp_finalizer()
         except Exception as e:
             log(f"recording in forked pid {os.getpid()} failed to restart ({type(e).__name__}: {e})")
@@ -520,8 +565,12 @@ class Runtime:
                 "fallback_reason": self.fallback_reason,
                 "range_backend": _backend_name,
                 "be_depth": self.be_depth,
+                "be_backend": self._be_backend_now(),
+                "be_backend_requested": self.be_backend_requested,
+                "be_note": self.be_note,
                 "flush_s": self.flush_s,
             },
+            "be": self.be.info() if self.be is not None else None,
             "collectors": coll,
             "failed_collector": self.failed_collector,
             "model_config": self.model_config,
@@ -531,6 +580,12 @@ class Runtime:
             "messages": list(_messages),
             "flushes": self.flushes,
         }
+
+    def _be_backend_now(self) -> str:
+        be = self.be
+        if be is not None and be.failed:
+            return "dispatch" if be.fallback == "dispatch" else "none"
+        return self.be_backend if self.be_depth > 0 else "off"
 
     def write_proc_info(self, status: str) -> None:
         try:
@@ -622,8 +677,6 @@ def _load_fault_agent() -> None:
         agent.install(_sys.modules[__name__])
     except Exception as e:
         log(f"fault plan not applied ({type(e).__name__}: {e})")
-
-
 
 
 def note_model(model: Any) -> None:

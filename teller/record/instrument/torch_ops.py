@@ -11,8 +11,10 @@
   ``BE aten::mm``. Depth 1 records the ops the framework calls; depth N > 1 also runs ops that
   have a CompositeImplicitAutograd decomposition through it with the mode active, recording the
   ops they are made of as children (the same kernels run either way). Depth 0 turns it off.
-  Cost measured on the CPU machine (torch 2.13): about 4.7 µs per aten op on top of ~2 µs for
-  a small op; see the ``teller record --be-depth`` help.
+  Cost measured on the CPU machine (torch 2.13): about 4–6 µs per aten op on top of ~2 µs for
+  a small op. This is the ``dispatch`` BE backend; the default ``profiler`` backend
+  (:mod:`teller.record.instrument.torch_profiler_ops`) records the ops from PyTorch's C++
+  RecordFunction callbacks instead (``teller record --be-backend``; docs/overhead.md).
 - **COMM**: :class:`TorchDistributedInstrumentor` wraps the ``torch.distributed`` collectives and
   point-to-point calls; each call is a range ``COMM all_reduce bytes=8192 group=tp seq=17`` with
   a per-group sequence number (per direction for send/recv), so the same collective can be

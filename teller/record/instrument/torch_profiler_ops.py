@@ -1,0 +1,627 @@
+"""BE backend over ``torch.profiler``: aten ops recorded by PyTorch's C++ RecordFunction callbacks.
+
+The dispatch backend (:mod:`teller.record.instrument.torch_ops`) sends every aten op of a step
+through a Python ``TorchDispatchMode`` (about 4 µs per op). This backend lets PyTorch's own
+profiler record the ops instead: a CPU-only ``torch.profiler.profile`` with
+``profile_all_threads=True`` (global RecordFunction callbacks, so the engine's background
+batching thread is covered) and ``trace_only=True`` where the installed torch has it. Recording
+costs about 0.2 µs per op on the recording thread (measured on the CPU machine, torch 2.13); the
+price is paid when a profiling session ends: stopping it and exporting its Chrome trace cost
+about 2–4 µs per recorded op (C++, holding the GIL), and converting the trace with the Kineto
+reader about 6 µs per event (done by ``teller record`` after the process exits).
+
+How it fits the runtime (``runtime.set_be_backend``):
+
+- :meth:`ProfilerBE.enter` runs on the step's thread right after its STEP range opens. The first
+  call starts the profiler (not at torch import: the profiler asks CUDA for its device count,
+  which must not happen before an engine forks its workers). Each step is bracketed by a
+  ``_RecordFunctionFast("teller.step#<n>")`` whose profiler timestamps, paired with τ readings
+  taken around it, give per-step clock anchors and the step's window on its thread.
+- :meth:`ProfilerBE.exit` closes the bracket. Once the period (``TELLER_BE_PERIOD_S``, default
+  10 s; 0 = one session until exit) has passed, the session is cycled there — stopped, exported
+  to ``RUN/be/<pid>-<seq>.json``, restarted — which bounds the profiler's memory (about 200
+  bytes per op while recording, about 1.4 kB per op while stopping). A cycle stalls the step
+  that ends it for the stop and export of everything recorded since the last one.
+- :meth:`ProfilerBE.stop` (final flush) exports the last session; the segments are converted
+  into canonical RANGE events (:func:`convert_segment`): ``aten::`` cpu_ops inside a step window
+  on the step's thread, at most ``depth`` levels of aten ops deep (depth 1 = ops not nested in
+  another aten op), named ``BE aten::<op>`` like the dispatch backend's, times mapped onto τ
+  through the step anchors. Conversion happens in-process at the final stop, or, when the
+  launcher sets ``TELLER_BE_DEFER=1``, in the launcher after the process has exited
+  (:func:`convert_run`); counts in and out are reported either way.
+
+CUDA: on a machine with a GPU, Kineto enables CUPTI's RUNTIME, DRIVER and EXTERNAL_CORRELATION
+activity and registers its own CUPTI buffer callbacks even for a CPU-only session. With the CUPTI
+collector running, the backend hands CUPTI back to it right after each profiler start (its buffer
+callbacks registered again, its kinds and API filter re-applied, EXTERNAL_CORRELATION switched
+off) and re-enables the collector's kinds right after each profiler stop. Without the CUPTI
+collector it switches Kineto's three kinds off again (nothing would read their records). With the
+Kineto collector (one profiler per process) the dispatch backend is used.
+
+Failure: when the profiler cannot start (old torch without ``profile_all_threads``, another
+profiler already running, any error), one ``[teller]`` line says so and the step falls back to
+the dispatch backend (``TELLER_BE_FALLBACK=dispatch``, the default) or to no BE ranges
+(``TELLER_BE_FALLBACK=none``). An engine that starts a ``torch.profiler`` of its own while this
+backend records will find the profiler busy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from teller.record import clock
+from teller.record import runtime as rt
+
+#: name prefix of the per-step RecordFunction bracket (followed by the window number)
+STEP_MARK = "teller.step#"
+ENV_PERIOD = "TELLER_BE_PERIOD_S"
+ENV_FALLBACK = "TELLER_BE_FALLBACK"
+ENV_DEFER = "TELLER_BE_DEFER"
+SEGMENT_DIR = "be"
+#: seconds between session cycles (0: one session until exit); bounds the profiler's memory
+DEFAULT_PERIOD_S = 10.0
+
+# CUpti_ActivityKind values Kineto switches on for a CPU-only session on a CUDA machine
+_CUPTI_DRIVER, _CUPTI_RUNTIME, _CUPTI_EXTERNAL_CORRELATION = 4, 5, 39
+
+
+def experimental_config() -> tuple[Any, dict[str, bool]]:
+    """``_ExperimentalConfig(profile_all_threads=True[, trace_only=True])`` for this torch.
+
+    Raises RuntimeError when the installed torch has no ``profile_all_threads`` (the ops of the
+    engine's batching thread would then be missed).
+    """
+    from torch._C._profiler import _ExperimentalConfig
+
+    doc = _ExperimentalConfig.__init__.__doc__ or ""
+    if "profile_all_threads" not in doc:
+        raise RuntimeError("this torch's profiler has no profile_all_threads option")
+    opts = {"profile_all_threads": True}
+    if "trace_only" in doc:
+        opts["trace_only"] = True
+    try:
+        cfg = _ExperimentalConfig(**opts)
+    except TypeError:
+        opts.pop("trace_only", None)
+        cfg = _ExperimentalConfig(**opts)
+    return cfg, opts
+
+
+class _Window:
+    """One open step bracket on a thread (or a fallback marker)."""
+
+    __slots__ = ("n", "rf", "a", "b", "depth", "fallback")
+
+    def __init__(self, n: int, rf: Any, a: int, b: int, depth: int, fallback: str | None = None):
+        self.n, self.rf, self.a, self.b, self.depth, self.fallback = n, rf, a, b, depth, fallback
+
+
+class ProfilerBE:
+    """The profiler BE backend of one process (see module docstring)."""
+
+    name = "profiler"
+
+    def __init__(self, run_dir: str | os.PathLike | None, period_s: float | None = None,
+                 defer: bool | None = None, fallback: str | None = None, sink: Any = None,
+                 pid: int | None = None) -> None:
+        env = os.environ
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.period_s = float(env.get(ENV_PERIOD) or DEFAULT_PERIOD_S) if period_s is None else float(period_s)
+        self.defer = (env.get(ENV_DEFER, "") not in ("", "0")) if defer is None else defer
+        self.fallback = (env.get(ENV_FALLBACK) or "dispatch").lower() if fallback is None else fallback
+        self.sink = sink
+        self.pid = os.getpid() if pid is None else pid
+        self.prof: Any = None
+        self.options: dict[str, bool] = {}
+        self.started = False
+        self.failed = False
+        self.stopped = False
+        self.reason = ""
+        self.errors: list[str] = []
+        self._tls = threading.local()
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self.steps = 0
+        self._rff: Any = None
+        self.windows: list[tuple[int, int, int, int, int, int, int]] = []
+        self.open_windows = 0
+        self.seg_seq = 0
+        self.seg_tau0 = 0
+        self.segments: list[str] = []
+        self.cycles = 0
+        self.start_s = self.stop_s = self.export_s = 0.0
+        self.cupti: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {}
+
+    # ---- the backend pair (runtime.set_be_backend) ----------------------------------------------
+    def enter(self, depth: int) -> None:
+        """Open a step bracket on this thread (starting the profiler on the first call)."""
+        stack = getattr(self._tls, "stack", None)
+        if stack is None:
+            stack = self._tls.stack = []
+        if depth <= 0 or rt.is_compiling():
+            stack.append(_Window(-1, None, 0, 0, depth, fallback="off"))
+            return
+        if not self.started and not self.failed:
+            self._start()
+        if self.failed or self.stopped:
+            stack.append(self._fallback_enter(depth))
+            return
+        n = next(self._ids)
+        self.steps = n + 1
+        a = clock.tau_now()
+        rf = self._rff(f"{STEP_MARK}{n}")
+        rf.__enter__()
+        b = clock.tau_now()
+        with self._lock:
+            self.open_windows += 1
+        stack.append(_Window(n, rf, a, b, depth))
+
+    def exit(self) -> None:
+        """Close the bracket :meth:`enter` opened; cycle the session when the period is over."""
+        stack = getattr(self._tls, "stack", None)
+        if not stack:
+            return
+        w = stack.pop()
+        if w.fallback is not None:
+            if w.fallback == "dispatch":
+                from teller.record.instrument import torch_ops
+
+                torch_ops.be_exit()
+            return
+        c = clock.tau_now()
+        w.rf.__exit__(None, None, None)
+        d = clock.tau_now()
+        with self._lock:
+            self.open_windows -= 1
+            self.windows.append((w.n, threading.get_native_id(), w.a, w.b, c, d, w.depth))
+            due = (self.period_s > 0 and self.open_windows == 0 and not self.stopped
+                   and d - self.seg_tau0 >= self.period_s * 1e9)
+        if due:
+            self._cycle()
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def _start(self) -> None:
+        with self._lock:
+            if self.started or self.failed:
+                return
+            try:
+                from torch._C._profiler import _RecordFunctionFast
+
+                self._rff = _RecordFunctionFast
+                self._begin_session()
+                self.started = True
+            except Exception as e:
+                self._fail(f"{type(e).__name__}: {e}")
+
+    def _begin_session(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        cfg, self.options = experimental_config()
+        prof = profile(activities=[ProfilerActivity.CPU], record_shapes=False, with_stack=False,
+                       profile_memory=False, with_flops=False, with_modules=False,
+                       experimental_config=cfg)
+        t0 = time.perf_counter()
+        prof.start()
+        warm = self._rff("teller.warmup")  # the first bracket of a session would be slow
+        warm.__enter__()
+        warm.__exit__(None, None, None)
+        self.start_s += time.perf_counter() - t0
+        self.prof = prof
+        self.seg_tau0 = clock.tau_now()
+        self._after_profiler_start()
+
+    def _end_session(self) -> str | None:
+        """Stop the running session and export it; returns the trace path (None on failure)."""
+        prof, self.prof = self.prof, None
+        if prof is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            prof.stop()
+        except Exception as e:
+            self._error(f"profiler stop: {type(e).__name__}: {e}")
+            return None
+        finally:
+            self.stop_s += time.perf_counter() - t0
+            self._after_profiler_stop()
+        windows, self.windows = self.windows, []
+        seq, self.seg_seq = self.seg_seq, self.seg_seq + 1
+        base = self._segment_base(seq)
+        t1 = time.perf_counter()
+        try:
+            base.parent.mkdir(parents=True, exist_ok=True)
+            trace = str(base) + ".json"
+            prof.export_chrome_trace(trace)
+            side = {"pid": self.pid, "seq": seq, "options": self.options, "windows": windows,
+                    "tau0": self.seg_tau0, "tau1": clock.tau_now()}
+            tmp = str(base) + ".windows.json.tmp"
+            with open(tmp, "w") as f:
+                json.dump(side, f)
+            os.replace(tmp, str(base) + ".windows.json")
+        except Exception as e:
+            self._error(f"export: {type(e).__name__}: {e}")
+            return None
+        finally:
+            self.export_s += time.perf_counter() - t1
+        self.segments.append(trace)
+        return trace
+
+    def _cycle(self) -> None:
+        """Stop, export and restart the session (at a step boundary, on the step's thread)."""
+        with self._lock:
+            if self.stopped or self.prof is None:
+                return
+            self._end_session()
+            self.cycles += 1
+            try:
+                self._begin_session()
+            except Exception as e:
+                self._fail(f"restart: {type(e).__name__}: {e}")
+
+    def stop(self) -> None:
+        """Final: end the session and convert what was exported (unless the launcher will)."""
+        with self._lock:
+            if self.stopped:
+                return
+            self.stopped = True
+            if self.prof is not None:
+                self._end_session()
+        if self.defer or not self.segments:
+            return
+        try:
+            total: dict[str, int] = {}
+            for trace in list(self.segments):
+                cols, summ = convert_segment(trace)
+                merge_counts(total, summ)
+                if self.sink is not None and cols is not None:
+                    self.sink.append(cols)
+                _remove_segment(trace)
+            self.summary = total
+        except Exception as e:
+            self._error(f"conversion: {type(e).__name__}: {e}; segments stay in {SEGMENT_DIR}/ "
+                        "(teller record converts them after the process exits)")
+
+    def flush(self) -> None:
+        """Periodic flush: nothing to do (cycles happen at step ends)."""
+
+    def info(self) -> dict[str, Any]:
+        return {"name": self.name, "started": self.started, "failed": self.failed, "reason": self.reason,
+                "fallback": self.fallback, "options": self.options, "period_s": self.period_s,
+                "deferred_conversion": self.defer, "segments": len(self.segments), "cycles": self.cycles,
+                "steps": self.steps, "start_s": self.start_s, "stop_s": self.stop_s,
+                "export_s": self.export_s, "cupti": self.cupti, "conversion": self.summary,
+                "errors": list(self.errors)}
+
+    # ---- failure and fallback -------------------------------------------------------------------
+    def _fail(self, reason: str) -> None:
+        self.failed = True
+        self.reason = reason
+        self.prof = None
+        to = "the dispatch backend" if self.fallback == "dispatch" else "no BE ranges"
+        rt.log(f"BE backend profiler unavailable ({reason}); recording aten ops with {to}", key="be-profiler")
+
+    def _fallback_enter(self, depth: int) -> _Window:
+        if self.fallback == "dispatch":
+            from teller.record.instrument import torch_ops
+
+            torch_ops.be_enter(depth)
+            return _Window(-1, None, 0, 0, depth, fallback="dispatch")
+        return _Window(-1, None, 0, 0, depth, fallback="off")
+
+    def _error(self, msg: str) -> None:
+        if len(self.errors) < 50:
+            self.errors.append(msg)
+
+    def _segment_base(self, seq: int) -> Path:
+        base = self.run_dir if self.run_dir is not None else Path(".")
+        return base / SEGMENT_DIR / f"{self.pid}-{seq:04d}"
+
+    # ---- CUPTI coordination ---------------------------------------------------------------------
+    def _cupti_collector(self) -> Any:
+        r = rt.RUNTIME
+        c = getattr(r, "collector", None) if r is not None else None
+        if getattr(c, "name", "") == "cupti" and getattr(c, "_active", False):
+            return c
+        return None
+
+    def _after_profiler_start(self) -> None:
+        """Give CUPTI back to the CUPTI collector, or switch Kineto's CUPTI kinds off again."""
+        if "torch.cuda" not in sys.modules:
+            return
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+        except Exception:
+            return
+        coll = self._cupti_collector()
+        try:
+            if coll is not None:
+                reassert_cupti_collector(coll)
+                self.cupti["reasserted"] = self.cupti.get("reasserted", 0) + 1
+            else:
+                n = disable_kineto_cupti_kinds()
+                self.cupti["kinds_switched_off"] = n
+        except Exception as e:
+            self._error(f"CUPTI after profiler start: {type(e).__name__}: {e}")
+
+    def _after_profiler_stop(self) -> None:
+        """Kineto's stop switches RUNTIME/DRIVER off: switch the collector's kinds back on."""
+        coll = self._cupti_collector()
+        if coll is None or self.stopped:
+            return
+        try:
+            cupti = coll._cupti
+            for kind in list(getattr(coll, "_enabled", [])):
+                cupti.activity_enable(kind)
+            self.cupti["reenabled_after_stop"] = self.cupti.get("reenabled_after_stop", 0) + 1
+        except Exception as e:
+            self._error(f"CUPTI after profiler stop: {type(e).__name__}: {e}")
+
+
+def reassert_cupti_collector(coll: Any) -> None:
+    """Register the CUPTI collector's buffer callbacks again and re-apply its kinds and filter.
+
+    Kineto registers its own buffer callbacks and enables RUNTIME, DRIVER and
+    EXTERNAL_CORRELATION when a profiler session starts, even a CPU-only one.
+    """
+    cupti = coll._cupti
+    raw = getattr(coll, "_raw", None)
+    if raw is not None:
+        raw.register()
+    else:
+        cupti.activity_register_callbacks(coll._buffer_requested, coll._buffer_completed)
+    for kind in list(getattr(coll, "_enabled", [])):
+        cupti.activity_enable(kind)
+    if getattr(coll, "api_filter", False):
+        before = coll.quiet_apis
+        coll._quiet(cupti)
+        coll.quiet_apis = before
+    ext = getattr(cupti.ActivityKind, "EXTERNAL_CORRELATION", None)
+    if ext is not None and ext not in getattr(coll, "_enabled", []):
+        cupti.activity_disable(ext)
+
+
+def disable_kineto_cupti_kinds() -> int:
+    """Switch off the CUPTI kinds a CPU-only Kineto session enabled (no collector reads them)."""
+    path = ""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                i = line.find("/")
+                if i >= 0 and "libcupti.so" in line:
+                    path = line[i:].strip()
+                    break
+    except OSError:
+        return 0
+    if not path:
+        return 0
+    lib = ctypes.CDLL(path)
+    n = 0
+    for kind in (_CUPTI_RUNTIME, _CUPTI_DRIVER, _CUPTI_EXTERNAL_CORRELATION):
+        if lib.cuptiActivityDisable(ctypes.c_int(kind)) == 0:
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion: exported trace + step windows → canonical BE RANGE events on τ
+
+
+def _remove_segment(trace: str) -> None:
+    for p in (trace, trace[: -len(".json")] + ".windows.json"):
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+
+
+def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Canonical BE RANGE columns of one exported segment, and its counts.
+
+    Keeps ``aten::`` cpu_ops that lie inside a step window on the window's thread, at most the
+    window's depth of aten ops deep; maps their times onto τ with the windows' anchors. The
+    summary reconciles: ``cpu_ops = kept + outside_steps + too_deep`` over the aten rows, plus
+    the non-aten rows and the step brackets seen/matched.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from teller.ingest.kineto import read_kineto
+    from teller.record.collectors.cupti import ClockMap
+
+    t_conv = time.perf_counter()
+    trace = str(trace)
+    side_path = trace[: -len(".json")] + ".windows.json"
+    with open(side_path) as f:
+        side = json.load(f)
+    win = np.array(side["windows"], dtype=np.int64).reshape(-1, 7)  # n, tid, a, b, c, d, depth
+    table = read_kineto(trace)
+    meta = json.loads((table.schema.metadata or {}).get(b"teller.kineto", b"{}"))
+    t0 = int(meta.get("t0_unix_ns") or 0)
+    summ: dict[str, Any] = {"rows_in": table.num_rows, "windows": len(win)}
+    table = table.filter(pc.equal(table.column("kind").cast(pa.string()), "RANGE"))
+    names = table.column("name").combine_chunks()
+    if not isinstance(names, pa.DictionaryArray):
+        names = names.dictionary_encode()
+    dvals = names.dictionary.to_pylist()
+    idx = names.indices.to_numpy(zero_copy_only=False)
+    is_aten_d = np.array([v.startswith("aten::") for v in dvals], dtype=bool)
+    mark_n = np.array([int(v[len(STEP_MARK):]) if v.startswith(STEP_MARK) and v[len(STEP_MARK):].isdigit()
+                       else -1 for v in dvals], dtype=np.int64)
+    start = table.column("start_ns").to_numpy().astype(np.int64) + t0
+    end = table.column("end_ns").to_numpy().astype(np.int64) + t0
+    tid = table.column("tid").to_numpy().astype(np.int64)
+    aten = is_aten_d[idx] if len(idx) else np.zeros(0, bool)
+    marks = np.flatnonzero(mark_n[idx] >= 0) if len(idx) else np.zeros(0, np.int64)
+    summ["aten_rows"] = int(aten.sum())
+    summ["other_rows"] = int(len(idx) - aten.sum() - len(marks))
+    summ["step_marks"] = int(len(marks))
+    # match step marks to windows by their number
+    pos = {int(n): i for i, n in enumerate(win[:, 0].tolist())}
+    mk = [(int(mark_n[idx[i]]), i) for i in marks.tolist()]
+    pairs = [(pos[n], i) for n, i in mk if n in pos]
+    summ["windows_matched"] = len(pairs)
+    empty = {k: 0 for k in ("kept", "outside_steps", "too_deep")}
+    if not pairs or not aten.any():
+        summ.update(empty)
+        summ["outside_steps"] = summ["aten_rows"]
+        return None, summ
+    wi = np.array([p[0] for p in pairs], np.int64)
+    mi = np.array([p[1] for p in pairs], np.int64)
+    # clock anchors: (profiler ns, τ) at each bracket's start and end
+    src = np.concatenate([start[mi], end[mi]])
+    tau = np.concatenate([(win[wi, 2] + win[wi, 3]) // 2, (win[wi, 4] + win[wi, 5]) // 2])
+    err = np.concatenate([(win[wi, 3] - win[wi, 2] + 1) // 2, (win[wi, 5] - win[wi, 4] + 1) // 2])
+    # loose brackets (a first call, a preempted thread) would bend the map: keep the tight ones
+    tight = err <= max(5_000, 4 * int(np.median(err)))
+    if tight.sum() >= 2:
+        src, tau, err = src[tight], tau[tight], err[tight]
+    summ["anchors_dropped"] = int(len(tight) - len(src))
+    order = np.argsort(src, kind="stable")
+    cm = ClockMap()
+    for s, t, e in zip(src[order].tolist(), tau[order].tolist(), err[order].tolist(), strict=True):
+        cm.add(s, t, e)
+    # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
+    k_len = end[mi] - start[mi]
+    t_len = (win[wi, 4] + win[wi, 5]) // 2 - (win[wi, 2] + win[wi, 3]) // 2
+    summ["bracket_len_diff_max_ns"] = int(np.abs(k_len - t_len).max())
+    summ["anchor_err_max_ns"] = int(err.max())
+    summ["clock_drift_ppm"] = cm.drift_ppm()
+    # aten rows inside a matched window on the same thread
+    ai = np.flatnonzero(aten)
+    keep = np.zeros(len(ai), dtype=bool)
+    depth_cap = np.zeros(len(ai), dtype=np.int64)
+    w_start, w_end, w_tid, w_depth = start[mi], end[mi], tid[mi], win[wi, 6]
+    for t in np.unique(w_tid).tolist():  # per thread (few)
+        sel = np.flatnonzero(tid[ai] == t)
+        ws = np.flatnonzero(w_tid == t)
+        ws = ws[np.argsort(w_start[ws], kind="stable")]
+        k = np.searchsorted(w_start[ws], start[ai[sel]], side="right") - 1
+        ok = k >= 0
+        kk = np.where(ok, k, 0)
+        ok &= end[ai[sel]] <= w_end[ws[kk]]
+        keep[sel] = ok
+        depth_cap[sel] = np.where(ok, w_depth[ws[kk]], 0)
+    inside = ai[keep]
+    lvl = nesting_depth(tid[inside], start[inside], end[inside])
+    deep_ok = lvl < depth_cap[keep]
+    final = inside[deep_ok]
+    summ["kept"] = int(len(final))
+    summ["outside_steps"] = int(len(ai) - keep.sum())
+    summ["too_deep"] = int(len(inside) - len(final))
+    if not len(final):
+        return None, summ
+    # the profiler's thread ids → the native tids the range recorder uses (noted per window)
+    out_tid = tid[final]
+    k_tid, w_native = w_tid, win[wi, 1]
+    remap = {int(a): int(b) for a, b in zip(k_tid.tolist(), w_native.tolist(), strict=True) if a != b}
+    if remap:
+        keys = np.array(sorted(remap), np.int64)
+        vals = np.array([remap[k] for k in keys.tolist()], np.int64)
+        p = np.clip(np.searchsorted(keys, out_tid), 0, len(keys) - 1)
+        hit = keys[p] == out_tid
+        out_tid = np.where(hit, vals[p], out_tid)
+        summ["tids_remapped"] = int(hit.sum())
+    summ["convert_us"] = int((time.perf_counter() - t_conv) * 1e6)
+    d_codes, d_inv = np.unique(idx[final], return_inverse=True)
+    dictionary = ["BE " + dvals[c] for c in d_codes.tolist()]
+    n = len(final)
+    cols = {
+        "kind": np.full(n, 2, dtype=np.int8),  # RANGE
+        "name": pa.DictionaryArray.from_arrays(pa.array(d_inv.astype(np.int32)), pa.array(dictionary, pa.string())),
+        "layer": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["BE"], pa.string())),
+        "pid": np.full(n, int(side.get("pid", -1)), dtype=np.int64),
+        "tid": out_tid,
+        "start_ns": cm.map(start[final]),
+        "end_ns": cm.map(end[final]),
+        "flags": np.zeros(n, dtype=np.int32),
+    }
+    return cols, summ
+
+
+def nesting_depth(tid: Any, start: Any, end: Any) -> Any:
+    """How many of the given intervals enclose each one on the same thread (0 = outermost).
+
+    A sweep over start (+1) and end (−1) events sorted by (thread, time), ends before starts at
+    the same instant except an interval's own end, and a parent before its child when both start
+    together; the running sum just before an interval's start is its depth.
+    """
+    import numpy as np
+
+    tid = np.asarray(tid, np.int64)
+    start = np.asarray(start, np.int64)
+    end = np.asarray(end, np.int64)
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    ev_tid = np.concatenate([tid, tid])
+    ev_t = np.concatenate([start, end])
+    # 0: end of an earlier interval, 1: start, 2: end of a zero-length interval (after its start)
+    ev_type = np.concatenate([np.ones(n, np.int64), np.where(end == start, 2, 0)])
+    ev_tie = np.concatenate([-end, np.zeros(n, np.int64)])  # longer first among equal starts
+    delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
+    order = np.lexsort((ev_tie, ev_type, ev_t, ev_tid))
+    run = np.cumsum(delta[order])
+    depth = np.empty(2 * n, np.int64)
+    depth[order] = run
+    return depth[:n] - 1
+
+
+def merge_counts(total: dict[str, Any], summ: dict[str, Any]) -> None:
+    """Add one segment's counts to ``total`` (``*_max_ns`` keys keep the maximum)."""
+    for k, v in summ.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            continue
+        total[k] = max(total.get(k, 0), v) if k.endswith("_max_ns") else total.get(k, 0) + v
+
+
+def convert_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """Convert the segments left in ``RUN/be/`` into events files (the launcher, after the run).
+
+    Returns counts summed over segments, plus ``segments`` and ``failed`` (segments whose
+    conversion raised stay on disk and are named in ``errors``).
+    """
+    from teller.rundir import RunDir, events_table
+
+    run = RunDir(run_dir)
+    d = run.path / SEGMENT_DIR
+    out: dict[str, Any] = {"segments": 0, "failed": 0, "errors": []}
+    if not d.is_dir():
+        return out
+    for side in sorted(d.glob("*.windows.json")):
+        trace = str(side)[: -len(".windows.json")] + ".json"
+        if not os.path.isfile(trace):
+            out["failed"] += 1
+            out["errors"].append(f"{side.name}: trace file missing (the process died while exporting)")
+            continue
+        try:
+            cols, summ = convert_segment(trace)
+            if cols is not None:
+                n = len(cols["start_ns"])
+                cols.setdefault("node", [0] * n)
+                cols.setdefault("rank", [0] * n)
+                run.write_events(events_table(cols, n), name=f"{side.name.split('.')[0]}-be")
+            merge_counts(out, summ)
+            out["segments"] += 1
+            _remove_segment(trace)
+        except Exception as e:
+            out["failed"] += 1
+            out["errors"].append(f"{Path(trace).name}: {type(e).__name__}: {e}")
+    try:
+        if not any(d.iterdir()):
+            d.rmdir()
+    except OSError:
+        pass
+    return out
