@@ -54,7 +54,10 @@ COLLECTORS = ("cpu", "cupti", "kineto")
 #: how aten ops (BE ranges) are recorded: PyTorch's profiler (C++ RecordFunction callbacks) or a
 #: Python TorchDispatchMode (teller.record.instrument.torch_profiler_ops / torch_ops)
 BE_BACKENDS = ("profiler", "dispatch")
-DEFAULT_BE_BACKEND = "profiler"
+# dispatch by default: its cost is steady. The profiler backend is cheaper while serving but stops
+# and exports its session every period, stalling one step for about a second on a busy engine:
+# right for bounded recordings (benchmarks, fault campaigns, incident windows), not for a live service.
+DEFAULT_BE_BACKEND = "dispatch"
 
 # ---------------------------------------------------------------------------------------------
 # the range API used by the hooks

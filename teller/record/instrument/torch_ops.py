@@ -12,7 +12,7 @@
   have a CompositeImplicitAutograd decomposition through it with the mode active, recording the
   ops they are made of as children (the same kernels run either way). Depth 0 turns it off.
   Cost measured on the CPU machine (torch 2.13): about 4–6 µs per aten op on top of ~2 µs for
-  a small op. This is the ``dispatch`` BE backend; the default ``profiler`` backend
+  a small op. This is the ``dispatch`` BE backend, the default; the ``profiler`` backend
   (:mod:`teller.record.instrument.torch_profiler_ops`) records the ops from PyTorch's C++
   RecordFunction callbacks instead (``teller record --be-backend``; docs/overhead.md).
 - **COMM**: :class:`TorchDistributedInstrumentor` wraps the ``torch.distributed`` collectives and
