@@ -131,7 +131,7 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     inst_key = inst.step * (len(inst.families) + 1) + inst.family
     in_cand = np.isin(inst_key, pair_key[cand_pair]) & (inst.step >= 0)
     # S0: suspicious instances of flagged steps (any family)
-    s0 = (a >= est.instance_threshold) & (inst.step >= 0) & is_flag_step[np.maximum(inst.step, 0)] & (inst.step >= 0)
+    s0 = (a >= est.instance_threshold) & (inst.step >= 0) & is_flag_step[np.maximum(inst.step, 0)]
     # candidate families raised by the shift test may have no single instance above the threshold:
     # their most deviating instances (up to COLLECTIVE_SUSPECTS per step) stand for the family
     coll = np.flatnonzero(in_cand & ~np.isin(inst_key, inst_key[s0]))
@@ -172,16 +172,19 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     sus_steps = inst.step[sus_sorted]
     exp_idx = np.flatnonzero(explained)
     exp_steps = inst.step[exp_idx]
-    pair_pos = {(int(s), int(f)): i for i, (s, f) in enumerate(zip(ss.sf_step.tolist(), ss.sf_family.tolist(), strict=True))}
+    n_fam = len(inst.families) + 1
+
+    def pair_pos(step: int, fam: int) -> int | None:
+        """Row of (step, family) in the step-family table (its keys ascend)."""
+        i = int(np.searchsorted(pair_key, step * n_fam + fam))
+        return i if i < len(pair_key) and pair_key[i] == step * n_fam + fam else None
+
     for s in flagged_steps.tolist():
         lo, hi = np.searchsorted(sus_steps, [s, s + 1])
         sus = sus_sorted[lo:hi]
-        fams: dict[int, float] = {}
-        for i in sus.tolist():  # suspects per step: at most a few dozen
-            fams.setdefault(int(inst.family[i]), 0.0)
         cands = []
-        for fcode in fams:
-            p = pair_pos.get((s, fcode))
+        for fcode in dict.fromkeys(inst.family[sus].tolist()):  # the suspects' families, in order
+            p = pair_pos(s, fcode)
             susp = float(ss.sf_susp[p]) if p is not None else float("nan")
             cnt = int(ss.sf_count[p]) if p is not None else 0
             best_a = float(a[sus[inst.family[sus] == fcode]].max())

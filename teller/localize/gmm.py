@@ -110,7 +110,7 @@ class GMMLocalizer(BaseEstimator):
         shift_test: bool = True,
         shift_margin: float = 1.25,
         calibration: str = "crossfit",
-        calibration_quantile: float = 0.01,
+        calibration_quantile: float = 0.001,
         min_central_weight: float = 0.001,
         quantile: float = 0.1,
         step_threshold: float = 0.5,
@@ -245,9 +245,10 @@ class GMMLocalizer(BaseEstimator):
         return gm.weights_, gm.means_, np.maximum(gm.covariances_, floor)
 
     def _tail_radius(self, m2: np.ndarray, dof: int) -> float:
-        """The 1 − ``tail`` point of the reference's distances, extrapolated from their 99th
-        percentile with the χ² shape (q99 · χ²(1 − tail) / χ²(0.99)): a handful of hiccups in the
-        reference (a descheduled thread, a GC pause) must not become the radius of the family."""
+        """The 1 − ``tail`` point of the reference's distances, extrapolated from their
+        1 − ``calibration_quantile`` percentile with the χ² shape (q · χ²(1 − tail) / χ²(1 − cq)):
+        a handful of hiccups in the reference (a descheduled thread, a GC pause) must not become
+        the radius of the family."""
         m2 = m2[np.isfinite(m2)]
         if not len(m2):
             return 0.0
