@@ -293,6 +293,7 @@ def cpu_accuracy(tmp: Path, reps: int, con) -> list[dict]:
         m["in_window"] = {"steps": sum(win), "flagged": sum(f and w for f, w in zip(flag, win, strict=True)),
                           "outside": len(win) - sum(win),
                           "flagged_outside": sum(f and not w for f, w in zip(flag, win, strict=True))}
+        m["unseen_instances"] = d["summary"]["unseen_instances_in_steps"]  # a recorder mismatch shows here
         rows.append({"source": "cpu-inject", "run": run.name, "mechanism": mech, **m})
     con.print(f"campaign: {summary.get('runs', '?')} runs; references {', '.join(p.name for p in refs)}")
     return rows
