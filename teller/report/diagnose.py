@@ -196,11 +196,11 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     Returns the diagnosis dict with ``"paths"`` added (the files written)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    run = ensure_reconstructed(run, note)
     if localizer is None and not reference:
         from teller.localize import no_reference_error
 
         raise no_reference_error(run)
+    run = ensure_reconstructed(run, note)
     for r in reference or []:
         ensure_reconstructed(r, note)
     est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, **(params or {}))
