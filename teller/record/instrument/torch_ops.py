@@ -30,7 +30,7 @@ import inspect
 import itertools
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from teller.record import runtime as rt
 from teller.record.instrument import Instrumentor
@@ -337,24 +337,35 @@ class TorchDistributedInstrumentor(Instrumentor):
                     self.on_undo(lambda op=op, fn=fn: setattr(dist, op, fn))
 
     def _wrapper(self, op: str, tensor_arg: str | None, sig: Any):
-        inst = self
+        def describe(instance: Any, args: Any, kwargs: Any):
+            bound = sig.bind_partial(*args, **kwargs).arguments if sig is not None else {}
+            nbytes = _nbytes(bound.get(tensor_arg)) if tensor_arg else 0
+            peer = _peer(op, bound) if op in _P2P else None
+            return nbytes, group_label(bound.get("group")), peer
 
-        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            if _comm_depth() > 0 or rt.is_compiling():
-                return wrapped(*args, **kwargs)
-            try:
-                bound = sig.bind_partial(*args, **kwargs).arguments if sig is not None else {}
-                group = group_label(bound.get("group"))
-                nbytes = _nbytes(bound.get(tensor_arg)) if tensor_arg else 0
-                peer = _peer(op, bound) if op in _P2P else None
-                cm = comm_range(op, nbytes, group, peer)
-            except Exception as e:
-                inst.failed(f"COMM {op}", e)
-                return wrapped(*args, **kwargs)
-            with cm:
-                return wrapped(*args, **kwargs)
+        return _comm_wrapper(self, op, describe)
 
-        return wrapper
+
+def _comm_wrapper(inst: Instrumentor, op: str, describe: Callable[[Any, Any, Any], tuple | None]):
+    """A wrapt wrapper recording one COMM range per call; ``describe(instance, args, kwargs)``
+    gives (bytes, group, peer), or None for a call not worth a range. Nested collectives (an
+    engine's wrapper calling torch.distributed) are recorded once, at the outermost call."""
+
+    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        if _comm_depth() > 0 or rt.is_compiling():
+            return wrapped(*args, **kwargs)
+        try:
+            what = describe(instance, args, kwargs)
+            if what is None:
+                return wrapped(*args, **kwargs)
+            cm = comm_range(op, *what)
+        except Exception as e:
+            inst.failed(f"COMM {op}", e)
+            return wrapped(*args, **kwargs)
+        with cm:
+            return wrapped(*args, **kwargs)
+
+    return wrapper
 
 
 def _peer(op: str, bound: dict) -> tuple:
@@ -402,18 +413,10 @@ def wrap_group_coordinator(inst: Instrumentor, module: Any, cls: str = "GroupCoo
 
 
 def _coordinator_wrapper(inst: Instrumentor, op: str, idx: int | None):
-    def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if _comm_depth() > 0 or rt.is_compiling():
-            return wrapped(*args, **kwargs)
-        try:
-            if getattr(instance, "world_size", 2) == 1:
-                return wrapped(*args, **kwargs)  # a no-op collective: nothing to record
-            nbytes = _nbytes(args[idx]) if idx is not None and len(args) > idx else 0
-            cm = comm_range(op, nbytes, group_label(instance))
-        except Exception as e:
-            inst.failed(f"COMM {op}", e)
-            return wrapped(*args, **kwargs)
-        with cm:
-            return wrapped(*args, **kwargs)
+    def describe(instance: Any, args: Any, kwargs: Any):
+        if getattr(instance, "world_size", 2) == 1:
+            return None  # a no-op collective: nothing to record
+        nbytes = _nbytes(args[idx]) if idx is not None and len(args) > idx else 0
+        return nbytes, group_label(instance), None
 
-    return wrapper
+    return _comm_wrapper(inst, op, describe)
