@@ -104,3 +104,22 @@ def test_cli_show_and_stats(tmp_path, capsys):
     assert main(["stats", run]) == 0
     assert main(["show", str(tmp_path / "missing")]) == 2
     assert "no such run directory" in capsys.readouterr().err
+
+
+def test_show_without_steps_picks_the_richest_root(tmp_path):
+    # a long root holding nothing (a profiler's own span) and a shorter one holding the work
+    nodes = [(-1, "OTHER", "PyTorch Profiler (0)", 0, 10_000), (-1, "BE", "aten::linear", 10, 500),
+             (1, "RT", "cudaLaunchKernel", 20, 30), (2, "K", "gemm", 40, 400)]
+    forest = pa.table({
+        "node_id": pa.array(range(4), pa.int64()), "parent_id": pa.array([p for p, *_ in nodes], pa.int64()),
+        "layer": pa.array([x[1] for x in nodes]).dictionary_encode(),
+        "name": pa.array([x[2] for x in nodes]).dictionary_encode(),
+        "start_ns": pa.array([x[3] for x in nodes], pa.int64()), "end_ns": pa.array([x[4] for x in nodes], pa.int64()),
+        "step_id": pa.array([-1] * 4, pa.int64()), "flags": pa.array([0] * 4, pa.int32()),
+    })
+    rd = RunDir(tmp_path / "run")
+    rd.write_events(events_table({"kind": ["RANGE"], "start_ns": [0], "end_ns": [1]}))
+    rd.write_table(forest, "forest")
+    out = _render(run=rd.path)
+    assert "no STEP ranges" in out and "aten::linear" in out and "gemm" in out
+    assert "PyTorch Profiler" not in out

@@ -56,9 +56,13 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
             _print_step_list(console, forest, steps, limit=10)
             rows = [int(step_rows[np.argmin(forest.start[step_rows])])]
         else:
-            console.print(f"no STEP ranges; {len(forest.roots)} root(s), showing the longest")
+            # the root with the largest subtree is the most telling (the profiler's own span, often
+            # the longest root, holds nothing); ties go to the longer one
             roots = forest.roots
-            rows = [int(roots[np.argmax(forest.end[roots] - forest.start[roots])])] if len(roots) else []
+            console.print(f"no STEP ranges; {len(roots)} root(s), showing the one with the most descendants "
+                          "(`--step-pattern` on `teller reconstruct` names steps in foreign traces)")
+            sizes = forest.subtree_counts(np.ones(forest.n, dtype=bool))[roots] if len(roots) else roots
+            rows = [int(roots[np.lexsort((-(forest.end[roots] - forest.start[roots]), -sizes))[0]])] if len(roots) else []
     for r in rows:
         console.print(_tree(forest, r, kernels, depth, max_children))
 
