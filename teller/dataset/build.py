@@ -10,6 +10,9 @@ Writes, all Parquet (columnar, zstd):
   step's aligned log lines that name this request or no request), is_anomaly, in_window,
   fault_type, mechanism, operator_labels, layer, explanation, effect_ms, ref_p99_ms,
   run_status, provenance (JSON: run path, campaign, forest row range per rank, label rule),
+  comm_edge_rows (rows of ``comm_edges.parquet``: for horizontal records the collectives
+  matched between the record's ranks, i.e. each rank's COMM node and its peer's; for vertical
+  records the edges touching the step),
   the TPE fields input_ids, parent_idx, duration, depth (null until a tokenizer is attached:
   :func:`attach_tpe`) and the split columns of :mod:`.splits`;
 - ``subtrees.parquet``: the forest rows of every step referenced by a record (the DFS block
@@ -114,6 +117,11 @@ def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | N
     }
     vert = pa.table(rec)
     horiz = _horizontal(vert) if len(np.unique(v.column("rank").to_numpy())) > 1 else None
+    comm = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
+    node_step = rd.read_table("forest").column("step_id").to_numpy()
+    vert = _attach_edges(vert, comm, node_step)
+    if horiz is not None:
+        horiz = _attach_edges(horiz, comm, node_step)
     # subtrees and logs of the referenced steps (each step once)
     us, first = np.unique(sid, return_index=True)
     rows = _slices(us, size[first])
@@ -123,10 +131,41 @@ def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | N
         keep = np.isin(logs.column("step_id").to_numpy(), us)
         logs = logs.filter(pa.array(keep))
         logs = logs.append_column("run_id", pa.array([run_id] * logs.num_rows, pa.string()))
-    comm = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
     if comm is not None:
         comm = comm.append_column("run_id", pa.array([run_id] * comm.num_rows, pa.string()))
     return {"records": [t for t in (vert, horiz) if t is not None], "subtrees": forest, "logs": logs, "comm": comm}
+
+
+def _attach_edges(recs: pa.Table, comm: pa.Table | None, node_step: np.ndarray) -> pa.Table:
+    """Add ``comm_edge_rows``: the rows of the run's ``comm_edges`` that join two of the record's
+    steps (horizontal records: a collective of one rank matched to the peer rank's COMM node) or
+    that touch its step (vertical records). Row numbers are made dataset-wide in :func:`build_dataset`."""
+    n = recs.num_rows
+    if comm is None or not comm.num_rows or not n:
+        return recs.append_column("comm_edge_rows", pa.array([[] for _ in range(n)], pa.list_(pa.int64())))
+    src = node_step[comm.column("src_node_id").to_numpy()]
+    dst = node_step[comm.column("dst_node_id").to_numpy()]
+    e = np.arange(comm.num_rows, dtype=np.int64)
+    lists = recs.column("step_ids").combine_chunks()
+    nsteps = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
+    rec_of = np.repeat(np.arange(n), nsteps)
+    flat = pc.list_flatten(lists).to_numpy()
+    # (step, edge) pairs: every edge under both of its endpoint steps
+    ps = np.concatenate([src, dst])
+    pe = np.concatenate([e, e])
+    order = np.lexsort((pe, ps))
+    ps, pe = ps[order], pe[order]
+    lo, hi = np.searchsorted(ps, flat, "left"), np.searchsorted(ps, flat, "right")
+    cand = _slices(lo, hi - lo)
+    cand_rec = np.repeat(rec_of, hi - lo)
+    edge = pe[cand]
+    # an edge of a multi-step record must join two of its steps; keep it once per record
+    key = np.stack([cand_rec, edge], 1)
+    uk, cnt = np.unique(key, axis=0, return_counts=True) if len(key) else (np.zeros((0, 2), np.int64), np.zeros(0, np.int64))
+    keep = (cnt >= 2) | (nsteps[uk[:, 0]] == 1) if len(uk) else np.zeros(0, bool)
+    uk = uk[keep]
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(uk[:, 0], minlength=n))]).astype(np.int32)
+    return recs.append_column("comm_edge_rows", pa.ListArray.from_arrays(pa.array(offsets), pa.array(uk[:, 1].astype(np.int64))))
 
 
 def _take_by_step(left: pa.Table, tables: list[pa.Table]) -> pa.Table:
@@ -198,6 +237,15 @@ def _horizontal(vert: pa.Table) -> pa.Table:
     return pa.table({c: rec[c] for c in vert.column_names})
 
 
+def _shift_edges(t: pa.Table, shift: int) -> pa.Table:
+    if not shift:
+        return t
+    col = t.column("comm_edge_rows").combine_chunks()
+    vals = pc.add(col.values, pa.scalar(shift, pa.int64()))
+    i = t.column_names.index("comm_edge_rows")
+    return t.set_column(i, "comm_edge_rows", pa.ListArray.from_arrays(col.offsets, vals))
+
+
 def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
                   tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None) -> dict[str, Any]:
     """Build the dataset from run directories; returns the datasheet dict."""
@@ -215,7 +263,8 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
                "skipped": (labels or {}).get("skipped", []), "records": 0}
         r = _run_records(p, labels) if status != "skipped" else None
         if r is not None:
-            recs += r["records"]
+            shift = sum(c.num_rows for c in comms)
+            recs += [_shift_edges(t, shift) for t in r["records"]]
             subs.append(r["subtrees"])
             if r["logs"] is not None:
                 logs.append(r["logs"])

@@ -121,12 +121,7 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
     # which steps each window covers
     cover = np.zeros((len(wins), n), bool)
     for i, w in enumerate(wins):
-        m = reg.get(w["mechanism"])
-        c = (sm.start <= int(w["end_tau_ns"])) & (sm.end >= int(w["start_tau_ns"]))
-        scope_all = m is not None and (m.where in ("co_located", "workload") or m.evidence == "comm")
-        if not scope_all:
-            c &= sm.pid == int(w.get("pid", -1))
-        cover[i] = c
+        cover[i] = window_cover(sm, w, reg)
     in_any = cover.any(axis=0) if len(wins) else np.zeros(n, bool)
     ref_ms = _reference(sm, ~in_any, reference)
 
@@ -164,7 +159,9 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             loc = fams
         elif m.evidence == "comm":
             val, ref = sm.comm, ref_ms("comm", None)
-            loc = [f for f in sm.families.astype(str) if f.startswith("COMM ")]
+            # COMM range names carry bytes/group/seq: the locator names the collective, not each call
+            loc = [t for t in targets if t.startswith("COMM ")] or sorted(
+                {" ".join(f.split(" ", 2)[:2]) for f in sm.families.astype(str) if f.startswith("COMM ")})
         elif m.evidence == "admission":
             delayed = {first_step_of.get(r) for r in (w.get("extra") or {}).get("requests", [])}
             hit = np.isin(sm.step_id, np.array(sorted(x for x in delayed if x is not None), dtype=np.int64))
@@ -206,6 +203,19 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             "in_window_no_effect": int((in_any & ~is_anom).sum()), "windows": len(wins),
             "reference": "own fault-free steps" if int((~in_any).sum()) >= MIN_REF or reference is None
             else str(reference), "reference_steps": int((~in_any).sum())}
+
+
+def window_cover(sm: StepMeasures, w: dict[str, Any], reg: dict[str, Any]) -> np.ndarray:
+    """Steps overlapping window ``w`` where its mechanism acts (its process, or every process for
+    co-located, workload-wide and communication faults); an open window ends with the run."""
+    m = reg.get(w["mechanism"])
+    end = w.get("end_tau_ns")
+    end = int(sm.end.max()) if end is None and len(sm.end) else int(end if end is not None else w["start_tau_ns"])
+    c = (sm.start <= end) & (sm.end >= int(w["start_tau_ns"]))
+    scope_all = m is not None and (m.where in ("co_located", "workload") or m.evidence == "comm")
+    if not scope_all:
+        c &= sm.pid == int(w.get("pid", -1))
+    return c
 
 
 def _reference(sm: StepMeasures, ref_mask: np.ndarray, reference: str | Path | None):
