@@ -108,6 +108,7 @@ def test_generic_hooks_logs_and_exit_code(engine_dir: Path):
     info = json.loads((run / "run.json").read_text())
     assert info["exit_code"] == 3 and info["status"] == "finished"
     assert info["clock"]["t0_unix_ns"] <= ts[0]
+    assert info["clock"]["utc_offset_s"] == time.localtime(info["clock"]["t0_unix_ns"] / 1e9).tm_gmtoff
     assert info["counts"]["processes"] == 1 and info["counts"]["event_rows"] == 10
     assert info["counts"]["log_lines"] == {"stdout": 5, "stderr": 3}
     assert "generic" in info["engine"]["detected"]

@@ -315,7 +315,9 @@ def record(
                 "notes": notes}
     info = RunInfo(source="teller record", command=command,
                    engine={"requested": engine, "hooks_file": hooks_path},
-                   clock={"t0_unix_ns": t0, "time_base": "tau = wall ns - t0_unix_ns"},
+                   # the zone the engine's plain log timestamps are written in (they carry no offset)
+                   clock={"t0_unix_ns": t0, "time_base": "tau = wall ns - t0_unix_ns",
+                          "utc_offset_s": int(time.localtime(t0 / 1e9).tm_gmtoff)},
                    collector=settings, start_wall=t0 / 1e9)
     info.extra["status"] = "running"
     run.write_info(info)
