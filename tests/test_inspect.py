@@ -123,3 +123,27 @@ def test_show_without_steps_picks_the_richest_root(tmp_path):
     out = _render(run=rd.path)
     assert "no STEP ranges" in out and "aten::linear" in out and "gemm" in out
     assert "PyTorch Profiler" not in out
+
+
+def test_identical_sibling_subtrees_fold_and_shapes_ignore_times(tmp_path):
+    # four launches each with one kernel (same shape, different times), then a different launch
+    nodes = [(-1, "BE", "aten::fill_", 0, 1000)]
+    for i in range(4):
+        nodes += [(0, "RT", "cudaLaunchKernel", 10 + 100 * i, 20 + 100 * i), (len(nodes), "K", "fill", 30 + 100 * i, 60 + 100 * i + i)]
+    nodes += [(0, "RT", "cudaLaunchKernel", 900, 910)]
+    forest = pa.table({
+        "node_id": pa.array(range(len(nodes)), pa.int64()), "parent_id": pa.array([p for p, *_ in nodes], pa.int64()),
+        "layer": pa.array([x[1] for x in nodes]).dictionary_encode(),
+        "name": pa.array([x[2] for x in nodes]).dictionary_encode(),
+        "start_ns": pa.array([x[3] for x in nodes], pa.int64()), "end_ns": pa.array([x[4] for x in nodes], pa.int64()),
+        "step_id": pa.array([-1] * len(nodes), pa.int64()), "flags": pa.array([0] * len(nodes), pa.int32()),
+    })
+    f = Forest(forest)
+    sh = f.shapes()
+    assert sh[1] == sh[3] == sh[5] == sh[7] and sh[9] != sh[1] and sh[2] == sh[4]
+    rd = RunDir(tmp_path / "run")
+    rd.write_events(events_table({"kind": ["RANGE"], "start_ns": [0], "end_ns": [1]}))
+    rd.write_table(forest, "forest")
+    out = _render(run=rd.path)
+    assert "cudaLaunchKernel  ×4  40 ns total  4 kernels" in out
+    assert out.count("K fill ") == 1 and out.count("RT cudaLaunchKernel") == 2

@@ -110,6 +110,7 @@ def _escape(s: str) -> str:
 
 
 def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_children: int) -> Tree:
+    shapes = forest.shapes()
     tree = Tree(_label(forest, root, kernels))
     stack = [(tree, root, 0)]
     while stack:
@@ -120,15 +121,13 @@ def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_childr
         if d + 1 > depth:
             node.add(f"[dim]… {len(kids)} children below depth {depth}[/]")
             continue
-        # fold runs of identical leaves (same layer and name) into groups [i, j)
+        # fold runs of identical sibling subtrees (same shape: layers, names, nesting) into groups [i, j)
         groups = []
         i = 0
         while i < len(kids):
-            k, j = kids[i], i + 1
-            if not len(forest.children(k)):
-                while j < len(kids) and not len(forest.children(kids[j])) and forest.layer[kids[j]] == forest.layer[k] \
-                        and forest.name_codes[kids[j]] == forest.name_codes[k]:
-                    j += 1
+            j = i + 1
+            while j < len(kids) and shapes[kids[j]] == shapes[kids[i]]:
+                j += 1
             groups.append((i, j, float(np.sum(forest.end[kids[i:j]] - forest.start[kids[i:j]]))))
             i = j
         # too many: keep the longest groups (what a user looks for), still in time order
@@ -137,9 +136,13 @@ def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_childr
         for g in keep:
             i, j, total = groups[g]
             k = kids[i]
-            if j - i > 1:
+            if j - i > 1:  # one of them stands for all; its subtree is printed once
                 layer = LAYERS[forest.layer[k]]
-                node.add(f"[{_STYLE[layer]}]{layer}[/] {_escape(forest.name(k)[:90])}  ×{j - i}  [bold]{fmt_ns(total)}[/] total")
+                label = (f"[{_STYLE[layer]}]{layer}[/] {_escape(forest.name(k)[:90])}  ×{j - i}  "
+                         f"[bold]{fmt_ns(total)}[/] total")
+                if kernels[kids[i:j]].sum() and layer != "K":
+                    label += f"  [dim]{int(kernels[kids[i:j]].sum())} kernels[/]"
+                pending.append((node.add(label), k, d + 1))
             else:
                 pending.append((node.add(_label(forest, k, kernels)), k, d + 1))
         if len(keep) < len(groups):

@@ -37,6 +37,7 @@ class Forest:
         self._child_ptr = np.concatenate([[0], np.cumsum(counts)])
         self.roots = order[~has_parent]
         self._depth = None
+        self._shapes = None
 
     def row(self, node_id: int) -> int:
         return int(self._pos[node_id])
@@ -79,6 +80,28 @@ class Forest:
             idx = np.nonzero(depth == lv)[0]
             np.add.at(total, self.parent[idx], total[idx])
         return total
+
+    def shapes(self) -> np.ndarray:
+        """A 64-bit signature per node of its subtree's shape (layers, names, child order; not
+        times): equal signatures mean identical call trees, e.g. repeated launch → kernel pairs."""
+        if self._shapes is not None:
+            return self._shapes
+        mult = np.uint64(0x9E3779B97F4A7C15)
+        with np.errstate(over="ignore"):
+            sig = (self.layer.astype(np.uint64) * np.uint64(1_000_003) + self.name_codes.astype(np.uint64) + np.uint64(1)) * mult
+            # a child's position among its siblings weighs its signature, so order matters
+            pos = np.empty(self.n, dtype=np.uint64)
+            if len(self._child_order):
+                parent_of = self.parent[self._child_order]
+                pos[self._child_order] = np.arange(len(self._child_order)) - self._child_ptr[parent_of]
+            weight = (pos * np.uint64(2) + np.uint64(1)) * np.uint64(0xBF58476D1CE4E5B9)
+            depth = self.depth
+            for lv in range(int(depth.max()) if self.n else 0, 0, -1):
+                idx = np.nonzero(depth == lv)[0]
+                mixed = (sig[idx] ^ (sig[idx] >> np.uint64(31))) * weight[idx]
+                np.add.at(sig, self.parent[idx], mixed)
+        self._shapes = sig
+        return sig
 
     def name(self, row: int) -> str:
         return self.names[self.name_codes[row]]
