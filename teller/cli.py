@@ -94,25 +94,32 @@ def _register_optional() -> None:
 _register_optional()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
+    """Run a typer app the way every TELLER entry point does: the command's exit code passes
+    through, a :class:`TellerError` is one line on stderr (exit 2), a usage error is click's own
+    message (never a traceback)."""
     try:
-        app(args=argv, standalone_mode=False)
+        rc = typer_app(args=argv, standalone_mode=False)
     except TellerError as e:
         print(f"teller: error: {e}", file=sys.stderr)
         return 2
     except (typer.Abort, KeyboardInterrupt):
         print("teller: aborted", file=sys.stderr)
         return 130
-    except SystemExit as e:  # typer/click exits on --help and usage errors
+    except SystemExit as e:  # a command calling sys.exit (teller record passes the child's code on)
         return int(e.code or 0) if not isinstance(e.code, str) else 2
-    except Exception as e:  # click usage errors arrive as ClickException
-        import click
-
-        if isinstance(e, click.ClickException):
+    except Exception as e:
+        # usage errors: typer ships its own copy of click, so match click's exception by shape
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             return e.exit_code
         raise
-    return 0
+    # without standalone mode, `raise typer.Exit(n)` comes back as the return value
+    return rc if isinstance(rc, int) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_app(app, argv)
 
 
 if __name__ == "__main__":

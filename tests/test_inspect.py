@@ -147,3 +147,26 @@ def test_identical_sibling_subtrees_fold_and_shapes_ignore_times(tmp_path):
     out = _render(run=rd.path)
     assert "cudaLaunchKernel  ×4  40 ns total  4 kernels" in out
     assert out.count("K fill ") == 1 and out.count("RT cudaLaunchKernel") == 2
+
+
+def test_cli_exit_codes_and_usage_errors(capsys):
+    import typer
+
+    from teller.cli import run_app
+
+    app = typer.Typer()
+
+    @app.command()
+    def fail(code: int = 5) -> None:
+        raise typer.Exit(code)
+
+    @app.command()
+    def ok() -> None:
+        pass
+
+    assert run_app(app, ["fail"]) == 5 and run_app(app, ["ok"]) == 0
+    assert run_app(app, ["fail", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "No such option: --bogus" in err and "Traceback" not in err
+    assert main(["workload", "serve-tp", "--tp", "0"]) == 2
+    assert main(["ingest"]) == 2 and "Missing argument" in capsys.readouterr().err

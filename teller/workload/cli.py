@@ -9,8 +9,6 @@ from typing import Optional
 
 import typer
 
-from teller.errors import TellerError
-
 workload_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Workloads to record: a real serving engine with a request arrival process.")
 
@@ -66,7 +64,7 @@ def serve(
 
 
 @workload_app.command("serve-tp", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def serve_tp(ctx: typer.Context, tp: int = typer.Option(2, "--tp", help="Ranks (processes), gloo on the CPU.")) -> None:
+def serve_tp(ctx: typer.Context, tp: int = typer.Option(2, "--tp", min=1, help="Ranks (processes), gloo on the CPU.")) -> None:
     """Tensor-parallel random-Llama serving on --tp ranks with torch.distributed collectives (see teller.workload.tp)."""
     from teller.workload.tp import launch, parser
 
@@ -83,16 +81,6 @@ def register(app: typer.Typer) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m teller.workload``."""
-    try:
-        workload_app(args=argv, standalone_mode=False)
-    except TellerError as e:
-        print(f"teller: error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:
-        return int(e.code or 0) if not isinstance(e.code, str) else 2
-    except Exception as e:  # click's usage errors (typer may vendor its own click)
-        if hasattr(e, "show") and hasattr(e, "exit_code"):
-            e.show()
-            return int(e.exit_code)
-        raise
-    return 0
+    from teller.cli import run_app
+
+    return run_app(workload_app, argv)
