@@ -221,13 +221,17 @@ def _utc_offset(ref_ns: int, ctx: ParseContext) -> int:
     return local_utc_offset_s(ref_ns / 1e9)
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(path, f"cannot read log file ({e.strerror or e})", "check the path and permissions") from e
+
+
 def read_plain(path: str | os.PathLike, ctx: ParseContext, label: str | None = None) -> FileResult:
     """A plain text log file → normalized line table (time from the text)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(path, f"cannot read log file ({e.strerror or e})", "check the path and permissions") from e
+    data = _read_bytes(path)
     text, replaced = _decode(data)
     lines, line_no = _split_lines(text)
     n_total = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
@@ -310,10 +314,7 @@ def _jsonl_fallback(data: bytes) -> tuple[dict[str, list], np.ndarray, np.ndarra
 def read_jsonl(path: str | os.PathLike, ctx: ParseContext, label: str | None = None) -> FileResult:
     """A recorder ``logs/*.jsonl`` file → normalized line table (time from ``ts_ns``)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(path, f"cannot read log file ({e.strerror or e})", "check the path and permissions") from e
+    data = _read_bytes(path)
     # 1-based numbers of the non-blank lines, found on the raw bytes: empty lines by their
     # length; lines starting with whitespace (rare: records start with "{") are checked one by one
     buf = np.frombuffer(data, np.uint8)
