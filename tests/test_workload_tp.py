@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from teller.reconstruct import reconstruct
 from teller.rundir import RunDir, np_col
@@ -38,3 +39,22 @@ def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     names = np.asarray(forest.column("name").to_pylist(), dtype=object)
     src, dst = np_col(edges, "src_node_id"), np_col(edges, "dst_node_id")
     assert all(names[a].split(" ")[0] == names[b].split(" ")[0] for a, b in zip(src[:20], dst[:20], strict=True))
+
+
+def test_placement_picks_backend_by_gpus_per_rank(monkeypatch):
+    import torch
+
+    from teller.workload.tp import placement
+
+    assert placement("cpu", "auto", 1, 2) == (torch.device("cpu"), "gloo")
+    with pytest.raises(SystemExit, match="needs --device cuda"):
+        placement("cpu", "nccl", 0, 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(SystemExit, match="no GPU"):
+        placement("cuda", "auto", 0, 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # two ranks share one GPU: gloo
+    assert placement("cuda", "auto", 1, 2) == (torch.device("cuda", 0), "gloo")
+    with pytest.raises(SystemExit, match="one GPU per rank"):
+        placement("cuda", "nccl", 0, 2)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert placement("cuda", "auto", 1, 2) == (torch.device("cuda", 1), "nccl")

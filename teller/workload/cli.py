@@ -64,7 +64,7 @@ def serve(
 
 
 @workload_app.command("serve-tp", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def serve_tp(ctx: typer.Context, tp: int = typer.Option(2, "--tp", min=1, help="Ranks (processes), gloo on the CPU.")) -> None:
+def serve_tp(ctx: typer.Context, tp: int = typer.Option(2, "--tp", min=1, help="Ranks (processes): gloo on the CPU or on a shared GPU, NCCL with a GPU per rank.")) -> None:
     """Tensor-parallel random-Llama serving on --tp ranks with torch.distributed collectives (see teller.workload.tp)."""
     from teller.workload.tp import launch, parser
 

@@ -5,7 +5,8 @@ each with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` in its environ
 ``teller record`` records every rank: children inherit its settings). Each rank holds 1/tp of
 the attention heads (column-parallel q/k/v, row-parallel o) and of the MLP (column-parallel
 gate/up, row-parallel down) and sums partial outputs with ``torch.distributed.all_reduce``:
-two all_reduces per layer per forward, gloo on the CPU (NCCL with one GPU per rank).
+two all_reduces per layer per forward, gloo on the CPU and when ranks share a GPU, NCCL with
+one GPU per rank (:func:`placement`).
 
 The engine is a small continuous-batching loop, the same on every rank (lockstep, no control
 messages): requests arrive as a Poisson process counted in steps (``arrivals_per_step``,
@@ -120,8 +121,8 @@ def _nn() -> Any:
 class TPEngine:
     """Per-rank engine state; :meth:`step` runs one batch (the STEP hook point)."""
 
-    def __init__(self, model: Any, n_layers: int):
-        self.model, self.n_layers = model, n_layers
+    def __init__(self, model: Any, n_layers: int, device: Any = "cpu"):
+        self.model, self.n_layers, self.device = model, n_layers, device
         self.state: dict[str, dict[str, Any]] = {}
 
     def add(self, rid: str, prompt: list[int], max_new: int) -> None:
@@ -137,11 +138,36 @@ class TPEngine:
             for rid in batch:
                 st = self.state[rid]
                 ids = st["prompt"] if not st["out"] else st["out"][-1:]
-                logits = self.model(torch.tensor(ids), st["caches"])
+                logits = self.model(torch.tensor(ids, device=self.device), st["caches"])
                 st["out"].append(int(logits.argmax(-1)[0]))
                 if len(st["out"]) >= st["max_new"]:
                     done.append(rid)
         return done
+
+
+def placement(device: str, backend: str, rank: int, world: int) -> tuple[Any, str]:
+    """This rank's device and the process-group backend.
+
+    ``cpu``: gloo. ``cuda``: rank r on GPU ``r mod n``; with ``backend auto`` NCCL when every
+    rank has a GPU of its own, else gloo (NCCL refuses two ranks on one GPU; gloo reduces CUDA
+    tensors through host copies, so the collectives stay real on a one-GPU machine).
+    """
+    import torch
+
+    if device == "cpu":
+        if backend == "nccl":
+            raise SystemExit("serve-tp: --backend nccl needs --device cuda")
+        return torch.device("cpu"), "gloo"
+    if device != "cuda":
+        raise SystemExit(f"serve-tp: --device {device!r}: expected cpu or cuda")
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise SystemExit("serve-tp: --device cuda but no GPU is visible; use --device cpu")
+    if backend == "auto":
+        backend = "nccl" if n >= world else "gloo"
+    elif backend == "nccl" and n < world:
+        raise SystemExit(f"serve-tp: --backend nccl needs one GPU per rank ({world} ranks, {n} GPU(s)); use gloo")
+    return torch.device("cuda", rank % n), backend
 
 
 def worker(a: argparse.Namespace) -> int:
@@ -154,16 +180,20 @@ def worker(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s %(name)s[rank{rank}]: %(message)s")
     torch.set_num_threads(a.threads)
-    backend = a.backend if a.backend != "auto" else ("nccl" if a.device == "cuda" else "gloo")
+    dev, backend = placement(a.device, a.backend, rank, world)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     dist.init_process_group(backend, rank=rank, world_size=world)
+    if rank == 0:
+        log.info("tp=%d backend=%s device=%s", world, backend, dev)
     torch.manual_seed(a.seed)
-    model = _nn()(a.layers, a.hidden, a.heads, a.intermediate, a.vocab, world).eval()
+    model = _nn()(a.layers, a.hidden, a.heads, a.intermediate, a.vocab, world).eval().to(dev)
     torch.manual_seed(a.seed + 1 + rank)  # each rank's shard differs; replicated parts stay equal
     for name, p in model.named_parameters():
         if "proj" in name:
             with torch.no_grad():
                 p.normal_(0, 0.02)
-    eng = TPEngine(model, a.layers)
+    eng = TPEngine(model, a.layers, dev)
     rng = random.Random(a.seed)
     plen, olen = parse_length(a.prompt_len, "prompt-len"), parse_length(a.output_len, "output-len")
     arrivals, t = [], 0.0
