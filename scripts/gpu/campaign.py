@@ -1,6 +1,11 @@
 """Run a fault campaign on the GPU machine within a time budget and reduce what comes back.
 
-    python3 scripts/gpu/campaign.py SPEC RUNS OUT --deadline-s 540 [--keep-raw NAME ...] [--only NAME ...]
+    python3 scripts/gpu/campaign.py SPEC RUNS OUT --deadline-s 480 [--lanes 4] [--keep-raw NAME ...] [--only NAME ...]
+
+With --lanes N, runs whose faults act beside the engine (co-located contention: they would
+disturb other runs) are recorded first, one at a time; the rest are then recorded N at a time,
+each lane a process pinned to its own CPU cores (the workloads are host-bound; their GPU work is
+small), until the deadline.
 
 Runs are recorded in spec order (``teller.inject.campaign.run_one``); runs already labelled in
 RUNS are skipped, so a second call on the same machine resumes. No run starts after the deadline.
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,37 +28,17 @@ import time
 from pathlib import Path
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("spec")
-    ap.add_argument("runs")
-    ap.add_argument("out")
-    ap.add_argument("--deadline-s", type=float, default=540)
-    ap.add_argument("--keep-raw", nargs="*", default=[])
-    ap.add_argument("--only", nargs="*", default=[])
-    a = ap.parse_args()
-    t0 = time.time()
+def _record(a, camp, todo, runs, red, refs, done, until, t0) -> None:
     from teller.inject.campaign import _wl_key, run_one
-    from teller.inject.spec import load_spec
 
-    camp = load_spec(a.spec)
-    runs, out = Path(a.runs), Path(a.out)
-    runs.mkdir(parents=True, exist_ok=True)
-    red = out / "reduced"
-    red.mkdir(parents=True, exist_ok=True)
-    refs: dict[str, str] = {}
-    done = []
-    for i, run in enumerate(camp.runs):
-        if a.only and run.name not in a.only:
-            continue
+    for i, run in enumerate(todo):
         run_id = f"{run.name}-r0"
         if (runs / run_id / "labels.json").is_file():
             print(f"{run_id}: already recorded", flush=True)
             continue
-        el = time.time() - t0
-        if el > a.deadline_s:
-            print(f"deadline: {run_id} and later runs not started ({el:.0f} s)", flush=True)
-            break
+        if time.time() > until:
+            print(f"deadline: {run_id} and later runs not started ({time.time() - t0:.0f} s)", flush=True)
+            return
         ts = time.time()
         try:
             res = run_one(camp, run, 0, runs, refs, force=True)
@@ -71,11 +57,74 @@ def main() -> int:
             keep = run.name in a.keep_raw
             shutil.copytree(src, dst, ignore=None if keep else shutil.ignore_patterns("events"))
         if i < 2 and res.get("status") != "finished" and run.name.startswith("ex-"):
+            done.append({"run_id": run_id, "status": "smoke run failed"})
             for f in sorted((src / "logs").glob("*"))[:4]:
                 print(f"--- {f.name}\n{f.read_bytes()[-3000:].decode('utf-8', 'replace')}", flush=True)
             print("a smoke run failed: stopping", flush=True)
-            break
-    (out / "campaign_progress.json").write_text(json.dumps(done, indent=1, default=str))
+            return
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("spec")
+    ap.add_argument("runs")
+    ap.add_argument("out")
+    ap.add_argument("--deadline-s", type=float, default=540)
+    ap.add_argument("--keep-raw", nargs="*", default=[])
+    ap.add_argument("--only", nargs="*", default=[])
+    ap.add_argument("--lanes", type=int, default=1)
+    ap.add_argument("--lanes-deadline-s", type=float, default=None, help="no lane run starts after this (default: --deadline-s)")
+    ap.add_argument("--until", type=float, default=None, help="absolute deadline (epoch s; lanes)")
+    ap.add_argument("--cpus", default=None, help="pin this process and its children, e.g. 0-3")
+    ap.add_argument("--no-pack", action="store_true")
+    ap.add_argument("--lane", type=int, default=None)
+    a = ap.parse_args()
+    t0 = time.time()
+    until = a.until if a.until is not None else t0 + a.deadline_s
+    if a.cpus:
+        lo, hi = (int(x) for x in a.cpus.split("-"))
+        os.sched_setaffinity(0, range(lo, hi + 1))
+    from teller.inject.spec import load_spec
+
+    camp = load_spec(a.spec)
+    runs, out = Path(a.runs), Path(a.out)
+    runs.mkdir(parents=True, exist_ok=True)
+    red = out / "reduced"
+    red.mkdir(parents=True, exist_ok=True)
+    refs: dict[str, str] = {}
+    done = []
+    todo = [r for r in camp.runs if not a.only or r.name in a.only]
+    if a.lanes > 1:
+        from teller.inject.mechanisms import registry
+
+        reg = registry()
+        beside = [r for r in todo if any(reg[f.mechanism].where == "co_located" and f.mechanism != "netem_link" for f in r.faults)]
+        rest = [r for r in todo if r not in beside]
+        smoke, rest = rest[:2], rest[2:]
+        todo = smoke  # here; then the lanes; then the co-located runs one at a time
+    else:
+        rest, beside = [], []
+    _record(a, camp, todo, runs, red, refs, done, until, t0)
+    if a.lanes > 1 and not any("smoke run failed" in str(d) for d in done):
+        n = os.cpu_count() or a.lanes
+        per = max(1, n // a.lanes)
+        procs = []
+        for k in range(a.lanes):
+            names = [r.name for r in rest[k::a.lanes]]
+            if names:
+                lane_until = until if a.lanes_deadline_s is None else min(until, t0 + a.lanes_deadline_s)
+                cmd = [sys.executable, __file__, a.spec, a.runs, a.out, "--until", str(lane_until), "--no-pack",
+                       "--cpus", f"{k * per}-{k * per + per - 1}", "--only", *names]
+                if a.keep_raw:
+                    cmd += ["--keep-raw", *a.keep_raw]
+                procs.append(subprocess.Popen(cmd + ["--lane", str(k)]))
+        for p in procs:
+            p.wait()
+        _record(a, camp, beside, runs, red, refs, done, until, t0)
+    lane = f"-{a.lane}" if a.lane is not None else ""
+    (out / f"campaign_progress{lane}.json").write_text(json.dumps(done, indent=1, default=str))
+    if a.no_pack:
+        return 0
     subprocess.run(f"cd {out} && tar cf - reduced | split -b 15m -d - runs.tar. && rm -rf reduced", shell=True, check=False)
     print(f"packed after {time.time() - t0:.0f} s:", sorted(p.name for p in out.glob("runs.tar.*")), flush=True)
     return 0

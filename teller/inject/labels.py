@@ -14,7 +14,8 @@ its execution shows the effect:
 - ``admission`` evidence (delayed admission): the step is the first step of a request whose
   admission the mechanism delayed.
 
-Reference steps are the run's steps that overlap no window, on the same rank; when there are
+Reference steps are the run's steps that overlap no window, on the same rank, less the warm-up
+steps (:func:`warmup_steps`: warm-up requests only, or a process's first two steps); when there are
 fewer than :data:`MIN_REF` of them the first fault-free run of the same workload in the campaign
 is used instead. Steps in a window without the effect stay normal (``is_anomaly`` false,
 ``in_window`` true, ``effect`` "none"): the fault was present but did not show in that step.
@@ -35,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from teller.inject import CATEGORY_TITLES
+from teller.localize.features import _codes, family_names
 from teller.rundir import RunDir
 
 MIN_REF = 20
@@ -67,18 +69,28 @@ class StepMeasures:
         self.start = steps.column("start_ns").to_numpy().astype(np.int64)
         self.end = steps.column("end_ns").to_numpy().astype(np.int64)
         self.duration = self.end - self.start
+        self.warmup = warmup_steps(steps)
         sid = forest.column("step_id").to_numpy().astype(np.int64)
-        layer = np.asarray(forest.column("layer").cast(pa.string()).to_pylist(), dtype=object) if forest.num_rows else np.zeros(0, object)
-        name = forest.column("name").combine_chunks()
-        name = name.dictionary_decode() if pa.types.is_dictionary(name.type) else name
-        keys = np.char.add(np.char.add(layer.astype(str), " "), np.asarray(name.to_pylist(), dtype=str)) if len(layer) else np.zeros(0, str)
         dur = (forest.column("end_ns").to_numpy() - forest.column("start_ns").to_numpy()).astype(np.int64)
         pos = np.searchsorted(self.step_id, sid)
         pos = np.clip(pos, 0, max(len(self.step_id) - 1, 0))
         ok = (sid >= 0) & (len(self.step_id) > 0)
         ok &= self.step_id[pos] == sid if len(self.step_id) else ok
-        ok &= ~np.char.startswith(keys.astype(str), "STEP ") if len(keys) else ok
-        self.families, fam = np.unique(keys[ok], return_inverse=True) if ok.any() else (np.zeros(0, str), np.zeros(0, np.int64))
+        # families on dictionary codes: each distinct (layer, name) is normalised once
+        # (``COMM all_reduce bytes=… seq=…`` → ``COMM all_reduce``), never per row
+        lcode, ldict = _codes(forest, "layer")
+        ncode, ndict = _codes(forest, "name")
+        pair = lcode.astype(np.int64) * (len(ndict) + 1) + ncode
+        upair, pair_inv = np.unique(pair, return_inverse=True)
+        pair_fam = np.array([family_names(ldict[p // (len(ndict) + 1)], [ndict[p % (len(ndict) + 1)]])[0]
+                             for p in upair.tolist()], dtype=object)
+        is_step = np.array([f.startswith("STEP ") for f in pair_fam], dtype=bool)
+        ok &= ~is_step[pair_inv] if len(pair_inv) else ok
+        if ok.any():
+            self.families, fam_of_pair = np.unique(pair_fam.astype(str), return_inverse=True)
+            fam = fam_of_pair[pair_inv[ok]]
+        else:
+            self.families, fam = np.zeros(0, str), np.zeros(0, np.int64)
         nf, ns = len(self.families), len(self.step_id)
         self.fam_time = np.bincount(pos[ok] * nf + fam, weights=dur[ok], minlength=ns * nf).reshape(ns, nf) if nf else np.zeros((ns, 0))
         self.fam_index = {str(f): i for i, f in enumerate(self.families)}
@@ -99,6 +111,31 @@ class StepMeasures:
             if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
+
+
+#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
+COLD_STEPS = 2
+
+
+def warmup_steps(steps: pa.Table) -> np.ndarray:
+    """Steps kept out of every reference: those serving only the workload's warm-up requests
+    (``reqs=warmup_…``) and the first :data:`COLD_STEPS` steps of each process."""
+    import pyarrow.compute as pc
+
+    n = steps.num_rows
+    if not n:
+        return np.zeros(0, bool)
+    name = steps.column("name").cast(pa.string())
+    warm = pc.match_substring_regex(name, r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)").fill_null(False)
+    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
+    pid = steps.column("pid").to_numpy().astype(np.int64)
+    start = steps.column("start_ns").to_numpy().astype(np.int64)
+    order = np.lexsort((start, pid))
+    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
+    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    rank_in_pid = np.empty(n, np.int64)
+    rank_in_pid[order] = np.arange(n) - grp_start
+    return warm | (rank_in_pid < COLD_STEPS)
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -123,7 +160,7 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
     for i, w in enumerate(wins):
         cover[i] = window_cover(sm, w, reg)
     in_any = cover.any(axis=0) if len(wins) else np.zeros(n, bool)
-    ref_ms = _reference(sm, ~in_any, reference)
+    ref_ms = _reference(sm, ~in_any & ~sm.warmup, reference)
 
     is_anom = np.zeros(n, bool)
     fault_type = np.full(n, "", object)
@@ -223,7 +260,7 @@ def _reference(sm: StepMeasures, ref_mask: np.ndarray, reference: str | Path | N
     src, mask = sm, ref_mask
     if int(ref_mask.sum()) < MIN_REF and reference is not None and Path(reference, "steps.parquet").is_file():
         src = StepMeasures(reference)
-        mask = np.ones(len(src.step_id), bool)
+        mask = ~src.warmup
 
     def ref(kind: str, fams: list[str] | None) -> tuple[float, float]:
         if kind == "step":
