@@ -122,10 +122,12 @@ def main() -> int:
             p.wait()
         _record(a, camp, beside, runs, red, refs, done, until, t0)
     lane = f"-{a.lane}" if a.lane is not None else ""
-    (out / f"campaign_progress{lane}.json").write_text(json.dumps(done, indent=1, default=str))
+    (red / f"campaign_progress{lane}.json").write_text(json.dumps(done, indent=1, default=str))
     if a.no_pack:
         return 0
-    subprocess.run(f"cd {out} && tar cf - reduced | split -b 15m -d - runs.tar. && rm -rf reduced", shell=True, check=False)
+    # at most 8 files come back from a call: parts beyond the 8th wait in /tmp/parts for the next call
+    subprocess.run(f"mkdir -p /tmp/parts && cd {out} && tar cf - reduced | split -b 15m -d - /tmp/parts/runs.tar. "
+                   f"&& rm -rf reduced && ls /tmp/parts | head -8 | xargs -I{{}} mv /tmp/parts/{{}} {out}/", shell=True, check=False)
     print(f"packed after {time.time() - t0:.0f} s:", sorted(p.name for p in out.glob("runs.tar.*")), flush=True)
     return 0
 
