@@ -77,6 +77,8 @@ def main() -> int:
     ap.add_argument("--until", type=float, default=None, help="absolute deadline (epoch s; lanes)")
     ap.add_argument("--cpus", default=None, help="pin this process and its children, e.g. 0-3")
     ap.add_argument("--no-pack", action="store_true")
+    ap.add_argument("--co-located-in-lanes", action="store_true",
+                    help="record co-located runs in the lanes too (their contention is pinned to the lane's cores)")
     ap.add_argument("--lane", type=int, default=None)
     a = ap.parse_args()
     t0 = time.time()
@@ -98,9 +100,9 @@ def main() -> int:
         from teller.inject.mechanisms import registry
 
         reg = registry()
-        beside = [r for r in todo if any(reg[f.mechanism].where == "co_located" and f.mechanism != "netem_link" for f in r.faults)]
+        beside = [] if a.co_located_in_lanes else [r for r in todo if any(reg[f.mechanism].where == "co_located" and f.mechanism != "netem_link" for f in r.faults)]
         rest = [r for r in todo if r not in beside]
-        smoke, rest = rest[:2], rest[2:]
+        smoke, rest = (rest[:2], rest[2:]) if any(r.name.startswith("ex-") for r in rest[:2]) else ([], rest)
         todo = smoke  # here; then the lanes; then the co-located runs one at a time
     else:
         rest, beside = [], []

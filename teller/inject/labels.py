@@ -7,9 +7,11 @@ communication faults (the other ranks wait too). An overlapping step is **abnorm
 its execution shows the effect:
 
 - ``targets`` evidence (targeted operators): the summed time of the targeted operator families
-  in the step exceeds the p99 of the same sum over the reference steps;
+  in the step exceeds the p99 of the same sum over the reference steps, or the GPU time of the
+  kernels and copies in their subtrees exceeds its own reference p99 (a host-bound engine hides
+  extra device work from host ranges; the layer then includes ``K``);
 - ``step`` evidence (contention, churn, stalls, KV pressure): the step's duration exceeds the
-  reference p99 of step durations;
+  reference p99 of step durations, or the step's GPU time exceeds its reference p99;
 - ``comm`` evidence (straggler, throttling): the step's summed COMM time exceeds the reference p99;
 - ``admission`` evidence (delayed admission): the step is the first step of a request whose
   admission the mechanism delayed.
@@ -59,8 +61,9 @@ class StepMeasures:
     def __init__(self, run: str | Path):
         rd = RunDir(run)
         steps = rd.read_table("steps")
-        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first").select(
-            ["layer", "name", "start_ns", "end_ns", "step_id"])
+        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first")
+        forest = forest.select([c for c in ("layer", "name", "start_ns", "end_ns", "step_id", "kind", "size")
+                                if c in forest.column_names])
         self.steps = steps
         self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
         self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
@@ -93,15 +96,24 @@ class StepMeasures:
             self.families, fam = np.zeros(0, str), np.zeros(0, np.int64)
         nf, ns = len(self.families), len(self.step_id)
         self.fam_time = np.bincount(pos[ok] * nf + fam, weights=dur[ok], minlength=ns * nf).reshape(ns, nf) if nf else np.zeros((ns, 0))
+        # device time: GPU activity (kernels, copies, sets) in each node's subtree; the forest is
+        # in DFS preorder, so a subtree is the rows [i, i + size) and a prefix sum gives it
+        sub_gpu = _subtree_gpu_ns(forest, dur)
+        self.fam_gpu = (np.bincount(pos[ok] * nf + fam, weights=sub_gpu[ok], minlength=ns * nf).reshape(ns, nf)
+                        if nf else np.zeros((ns, 0)))
+        inside = (self.step_id >= 0) & (self.step_id < len(sid))  # node ids are forest rows
+        self.gpu = np.where(inside, sub_gpu[np.clip(self.step_id, 0, max(len(sid) - 1, 0))], 0.0) if len(sid) else np.zeros(ns)
         self.fam_index = {str(f): i for i, f in enumerate(self.families)}
         is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
         self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)
         self.fam_layer = np.array([f.split(" ", 1)[0] for f in self.families], dtype=object)
 
-    def family_columns(self, names: list[str]) -> np.ndarray:
-        """Summed time per step of the named families (absent families count 0)."""
+    def family_columns(self, names: list[str], device: bool = False) -> np.ndarray:
+        """Summed time per step of the named families (absent families count 0); with ``device``
+        the GPU time of their subtrees (the kernels and copies they launched) instead."""
         idx = [self.fam_index[n] for n in names if n in self.fam_index]
-        return self.fam_time[:, idx].sum(axis=1) if idx else np.zeros(len(self.step_id))
+        m = self.fam_gpu if device else self.fam_time
+        return m[:, idx].sum(axis=1) if idx else np.zeros(len(self.step_id))
 
     def families_matching(self, suffixes: list[str]) -> list[str]:
         """Families named exactly, or FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``)."""
@@ -111,6 +123,22 @@ class StepMeasures:
             if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
+
+
+_GPU_KINDS = ("KERNEL", "MEMCPY", "MEMSET")
+
+
+def _subtree_gpu_ns(forest: pa.Table, dur: np.ndarray) -> np.ndarray:
+    """GPU activity time in the subtree of every row (0 without ``kind``/``size`` columns)."""
+    n = forest.num_rows
+    if not n or "kind" not in forest.column_names or "size" not in forest.column_names:
+        return np.zeros(n)
+    kcode, kdict = _codes(forest, "kind")
+    is_gpu = np.isin(kcode, [i for i, k in enumerate(kdict) if k in _GPU_KINDS])
+    csum = np.concatenate([[0.0], np.cumsum(np.where(is_gpu, dur, 0).astype(np.float64))])
+    size = np.maximum(forest.column("size").to_numpy(zero_copy_only=False).astype(np.int64), 1)
+    end = np.minimum(np.arange(n) + size, n)
+    return csum[end] - csum[np.arange(n)]
 
 
 #: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
@@ -190,9 +218,11 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
         if not len(idx):
             continue
         targets = list(w.get("targets_hit") or []) or list(w.get("targets") or m.targets)
+        dev = None  # the device-side measure, for evidence that can show on the GPU only
         if m.evidence == "targets":
             fams = sm.families_matching(targets)
             val, ref = sm.family_columns(fams), ref_ms("fams", fams)
+            dev = (sm.family_columns(fams, device=True), ref_ms("fams_gpu", fams))
             loc = fams
         elif m.evidence == "comm":
             val, ref = sm.comm, ref_ms("comm", None)
@@ -206,13 +236,27 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             loc = ["OTHER schedule"]
         else:
             val, ref = sm.duration.astype(float), ref_ms("step", None)
+            dev = (sm.gpu.astype(float), ref_ms("step_gpu", None))
             loc = sm.families_matching([t for t in targets if t != "STEP"]) if targets else []
         p99, med = ref
+        on_gpu = np.zeros(n, bool)
         if m.evidence == "admission":
             show = idx[hit[idx]]
         else:
-            show = idx[val[idx] > p99] if np.isfinite(p99) else idx[:0]
-        eff_ms[idx], p99_ms[idx], med_ms[idx] = val[idx] / 1e6, p99 / 1e6, med / 1e6
+            over = val > p99 if np.isfinite(p99) else np.zeros(n, bool)
+            if dev is not None and np.isfinite(dev[1][0]) and dev[1][0] > 0:
+                # a fault that only shows on the GPU (extra or slowed kernels behind a host-bound
+                # step) counts when the device time exceeds its own reference p99 and the host
+                # measure did not already show it
+                over_dev = dev[0] > dev[1][0]
+                on_gpu = over_dev & ~over
+                over = over | over_dev
+            show = idx[over[idx]]
+        p99v, medv = np.full(n, p99, float), np.full(n, med, float)
+        val = val.astype(float).copy()
+        if on_gpu.any():
+            val[on_gpu], p99v[on_gpu], medv[on_gpu] = dev[0][on_gpu], dev[1][0], dev[1][1]
+        eff_ms[idx], p99_ms[idx], med_ms[idx] = val[idx] / 1e6, p99v[idx] / 1e6, medv[idx] / 1e6
         mech[idx], win_id[idx] = w["mechanism"], w["id"]
         for s in show:
             sl = loc if loc or m.targets == ("STEP",) else _measured_locator(sm, s, ref_ms)
@@ -225,8 +269,11 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             effect[s] = "shown"
             locs[s] = list(sl)
             layer[s] = ",".join(sorted({x.split(" ", 1)[0] for x in sl}))
+            if on_gpu[s]:
+                layer[s] = ",".join(sorted(set(layer[s].split(",")) - {""} | {"K"}))
             expl[s] = explanation(m, plan.get(w["id"], w), w, sl, layer[s], float(val[s]) / 1e6,
-                                  p99 / 1e6, med / 1e6, int(sm.step_num[s]), int(sm.rank[s]))
+                                  float(p99v[s]) / 1e6, float(medv[s]) / 1e6, int(sm.step_num[s]), int(sm.rank[s]),
+                                  device=bool(on_gpu[s]))
     table = pa.table({
         "run_id": pa.array([run_id] * n, pa.string()), "step_id": sm.step_id, "step_num": sm.step_num,
         "rank": sm.rank, "pid": sm.pid, "start_ns": sm.start, "end_ns": sm.end, "duration_ns": sm.duration,
@@ -265,6 +312,10 @@ def _reference(sm: StepMeasures, ref_mask: np.ndarray, reference: str | Path | N
     def ref(kind: str, fams: list[str] | None) -> tuple[float, float]:
         if kind == "step":
             v = src.duration[mask].astype(float)
+        elif kind == "step_gpu":
+            v = src.gpu[mask].astype(float)
+        elif kind == "fams_gpu":
+            v = src.family_columns(list(fams or []), device=True)[mask]
         elif kind == "comm":
             v = src.comm[mask]
         else:
@@ -293,10 +344,13 @@ def _measured_locator(sm: StepMeasures, s: int, ref: Any) -> list[str]:
 
 
 def explanation(m: Any, fault: dict[str, Any], w: dict[str, Any], loc: list[str], layer: str, val_ms: float,
-                p99_ms: float, med_ms: float, step_num: int, rank: int) -> str:
+                p99_ms: float, med_ms: float, step_num: int, rank: int, device: bool = False) -> str:
     """One or two sentences: fault type, evidence (operators, layer, numbers), cause."""
     what = {"targets": "the targeted operators took", "comm": "communication took",
             "step": "the step took", "admission": "the step took"}[m.evidence]
+    if device:
+        what = {"targets": "the GPU work launched by the targeted operators took",
+                "step": "the step's GPU work took"}.get(m.evidence, what)
     ops = ", ".join(loc) if loc else "the whole step"
     mag = fault.get("magnitude", w.get("magnitude"))
     return (f"{CATEGORY_TITLES.get(m.category, m.category)} fault ({m.name}) in step {step_num} on rank {rank}: "
