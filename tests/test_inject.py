@@ -110,7 +110,9 @@ def test_smoke_dataset_build(smoke, tmp_path):
         seen.setdefault((r["run_id"], r["request_id"]), set()).add(r["split_request"])
     assert all(len(v) == 1 for v in seen.values())
     # records keep their subtree: the forest rows of the step are in subtrees.parquet
-    sub = pq.read_table(tmp_path / "ds" / "subtrees.parquet")
+    from teller.dataset.codec import read_subtrees
+
+    sub = read_subtrees(tmp_path / "ds")
     keys = set(zip(sub.column("run_id").to_pylist(), sub.column("node_id").to_pylist(), strict=False))
     assert all((r["run_id"], r["step_id"]) in keys for r in d)
     assert all((not r["is_anomaly"]) == (r["operator_labels"] == []) for r in d)

@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from teller.dataset.codec import read_subtrees
 from teller.inject.effects import window_effects
 from teller.inject.spec import load_spec
 
@@ -165,7 +166,7 @@ def test_horizontal_records_carry_cross_rank_edges(campaign, tmp_path):
     rec = pq.read_table(tmp_path / "ds" / "records.parquet")
     hz = rec.filter(pc.equal(rec.column("view"), "horizontal")).to_pylist()
     edges = pq.read_table(tmp_path / "ds" / "comm_edges.parquet").to_pylist()
-    sub = pq.read_table(tmp_path / "ds" / "subtrees.parquet").select(["run_id", "node_id", "layer", "rank", "step_id"])
+    sub = read_subtrees(tmp_path / "ds").select(["run_id", "node_id", "layer", "rank", "step_id"])
     nodes = {(r["run_id"], r["node_id"]): r for r in sub.to_pylist()}
     with_edges = [h for h in hz if h["comm_edge_rows"]]
     assert len(with_edges) >= 0.9 * len(hz)

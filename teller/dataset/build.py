@@ -17,7 +17,8 @@ Writes, all Parquet (columnar, zstd):
   :func:`attach_tpe`) and the split columns of :mod:`.splits`;
 - ``subtrees.parquet``: the forest rows of every step referenced by a record (the DFS block
   ``[step_id, step_id + size)``), with ``run_id``: enough to recompute localization, slices
-  and TPE without the run directories;
+  and TPE without the run directories. Stored compactly (:mod:`.codec`); read it with
+  :func:`teller.dataset.codec.read_subtrees`;
 - ``logs.parquet``: the aligned log lines of those steps (``log_alignment`` rows plus run_id);
 - ``comm_edges.parquet``: the cross-rank communication edges of the runs (plus run_id);
 - ``datasheet.json`` / ``datasheet.md`` (:mod:`.datasheet`).
@@ -70,7 +71,20 @@ def _slices(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return offs + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
-def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | None:
+def sample_steps(v: pa.Table, normal_every: int) -> np.ndarray:
+    """Which rows of (request, step) pairs to keep: every step number that is abnormal on some
+    rank, and of the others every ``normal_every``-th step number (``step_num % k == 0``), so a
+    kept step keeps all of its ranks and requests (horizontal records stay whole)."""
+    n = v.num_rows
+    if normal_every <= 1 or not n:
+        return np.ones(n, bool)
+    num = v.column("step_num").to_numpy().astype(np.int64)
+    ab = v.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
+    keep_num = np.unique(num[ab])
+    return np.isin(num, keep_num) | (num % normal_every == 0)
+
+
+def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1) -> dict[str, Any] | None:
     from teller.inject.labels import STEP_LABELS_SCHEMA
 
     rd = RunDir(run)
@@ -93,6 +107,8 @@ def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | N
     v = _take_by_step(reqs.select(["request_id", "step_id"]), [st, sl])
     v = v.sort_by([("rank", "ascending"), ("step_num", "ascending"), ("request_id", "ascending")])
     _ = STEP_LABELS_SCHEMA
+    n_steps = len(np.unique(v.column("step_id").to_numpy()))
+    v = v.filter(pa.array(sample_steps(v, normal_every)))
     # logs of the referenced steps
     logs = rd.read_table("log_alignment") if rd.has_table("log_alignment") else None
     log_text = _log_text(v, logs)
@@ -133,7 +149,8 @@ def _run_records(run: Path, labels: dict[str, Any] | None) -> dict[str, Any] | N
         logs = logs.append_column("run_id", pa.array([run_id] * logs.num_rows, pa.string()))
     if comm is not None:
         comm = comm.append_column("run_id", pa.array([run_id] * comm.num_rows, pa.string()))
-    return {"records": [t for t in (vert, horiz) if t is not None], "subtrees": forest, "logs": logs, "comm": comm}
+    return {"records": [t for t in (vert, horiz) if t is not None], "subtrees": forest, "logs": logs, "comm": comm,
+            "steps": n_steps, "steps_kept": len(us)}
 
 
 def _attach_edges(recs: pa.Table, comm: pa.Table | None, node_step: np.ndarray) -> pa.Table:
@@ -247,8 +264,14 @@ def _shift_edges(t: pa.Table, shift: int) -> pa.Table:
 
 
 def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
-                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None) -> dict[str, Any]:
-    """Build the dataset from run directories; returns the datasheet dict."""
+                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None, normal_every: int = 1) -> dict[str, Any]:
+    """Build the dataset from run directories; returns the datasheet dict.
+
+    ``normal_every`` > 1 samples steps (:func:`sample_steps`): abnormal steps are all kept, other
+    steps one step number in ``normal_every``; the datasheet records the rule and the counts."""
+    if normal_every < 1:
+        raise TellerError(f"--normal-every {normal_every}: expected 1 (keep every step) or more")
+    from teller.dataset.codec import write_subtrees
     from teller.dataset.datasheet import write_datasheet
     from teller.dataset.splits import split_table
 
@@ -261,7 +284,7 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         status = (labels or {}).get("status", "unlabelled")
         row = {"run_id": (labels or {}).get("run_id") or p.name, "path": str(p), "status": status,
                "skipped": (labels or {}).get("skipped", []), "records": 0}
-        r = _run_records(p, labels) if status != "skipped" else None
+        r = _run_records(p, labels, normal_every) if status != "skipped" else None
         if r is not None:
             shift = sum(c.num_rows for c in comms)
             recs += [_shift_edges(t, shift) for t in r["records"]]
@@ -271,6 +294,7 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
             if r["comm"] is not None and r["comm"].num_rows:
                 comms.append(r["comm"])
             row["records"] = sum(t.num_rows for t in r["records"])
+            row["steps"], row["steps_kept"] = r["steps"], r["steps_kept"]
         elif status != "skipped":
             row["note"] = "not reconstructed (no steps.parquet/forest.parquet)"
         run_rows.append(row)
@@ -288,12 +312,15 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     if tpe is not None:
         records = attach_tpe(records, subtrees, tpe)
     pq.write_table(records, out / "records.parquet", compression="zstd")
-    pq.write_table(subtrees, out / "subtrees.parquet", compression="zstd")
+    write_subtrees(subtrees, out / "subtrees.parquet")
     if logs:
         pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
     if comms:
         pq.write_table(pa.concat_tables(comms, promote_options="permissive"), out / "comm_edges.parquet", compression="zstd")
-    return write_datasheet(records, run_rows, out, seed=seed, held_out=held)
+    sampling = {"normal_every": normal_every,
+                "rule": "all steps" if normal_every == 1 else
+                f"every step number abnormal on some rank, and step numbers divisible by {normal_every}"}
+    return write_datasheet(records, run_rows, out, seed=seed, held_out=held, sampling=sampling)
 
 
 def attach_tpe(records: pa.Table, subtrees: pa.Table, encode: Callable[[pa.Table, pa.Table], pa.Table]) -> pa.Table:
