@@ -1,10 +1,11 @@
-"""Measured effect of each applied fault window: step latency and targeted time, in vs. out.
+"""Measured effect of each applied fault window: step latency, step GPU time, targeted time, in vs. out.
 
-Used by the tests of the mechanisms and by ``benchmarks/fault_effects.py`` (the effect-size
-table of docs/faults.md). A window's steps are those :func:`teller.inject.labels.window_cover`
-assigns to it (the labeller's rule); its baseline is either the run's own steps outside every
-window in the same scope, or a fault-free reference run (``reference``), which is what
-whole-run mechanisms (``kv_cache_pressure``) need.
+Used by the tests of the mechanisms and by ``benchmarks/fault_effects.py`` and
+``benchmarks/gpu_fault_effects.py`` (the effect-size tables of docs/faults.md). A window's steps
+are those :func:`teller.inject.labels.window_cover` assigns to it (the labeller's rule); its
+baseline is either the run's own steps outside every window in the same scope, less the warm-up
+steps (as in the labeller's reference), or a fault-free reference run (``reference``), which is
+what whole-run mechanisms (``kv_cache_pressure``) need.
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def _stats(prefix: str, x: np.ndarray) -> dict[str, float]:
 
 
 def window_effects(run: str | Path, reference: str | Path | None = None) -> list[dict[str, Any]]:
-    """One dict per applied window of a labelled run: step latency (p50/p99/mean, ms) inside the
-    window vs. the baseline, the targeted families' summed time per step, and per-rank COMM time.
+    """One dict per applied window of a labelled run: step latency (p50/p99/mean, ms) and step GPU
+    time (p50/p99, ms) inside the window vs. the baseline, the targeted families' summed host and
+    GPU time per step, per-rank COMM time, and the families whose host / GPU time grew most.
 
-    The baseline is the run's own steps outside every window (same scope as the window) unless
+    The baseline is the run's own steps outside every window (same scope as the window, warm-up
+    steps left out: :func:`teller.inject.labels.warmup_steps`) unless
     ``reference`` (a fault-free run directory) is given or the window spans the whole run.
     """
     from teller.inject.mechanisms import registry
@@ -48,7 +51,7 @@ def window_effects(run: str | Path, reference: str | Path | None = None) -> list
     for w, c in zip(wins, covers, strict=True):
         m = reg.get(w["mechanism"])
         scope = np.ones(len(c), bool) if m is None or window_scope_all(m) else sm.pid == int(w.get("pid", -1))
-        base_src, base = (ref, np.ones(len(ref.step_id), bool)) if ref is not None else (sm, scope & ~in_any)
+        base_src, base = (ref, ~ref.warmup) if ref is not None else (sm, scope & ~in_any & ~sm.warmup)
         p = plan.get(w["id"], {})
         row: dict[str, Any] = {"run_id": labels.get("run_id"), "window": w["id"], "mechanism": w["mechanism"],
                                "category": w.get("category"), "magnitude": w.get("magnitude"),
@@ -57,16 +60,21 @@ def window_effects(run: str | Path, reference: str | Path | None = None) -> list
                                "baseline": "reference run" if ref is not None else "own steps outside the windows"}
         row.update(_stats("in", sm.duration[c].astype(float)))
         row.update(_stats("out", base_src.duration[base].astype(float)))
+        for side, x in (("in", sm.gpu[c]), ("out", base_src.gpu[base])):
+            row[f"gpu_{side}_p50_ms"], row[f"gpu_{side}_p99_ms"] = _q(x, 50), _q(x, 99)
         fams = sm.families_matching(list(w.get("targets_hit") or []) + list(w.get("targets") or (m.targets if m else ())))
         if fams:
             row["target_families"] = fams
             row["target_in_p50_ms"] = _q(sm.family_columns(fams)[c], 50)
             row["target_out_p50_ms"] = _q(base_src.family_columns(fams)[base], 50)
+            row["target_gpu_in_p50_ms"] = _q(sm.family_columns(fams, device=True)[c], 50)
+            row["target_gpu_out_p50_ms"] = _q(base_src.family_columns(fams, device=True)[base], 50)
         for rk in sorted(set(sm.rank[c].tolist())) if sm.comm.any() else []:
             ci, bi = c & (sm.rank == rk), base & (base_src.rank == rk)
             row[f"comm_in_p50_ms_rank{rk}"] = _q(sm.comm[ci], 50)
             row[f"comm_out_p50_ms_rank{rk}"] = _q(base_src.comm[bi], 50)
         row["affected_layers"] = layer_excess(sm, c, base_src, base)
+        row["affected_layers_gpu"] = layer_excess(sm, c, base_src, base, device=True)
         out.append(row)
     return out
 
@@ -76,13 +84,16 @@ def window_scope_all(m: Any) -> bool:
     return m.where in ("co_located", "workload") or m.evidence == "comm"
 
 
-def layer_excess(sm: StepMeasures, c: np.ndarray, src: StepMeasures, base: np.ndarray, top: int = 3) -> list[str]:
-    """Families whose median per-step time grew most inside the window (ms of growth, largest first)."""
+def layer_excess(sm: StepMeasures, c: np.ndarray, src: StepMeasures, base: np.ndarray, top: int = 3,
+                 device: bool = False) -> list[str]:
+    """Families whose median per-step time grew most inside the window (ms of growth, largest
+    first); with ``device`` the GPU time of their subtrees instead of their host time."""
     if not c.any() or not base.any() or not len(sm.families):
         return []
-    fin = np.median(sm.fam_time[c], axis=0)
-    fout = np.array([np.median(src.fam_time[base, src.fam_index[f]]) if f in src.fam_index else 0.0
-                     for f in sm.families.astype(str)])
+    m, ms = (sm.fam_gpu, src.fam_gpu) if device else (sm.fam_time, src.fam_time)
+    fin = np.median(m[c], axis=0)
+    j = np.array([src.fam_index.get(f, -1) for f in sm.families.astype(str)], dtype=np.int64)
+    fout = np.where(j >= 0, np.median(ms[base], axis=0)[np.maximum(j, 0)], 0.0) if ms.shape[1] else np.zeros(len(j))
     grow = fin - fout
     order = np.argsort(-grow)[:top]
     return [f"{sm.families[i]} +{grow[i] / 1e6:.2f} ms" for i in order if grow[i] > 0]
