@@ -9,7 +9,7 @@ Writes, all Parquet (columnar, zstd):
   (every rank's step), step_num, rank, view, start_ns, end_ns, duration_ns, log_text (the
   step's aligned log lines that name this request or no request), is_anomaly, in_window,
   fault_type, mechanism, operator_labels, layer, explanation, effect_ms, ref_p99_ms,
-  run_status, provenance (JSON: run path, campaign, forest row range per rank, label rule),
+  run_status, provenance (JSON: run directory name, campaign, forest row range per rank, label rule),
   comm_edge_rows (rows of ``comm_edges.parquet``: for horizontal records the collectives
   matched between the record's ranks, i.e. each rank's COMM node and its peer's; for vertical
   records the edges touching the step),
@@ -71,20 +71,27 @@ def _slices(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return offs + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
-def sample_steps(v: pa.Table, normal_every: int) -> np.ndarray:
+def sample_steps(v: pa.Table, normal_every: int, max_normal: int | None = None) -> np.ndarray:
     """Which rows of (request, step) pairs to keep: every step number that is abnormal on some
-    rank, and of the others every ``normal_every``-th step number (``step_num % k == 0``), so a
-    kept step keeps all of its ranks and requests (horizontal records stay whole)."""
+    rank, and of the others every k-th step number (``step_num % k == 0``), so a kept step keeps
+    all of its ranks and requests (horizontal records stay whole). ``k`` is ``normal_every``, or
+    larger when the run has more than ``max_normal`` other step numbers (then about
+    ``max_normal`` of them are kept: long runs and multi-rank runs do not crowd out the rest)."""
     n = v.num_rows
-    if normal_every <= 1 or not n:
+    if (normal_every <= 1 and not max_normal) or not n:
         return np.ones(n, bool)
     num = v.column("step_num").to_numpy().astype(np.int64)
     ab = v.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     keep_num = np.unique(num[ab])
-    return np.isin(num, keep_num) | (num % normal_every == 0)
+    k = max(1, normal_every)
+    if max_normal:
+        n_other = len(np.setdiff1d(np.unique(num), keep_num))
+        k = max(k, -(-n_other // max_normal))
+    return np.isin(num, keep_num) | (num % k == 0)
 
 
-def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1) -> dict[str, Any] | None:
+def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1,
+                 max_normal: int | None = None) -> dict[str, Any] | None:
     from teller.inject.labels import STEP_LABELS_SCHEMA
 
     rd = RunDir(run)
@@ -108,14 +115,14 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
     v = v.sort_by([("rank", "ascending"), ("step_num", "ascending"), ("request_id", "ascending")])
     _ = STEP_LABELS_SCHEMA
     n_steps = len(np.unique(v.column("step_id").to_numpy()))
-    v = v.filter(pa.array(sample_steps(v, normal_every)))
+    v = v.filter(pa.array(sample_steps(v, normal_every, max_normal)))
     # logs of the referenced steps
     logs = rd.read_table("log_alignment") if rd.has_table("log_alignment") else None
     log_text = _log_text(v, logs)
     n = v.num_rows
     sid = v.column("step_id").to_numpy()
     size = v.column("size").to_numpy()
-    prov = [json.dumps({"run": str(run), "campaign": (labels or {}).get("campaign"), "forest_rows": [int(a), int(a + b)],
+    prov = [json.dumps({"run": Path(run).name, "campaign": (labels or {}).get("campaign"), "forest_rows": [int(a), int(a + b)],
                         "label": "labels.json + step_labels.parquet" if rd.has_table("step_labels") else "unlabelled"})
             for a, b in zip(sid, size, strict=False)]
     rec = {
@@ -264,13 +271,16 @@ def _shift_edges(t: pa.Table, shift: int) -> pa.Table:
 
 
 def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
-                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None, normal_every: int = 1) -> dict[str, Any]:
+                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None, normal_every: int = 1,
+                  max_normal: int | None = None) -> dict[str, Any]:
     """Build the dataset from run directories; returns the datasheet dict.
 
-    ``normal_every`` > 1 samples steps (:func:`sample_steps`): abnormal steps are all kept, other
-    steps one step number in ``normal_every``; the datasheet records the rule and the counts."""
+    ``normal_every`` > 1 or ``max_normal`` samples steps (:func:`sample_steps`): abnormal steps
+    are all kept, other steps one step number in k; the datasheet records the rule and the counts."""
     if normal_every < 1:
         raise TellerError(f"--normal-every {normal_every}: expected 1 (keep every step) or more")
+    if max_normal is not None and max_normal < 1:
+        raise TellerError(f"--max-normal {max_normal}: expected a number of step numbers ≥ 1 per run")
     from teller.dataset.codec import write_subtrees
     from teller.dataset.datasheet import write_datasheet
     from teller.dataset.splits import split_table
@@ -282,9 +292,9 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     for p in paths:
         labels = RunDir(p).read_labels()
         status = (labels or {}).get("status", "unlabelled")
-        row = {"run_id": (labels or {}).get("run_id") or p.name, "path": str(p), "status": status,
+        row = {"run_id": (labels or {}).get("run_id") or p.name, "path": p.name, "status": status,
                "skipped": (labels or {}).get("skipped", []), "records": 0}
-        r = _run_records(p, labels, normal_every) if status != "skipped" else None
+        r = _run_records(p, labels, normal_every, max_normal) if status != "skipped" else None
         if r is not None:
             shift = sum(c.num_rows for c in comms)
             recs += [_shift_edges(t, shift) for t in r["records"]]
@@ -317,9 +327,10 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
     if comms:
         pq.write_table(pa.concat_tables(comms, promote_options="permissive"), out / "comm_edges.parquet", compression="zstd")
-    sampling = {"normal_every": normal_every,
-                "rule": "all steps" if normal_every == 1 else
-                f"every step number abnormal on some rank, and step numbers divisible by {normal_every}"}
+    sampling = {"normal_every": normal_every, "max_normal": max_normal,
+                "rule": "all steps" if normal_every == 1 and not max_normal else
+                "every step number abnormal on some rank, and of the others those divisible by k, "
+                f"k = {normal_every}" + (f" or more so that at most about {max_normal} per run are kept" if max_normal else "")}
     return write_datasheet(records, run_rows, out, seed=seed, held_out=held, sampling=sampling)
 
 

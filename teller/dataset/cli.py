@@ -22,13 +22,14 @@ def build_cmd(
     out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write."),
     seed: int = typer.Option(0, "--seed", help="Seed of the splits."),
     normal_every: int = typer.Option(1, "--normal-every", help="Keep every abnormal step and one other step number in N (1: all)."),
+    max_normal: int = typer.Option(None, "--max-normal", help="Keep at most about N other step numbers per run (a larger stride)."),
 ) -> None:
     """Write step records (vertical and horizontal views), splits and a datasheet."""
     from rich.console import Console
 
     from teller.dataset.build import build_dataset
 
-    s = build_dataset(list(runs), out, seed=seed, normal_every=normal_every)
+    s = build_dataset(list(runs), out, seed=seed, normal_every=normal_every, max_normal=max_normal)
     Console(stderr=True).print(f"[green]dataset[/]: records={s['records']}, abnormal={s['abnormal']}, "
                                f"prior={s['fault_prior']:.3f}, views={s['by_view']}, steps={s['steps']} of {s['steps_recorded']} "
                                f"({s['abnormal_steps']} abnormal)", highlight=False)

@@ -11,7 +11,9 @@ its execution shows the effect:
   kernels and copies in their subtrees exceeds its own reference p99 (a host-bound engine hides
   extra device work from host ranges; the layer then includes ``K``);
 - ``step`` evidence (contention, churn, stalls, KV pressure): the step's duration exceeds the
-  reference p99 of step durations, or the step's GPU time exceeds its reference p99;
+  reference p99 of step durations, or the step's GPU time exceeds its reference p99; a mechanism
+  with a ``log_pattern`` also shows in a step whose aligned log lines match it (KV pressure: the
+  engine's "Offloaded N requests" line; the pressure makes many small steps, not slow ones);
 - ``comm`` evidence (straggler, throttling): the step's summed COMM time exceeds the reference p99;
 - ``admission`` evidence (delayed admission): the step is the first step of a request whose
   admission the mechanism delayed.
@@ -210,10 +212,13 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
         order = np.lexsort((rsn, rid))
         for r, s in zip(rid[order][::-1], rsn[order][::-1], strict=False):  # small: one row per (request, step)
             first_step_of[str(r)] = int(s)
+    log_hits: dict[str, np.ndarray] = {}
     for i, w in enumerate(wins):
         m = reg.get(w["mechanism"])
         if m is None:
             continue
+        if m.log_pattern and m.log_pattern not in log_hits:
+            log_hits[m.log_pattern] = _log_evidence(run, sm, m.log_pattern)
         idx = np.nonzero(cover[i] & ~is_anom)[0]
         if not len(idx):
             continue
@@ -240,6 +245,7 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             loc = sm.families_matching([t for t in targets if t != "STEP"]) if targets else []
         p99, med = ref
         on_gpu = np.zeros(n, bool)
+        on_log = np.zeros(n, bool)
         if m.evidence == "admission":
             show = idx[hit[idx]]
         else:
@@ -251,6 +257,10 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
                 over_dev = dev[0] > dev[1][0]
                 on_gpu = over_dev & ~over
                 over = over | over_dev
+            over &= ~sm.warmup  # cold steps are slow anyway: only an explicit log line can mark them
+            if m.log_pattern:
+                on_log = log_hits[m.log_pattern] & ~over
+                over = over | on_log
             show = idx[over[idx]]
         p99v, medv = np.full(n, p99, float), np.full(n, med, float)
         val = val.astype(float).copy()
@@ -273,7 +283,7 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
                 layer[s] = ",".join(sorted(set(layer[s].split(",")) - {""} | {"K"}))
             expl[s] = explanation(m, plan.get(w["id"], w), w, sl, layer[s], float(val[s]) / 1e6,
                                   float(p99v[s]) / 1e6, float(medv[s]) / 1e6, int(sm.step_num[s]), int(sm.rank[s]),
-                                  device=bool(on_gpu[s]))
+                                  device=bool(on_gpu[s]), logged=bool(on_log[s]))
     table = pa.table({
         "run_id": pa.array([run_id] * n, pa.string()), "step_id": sm.step_id, "step_num": sm.step_num,
         "rank": sm.rank, "pid": sm.pid, "start_ns": sm.start, "end_ns": sm.end, "duration_ns": sm.duration,
@@ -287,6 +297,20 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             "in_window_no_effect": int((in_any & ~is_anom).sum()), "windows": len(wins),
             "reference": "own fault-free steps" if int((~in_any).sum()) >= MIN_REF or reference is None
             else str(reference), "reference_steps": int((~in_any).sum())}
+
+
+def _log_evidence(run: str | Path, sm: StepMeasures, pattern: str) -> np.ndarray:
+    """Steps with an aligned log line matching ``pattern`` (the engine reporting the effect)."""
+    import pyarrow.compute as pc
+
+    rd = RunDir(run)
+    out = np.zeros(len(sm.step_id), bool)
+    if not rd.has_table("log_alignment") or not len(sm.step_id):
+        return out
+    logs = rd.read_table("log_alignment").select(["text", "step_id"])
+    hit = pc.match_substring_regex(logs.column("text"), pattern).fill_null(False)
+    sids = np.unique(logs.filter(hit).column("step_id").to_numpy())
+    return np.isin(sm.step_id, sids[sids >= 0])
 
 
 def window_cover(sm: StepMeasures, w: dict[str, Any], reg: dict[str, Any]) -> np.ndarray:
@@ -344,7 +368,8 @@ def _measured_locator(sm: StepMeasures, s: int, ref: Any) -> list[str]:
 
 
 def explanation(m: Any, fault: dict[str, Any], w: dict[str, Any], loc: list[str], layer: str, val_ms: float,
-                p99_ms: float, med_ms: float, step_num: int, rank: int, device: bool = False) -> str:
+                p99_ms: float, med_ms: float, step_num: int, rank: int, device: bool = False,
+                logged: bool = False) -> str:
     """One or two sentences: fault type, evidence (operators, layer, numbers), cause."""
     what = {"targets": "the targeted operators took", "comm": "communication took",
             "step": "the step took", "admission": "the step took"}[m.evidence]
@@ -353,6 +378,8 @@ def explanation(m: Any, fault: dict[str, Any], w: dict[str, Any], loc: list[str]
                 "step": "the step's GPU work took"}.get(m.evidence, what)
     ops = ", ".join(loc) if loc else "the whole step"
     mag = fault.get("magnitude", w.get("magnitude"))
+    if logged:
+        what = "the engine logged the effect in this step (an aligned line matching the mechanism's pattern); the step took"
     return (f"{CATEGORY_TITLES.get(m.category, m.category)} fault ({m.name}) in step {step_num} on rank {rank}: "
             f"evidence {ops} (layer {layer or 'STEP'}); {what} {val_ms:.2f} ms against a fault-free p99 of "
             f"{p99_ms:.2f} ms (median {med_ms:.2f} ms). Cause: {m.cause} (magnitude {mag:g}: {m.knob}).")

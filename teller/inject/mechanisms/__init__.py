@@ -34,6 +34,8 @@ class Mechanism:
     default_magnitude: float = 1.0
     targets: tuple[str, ...] = ()
     evidence = "step"
+    #: a regex over the step's aligned log lines that also shows the effect (the engine logging it)
+    log_pattern: str | None = None
     where = "in_process"
     needs: tuple[str, ...] = ()  # subset of: gpu, root, tp, transformers_cb
     #: what the CPU run does instead when the GPU original cannot run (None: GPU only)

@@ -51,6 +51,9 @@ class KvCachePressure(Mechanism):
     where = "workload"
     needs = ("transformers_cb",)
     cause = "too few KV-cache blocks: the scheduler offloads (soft-resets) requests and prefills them again"
+    #: the engine's own record of the effect: a step with an aligned offload/preemption line shows it
+    #: even when it is not slow (the pressure makes many small steps rather than slow ones)
+    log_pattern = r"(?i)\boffload(ed|ing)?\b.*\brequests?\b|\bpreempt"
 
     def workload_args(self, fault: dict[str, Any]) -> list[str]:
         return ["--num-blocks", str(max(1, int(fault["magnitude"])))]
