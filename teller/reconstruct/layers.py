@@ -99,6 +99,13 @@ class NameRules:
     names: pa.Array  # output name dictionary (strings)
     step_num: np.ndarray  # int64 step number parsed from the text, -1 if none
     reqs: pa.Array  # request list text per code (null if none)
+    comm_kernel: np.ndarray | None = None  # bool: a collective-communication kernel name (NCCL, RCCL)
+
+
+#: GPU kernels of collective-communication libraries: the GPU side of a collective, layer COMM
+#: (the same rule as the Kineto reader's ``layer_rules.toml``, for traces without a layer column,
+#: e.g. CUPTI recordings of NCCL ranks)
+COMM_KERNEL_PATTERN = r"^(nccl|rccl)(Dev)?Kernel"
 
 
 def layer_codes(dictionary: pa.Array) -> np.ndarray:
@@ -189,7 +196,9 @@ def name_rules(dictionary: pa.Array, step_patterns: list[str] | None = None) -> 
 
     both = pa.concat_arrays([names, stripped]).dictionary_encode()
     codes = both.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    comm_kernel = np.asarray(pc.match_substring_regex(names, COMM_KERNEL_PATTERN).to_numpy(zero_copy_only=False), bool)
     return NameRules(
+        comm_kernel=comm_kernel,
         tag_layer=tag_layer,
         keep_code=codes[:n],
         strip_code=codes[n:],
@@ -203,12 +212,16 @@ def assign(kind: np.ndarray, layer_in: np.ndarray, name_code: np.ndarray, rules:
     """Layer code and output name code of every event.
 
     ``layer_in`` is the per-event input layer code (-1 = empty). Order of precedence: the input
-    column, then a tag word or step pattern in the message (push/RANGE only), then the kind.
+    column, then a tag word or step pattern in the message (push/RANGE only), then the kind
+    (a kernel named like an NCCL/RCCL kernel is COMM, any other kernel K).
     """
     tag = rules.tag_layer[name_code] if len(name_code) else np.zeros(0, np.int8)
     tagged = IS_TAGGED_KIND[kind]
     from_tag = tagged & (tag >= 0)
-    layer = np.where(layer_in >= 0, layer_in, np.where(from_tag, tag, KIND_LAYER_CODE[kind])).astype(np.int8)
+    by_kind = KIND_LAYER_CODE[kind]
+    if rules.comm_kernel is not None and len(name_code):
+        by_kind = np.where((kind == KIND_CODE["KERNEL"]) & rules.comm_kernel[name_code], LAYER_CODE["COMM"], by_kind)
+    layer = np.where(layer_in >= 0, layer_in, np.where(from_tag, tag, by_kind)).astype(np.int8)
     strip = tagged & (tag == layer) & (layer != STEP) & (tag >= 0)
     name = np.where(strip, rules.strip_code[name_code], rules.keep_code[name_code]).astype(np.int32)
     return layer, name
