@@ -13,7 +13,7 @@ If one of the first two runs (the small ``ex-*`` runs) crashes, the campaign sto
 Every finished run is copied to OUT/reduced/<run> without its raw ``events/`` (the forest,
 steps, logs and labels are what ``teller dataset build`` reads), except the runs named by
 --keep-raw, which keep everything (committed examples). The reduced runs are packed into
-OUT/runs.tar.NN parts of at most 15 MiB.
+OUT/runs.tar.NN parts of at most 15 MiB (four per call; the rest wait in /tmp/parts).
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def main() -> int:
     (red / f"campaign_progress{lane}.json").write_text(json.dumps(done, indent=1, default=str))
     if a.no_pack:
         return 0
-    # at most 8 files come back from a call: parts beyond the 8th wait in /tmp/parts for the next call
+    # about 64 MiB come back from a call (4 parts of 15 MiB): the other parts wait in /tmp/parts for the next call
     subprocess.run(f"mkdir -p /tmp/parts && cd {out} && tar cf - reduced | split -b 15m -d - /tmp/parts/runs.tar. "
-                   f"&& rm -rf reduced && ls /tmp/parts | head -8 | xargs -I{{}} mv /tmp/parts/{{}} {out}/", shell=True, check=False)
+                   f"&& rm -rf reduced && ls /tmp/parts | head -4 | xargs -I{{}} mv /tmp/parts/{{}} {out}/", shell=True, check=False)
     print(f"packed after {time.time() - t0:.0f} s:", sorted(p.name for p in out.glob("runs.tar.*")), flush=True)
     return 0
 
