@@ -76,8 +76,8 @@ def decode(t: pa.Table, where: str = "subtrees") -> pa.Table:
     """Forest rows from their storage form (the exact columns and types that were encoded)."""
     meta = t.schema.metadata or {}
     if meta.get(b"teller.codec") != CODEC.encode():
-        raise InputError(f"{where}: not a TELLER subtree file (codec {meta.get(b'teller.codec', b'none').decode()!r}, "
-                         f"expected {CODEC!r}); rebuild the dataset with `teller dataset build`")
+        raise InputError(where, f"not a TELLER subtree file (codec {meta.get(b'teller.codec', b'none').decode()!r}, "
+                         f"expected {CODEC!r})", "rebuild the dataset with `teller dataset build`")
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(meta[b"teller.schema"].decode())))
     cols = {c: t.column(c) for c in t.column_names}
     for c in _DELTA:
@@ -99,5 +99,5 @@ def read_subtrees(ds: str | Path) -> pa.Table:
     p = Path(ds)
     p = p / "subtrees.parquet" if p.is_dir() else p
     if not p.is_file():
-        raise InputError(f"{p}: no such file; give a dataset folder written by `teller dataset build`")
+        raise InputError(p, "no such file", "give a dataset folder written by `teller dataset build`")
     return decode(pq.read_table(p), str(p))
