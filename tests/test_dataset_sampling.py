@@ -43,3 +43,19 @@ def test_bad_sampling_arguments_name_the_option(tmp_path):
         build_dataset([tmp_path], tmp_path / "ds", normal_every=0)
     with pytest.raises(TellerError, match="--max-normal 0"):
         build_dataset([tmp_path], tmp_path / "ds", max_normal=0)
+
+
+def test_attach_tpe_keeps_the_record_schema_and_refuses_bad_columns():
+    from teller.dataset.build import TPE_FIELDS, attach_tpe
+
+    n = 2
+    records = pa.table({"record_id": pa.array([0, 1], pa.int64()),
+                        **{f: pa.nulls(n, pa.list_(pa.int64() if f == "duration" else pa.int32())) for f in TPE_FIELDS}})
+
+    def encode(recs, subtrees):  # int64 ids everywhere: cast to the records' types
+        return pa.table({f: pa.array([[1, 2], [3]], pa.list_(pa.int64())) for f in TPE_FIELDS})
+
+    out = attach_tpe(records, pa.table({}), encode)
+    assert out.schema == records.schema and out.column("input_ids").to_pylist() == [[1, 2], [3]]
+    with pytest.raises(TellerError, match="'depth' missing"):
+        attach_tpe(records, pa.table({}), lambda r, s: pa.table({f: encode(r, s).column(f) for f in TPE_FIELDS[:3]}))

@@ -342,5 +342,11 @@ def attach_tpe(records: pa.Table, subtrees: pa.Table, encode: Callable[[pa.Table
         raise TellerError(f"TPE encoder returned {enc.num_rows} rows for {records.num_rows} records")
     for f in TPE_FIELDS:
         i = records.column_names.index(f)
-        records = records.set_column(i, f, enc.column(f))
+        want = records.schema.field(f).type
+        try:
+            col = enc.column(f).cast(want)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise TellerError(f"TPE encoder: column {f!r} missing or not castable to {want} ({e}); "
+                              "return the columns input_ids, parent_idx, depth as list<int32> and duration as list<int64>") from None
+        records = records.set_column(i, f, col)
     return records
