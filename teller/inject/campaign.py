@@ -14,6 +14,13 @@ For every run × repetition, in ``RUNS/<run>-r<k>/``:
 
 Normal runs come first, so faulty runs can use the first normal run of the same workload as
 their reference when they have too few fault-free steps of their own.
+
+``parallel = N`` records N runs at a time, each in a lane: a ``python -m teller.inject.lane``
+process pinned to its own share of the CPU cores (the engine, its collectors and any host-CPU
+contention it gets inherit the pinning). The normal runs go first, in lanes, and become the
+references; then the faulty runs, in lanes; last, one at a time, the runs with a machine-wide
+mechanism (a co-located GPU hog, a shaped network link), which would disturb their neighbours.
+Recording N at a time suits engines that are host-bound (the GPU is shared by the lanes).
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ def machine_context(w: dict[str, Any]) -> dict[str, Any]:
 
     gpu = gpu_present()
     device = str(w.get("device", "auto"))
-    return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device,
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device, "cpus": cpus,
             "tp": int(w.get("tp", 2)) if w.get("kind") == "serve-tp" else 1,
             "workload": w.get("kind", "serve"), "root": os.geteuid() == 0}
 
@@ -63,8 +71,12 @@ def tp_hooks_file() -> str:
 
 
 def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] | None = None,
-                 force: bool = False, quiet: bool = True) -> dict[str, Any]:
-    """Record, reconstruct and label every run of ``spec`` under ``out``; returns a summary."""
+                 force: bool = False, quiet: bool = True, parallel: int = 1,
+                 refs: dict[str, str] | None = None, lane: bool = False) -> dict[str, Any]:
+    """Record, reconstruct and label every run of ``spec`` under ``out``; returns a summary.
+
+    ``parallel`` > 1 records that many runs at a time (module docstring). ``refs`` (workload key
+    → run path) and ``lane`` are for lane processes: known references, and no campaign files."""
     from teller.inject.mechanisms import registry
 
     camp = spec if isinstance(spec, Campaign) else load_spec(spec)
@@ -77,24 +89,103 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
         if unknown:
             raise TellerError(f"--only {unknown[0]!r}: no run of that name in {camp.path}")
         order = [r for r in order if r.name in only]
-    results, refs = [], {}
-    (out / "campaign.json").write_text(json.dumps({"name": camp.name, "spec": camp.path, "seed": camp.seed,
-                                                   "mechanisms": {k: m.describe() for k, m in reg.items()}},
-                                                  indent=2))
-    for run in order:
-        for rep in range(run.repetitions):
-            res = run_one(camp, run, rep, out, refs, force=force, quiet=quiet)
-            results.append(res)
-            if not run.faults and res["status"] == "finished":
-                refs.setdefault(_wl_key(run.workload), res["path"])
+    if parallel < 1:
+        raise TellerError(f"--parallel {parallel}: expected 1 or more runs at a time")
+    results: list[dict[str, Any]] = []
+    refs = dict(refs or {})
+    if not lane:
+        (out / "campaign.json").write_text(json.dumps({"name": camp.name, "spec": camp.path, "seed": camp.seed,
+                                                       "mechanisms": {k: m.describe() for k, m in reg.items()}},
+                                                      indent=2))
+    if parallel > 1:
+        results = _run_lanes(camp, order, out, parallel, force, quiet)
+    else:
+        for run in order:
+            for rep in range(run.repetitions):
+                res = run_one(camp, run, rep, out, refs, force=force, quiet=quiet)
+                results.append(res)
+                if not run.faults and res["status"] == "finished":
+                    refs.setdefault(_wl_key(run.workload), res["path"])
     summary = {"campaign": camp.name, "runs": len(results),
                "finished": sum(r["status"] == "finished" for r in results),
                "crashed": sum(r["status"] == "crashed" for r in results),
                "skipped": sum(r["status"] == "skipped" for r in results),
                "abnormal_steps": sum(r.get("abnormal_steps", 0) for r in results),
                "steps": sum(r.get("steps", 0) for r in results), "results": results}
-    (out / "campaign_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if not lane:
+        (out / "campaign_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _lane_cpus(lanes: int) -> list[list[int]]:
+    """The CPU cores of each lane: this process's cores cut into ``lanes`` contiguous shares."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cpus) // lanes)
+    return [cpus[k * per:(k + 1) * per] or cpus[-per:] for k in range(lanes)]
+
+
+def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, force: bool,
+               quiet: bool) -> list[dict[str, Any]]:
+    """Record ``order`` ``lanes`` runs at a time (module docstring); returns the run results."""
+    import subprocess
+
+    from teller.inject.mechanisms import registry
+
+    if not camp.path:
+        raise TellerError("--parallel needs the campaign spec as a file (lanes load it by path)")
+    reg = registry()
+    alone = [r for r in order if r.faults and any(reg[f.mechanism].machine_wide for f in r.faults)]
+    normal = [r for r in order if not r.faults]
+    rest = [r for r in order if r.faults and r not in alone]
+    cpus = _lane_cpus(lanes)
+    refs: dict[str, str] = {}
+    results: list[dict[str, Any]] = []
+
+    def in_lanes(runs: list[RunSpec]) -> None:
+        procs = []
+        for k in range(min(lanes, len(runs))):
+            names = [r.name for r in runs[k::lanes]]
+            cmd = [sys.executable, "-m", "teller.inject.lane", str(camp.path), str(out), "--cpus",
+                   ",".join(map(str, cpus[k])), "--refs", json.dumps(refs), "--only", *names]
+            procs.append(subprocess.Popen(cmd + (["--force"] if force else []) + ([] if quiet else ["--verbose"])))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            print(f"[teller] {sum(1 for c in codes if c)} lane(s) of the campaign exited with an error; "
+                  "their runs are reported from what they wrote", file=sys.stderr)
+
+    def collect(runs: list[RunSpec]) -> None:
+        for run in runs:
+            for rep in range(run.repetitions):
+                results.append(_result_from_disk(out / f"{run.name}-r{rep}"))
+
+    in_lanes(normal)
+    collect(normal)
+    for run, res in zip([r for r in normal for _ in range(r.repetitions)], results, strict=True):
+        if res["status"] == "finished":
+            refs.setdefault(_wl_key(run.workload), res["path"])
+    in_lanes(rest)
+    collect(rest)
+    for run in alone:
+        for rep in range(run.repetitions):
+            results.append(run_one(camp, run, rep, out, refs, force=force, quiet=quiet))
+    return results
+
+
+def _result_from_disk(path: Path) -> dict[str, Any]:
+    """A run's result as :func:`run_one` returns it, read back from its ``labels.json``."""
+    try:
+        lab = json.loads((path / "labels.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"run_id": path.name, "path": str(path), "status": "crashed", "exit_code": None,
+                "skipped": [], "note": "the lane wrote no labels.json"}
+    res = {"run_id": lab.get("run_id", path.name), "path": str(path), "status": lab.get("status", "crashed"),
+           "exit_code": lab.get("exit_code"), "skipped": lab.get("skipped", [])}
+    ls = lab.get("label_summary")
+    if ls:
+        res.update(steps=ls["steps"], abnormal_steps=ls["abnormal"])
+    return res
 
 
 def _wl_key(w: dict[str, Any]) -> str:

@@ -23,13 +23,15 @@ def run_cmd(
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only these runs of the spec (by name)."),
     force: bool = typer.Option(False, "--force", help="Replace existing recordings."),
     verbose: bool = typer.Option(False, "--verbose", help="Pass the workload's output through."),
+    parallel: int = typer.Option(1, "--parallel", help="Runs recorded at a time, each pinned to its share of the cores "
+                                 "(machine-wide faults still run alone)."),
 ) -> None:
     """Record every run of SPEC with `teller record`, reconstruct it and write labels.json."""
     from rich.console import Console
 
     from teller.inject.campaign import run_campaign
 
-    s = run_campaign(spec, out, only=only or None, force=force, quiet=not verbose)
+    s = run_campaign(spec, out, only=only or None, force=force, quiet=not verbose, parallel=parallel)
     con = Console(stderr=True)
     for r in s["results"]:
         skipped = "; ".join(f"{x['mechanism']}: {x['reason']}" for x in r.get("skipped", []))

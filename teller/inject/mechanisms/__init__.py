@@ -37,6 +37,9 @@ class Mechanism:
     #: a regex over the step's aligned log lines that also shows the effect (the engine logging it)
     log_pattern: str | None = None
     where = "in_process"
+    #: acts on the whole machine (a shared GPU, the network): runs with it are recorded alone when a
+    #: campaign records several runs at once (host CPU contention is pinned to the engine's cores)
+    machine_wide = False
     needs: tuple[str, ...] = ()  # subset of: gpu, root, tp, transformers_cb
     #: what the CPU run does instead when the GPU original cannot run (None: GPU only)
     cpu_analogue: str | None = None

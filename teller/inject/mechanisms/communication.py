@@ -79,6 +79,7 @@ class NetemLink(Mechanism):
     targets = ("COMM all_reduce",)
     evidence = "comm"
     where = "co_located"
+    machine_wide = True
     needs = ("root", "tp")
     cause = "the link between ranks is slow (netem delay/loss), so every collective takes longer"
 

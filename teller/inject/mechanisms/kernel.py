@@ -58,6 +58,7 @@ class GpuComputeContention(Mechanism):
     targets = ()
     evidence = "step"
     where = "co_located"
+    machine_wide = True
     needs = ("gpu",)
     cause = "a co-located process keeps the GPU's SMs busy with matmuls, so the engine's kernels queue"
 

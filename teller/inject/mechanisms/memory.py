@@ -33,6 +33,7 @@ class GpuMemBandwidthHog(Mechanism):
     targets = ()
     evidence = "step"
     where = "co_located"
+    machine_wide = True
     needs = ("gpu",)
     cause = "a co-located process saturates the GPU's memory bandwidth with device-to-device copies"
 
