@@ -82,7 +82,8 @@ class Mechanism:
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "category": self.category, "knob": self.knob,
                 "default_magnitude": self.default_magnitude, "targets": list(self.targets),
-                "evidence": self.evidence, "where": self.where, "needs": list(self.needs),
+                "evidence": self.evidence, "where": self.where, "machine_wide": self.machine_wide,
+                "log_pattern": self.log_pattern, "needs": list(self.needs),
                 "cpu_analogue": self.cpu_analogue, "cause": self.cause}
 
 
