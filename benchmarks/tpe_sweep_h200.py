@@ -64,16 +64,8 @@ SIZES = (128, 192, 256, 320, 384, 512, 1024, 2048)
 CAPS = (0, 16)
 PROTOCOLS = ("request", "run", "mechanism")
 
-
-def _peak_rss_mib() -> float:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tpe import _peak_rss_mib  # noqa: E402  (the benchmarks folder holds the helper)
 
 # --------------------------------------------------------------------------------------------
 # the dataset's steps
