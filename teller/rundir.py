@@ -175,12 +175,21 @@ def np_col(table: pa.Table, name: str) -> np.ndarray:
 
 
 def dict_codes(table: pa.Table, name: str) -> tuple[np.ndarray, list[str]]:
-    """Codes and dictionary of a dictionary-encoded string column (one chunk assumed)."""
+    """Codes (int32) and dictionary of a string column, whatever its chunking and per-chunk
+    dictionaries; nulls get the code of an appended ``""``."""
     col = table.column(name)
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if isinstance(col, pa.ChunkedArray):
+        if col.num_chunks > 1 and pa.types.is_dictionary(col.type):
+            col = pa.table({name: col}).unify_dictionaries().column(0)
+        col = col.combine_chunks()
     if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    return col.indices.to_numpy(zero_copy_only=False), col.dictionary.to_pylist()
+        col = col.cast(pa.string()).dictionary_encode()
+    idx = col.indices
+    dictionary = [x if x is not None else "" for x in col.dictionary.cast(pa.string()).to_pylist()]
+    if idx.null_count:
+        idx = idx.fill_null(len(dictionary))
+        dictionary.append("")
+    return idx.to_numpy(zero_copy_only=False).astype(np.int32), dictionary
 
 
 def kind_codes(table: pa.Table) -> np.ndarray:
@@ -333,11 +342,15 @@ class RunDir:
         tmp.replace(out)
         return out
 
-    def read_table(self, name: str, hint: str = "") -> pa.Table:
+    def read_table(self, name: str, hint: str = "", columns: list[str] | None = None) -> pa.Table:
+        """A table of the run; with ``columns``, only those of them the file has."""
         p = self.path / f"{name}.parquet"
         if not p.is_file():
             raise TellerError(f"{p}: missing; {hint or f'run `teller reconstruct {self.path}` first'}")
-        return pq.read_table(p)
+        if columns is not None:
+            have = set(pq.read_schema(p).names)
+            columns = [c for c in columns if c in have]
+        return pq.read_table(p, columns=columns)
 
     def has_table(self, name: str) -> bool:
         return (self.path / f"{name}.parquet").is_file()

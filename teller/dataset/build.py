@@ -141,14 +141,15 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
     vert = pa.table(rec)
     horiz = _horizontal(vert) if len(np.unique(v.column("rank").to_numpy())) > 1 else None
     comm = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
-    node_step = rd.read_table("forest").column("step_id").to_numpy()
+    run_forest = rd.read_table("forest")
+    node_step = run_forest.column("step_id").to_numpy()
     vert = _attach_edges(vert, comm, node_step)
     if horiz is not None:
         horiz = _attach_edges(horiz, comm, node_step)
     # subtrees and logs of the referenced steps (each step once)
     us, first = np.unique(sid, return_index=True)
     rows = _slices(us, size[first])
-    forest = rd.read_table("forest").take(pa.array(rows))
+    forest = run_forest.take(pa.array(rows))
     forest = forest.append_column("run_id", pa.array([run_id] * forest.num_rows, pa.string()).dictionary_encode())
     if logs is not None and logs.num_rows:
         keep = np.isin(logs.column("step_id").to_numpy(), us)

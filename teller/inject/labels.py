@@ -40,8 +40,9 @@ import numpy as np
 import pyarrow as pa
 
 from teller.inject import CATEGORY_TITLES
-from teller.localize.features import _codes, family_names
-from teller.rundir import RunDir
+from teller.localize.features import family_names
+from teller.reconstruct.layers import IS_GPU_KIND
+from teller.rundir import RunDir, dict_codes, kind_codes
 
 MIN_REF = 20
 Q = 99.0
@@ -63,9 +64,8 @@ class StepMeasures:
     def __init__(self, run: str | Path):
         rd = RunDir(run)
         steps = rd.read_table("steps")
-        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first")
-        forest = forest.select([c for c in ("layer", "name", "start_ns", "end_ns", "step_id", "kind", "size")
-                                if c in forest.column_names])
+        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first",
+                               columns=["layer", "name", "start_ns", "end_ns", "step_id", "kind", "size"])
         self.steps = steps
         self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
         self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
@@ -83,8 +83,8 @@ class StepMeasures:
         ok &= self.step_id[pos] == sid if len(self.step_id) else ok
         # families on dictionary codes: each distinct (layer, name) is normalised once
         # (``COMM all_reduce bytes=… seq=…`` → ``COMM all_reduce``), never per row
-        lcode, ldict = _codes(forest, "layer")
-        ncode, ndict = _codes(forest, "name")
+        lcode, ldict = dict_codes(forest, "layer")
+        ncode, ndict = dict_codes(forest, "name")
         pair = lcode.astype(np.int64) * (len(ndict) + 1) + ncode
         upair, pair_inv = np.unique(pair, return_inverse=True)
         pair_fam = np.array([family_names(ldict[p // (len(ndict) + 1)], [ndict[p % (len(ndict) + 1)]])[0]
@@ -127,16 +127,12 @@ class StepMeasures:
         return out
 
 
-_GPU_KINDS = ("KERNEL", "MEMCPY", "MEMSET")
-
-
 def _subtree_gpu_ns(forest: pa.Table, dur: np.ndarray) -> np.ndarray:
     """GPU activity time in the subtree of every row (0 without ``kind``/``size`` columns)."""
     n = forest.num_rows
     if not n or "kind" not in forest.column_names or "size" not in forest.column_names:
         return np.zeros(n)
-    kcode, kdict = _codes(forest, "kind")
-    is_gpu = np.isin(kcode, [i for i, k in enumerate(kdict) if k in _GPU_KINDS])
+    is_gpu = IS_GPU_KIND[kind_codes(forest)]
     csum = np.concatenate([[0.0], np.cumsum(np.where(is_gpu, dur, 0).astype(np.float64))])
     size = np.maximum(forest.column("size").to_numpy(zero_copy_only=False).astype(np.int64), 1)
     end = np.minimum(np.arange(n) + size, n)
@@ -307,7 +303,7 @@ def _log_evidence(run: str | Path, sm: StepMeasures, pattern: str) -> np.ndarray
     out = np.zeros(len(sm.step_id), bool)
     if not rd.has_table("log_alignment") or not len(sm.step_id):
         return out
-    logs = rd.read_table("log_alignment").select(["text", "step_id"])
+    logs = rd.read_table("log_alignment", columns=["text", "step_id"])
     hit = pc.match_substring_regex(logs.column("text"), pattern).fill_null(False)
     sids = np.unique(logs.filter(hit).column("step_id").to_numpy())
     return np.isin(sm.step_id, sids[sids >= 0])

@@ -52,7 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teller.errors import TellerError
-from teller.rundir import KIND_CODE, KINDS, LAYER_CODE, LAYERS, RunDir
+from teller.rundir import KIND_CODE, KINDS, LAYER_CODE, LAYERS, RunDir, dict_codes
 
 __all__ = [
     "FEATURES",
@@ -105,23 +105,6 @@ def _np(table: pa.Table, name: str, dtype: Any = np.int64, fill: int = -1) -> np
     if col.null_count:
         col = col.fill_null(fill)
     return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-
-def _codes(table: pa.Table, name: str) -> tuple[np.ndarray, list[str]]:
-    """Codes and dictionary of a string column, whatever its chunking and per-chunk dictionaries."""
-    col = table.column(name)
-    if isinstance(col, pa.ChunkedArray):
-        if col.num_chunks > 1 and pa.types.is_dictionary(col.type):
-            col = pa.table({name: col}).unify_dictionaries().column(0)
-        col = col.combine_chunks()
-    if not pa.types.is_dictionary(col.type):
-        col = col.cast(pa.string()).dictionary_encode()
-    idx = col.indices
-    dictionary = [x if x is not None else "" for x in col.dictionary.cast(pa.string()).to_pylist()]
-    if idx.null_count:
-        idx = idx.fill_null(len(dictionary))
-        dictionary.append("")
-    return idx.to_numpy(zero_copy_only=False).astype(np.int32), dictionary
 
 
 @dataclass
@@ -177,12 +160,12 @@ class ForestArrays:
             r = int(np.flatnonzero(bad)[0])
             raise TellerError(f"forest row {r} (node {node_id[r]}): its parent does not precede it; "
                               "forest rows must list parents before children (re-run `teller reconstruct`)")
-        lcodes, ldict = _codes(table, "layer")
+        lcodes, ldict = dict_codes(table, "layer")
         remap = np.array([LAYER_CODE.get(x, LAYER_CODE["OTHER"]) for x in ldict] or [0], dtype=np.int8)
         layer = remap[lcodes] if n else lcodes.astype(np.int8)
-        name_codes, names = _codes(table, "name")
+        name_codes, names = dict_codes(table, "name")
         if "kind" in table.column_names:
-            kcodes, kdict = _codes(table, "kind")
+            kcodes, kdict = dict_codes(table, "kind")
             kremap = np.array([KIND_CODE.get(x, -1) for x in kdict] or [0], dtype=np.int8)
             kind = kremap[kcodes] if n else kcodes.astype(np.int8)
         else:
