@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,16 +53,18 @@ def workload_command(w: dict[str, Any], extra: list[str], seed_offset: int) -> l
     return cmd + list(w.get("args", [])) + extra
 
 
+def _cpus() -> list[int]:
+    """The CPU cores this process may run on (empty where the platform does not say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
 def machine_context(w: dict[str, Any]) -> dict[str, Any]:
     """What the mechanisms' availability checks need to know about this machine and workload."""
-    import os
-
     from teller.record.launcher import gpu_present
 
     gpu = gpu_present()
     device = str(w.get("device", "auto"))
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device, "cpus": cpus,
+    return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device, "cpus": _cpus(),
             "tp": int(w.get("tp", 2)) if w.get("kind") == "serve-tp" else 1,
             "workload": w.get("kind", "serve"), "root": os.geteuid() == 0}
 
@@ -119,9 +122,7 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
 
 def _lane_cpus(lanes: int) -> list[list[int]]:
     """The CPU cores of each lane: this process's cores cut into ``lanes`` contiguous shares."""
-    import os
-
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cpus = _cpus() or list(range(os.cpu_count() or 1))
     per = max(1, len(cpus) // lanes)
     return [cpus[k * per:(k + 1) * per] or cpus[-per:] for k in range(lanes)]
 
@@ -228,7 +229,6 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     cmd = workload_command(run.workload, extra, seed_offset=camp.seed + rep)
     if "timeout" not in run.workload:
         cmd += ["--timeout", str(camp.timeout_s)]
-    import os
 
     env_before = os.environ.get(ENV_FAULTS)
     os.environ[ENV_FAULTS] = json.dumps({"run_id": run_id, "faults": plan, "gpu_device": ctx["gpu_device"]})
