@@ -5,7 +5,7 @@
 
 Vertical view only: one step = one rank's step, i.e. one ``(run_id, step_id)`` of
 ``records.parquet``; its request rows are collapsed (the labels are per step). The forest rows of
-every kept step come from ``subtrees.parquet``; per run they are turned into the localizer's
+every kept step come from the dataset's subtrees (``read_subtrees``); per run they are turned into the localizer's
 operator instances exactly as ``teller diagnose`` does on a run directory (``ForestArrays`` →
 ``assign_steps``, rule "STEP ranges" → ``instance_features``), then all runs are concatenated
 (instance parents and steps renumbered).
@@ -129,7 +129,7 @@ def load_steps(ds: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------
-# instances of every step, from subtrees.parquet
+# instances of every step, from the dataset's subtrees
 
 
 def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """TPE compression on the labelled H200 dataset (``data/h200_v1``): train on one split's steps,
 encode another's, per vocabulary size, with and without ``--max-token-nodes``.
 
-The dataset has no run directories: its steps are the DFS blocks of ``subtrees.parquet``
+The dataset has no run directories: its steps are the DFS blocks of the dataset's subtrees
 (:func:`teller.dataset.codec.read_subtrees`), whose node ids are each run's own forest row
 numbers. :func:`load_steps` turns the table into one :class:`teller.tpe.serialize.Forest` (row
 numbers of the whole table, parents remapped, a parent outside the table becomes -1) and
@@ -115,7 +115,7 @@ def load_steps(subtrees: pa.Table, normalizer=None, duration: str = "self") -> S
     table = subtrees.set_column(
         subtrees.column_names.index("parent_id"), "parent_id", pa.array(gpar)
     )
-    forest = forest_from_table(table, normalizer, path="subtrees.parquet")
+    forest = forest_from_table(table, normalizer, path="subtrees")
     roots = np.flatnonzero(nid == sid)
     seqs = serialize_steps(forest, roots, duration)
     return StepIndex(
@@ -147,7 +147,7 @@ def step_labels(records: pa.Table, idx: StepIndex) -> StepLabels:
     st = idx.find(idx.run_codes(vert.column("run_id")), vert.column("step_id").to_numpy())
     if (st < 0).any():
         raise SystemExit(
-            f"{int((st < 0).sum())} vertical records name a step that subtrees.parquet lacks"
+            f"{int((st < 0).sum())} vertical records name a step that the subtrees lack"
         )
     n = len(idx.key)
     first = np.full(n, -1, np.int64)

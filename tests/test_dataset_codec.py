@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from teller.dataset.codec import read_subtrees, write_subtrees
+from teller.dataset.codec import read_subtrees, write_subtree_parts, write_subtrees
 from teller.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +49,9 @@ def test_nulls_negative_parents_and_unsorted_times_survive(tmp_path):
     })
     write_subtrees(t, tmp_path / "s.parquet")
     _same(read_subtrees(tmp_path / "s.parquet"), t)
+    parts = write_subtree_parts(t, tmp_path / "ds" / "subtrees", part_rows=2)  # parts encoded on their own
+    assert [p.name for p in parts] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    _same(read_subtrees(tmp_path / "ds"), t)
     empty = t.slice(0, 0)
     write_subtrees(empty, tmp_path / "e.parquet")
     _same(read_subtrees(tmp_path / "e.parquet"), empty)

@@ -109,7 +109,7 @@ def test_smoke_dataset_build(smoke, tmp_path):
     for r in d:
         seen.setdefault((r["run_id"], r["request_id"]), set()).add(r["split_request"])
     assert all(len(v) == 1 for v in seen.values())
-    # records keep their subtree: the forest rows of the step are in subtrees.parquet
+    # records keep their subtree: the forest rows of the step are in the dataset's subtrees
     from teller.dataset.codec import read_subtrees
 
     sub = read_subtrees(tmp_path / "ds")

@@ -15,10 +15,10 @@ Writes, all Parquet (columnar, zstd):
   records the edges touching the step),
   the TPE fields input_ids, parent_idx, duration, depth (null until a tokenizer is attached:
   :func:`attach_tpe`) and the split columns of :mod:`.splits`;
-- ``subtrees.parquet``: the forest rows of every step referenced by a record (the DFS block
-  ``[step_id, step_id + size)``), with ``run_id``: enough to recompute localization, slices
-  and TPE without the run directories. Stored compactly (:mod:`.codec`); read it with
-  :func:`teller.dataset.codec.read_subtrees`;
+- ``subtrees/part-NNNNN.parquet``: the forest rows of every step referenced by a record (the DFS
+  block ``[step_id, step_id + size)``), with ``run_id``: enough to recompute localization,
+  slices and TPE without the run directories. Stored compactly in parts (:mod:`.codec`); read
+  them with :func:`teller.dataset.codec.read_subtrees`;
 - ``logs.parquet``: the aligned log lines of those steps (``log_alignment`` rows plus run_id);
 - ``comm_edges.parquet``: the cross-rank communication edges of the runs (plus run_id);
 - ``datasheet.json`` / ``datasheet.md`` (:mod:`.datasheet`).
@@ -282,7 +282,7 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         raise TellerError(f"--normal-every {normal_every}: expected 1 (keep every step) or more")
     if max_normal is not None and max_normal < 1:
         raise TellerError(f"--max-normal {max_normal}: expected a number of step numbers ≥ 1 per run")
-    from teller.dataset.codec import write_subtrees
+    from teller.dataset.codec import write_subtree_parts
     from teller.dataset.datasheet import write_datasheet
     from teller.dataset.splits import split_table
 
@@ -323,7 +323,7 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     if tpe is not None:
         records = attach_tpe(records, subtrees, tpe)
     pq.write_table(records, out / "records.parquet", compression="zstd")
-    write_subtrees(subtrees, out / "subtrees.parquet")
+    write_subtree_parts(subtrees, out / "subtrees")
     if logs:
         pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
     if comms:

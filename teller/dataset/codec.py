@@ -1,4 +1,4 @@
-"""Compact storage of forest rows in a dataset (``subtrees.parquet``), restored exactly on read.
+"""Compact storage of forest rows in a dataset (``subtrees/part-NNNNN.parquet``), restored exactly on read.
 
 Most of a forest row's bytes are its times. Stored as written by reconstruction, ``start_ns`` and
 ``end_ns`` are large, nearly random 64-bit numbers; the dataset stores instead:
@@ -10,9 +10,10 @@ Most of a forest row's bytes are its times. Stored as written by reconstruction,
   ``corr_id_valid``), ``parent_id`` as ``node_id - parent_id`` (``-1`` stays ``-1``),
 
 each with Parquet's BYTE_STREAM_SPLIT encoding under zstd, which suits small integers of varying
-width. On the H200 recordings this stores a row in about 6.5 bytes instead of 10.5. Every other
-column is kept as it is. :func:`read_subtrees` returns the forest columns bit for bit
-(``tests/test_dataset_codec.py``).
+width. On the H200 recordings this stores a row in about 5.5 bytes instead of 10.5. Every other
+column is kept as it is. A dataset's rows are cut into parts of at most :data:`PART_ROWS` rows
+(each part encoded on its own: about 6 MB), so no file of a committed dataset grows large.
+:func:`read_subtrees` returns the forest columns bit for bit (``tests/test_dataset_codec.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from teller.errors import InputError
 #: the format marker in the file's metadata
 CODEC = "teller-subtrees/1"
 _DELTA = ("start_ns", "node_id", "corr_id")
+#: rows per part file of a dataset's subtrees
+PART_ROWS = 1_000_000
 
 
 def _prev_diff(x: np.ndarray) -> np.ndarray:
@@ -94,10 +97,29 @@ def decode(t: pa.Table, where: str = "subtrees") -> pa.Table:
     return pa.table([cols[f.name].cast(f.type) for f in schema], schema=schema.remove_metadata())
 
 
+def write_subtree_parts(forest: pa.Table, folder: str | Path, part_rows: int = PART_ROWS) -> list[Path]:
+    """Write forest rows as ``folder/part-NNNNN.parquet`` files of at most ``part_rows`` rows."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("part-*.parquet"):
+        old.unlink()
+    paths = []
+    for k, a in enumerate(range(0, max(forest.num_rows, 1), part_rows)):
+        paths.append(folder / f"part-{k:05d}.parquet")
+        write_subtrees(forest.slice(a, part_rows), paths[-1])
+    return paths
+
+
 def read_subtrees(ds: str | Path) -> pa.Table:
-    """The forest rows of a dataset's steps (``DS/subtrees.parquet``), with ``run_id``."""
+    """The forest rows of a dataset's steps (``DS/subtrees/`` parts, or one subtree file), with ``run_id``."""
     p = Path(ds)
-    p = p / "subtrees.parquet" if p.is_dir() else p
+    if p.is_dir() and (p / "subtrees").is_dir():
+        p = p / "subtrees"
+    elif p.is_dir() and not sorted(p.glob("part-*.parquet")):
+        p = p / "subtrees.parquet"
+    if p.is_dir():
+        parts = sorted(p.glob("part-*.parquet"))
+        return pa.concat_tables([decode(pq.read_table(f), str(f)) for f in parts])
     if not p.is_file():
         raise InputError(p, "no such file", "give a dataset folder written by `teller dataset build`")
     return decode(pq.read_table(p), str(p))
