@@ -39,6 +39,23 @@ def register(app: typer.Typer) -> None:
         for kind, p in diag["paths"].items():
             err.print(f"[green]wrote[/] {kind}: {p}")
 
+    @app.command("export")
+    def export_cmd(
+        run: Path = typer.Argument(..., help="Run directory (reconstructed)."),
+        out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.pftrace for perfetto, .json for chrome)."),
+        fmt: str = typer.Option("perfetto", "--format", help="perfetto (protobuf, for the Perfetto UI) | chrome (JSON, for chrome://tracing and Perfetto)."),
+        diagnosis: Optional[Path] = typer.Option(None, "--diagnosis", help="A diagnosis.json to mark on the trace (default: RUN/diagnosis.json when it exists)."),
+    ) -> None:
+        """Write the run as a trace the Perfetto UI or chrome://tracing opens: threads, GPU streams, launch flows, steps, diagnosis."""
+        from rich.console import Console
+
+        from teller.report.export import export_trace
+
+        s = export_trace(run, out, fmt=fmt, diagnosis=diagnosis)
+        extra = f", {s['annotated_steps']} flagged steps marked" if s["annotated_steps"] else ""
+        Console(stderr=True).print(f"[green]wrote[/] {s['output']} ({s['format']}, {s['bytes'] / 1e6:.1f} MB): "
+                                   f"{s['slices']} slices on {s['tracks']} tracks, {s['flows']} launch flows{extra}")
+
     loc_app = typer.Typer(no_args_is_help=True, help="The numeric localizer: fit it once on reference runs and reuse it.")
 
     @loc_app.command("fit")
