@@ -83,11 +83,12 @@ def _print_summary(what: str, summary: dict) -> None:
 
 
 def _register_optional() -> None:
-    """Attach the command groups that live in their stage packages (record, workload, logs)."""
+    """Attach the commands that live in their stage packages (record, workload, logs, inject,
+    dataset, tpe, localize, diagnose)."""
     import importlib
 
     for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
-                "teller.dataset.cli", "teller.tpe.cli", "teller.report.cli"):
+                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli"):
         importlib.import_module(mod).register(app)
 
 

@@ -35,8 +35,11 @@ from typing import Any
 
 from teller.errors import TellerError
 from teller.inject import AGENT_EXTENSION, ENV_FAULTS
+from teller.inject.labels import label_run
 from teller.inject.mechanisms import registry
 from teller.inject.spec import Campaign, RunSpec, load_spec
+from teller.logs import align_run
+from teller.reconstruct import reconstruct
 from teller.record.launcher import gpu_present, record
 from teller.rundir import RunDir
 
@@ -241,9 +244,6 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     labels["windows"] = gather_windows(path)
     rec_err = None
     try:
-        from teller.logs import align_run
-        from teller.reconstruct import reconstruct
-
         reconstruct(path)
         align_run(path)
     except Exception as e:  # a crashed run may not reconstruct; keep it, marked
@@ -252,8 +252,6 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     res = {"run_id": run_id, "path": str(path), "status": status, "exit_code": summary["exit_code"],
            "skipped": skipped}
     if rec_err is None:
-        from teller.inject.labels import label_run
-
         ref = refs.get(_wl_key(run.workload)) if run.faults else None
         lsum = label_run(path, labels, reference=ref)
         labels["label_summary"] = lsum
