@@ -51,7 +51,7 @@ def _chain_load(here):
 def _activate():
     if not os.environ.get("TELLER_RUN_DIR"):
         return
-    try:
+    try:  # teller is imported only into processes that are recorded
         from teller.record import runtime
     except ImportError:
         home = os.environ.get("TELLER_HOME")

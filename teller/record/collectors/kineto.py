@@ -154,7 +154,7 @@ class KinetoCollector:
         return base / "kineto" / f"{pid}.json"
 
     def _convert(self, path: Path) -> None:
-        try:
+        try:  # at stop only; when the reader cannot load, the raw trace is kept for `teller ingest`
             from teller.ingest.kineto import read_kineto
         except ImportError as e:
             self.keep_raw = True

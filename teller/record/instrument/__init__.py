@@ -33,9 +33,8 @@ from teller.record.instrument.base import (
     register_post_import,
 )
 from teller.record.instrument.engine import EngineInstrumentor
-from teller.record.instrument.generic import GenericInstrumentor
 
-__all__ = ["ENGINES", "ENGINE_CHOICES", "EngineInstrumentor", "GenericInstrumentor", "Instrumentor",
+__all__ = ["ENGINES", "ENGINE_CHOICES", "EngineInstrumentor", "Instrumentor",
            "RecordingRuntime", "installed_version", "instrumentors_for", "load_instrumentor",
            "parse_version", "register_post_import"]
 
@@ -60,6 +59,9 @@ def instrumentors_for(engine: str, hooks_file: str | None, log: Callable[[str], 
     names = list(ENGINES) if engine == "auto" else [engine] if engine in ENGINES else []
     out = [load_instrumentor(n) for n in names]
     if hooks_file:
+        # only with --hooks: keeps tomllib and the hooks-file parser out of every process's start
+        from teller.record.instrument.generic import GenericInstrumentor
+
         out.append(GenericInstrumentor.from_file(hooks_file))
     elif engine == "generic":
         log("--engine generic without --hooks FILE: no hooks to install")
