@@ -38,25 +38,23 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
-from teller.localize import GMMLocalizer, Localization, evidence, load_or_fit, localize
+from teller.inspect.tree import fmt_ns
+from teller.localize import (
+    GMMLocalizer,
+    Localization,
+    evidence,
+    load_or_fit,
+    localize,
+    no_reference_error,
+)
 from teller.localize.features import RunFeatures, run_features
+from teller.reconstruct.ensure import ensure_reconstructed
+from teller.report.html import write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
 FORMAT = "teller.diagnosis"
 FORMAT_VERSION = 1
-
-
-def ensure_reconstructed(run: str | os.PathLike, note: Any = None) -> Path:
-    """Reconstruct ``run`` first when it has events but no forest yet (``note`` is told so)."""
-    rd = RunDir(run).require()
-    if not rd.has_table("forest"):
-        from teller.reconstruct import reconstruct
-
-        if note is not None:
-            note(f"{rd.path}: no forest.parquet yet; running `teller reconstruct {rd.path}` first")
-        reconstruct(rd.path)
-    return rd.path
 
 
 def _f(x: float, nd: int = 4) -> float | None:
@@ -197,8 +195,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     t0 = time.perf_counter()
     c0 = time.process_time()
     if localizer is None and not reference:
-        from teller.localize import no_reference_error
-
         raise no_reference_error(run)
     run = ensure_reconstructed(run, note)
     for r in reference or []:
@@ -225,8 +221,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     tmp.replace(json_path)
     paths = {"json": str(json_path)}
     if html:
-        from teller.report.html import write_html
-
         paths["html"] = str(write_html(diag, out_dir / "report.html"))
     diag["summary"]["seconds"]["total"] = round(time.perf_counter() - t0, 3)
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
@@ -239,8 +233,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 
 
 def _fmt_value(feature: str, v: float | None) -> str:
-    from teller.inspect.tree import fmt_ns
-
     if v is None:
         return "?"
     if feature.endswith("_ns"):
@@ -268,8 +260,6 @@ def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, deta
     """Readable summary: the worst steps, their suspects and the evidence."""
     from rich.console import Console
     from rich.table import Table
-
-    from teller.inspect.tree import fmt_ns
 
     con = console or Console()
     s = diag["summary"]
