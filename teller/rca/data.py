@@ -131,8 +131,9 @@ def fault_code(types: Sequence[str], where: str = "records") -> np.ndarray:
     return out
 
 
-def read_units(ds: str | Path, records: pa.Table | None = None) -> Units:
-    """The units of a dataset folder (``records.parquet``), labels checked constant per unit."""
+def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[str] | None = None) -> Units:
+    """The units of a dataset folder (``records.parquet``; ``runs``: of these runs only), labels
+    checked constant per unit."""
     ds = Path(ds)
     if records is None:
         p = ds / "records.parquet"
@@ -142,7 +143,9 @@ def read_units(ds: str | Path, records: pa.Table | None = None) -> Units:
         missing = [c for c in _RECORD_COLUMNS if c not in have]
         if missing:
             raise InputError(p, f"lacks the columns {missing}", "rebuild it with `teller dataset build`")
-        records = pq.read_table(p, columns=_RECORD_COLUMNS)
+        records = pq.read_table(p, columns=_RECORD_COLUMNS, filters=[("run_id", "in", list(runs))] if runs else None)
+        if not records.num_rows:
+            raise TellerError(f"{p}: no records" + (f" of the runs {list(runs)}" if runs else ""))
     t = records.sort_by("record_id")
     n = t.num_rows
     run = np.asarray(t.column("run_id").to_pylist(), dtype=object)
@@ -539,27 +542,45 @@ class Dataset:
                [self.units.log_text[i] for i in idx.tolist() if self.units.log_text[i]]
 
 
+def read_steps(ds: str | Path, runs: Sequence[str] | None = None) -> pa.Table:
+    """A dataset's subtrees (forest rows of its steps); with ``runs``, only the parts that hold
+    those runs are decoded (each part is encoded on its own) and only their rows kept."""
+    from teller.dataset.codec import decode, read_subtrees
+
+    ds = Path(ds)
+    parts = sorted((ds / "subtrees").glob("part-*.parquet")) if (ds / "subtrees").is_dir() else []
+    if not runs or not parts:
+        t = read_subtrees(ds)
+    else:
+        want = pa.array(sorted(set(runs)), pa.string())
+        tabs = []
+        for f in parts:
+            rid = pq.read_table(f, columns=["run_id"]).column("run_id").cast(pa.string())
+            if pc.any(pc.is_in(rid, value_set=want)).as_py():
+                tabs.append(decode(pq.read_table(f), str(f)))
+        if not tabs:
+            raise TellerError(f"{ds}/subtrees: no rows of the runs {sorted(set(runs))}")
+        t = pa.concat_tables(tabs).unify_dictionaries()
+    if runs:
+        t = t.filter(pc.is_in(t.column("run_id").cast(pa.string()), value_set=pa.array(sorted(set(runs)), pa.string())))
+    return t
+
+
 def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: int | None = None,
                  seed: int = 0) -> Dataset:
     """Read a dataset folder. ``runs``: keep these runs only; ``max_units``: a random sample of
     that many units (drawn with ``seed``; for tests and smoke runs)."""
-    from teller.dataset.codec import read_subtrees
-
     ds = Path(ds)
-    units = read_units(ds)
-    keep = np.ones(len(units), bool)
-    if runs:
-        keep &= np.isin(units.run_id, list(runs))
-    idx = np.flatnonzero(keep)
+    units = read_units(ds, runs=runs)
+    idx = np.arange(len(units))
     if max_units is not None and max_units < len(idx):
         idx = np.sort(np.random.default_rng(seed).choice(idx, size=max_units, replace=False))
-    units = units.select(idx)
-    sub = read_subtrees(ds)
-    if runs or max_units is not None:
-        need = set(units.run_id.tolist())
-        sub = sub.filter(pc.is_in(sub.column("run_id").cast(pa.string()), value_set=pa.array(sorted(need), pa.string())))
-        # keep only the blocks of the steps we need
-        want = np.unique(np.concatenate([np.asarray(s, np.int64) for s in units.step_ids])) if len(units) else np.zeros(0, np.int64)
-        sid = sub.column("step_id").to_numpy()
-        sub = sub.filter(pa.array(np.isin(sid, want)))
+        units = units.select(idx)
+    sub = read_steps(ds, runs)
+    if max_units is not None:
+        # keep only the blocks of the sampled units' steps (a block's rows carry its step_id)
+        key = np.unique(np.asarray([f"{r}\x1f{s}" for r, ss in zip(units.run_id.tolist(), units.step_ids, strict=True)
+                                    for s in ss.tolist()], dtype=object))
+        rk = pc.binary_join_element_wise(sub.column("run_id").cast(pa.string()), pc.cast(sub.column("step_id"), pa.string()), "\x1f")
+        sub = sub.filter(pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string())))
     return Dataset(ds, units, step_forest(sub))

@@ -81,6 +81,10 @@ class RCAConfig:
             raise TellerError(f"--config {name}: expected one of {', '.join(PRESETS)}")
         d = dict(PRESETS[name])
         d.update({k: v for k, v in over.items() if v is not None})
+        if d.get("variant", "mot") not in VARIANTS:
+            from teller.errors import TellerError
+
+            raise TellerError(f"--variant {d['variant']}: expected one of {', '.join(VARIANTS)}")
         return cls(**d)
 
     def to_json(self) -> dict:

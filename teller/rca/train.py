@@ -227,7 +227,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     if state is not None:
         load_weights(net, ck / "model.safetensors")
         load_optimizer(opt, ck / "optimizer.safetensors", state["optimizer"], dev)
-        step, epoch, batch_in_epoch, total = state["step"], state["epoch"], state["batch_in_epoch"], state["total"]
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         curve = state.get("curve", [])
         extra = json.loads((out / "config.json").read_text()).get("training") and \
             {"training": json.loads((out / "config.json").read_text())["training"]}
