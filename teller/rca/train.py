@@ -169,10 +169,12 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           device: str = "cpu", epochs: int = 10, max_steps: int | None = None, seed: int = 0, config: str = "small",
           backbone: str | None = None, resume: bool = False, max_minutes: float | None = None,
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
-          progress: bool | None = None, log: Callable[[str], None] | None = None, **overrides: Any) -> dict[str, Any]:
+          progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
+          **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
     (loss curve, sizes, time). ``max_minutes`` stops training when that much time is spent (the
-    learning-rate schedule is re-planned to end there)."""
+    learning-rate schedule is re-planned to end there). A checkpoint is written at the end of an
+    epoch when ``checkpoint_every_s`` have passed since the last one, and at the end."""
     t_start = time.perf_counter()
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if device == "cuda" and not torch.cuda.is_available():
@@ -261,6 +263,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
 
     net.train()
     stopped = "steps"
+    last_ck = time.perf_counter()
     try:
         while step < total:
             order = np.random.default_rng([seed, epoch]).permutation(len(trp))
@@ -299,7 +302,9 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                 batch_in_epoch = 0
                 if bar is None:
                     say(f"epoch {epoch}: step {step}/{total}, loss {np.mean(run_loss[-per_epoch:]):.4f}")
-                checkpoint()
+                if time.perf_counter() - last_ck >= checkpoint_every_s:
+                    checkpoint()
+                    last_ck = time.perf_counter()
     finally:
         if bar is not None:
             bar.stop()
