@@ -51,8 +51,8 @@ def test_units_are_steps_with_constant_labels_and_inputs_are_trees(ds):
     assert (u.n_records >= 1).all() and u.fault[~u.is_anomaly].max() == 0 and (u.fault[u.is_anomaly] > 0).all()
     # parts are disjoint and cover every unit
     assert sum(len(u.part("request", p)) for p in ("train", "val", "test")) == len(u)
-    from teller.rca.train import fit_tokenizers, prepare_units
     from teller.rca.model import RCAConfig
+    from teller.rca.train import fit_tokenizers, prepare_units
 
     cfg = RCAConfig.preset("tiny")
     tr = u.part("request", "train")
@@ -194,14 +194,13 @@ def test_name_trie_walks_only_to_given_names(names, data):
 
 
 def test_cli_train_predict_round_trip(tmp_path, ds):
-    import pyarrow.parquet as pq
-
-    from teller.cli import main
+    import pyarrow as pa
 
     # a dataset folder of two runs' records and their subtrees (the CLI reads folders)
     import pyarrow.compute as pc
-    import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    from teller.cli import main
     from teller.dataset.codec import write_subtree_parts
     from teller.rca.data import read_steps
 

@@ -23,7 +23,14 @@ import torch
 
 from teller.errors import InputError, TellerError
 from teller.rca.batch import Prepared, prepare, prompt_batch, target_batch, trace_batch
-from teller.rca.data import FAULT_TYPES, ReferenceStats, StepForest, StepInputs, encode_units, step_forest
+from teller.rca.data import (
+    FAULT_TYPES,
+    ReferenceStats,
+    StepForest,
+    StepInputs,
+    encode_units,
+    step_forest,
+)
 from teller.rca.model import RCAConfig, build_model
 from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators
 from teller.rca.text import (

@@ -9,7 +9,21 @@ import torch
 
 from teller.rca.data import ReferenceStats, StepInputs, operator_targets
 from teller.rca.model import RCAConfig
-from teller.rca.text import ABN, BOS, EOS, EXPL, LOG, NO, OPS, SEP, TRACE, TYPE, TYPE_TOKENS, YES, encode_texts
+from teller.rca.text import (
+    ABN,
+    BOS,
+    EOS,
+    EXPL,
+    LOG,
+    NO,
+    OPS,
+    SEP,
+    TRACE,
+    TYPE,
+    TYPE_TOKENS,
+    YES,
+    encode_texts,
+)
 
 #: kinds of target tokens (each has its own share of the loss, :func:`teller.rca.train.losses`)
 NONE, DECISION, OPERATOR, EXPLANATION, MARKER = range(5)

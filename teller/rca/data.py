@@ -147,7 +147,6 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
         if not records.num_rows:
             raise TellerError(f"{p}: no records" + (f" of the runs {list(runs)}" if runs else ""))
     t = records.sort_by("record_id")
-    n = t.num_rows
     run = np.asarray(t.column("run_id").to_pylist(), dtype=object)
     view = np.asarray(t.column("view").to_pylist(), dtype=object)
     sids = t.column("step_ids").combine_chunks()

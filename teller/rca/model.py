@@ -125,7 +125,7 @@ def build_backbone(cfg: RCAConfig, vocab: int, pretrained: bool):
     if pretrained and cfg.backbone:
         lm = AutoModelForCausalLM.from_pretrained(cfg.backbone, attn_implementation="sdpa", dtype=torch.float32)
         if lm.get_input_embeddings().weight.shape[0] != vocab:
-            lm.resize_token_embeddings(vocab)
+            lm.resize_token_embeddings(vocab, mean_resizing=False)
     elif cfg.backbone_config:
         d = dict(cfg.backbone_config)
         mt = d.pop("model_type", "llama")
@@ -167,6 +167,14 @@ def _mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     m = torch.zeros(allow.shape, dtype=dtype, device=valid.device)
     m.masked_fill_(~allow, torch.finfo(dtype).min)
     return m[:, None]
+
+
+def _mask_dtype(h: torch.Tensor) -> torch.dtype:
+    """Under autocast the attention's queries are in the autocast dtype: the mask must match."""
+    dev = h.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return h.dtype
 
 
 def _positions(valid: torch.Tensor) -> torch.Tensor:
@@ -213,7 +221,7 @@ class MoTModel(nn.Module):
         valid = torch.cat([prompt_valid, trace["valid"], target_valid], 1)
         pos = _positions(valid)
         pe = base.rotary_emb(h, pos)
-        mask = _mask(valid, h.dtype)
+        mask = _mask(valid, _mask_dtype(h))
         for i, lay in enumerate(base.layers):
             x = torch.cat([lay.input_layernorm(h[:, :P]), self.trace_ln1[i](h[:, P:P + T]),
                            lay.input_layernorm(h[:, P + T:])], 1)
@@ -250,7 +258,7 @@ class SingleModel(nn.Module):
         P, T = hp.shape[1], ht.shape[1]
         h = torch.cat([hp, ht, hy], 1)
         valid = torch.cat([prompt_valid, trace["valid"], target_valid], 1)
-        out = self.lm(inputs_embeds=h, attention_mask=_mask(valid, h.dtype), position_ids=_positions(valid),
+        out = self.lm(inputs_embeds=h, attention_mask=_mask(valid, _mask_dtype(h)), position_ids=_positions(valid),
                       use_cache=False)
         return {"lm": out.logits[:, P + T:].float()}
 

@@ -244,7 +244,14 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     steps_at_loop = step
     bar = None
     if use_bar:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         bar = Progress(TextColumn(f"rca {cfg.variant}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                        TimeElapsedColumn(), TimeRemainingColumn(), transient=True)
