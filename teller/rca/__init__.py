@@ -13,10 +13,24 @@ types, which operators are the evidence, and why, in a sentence.
     inputs = model.inputs(forest_table, [[step_id], ...], log_text=[...])
     for p in model.predict(inputs): print(p["fault_type"], p["evidence_operators"], p["explanation"])
 
-torch, transformers and tokenizers load only when this package is imported.
+torch, transformers and tokenizers load on first use of ``load``/``RCA`` (the ``teller`` command
+registers ``teller rca`` without importing them).
 """
 
-from teller.rca.api import RCA, load
-from teller.rca.data import FAULT_TYPES, StepInputs
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["FAULT_TYPES", "RCA", "StepInputs", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RCA", "load"):
+        from teller.rca import api
+
+        return getattr(api, name)
+    if name in ("FAULT_TYPES", "StepInputs"):
+        from teller.rca import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module 'teller.rca' has no attribute {name!r}")
