@@ -195,12 +195,20 @@ class RCA:
                     still.append(r)
             active = still
 
-    def _free_token(self, logits: np.ndarray, n_expl: int) -> int:
+    def _free_token(self, logits: np.ndarray, history: list[int], no_repeat: int = 3) -> int:
+        """Greedy explanation token: no special token but <eos>, no repeated ``no_repeat``-gram
+        (a small model's loops), <eos> at the length bound."""
+        if len(history) >= self.cfg.max_expl_tokens:
+            return EOS
         lg = logits.copy()
         lg[:len(SPECIALS)] = -np.inf
         lg[EOS] = logits[EOS]
-        if n_expl >= self.cfg.max_expl_tokens:
-            return EOS
+        k = no_repeat - 1
+        if len(history) >= k:
+            tail = history[-k:]
+            for i in range(len(history) - k):
+                if history[i:i + k] == tail:
+                    lg[history[i + k]] = -np.inf
         return int(np.argmax(lg))
 
     def _finish(self, prep: Prepared, i: int, p_ab: float, ftype: str, tp: float, best: str, nodes: list[int],
@@ -235,7 +243,7 @@ class RCA:
                 sub_t = [[EXPL] for _ in rows]
 
                 def choose(r: int, logits: np.ndarray):
-                    t = self._free_token(logits, len(sub_t[r]) - 1)
+                    t = self._free_token(logits, sub_t[r][1:])
                     return None if t == EOS else [t]
 
                 self._decode(prep, idx[rows], sub_t, choose)
@@ -317,7 +325,7 @@ class RCA:
                 node[r] = nd[tok]
                 return [tok]
             # explanation
-            tok = self._free_token(logits, len(info[r]["expl"]))
+            tok = self._free_token(logits, info[r]["expl"])
             if tok == EOS:
                 return None
             info[r]["expl"].append(tok)
