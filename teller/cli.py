@@ -88,7 +88,7 @@ def _register_optional() -> None:
     import importlib
 
     for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
-                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli"):
+                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli", "teller.rca.cli"):
         importlib.import_module(mod).register(app)
 
 

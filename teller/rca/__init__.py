@@ -1,0 +1,36 @@
+"""Multimodal root-cause models (DESIGN.md §9): which steps are abnormal, which of five fault
+types, which operators are the evidence, and why, in a sentence.
+
+- :mod:`.data`: units (a step and view) from a labelled dataset, their TPE-encoded trace and log
+  text (:class:`StepInputs`), duration reference statistics;
+- :mod:`.text`: the byte-level BPE text tokenizer;
+- :mod:`.model`: the trace encoder, variant A ``mot`` (shared attention, two feed-forward
+  streams, dual head) and variant B ``single`` (one backbone input, generated target);
+- :mod:`.schema`: projection onto valid outputs; :mod:`.metrics`: evaluation;
+- :mod:`.train`: fitting, checkpoints, evaluation; :mod:`.api`: :class:`RCA` and :func:`load`.
+
+    model = teller.rca.load("models/rca")
+    inputs = model.inputs(forest_table, [[step_id], ...], log_text=[...])
+    for p in model.predict(inputs): print(p["fault_type"], p["evidence_operators"], p["explanation"])
+
+torch, transformers and tokenizers load on first use of ``load``/``RCA`` (the ``teller`` command
+registers ``teller rca`` without importing them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FAULT_TYPES", "RCA", "StepInputs", "load"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("RCA", "load"):
+        from teller.rca import api
+
+        return getattr(api, name)
+    if name in ("FAULT_TYPES", "StepInputs"):
+        from teller.rca import data
+
+        return getattr(data, name)
+    raise AttributeError(f"module 'teller.rca' has no attribute {name!r}")

@@ -1,0 +1,356 @@
+"""A trained RCA model as one object: files, inputs, prediction (:class:`RCA`, :func:`load`).
+
+A model directory holds (loaded without pickle: JSON and safetensors only):
+
+- ``config.json``: format, :class:`.model.RCAConfig` (with the backbone's own config), the fault
+  classes, the training summary;
+- ``model.safetensors``: the weights (``save_dtype``, float16 for the shipped sizes);
+- ``tokenizer.json``: the byte-level BPE text tokenizer (Hugging Face ``tokenizers``);
+- ``trace_tokenizer/``: the TPE tokenizer (``vocab.json``, ``merges.json``, ``tokenizer_config.json``);
+- ``reference.json``: the duration reference statistics (:class:`.data.ReferenceStats`);
+- ``checkpoint/`` while training: float32 weights, optimizer state and the step counter (resume).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from teller.errors import InputError, TellerError
+from teller.rca.batch import Prepared, prepare, prompt_batch, target_batch, trace_batch
+from teller.rca.data import (
+    FAULT_TYPES,
+    ReferenceStats,
+    StepForest,
+    StepInputs,
+    encode_units,
+    step_forest,
+)
+from teller.rca.model import RCAConfig, build_model
+from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators
+from teller.rca.text import (
+    EOS,
+    EXPL,
+    NO,
+    OPS,
+    SEP,
+    SPECIALS,
+    TYPE,
+    TYPE_TOKENS,
+    YES,
+    encode_texts,
+    load_text_tokenizer,
+)
+
+FORMAT = "teller-rca"
+FORMAT_VERSION = 1
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def save_weights(module: torch.nn.Module, path: Path, dtype: str = "float32", metadata: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    sd = {k: v.detach().to("cpu", _DTYPES[dtype]).contiguous() for k, v in module.state_dict().items()}
+    tmp = path.with_suffix(".tmp")
+    save_file(sd, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
+    tmp.replace(path)
+
+
+def load_weights(module: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise InputError(path, "missing", "retrain the model with `teller rca train`")
+    sd = load_file(str(path))
+    own = module.state_dict()
+    bad = sorted(set(own) ^ set(sd))
+    if bad:
+        raise InputError(path, f"weights do not match the model of config.json ({len(bad)} names differ, e.g. {bad[0]!r})",
+                         "use the files of one `teller rca train` output directory together")
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
+
+
+class RCA:
+    """A loaded (or freshly trained) model: ``inputs`` builds :class:`StepInputs` from forest rows,
+    ``predict`` returns one dict per unit (see :meth:`predict`)."""
+
+    def __init__(self, cfg: RCAConfig, net: torch.nn.Module, text_tok, trace_tok, ref: ReferenceStats,
+                 meta: dict | None = None, device: str | torch.device = "cpu"):
+        self.cfg, self.net, self.text_tok, self.trace_tok, self.ref = cfg, net, text_tok, trace_tok, ref
+        self.meta = dict(meta or {})
+        self.device = torch.device(device)
+        self.net.to(self.device)
+
+    # ---- files --------------------------------------------------------------------------------
+    def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.save_tokenizers(d)
+        meta = {**self.meta, **(extra or {})}
+        save_weights(self.net, d / "model.safetensors", dtype or self.cfg.save_dtype, {"format": FORMAT})
+        cfg = {"format": FORMAT, "version": FORMAT_VERSION, "config": self.cfg.to_json(),
+               "fault_types": list(FAULT_TYPES), "text_vocab": self.text_tok.get_vocab_size(),
+               "trace_vocab": len(self.trace_tok), **meta}
+        (d / "config.json").write_text(json.dumps(cfg, indent=1))
+        self.meta = meta
+        return d
+
+    def save_tokenizers(self, d: Path) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        self.text_tok.save(str(d / "tokenizer.json"))
+        self.trace_tok.save(d / "trace_tokenizer")
+        self.ref.save(d / "reference.json")
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> "RCA":
+        from teller.tpe.tokenizer import TraceTokenizer
+
+        d = Path(directory)
+        p = d / "config.json"
+        if not p.is_file():
+            raise InputError(p, "missing: not a model directory", "give the -o directory of `teller rca train`")
+        try:
+            meta = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError(p, f"not valid JSON ({e})", "retrain the model with `teller rca train`") from e
+        if meta.get("format") != FORMAT or int(meta.get("version", 99)) > FORMAT_VERSION:
+            raise InputError(p, f"format {meta.get('format')!r} version {meta.get('version')!r} is not an RCA model "
+                             f"this teller reads ({FORMAT} ≤ {FORMAT_VERSION})", "retrain the model with `teller rca train`")
+        if list(meta.get("fault_types", [])) != list(FAULT_TYPES):
+            raise InputError(p, f"fault classes {meta.get('fault_types')} differ from {list(FAULT_TYPES)}", "retrain the model")
+        cfg = RCAConfig.from_json(meta["config"])
+        text_tok = load_text_tokenizer(d / "tokenizer.json")
+        trace_tok = TraceTokenizer.load(d / "trace_tokenizer")
+        ref = ReferenceStats.load(d / "reference.json")
+        net = build_model(cfg, text_tok.get_vocab_size(), len(trace_tok), pretrained=False)
+        load_weights(net, d / "model.safetensors")
+        net.eval()
+        rest = {k: v for k, v in meta.items() if k not in ("format", "version", "config", "fault_types", "text_vocab", "trace_vocab")}
+        return cls(cfg, net, text_tok, trace_tok, ref, rest, device)
+
+    # ---- inputs -------------------------------------------------------------------------------
+    def inputs(self, forest: pa.Table | StepForest, steps: Sequence[Sequence[int]], log_text: Sequence[str] | None = None,
+               run_ids: Sequence[str] | None = None, views: Sequence[str] | None = None) -> StepInputs:
+        """Model inputs of units given as lists of step node ids (one per rank) of ``forest`` (a
+        run's ``forest.parquet`` table, a dataset's subtrees, or a :class:`StepForest`)."""
+        sf = forest if isinstance(forest, StepForest) else step_forest(forest)
+        runs = list(run_ids) if run_ids is not None else [sf.runs[0]] * len(steps)
+        logs = list(log_text) if log_text is not None else [""] * len(steps)
+        return encode_units(sf, self.trace_tok, runs, [np.asarray(s, np.int64) for s in steps], logs,
+                            self.cfg.max_trace_tokens, views)
+
+    def prepare(self, inp: StepInputs) -> Prepared:
+        return prepare(inp, self.text_tok, self.ref, self.cfg)
+
+    # ---- prediction ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True) -> list[dict[str, Any]]:
+        """Per unit: ``abnormal_prob``, ``abnormal``, ``fault_type`` ("" when normal) and
+        ``fault_type_prob`` (given abnormal), ``fault_type_best`` (the best of the five, also for a
+        normal step), ``evidence_nodes`` (indices into the unit's nodes), ``evidence_node_ids``
+        (forest node ids), ``evidence_operators`` (their families), ``explanation``."""
+        prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
+        self.net.eval()
+        out: list[dict[str, Any]] = []
+        for a in range(0, len(prep), batch_size):
+            idx = np.arange(a, min(a + batch_size, len(prep)))
+            out += (self._predict_mot if self.cfg.variant == "mot" else self._predict_single)(prep, idx, explain)
+        return out
+
+    def _amp(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def _forward(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]]):
+        p, pv = prompt_batch(prep, idx, self.device)
+        tr = trace_batch(prep, idx, self.device)
+        t, tv = target_batch([np.asarray(x, np.int64) for x in targets], self.device)
+        with self._amp():
+            return self.net(p, pv, tr, t, tv)
+
+    def _decode(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], choose) -> None:
+        """Lockstep greedy decoding: ``choose(row, logits)`` returns the tokens to append to row
+        ``row`` (one or more; the last forced by the format) or None when the row is done."""
+        active = list(range(len(idx)))
+        limit = self.cfg.max_expl_tokens + self.cfg.max_ops_tokens + 16
+        for _ in range(limit):
+            if not active:
+                break
+            res = self._forward(prep, idx[active], [targets[r] for r in active])["lm"]
+            last = torch.tensor([len(targets[r]) - 1 for r in active], device=res.device)
+            logits = res[torch.arange(len(active), device=res.device), last].float().cpu().numpy()
+            still = []
+            for k, r in enumerate(active):
+                add = choose(r, logits[k])
+                if add:
+                    targets[r].extend(add)
+                    still.append(r)
+            active = still
+
+    def _free_token(self, logits: np.ndarray, history: list[int], no_repeat: int = 3) -> int:
+        """Greedy explanation token: no special token but <eos>, no repeated ``no_repeat``-gram
+        (a small model's loops), <eos> at the length bound."""
+        if len(history) >= self.cfg.max_expl_tokens:
+            return EOS
+        lg = logits.copy()
+        lg[:len(SPECIALS)] = -np.inf
+        lg[EOS] = logits[EOS]
+        k = no_repeat - 1
+        if len(history) >= k:
+            tail = history[-k:]
+            for i in range(len(history) - k):
+                if history[i:i + k] == tail:
+                    lg[history[i + k]] = -np.inf
+        return int(np.argmax(lg))
+
+    def _finish(self, prep: Prepared, i: int, p_ab: float, ftype: str, tp: float, best: str, nodes: list[int],
+                text_ids: list[int] | None) -> dict[str, Any]:
+        inp = prep.inputs
+        no = inp.node_offsets
+        fams = [inp.families[int(inp.node_family[no[i] + n])] for n in nodes]
+        ids = [int(inp.node_id[no[i] + n]) for n in nodes]
+        text = self.text_tok.decode([t for t in (text_ids or []) if t >= len(SPECIALS)]) if text_ids else ""
+        return {"abnormal_prob": p_ab, "abnormal": bool(ftype), "fault_type": ftype, "fault_type_prob": tp if ftype else 0.0,
+                "fault_type_best": best, "evidence_nodes": nodes, "evidence_node_ids": ids,
+                "evidence_operators": list(dict.fromkeys(fams)),
+                "explanation": project_explanation(text, ftype, list(dict.fromkeys(fams)), self.cfg.max_explanation_chars)}
+
+    def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool) -> list[dict[str, Any]]:
+        res = self._forward(prep, idx, [[EXPL] for _ in idx])
+        probs = torch.softmax(res["fault"], -1).cpu().numpy()
+        ops = res["ops"].cpu().numpy()
+        inp = prep.inputs
+        heads = []
+        for k, i in enumerate(idx.tolist()):
+            p_ab, ftype, tp = project_fault(probs[k])
+            best = FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))]
+            s = inp.tokens(i)
+            n = s.stop - s.start
+            nodes = project_operators(ops[k, :n], inp.anchor[s], bool(ftype), self.cfg.max_ops)
+            heads.append((p_ab, ftype, tp, best, nodes))
+        targets = [[EXPL] for _ in idx]
+        if explain:
+            rows = [k for k, h in enumerate(heads) if h[1]]
+            if rows:
+                sub_t = [[EXPL] for _ in rows]
+
+                def choose(r: int, logits: np.ndarray):
+                    t = self._free_token(logits, sub_t[r][1:])
+                    return None if t == EOS else [t]
+
+                self._decode(prep, idx[rows], sub_t, choose)
+                for k, t in zip(rows, sub_t, strict=True):
+                    targets[k] = t
+        return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
+                for k, i in enumerate(idx.tolist())]
+
+    def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool) -> list[dict[str, Any]]:
+        from teller.rca.text import ABN
+
+        inp = prep.inputs
+        n = len(idx)
+        targets: list[list[int]] = [[ABN] for _ in range(n)]
+        state = ["abn"] * n
+        info: list[dict[str, Any]] = [dict(p_ab=0.0, ftype="", tp=0.0, best=FAULT_TYPES[1], names=[], expl=[]) for _ in range(n)]
+        tries: list[NameTrie | None] = [None] * n
+        node = [None] * n
+        cur: list[list[int]] = [[] for _ in range(n)]
+        name_ids: dict[str, list[int]] = {}
+        max_ops = self.cfg.max_ops
+
+        def trie_for(r: int) -> NameTrie:
+            cands = inp.candidates(int(idx[r]))
+            for c in cands:
+                if c not in name_ids:
+                    name_ids[c] = encode_texts(self.text_tok, [c], 64)[0]
+            return NameTrie(cands, [name_ids[c] for c in cands])
+
+        def choose(r: int, logits: np.ndarray):
+            st = state[r]
+            if st == "abn":
+                pair = logits[[YES, NO]].astype(np.float64)
+                pair = np.exp(pair - pair.max())
+                info[r]["p_ab"] = float(pair[0] / pair.sum())
+                state[r] = "type"
+                return [YES if info[r]["p_ab"] >= 0.5 else NO, TYPE]
+            if st == "type":
+                lg = logits[list(TYPE_TOKENS[1:])].astype(np.float64)
+                pr = np.exp(lg - lg.max())
+                pr /= pr.sum()
+                k = int(np.argmax(pr))
+                info[r]["best"] = FAULT_TYPES[1 + k]
+                if info[r]["p_ab"] < 0.5:
+                    return None
+                info[r]["ftype"], info[r]["tp"] = FAULT_TYPES[1 + k], float(pr[k])
+                tries[r] = trie_for(r)
+                node[r] = tries[r].root
+                state[r] = "ops"
+                return [TYPE_TOKENS[1 + k], OPS]
+            if st == "ops":
+                t = tries[r]
+                nd = node[r]
+                allowed = NameTrie.allowed(nd)
+                done_name = NameTrie.complete(nd)
+                enders = []
+                if done_name is not None or (nd is t.root and not allowed):
+                    enders.append(EXPL)
+                    if done_name is not None and len(info[r]["names"]) + 1 < max_ops and t.root and NameTrie.allowed(t.root):
+                        enders.append(SEP)
+                if len(cur[r]) >= self.cfg.max_ops_tokens and allowed and done_name is None:
+                    enders = []  # finish the name being written
+                elif len(cur[r]) >= self.cfg.max_ops_tokens and enders:
+                    allowed = []
+                choices = allowed + enders
+                tok = choices[int(np.argmax(logits[choices]))]
+                if tok in (SEP, EXPL):
+                    if done_name is not None:
+                        info[r]["names"].append(done_name)
+                        t.remove(cur[r])
+                    cur[r] = []
+                    node[r] = t.root
+                    if tok == EXPL:
+                        state[r] = "expl"
+                        if not explain:
+                            return None
+                    return [tok]
+                cur[r].append(tok)
+                node[r] = nd[tok]
+                return [tok]
+            # explanation
+            tok = self._free_token(logits, info[r]["expl"])
+            if tok == EOS:
+                return None
+            info[r]["expl"].append(tok)
+            return [tok]
+
+        self._decode(prep, idx, targets, choose)
+        out = []
+        for k, i in enumerate(idx.tolist()):
+            f = info[k]
+            s = inp.tokens(i)
+            fam = inp.family[s]
+            want = [inp.families.index(nm) for nm in f["names"]]
+            nodes: list[int] = []
+            for w in want:  # the anchors of the tokens of each named family, in input order
+                for a in inp.anchor[s][fam == w][:2].tolist():
+                    if int(a) not in nodes and len(nodes) < max_ops:
+                        nodes.append(int(a))
+            if f["ftype"] and not nodes and s.stop > s.start:
+                nodes = [int(inp.anchor[s][0])]
+            out.append(self._finish(prep, i, f["p_ab"], f["ftype"], f["tp"], f["best"], nodes, f["expl"] if f["ftype"] else None))
+        return out
+
+
+def load(path: str | Path, device: str = "cpu") -> RCA:
+    """A saved model (``teller rca train -o PATH``)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TellerError("--device cuda: no CUDA device here; use --device cpu")
+    return RCA.load(path, device)

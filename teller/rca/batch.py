@@ -1,0 +1,140 @@
+"""Per-unit model inputs and targets (:class:`Prepared`) and their padded torch batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from teller.rca.data import ReferenceStats, StepInputs, operator_targets
+from teller.rca.model import RCAConfig
+from teller.rca.text import (
+    ABN,
+    BOS,
+    EOS,
+    EXPL,
+    LOG,
+    NO,
+    OPS,
+    SEP,
+    TRACE,
+    TYPE,
+    TYPE_TOKENS,
+    YES,
+    encode_texts,
+)
+
+#: kinds of target tokens (each has its own share of the loss, :func:`teller.rca.train.losses`)
+NONE, DECISION, OPERATOR, EXPLANATION, MARKER = range(5)
+
+
+@dataclass
+class Prepared:
+    """Everything a batch needs, per unit, as numpy (built once per split)."""
+
+    inputs: StepInputs
+    prompt: list[np.ndarray]  # <bos> <log> log ids <trace>
+    dur_feat: np.ndarray  # (tokens, 2) float32, flat like inputs.input_ids: log-duration/8, z/4
+    parent_off: np.ndarray  # flat int64: i - parent_idx (0 for a root)
+    fault: np.ndarray | None = None  # int64 per unit
+    op_target: np.ndarray | None = None  # flat float32 per token
+    target: list[np.ndarray] | None = None  # target segment ids per unit
+    target_kind: list[np.ndarray] | None = None  # kind of each target token (DECISION, ...)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, fault: np.ndarray | None = None,
+            operator_labels: list[list[str]] | None = None, explanation: list[str] | None = None) -> Prepared:
+    """Model inputs of ``inp``; with labels, also the training targets of ``cfg.variant``."""
+    logs = encode_texts(text_tok, inp.log_text, cfg.max_log_tokens)
+    prompt = [np.asarray([BOS, LOG, *ids, TRACE], np.int64) for ids in logs]
+    ld = ReferenceStats.log_duration(inp.duration)
+    z = ref.z(inp.input_ids, inp.duration)
+    feat = np.stack([ld / 8.0, z / 4.0], 1).astype(np.float32)
+    pos = np.arange(len(inp.input_ids)) - np.repeat(inp.offsets[:-1], np.diff(inp.offsets))
+    par = inp.parent_idx.astype(np.int64)
+    poff = np.where(par >= 0, pos - par, 0)
+    prep = Prepared(inp, prompt, feat, poff)
+    if fault is None:
+        return prep
+    prep.fault = np.asarray(fault, np.int64)
+    prep.op_target = operator_targets(inp, operator_labels or [[] for _ in range(len(inp))])
+    ex = encode_texts(text_tok, explanation or [""] * len(inp), cfg.max_expl_tokens)
+    tgt, wts = [], []
+    if cfg.variant == "mot":
+        for e in ex:
+            tgt.append(np.asarray([EXPL, *e, EOS], np.int64))
+            wts.append(np.asarray([NONE] + [EXPLANATION] * (len(e) + 1), np.int64))
+    else:
+        cand_ids: dict[str, list[int]] = {}
+        for i, e in enumerate(ex):
+            f = int(prep.fault[i])
+            if f == 0:
+                t = [ABN, NO, TYPE, TYPE_TOKENS[0], EOS]
+                w = [NONE, DECISION, MARKER, DECISION, MARKER]
+                tgt.append(np.asarray(t, np.int64))
+                wts.append(np.asarray(w, np.int64))
+                continue
+            t = [ABN, YES, TYPE, TYPE_TOKENS[f], OPS]
+            w = [NONE, DECISION, MARKER, DECISION, MARKER]
+            cands = set(inp.candidates(i))
+            names = [n for n in dict.fromkeys(operator_labels[i] if operator_labels else []) if n in cands][:cfg.max_ops]
+            for k, n in enumerate(names):
+                if n not in cand_ids:
+                    cand_ids[n] = encode_texts(text_tok, [n], 64)[0]
+                if k:
+                    t.append(SEP)
+                    w.append(OPERATOR)
+                t += cand_ids[n]
+                w += [OPERATOR] * len(cand_ids[n])
+            t.append(EXPL)
+            w.append(OPERATOR)
+            t += list(e) + [EOS]
+            w += [EXPLANATION] * (len(e) + 1)
+            tgt.append(np.asarray(t, np.int64))
+            wts.append(np.asarray(w, np.int64))
+    prep.target, prep.target_kind = tgt, wts
+    return prep
+
+
+def _pad(rows: list[np.ndarray], value: int | float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    L = max(1, max((len(r) for r in rows), default=1))
+    out = np.full((len(rows), L), value, dtype=dtype)
+    valid = np.zeros((len(rows), L), bool)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+        valid[i, :len(r)] = True
+    return out, valid
+
+
+def trace_batch(prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    inp = prep.inputs
+    sl = [inp.tokens(int(i)) for i in idx]
+    ids, valid = _pad([inp.input_ids[s] for s in sl], 0, np.int64)
+    depth, _ = _pad([inp.depth[s] for s in sl], 0, np.int64)
+    poff, _ = _pad([prep.parent_off[s] for s in sl], 0, np.int64)
+    L = ids.shape[1]
+    dur = np.zeros((len(idx), L, 2), np.float32)
+    for k, s in enumerate(sl):
+        dur[k, :s.stop - s.start] = prep.dur_feat[s]
+    t = {"ids": ids, "depth": depth, "parent_off": poff, "valid": valid}
+    out = {k: torch.from_numpy(v).to(device) for k, v in t.items()}
+    out["dur"] = torch.from_numpy(dur).to(device)
+    return out
+
+
+def prompt_batch(prep: Prepared, idx: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    p, v = _pad([prep.prompt[int(i)] for i in idx], 0, np.int64)
+    return torch.from_numpy(p).to(device), torch.from_numpy(v).to(device)
+
+
+def target_batch(rows: list[np.ndarray], device: torch.device, kinds: list[np.ndarray] | None = None):
+    t, v = _pad(rows, 0, np.int64)
+    out = [torch.from_numpy(t).to(device), torch.from_numpy(v).to(device)]
+    if kinds is not None:
+        k, _ = _pad(kinds, NONE, np.int64)
+        out.append(torch.from_numpy(k).to(device))
+    return out

@@ -1,0 +1,114 @@
+"""``teller rca train`` and ``teller rca predict``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def predictions_table(pred: list[dict], units, idx) -> "object":
+    """One row per unit: its keys and the prediction (what ``teller rca predict`` writes)."""
+    import pyarrow as pa
+
+    u = units.select(idx)
+    return pa.table({
+        "run_id": pa.array(u.run_id.tolist(), pa.string()),
+        "view": pa.array(u.view.tolist(), pa.string()),
+        "step_num": pa.array(u.step_num, pa.int64()),
+        "step_ids": pa.array([s.tolist() for s in u.step_ids], pa.list_(pa.int64())),
+        "record_id": pa.array(u.record_id, pa.int64()),
+        "abnormal_prob": pa.array([p["abnormal_prob"] for p in pred], pa.float64()),
+        "abnormal": pa.array([p["abnormal"] for p in pred], pa.bool_()),
+        "fault_type": pa.array([p["fault_type"] for p in pred], pa.string()),
+        "fault_type_prob": pa.array([p["fault_type_prob"] for p in pred], pa.float64()),
+        "fault_type_best": pa.array([p["fault_type_best"] for p in pred], pa.string()),
+        "evidence_nodes": pa.array([p["evidence_nodes"] for p in pred], pa.list_(pa.int64())),
+        "evidence_node_ids": pa.array([p["evidence_node_ids"] for p in pred], pa.list_(pa.int64())),
+        "evidence_operators": pa.array([p["evidence_operators"] for p in pred], pa.list_(pa.string())),
+        "explanation": pa.array([p["explanation"] for p in pred], pa.string()),
+    })
+
+
+def print_metrics(res: dict, con) -> None:
+    for view in ("all", "vertical", "horizontal"):
+        m = res.get(view)
+        if not m:
+            continue
+        con.print(f"[bold]{res['split']} {res['part']} {view}[/]: units={m['units']}, step F1={m['step']['f1']:.3f} "
+                  f"(P {m['step']['precision']:.3f}, R {m['step']['recall']:.3f}), fault-type macro-F1={m['fault_type']['macro_f1']:.3f}, "
+                  f"6-class macro-F1={m['fault_type_6']['macro_f1']:.3f}, operator Macro+ F1={m['operator']['macro_plus_f1']:.3f} "
+                  f"(F1 {m['operator']['f1']:.3f})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``rca`` command group to the ``teller`` app."""
+    rca = typer.Typer(no_args_is_help=True, help="Root-cause models: abnormal steps, fault type, evidence operators, explanation.")
+
+    @rca.command("train")
+    def train_cmd(
+        dataset: Path = typer.Argument(..., help="Dataset folder (`teller dataset build`)."),
+        out: Path = typer.Option(..., "-o", "--out", help="Model directory to write."),
+        variant: str = typer.Option("mot", "--variant", help="mot (shared attention, dual head) | single (one stream, generated target)."),
+        split: str = typer.Option("request", "--split", help="request | run | mechanism: train on that protocol's train part."),
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
+        epochs: int = typer.Option(10, "--epochs"),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
+        seed: int = typer.Option(0, "--seed"),
+        config: str = typer.Option("small", "--config", help="tiny | small"),
+        backbone: Optional[Path] = typer.Option(None, "--backbone", help="Local pretrained causal-LM checkpoint (from_pretrained)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue from MODEL/checkpoint."),
+        max_minutes: Optional[float] = typer.Option(None, "--max-minutes", help="Stop training after this much time (schedule re-planned)."),
+        batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+        lr: Optional[float] = typer.Option(None, "--lr"),
+        max_units: Optional[int] = typer.Option(None, "--max-units", help="Use a random sample of this many units (smoke runs)."),
+    ) -> None:
+        """Train a root-cause model on a dataset split; writes model.safetensors, config.json, tokenizers, reference."""
+        from rich.console import Console
+
+        from teller.rca.train import train
+
+        con = Console(stderr=True)
+        s = train(dataset, out, variant=variant, split=split, device=device, epochs=epochs, max_steps=max_steps, seed=seed,
+                  config=config, backbone=str(backbone) if backbone else None, resume=resume, max_minutes=max_minutes,
+                  batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m))
+        con.print(f"[green]trained[/]: steps={s['steps']}, first_loss={s['first_loss']:.4f}, last_loss={s['last_loss']:.4f}, "
+                  f"parameters={s['parameters']}, model_mib={s['checkpoint_bytes'] / 2**20:.1f}, out={out}")
+
+    @rca.command("predict")
+    def predict_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`)."),
+        dataset: Path = typer.Argument(..., help="Dataset folder."),
+        out: Path = typer.Option(..., "-o", "--out", help="Parquet file of predictions, one row per unit."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        split_part: str = typer.Option("test", "--split-part", help="train | val | test"),
+        device: str = typer.Option("cpu", "--device"),
+        batch_size: int = typer.Option(64, "--batch-size"),
+        metrics: Optional[Path] = typer.Option(None, "--metrics", help="Also write the metrics as JSON here."),
+        max_units: Optional[int] = typer.Option(None, "--max-units", help="A random sample of this many units (smoke runs)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of --max-units sampling."),
+    ) -> None:
+        """Predict every unit of a split part and print step F1, fault-type macro-F1, operator Macro+ F1."""
+        import json
+
+        import pyarrow.parquet as pq
+        from rich.console import Console
+
+        from teller.rca import load
+        from teller.rca.data import load_dataset
+        from teller.rca.train import evaluate
+
+        con = Console(stderr=True)
+        m = load(model, device=device)
+        ds = load_dataset(dataset, max_units=max_units, seed=seed)
+        sp = split or m.meta.get("training", {}).get("split", "request")
+        pred, res, idx = evaluate(m, ds, sp, split_part, batch_size=batch_size)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(predictions_table(pred, ds.units, idx), out, compression="zstd")
+        print_metrics(res, con)
+        if metrics:
+            metrics.write_text(json.dumps(res, indent=1))
+        con.print(f"[green]predicted[/]: units={len(pred)}, out={out}")
+
+    app.add_typer(rca, name="rca")

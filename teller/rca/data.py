@@ -1,0 +1,585 @@
+"""The RCA models' inputs: one example per step, read from a labelled dataset (DESIGN.md §11).
+
+**Why per step.** A dataset record is one request in one step and view, but its labels
+(``is_anomaly``, ``fault_type``, ``operator_labels``, ``explanation``) are the step's: they are
+constant over the ~12 (up to ~70) records of a step (checked on ``data/h200_v1``: 11,001 units,
+none with two label sets). The records of a step differ only in the request id and in which of
+the step's log lines they carry. So an example is a *unit*: a vertical step ``(run, step_id)``
+or a horizontal step ``(run, step_num)`` over its ranks; its log text is the ordered union of
+its records' lines.
+
+**Splits per unit.** Run- and mechanism-disjoint parts are already unit-level (a step's records
+share a run; a held-out mechanism's steps are all test). ``split_request`` splits requests, and
+a step serves requests of every part, so a unit takes the part of one representative record: one of
+its records picked by a hash (CRC-32) of the unit's key (run, view, step ids). That is the
+dataset's own assignment of that request, and the pick is independent from step to step (the
+lowest request id would tie long-running requests' neighbouring steps together), so parts keep
+about the 80/10/10 proportions and no step is in two parts; a test step's *other* requests can be
+train requests (unavoidable for a model of steps). The same rule applies to all three
+protocols (it is exact for run and mechanism).
+
+**Trace.** The unit's steps are serialized from the dataset's subtrees (DFS preorder, self
+times), concatenated over ranks for horizontal units (each rank's step a root), and TPE-encoded.
+The causal slice (DESIGN.md §7) needs a fitted localizer per run, so training uses the whole step
+subtree; when a step encodes to more than ``max_trace_tokens`` tokens it is truncated by one
+rule: keep tokens in order of (depth ascending, duration descending) up to the limit, then restore
+their order. A token's parent is shallower than the token, so a kept token's parent is kept:
+the truncated sequence is still a tree (parents remapped). Long steps lose their deepest, shortest
+tokens (kernels and runtime calls under the largest operators stay).
+
+**Tokens and operators.** A TPE token stands for a contiguous run of nodes (a subtree
+fragment). Its *anchor* is the node that names it as an operator: the first node of the most
+operator-like layer (STEP, then FE/OTHER/COMM, then BE, then the rest), shallowest first. The
+operator head scores tokens; a selected token's evidence is its anchor node (an index into the
+unit's nodes, which :class:`StepInputs` maps to forest node ids and family names). Families are
+``teller.localize.features.family_names`` (``STEP`` nodes are family ``STEP``), the names the
+dataset's ``operator_labels`` use.
+
+**Durations** enter twice: ``log1p(duration / 1 µs)`` and its robust z against the reference
+statistics of the token id (median and IQR / 1.349 over the tokens of normal training steps;
+:class:`ReferenceStats`, saved in the model directory, refit on another engine's reference with
+:meth:`ReferenceStats.fit`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from teller.errors import InputError, TellerError
+
+#: Fault classes of the fault head: index 0 is "no fault", then the dataset's five categories.
+FAULT_TYPES = ("normal", "communication", "kernel", "memory", "runtime", "scheduling")
+PROTOCOLS = ("request", "run", "mechanism")
+SPLIT_PARTS = ("train", "val", "test")
+#: anchor priority of a node's layer (lower is more operator-like)
+_LAYER_PRIORITY = {"STEP": 0, "FE": 1, "OTHER": 1, "COMM": 1, "BE": 2}
+_TS = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?\s*")
+
+_RECORD_COLUMNS = ["record_id", "run_id", "step_id", "step_ids", "step_num", "view", "log_text", "is_anomaly",
+                   "fault_type", "mechanism", "operator_labels", "explanation", "split_request", "split_run",
+                   "split_mechanism"]
+
+
+def normalize_log_line(line: str) -> str:
+    """A log line as the model reads it: the leading wall-clock timestamp dropped (it differs
+    between every run and carries no cause)."""
+    return _TS.sub("", line.strip())
+
+
+# ----------------------------------------------------------------------------------------------
+# units
+
+
+@dataclass
+class Units:
+    """One row per unit (step and view): labels, log text, splits and the unit's steps."""
+
+    run_id: np.ndarray  # object
+    view: np.ndarray  # object
+    step_num: np.ndarray  # int64
+    step_ids: list[np.ndarray]  # per unit, forest node ids of its steps (one per rank)
+    record_id: np.ndarray  # representative record
+    n_records: np.ndarray
+    is_anomaly: np.ndarray  # bool
+    fault: np.ndarray  # int64 into FAULT_TYPES
+    mechanism: np.ndarray  # object
+    operator_labels: list[list[str]]
+    explanation: list[str]
+    log_text: list[str]
+    splits: dict[str, np.ndarray]  # protocol -> object array of parts
+
+    def __len__(self) -> int:
+        return len(self.run_id)
+
+    def select(self, idx: np.ndarray) -> "Units":
+        idx = np.asarray(idx, np.int64)
+        pick = idx.tolist()
+        return Units(self.run_id[idx], self.view[idx], self.step_num[idx], [self.step_ids[i] for i in pick],
+                     self.record_id[idx], self.n_records[idx], self.is_anomaly[idx], self.fault[idx],
+                     self.mechanism[idx], [self.operator_labels[i] for i in pick],
+                     [self.explanation[i] for i in pick], [self.log_text[i] for i in pick],
+                     {k: v[idx] for k, v in self.splits.items()})
+
+    def part(self, protocol: str, name: str) -> np.ndarray:
+        """Indices of the units in part ``name`` of ``protocol``."""
+        if protocol not in self.splits:
+            raise TellerError(f"--split {protocol}: expected one of {', '.join(PROTOCOLS)}")
+        return np.flatnonzero(self.splits[protocol] == name)
+
+
+def fault_code(types: Sequence[str], where: str = "records") -> np.ndarray:
+    """FAULT_TYPES index of each fault type ('' = normal); an unknown type is an error."""
+    lut = {t: i for i, t in enumerate(FAULT_TYPES)}
+    lut[""] = 0
+    out = np.zeros(len(types), np.int64)
+    for i, t in enumerate(types):
+        c = lut.get(t or "")
+        if c is None:
+            raise TellerError(f"{where}: record {i} has fault_type {t!r}; the models know {', '.join(FAULT_TYPES[1:])}"
+                              " (rebuild the dataset or extend FAULT_TYPES)")
+        out[i] = c
+    return out
+
+
+def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[str] | None = None) -> Units:
+    """The units of a dataset folder (``records.parquet``; ``runs``: of these runs only), labels
+    checked constant per unit."""
+    ds = Path(ds)
+    if records is None:
+        p = ds / "records.parquet"
+        if not p.is_file():
+            raise InputError(p, "missing", "give a dataset folder written by `teller dataset build`")
+        have = pq.read_schema(p).names
+        missing = [c for c in _RECORD_COLUMNS if c not in have]
+        if missing:
+            raise InputError(p, f"lacks the columns {missing}", "rebuild it with `teller dataset build`")
+        records = pq.read_table(p, columns=_RECORD_COLUMNS, filters=[("run_id", "in", list(runs))] if runs else None)
+        if not records.num_rows:
+            raise TellerError(f"{p}: no records" + (f" of the runs {list(runs)}" if runs else ""))
+    t = records.sort_by("record_id")
+    run = np.asarray(t.column("run_id").to_pylist(), dtype=object)
+    view = np.asarray(t.column("view").to_pylist(), dtype=object)
+    sids = t.column("step_ids").combine_chunks()
+    s_off = sids.offsets.to_numpy().astype(np.int64)
+    s_val = sids.values.to_numpy().astype(np.int64)
+    # unit key: run, view, step ids (one per rank)
+    keys = [f"{r}\x1f{v}\x1f" + ",".join(map(str, s_val[s_off[i]:s_off[i + 1]].tolist()))
+            for i, (r, v) in enumerate(zip(run.tolist(), view.tolist(), strict=True))]
+    uk, first, inv, counts = np.unique(np.asarray(keys, dtype=object), return_index=True, return_inverse=True,
+                                       return_counts=True)
+    order = np.argsort(first, kind="stable")  # units in dataset order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    inv = rank[inv]
+    first = first[order]
+    counts = counts[order]
+    ab = t.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
+    ftype = t.column("fault_type").to_pylist()
+    expl = t.column("explanation").to_pylist()
+    ops = t.column("operator_labels").to_pylist()
+    # labels are step labels: check them constant over each unit
+    for name, col in (("is_anomaly", ab), ("fault_type", np.asarray(ftype, dtype=object)),
+                      ("explanation", np.asarray(expl, dtype=object))):
+        bad = np.flatnonzero(col != col[first][inv])
+        if bad.size:
+            i = int(bad[0])
+            raise TellerError(f"{ds}/records.parquet: record {int(t.column('record_id')[i].as_py())} has a {name} that differs "
+                              f"from the other records of its step ({keys[i]!r}); the models read step labels")
+    # log text: ordered union of the unit's lines
+    logs = t.column("log_text").to_pylist()
+    lines: list[list[str]] = [[] for _ in range(len(first))]
+    seen: list[set[str]] = [set() for _ in range(len(first))]
+    for i in np.flatnonzero(np.asarray([bool(x) for x in logs])).tolist():  # records with lines: few
+        u = int(inv[i])
+        for ln in logs[i].split("\n"):
+            if ln and ln not in seen[u]:
+                seen[u].add(ln)
+                lines[u].append(ln)
+    fi = first.tolist()
+    # the representative record of each unit: one of its records, picked by a hash of the unit key
+    by_unit = np.argsort(inv, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    ukeys = np.asarray(keys, dtype=object)[first]
+    pick = np.asarray([zlib.crc32(k.encode()) for k in ukeys.tolist()], np.int64) % counts
+    rep = by_unit[starts + pick]
+    splits = {p: np.asarray(t.column(f"split_{p}").cast(pa.string()).to_pylist(), dtype=object)[rep] for p in PROTOCOLS}
+    return Units(
+        run_id=run[first], view=view[first], step_num=t.column("step_num").to_numpy()[first].astype(np.int64),
+        step_ids=[s_val[s_off[i]:s_off[i + 1]].copy() for i in fi],
+        record_id=t.column("record_id").to_numpy()[rep].astype(np.int64), n_records=counts.astype(np.int64),
+        is_anomaly=ab[first], fault=fault_code([ftype[i] for i in fi], f"{ds}/records.parquet"),
+        mechanism=np.asarray([t.column("mechanism")[i].as_py() or "" for i in fi], dtype=object),
+        operator_labels=[list(ops[i] or []) if ab[i] else [] for i in fi],
+        explanation=[expl[i] or "" for i in fi],
+        log_text=["\n".join(normalize_log_line(x) for x in ls) for ls in lines],
+        splits=splits,
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# steps of a forest table
+
+
+@dataclass
+class StepForest:
+    """The steps of a forest table (a dataset's subtrees, or one run's ``forest.parquet``),
+    serialized once: find a step by (run, step node id); per node its family and layer code."""
+
+    seqs: Any  # teller.tpe.serialize.Sequences, one per step
+    key: np.ndarray  # run code << 40 | step_id, per step
+    runs: list[str]
+    node_family: np.ndarray  # int32 per table row, into families
+    node_priority: np.ndarray  # int8 per table row (anchor priority of its layer)
+    families: list[str]
+    node_id: np.ndarray  # int64 per table row (the run's forest node id)
+
+    def find(self, run_ids: Sequence[str], step_ids: np.ndarray) -> np.ndarray:
+        lut = {r: i for i, r in enumerate(self.runs)}
+        codes = np.asarray([lut.get(r, -1) for r in run_ids], np.int64)
+        k = codes << 40 | np.asarray(step_ids, np.int64)
+        order = np.argsort(self.key, kind="stable")
+        j = np.minimum(np.searchsorted(self.key[order], k), len(order) - 1)
+        hit = (codes >= 0) & (self.key[order][j] == k)
+        return np.where(hit, order[j], -1)
+
+
+def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = None) -> StepForest:
+    """Serialize every step (rows with ``node_id == step_id``) of a forest table.
+
+    ``table`` holds whole step blocks ``[step_id, step_id + size)`` in DFS order, each with its
+    ``run_id`` (a dataset's subtrees) or, for one run's forest, ``run_id`` names the run."""
+    from teller.localize.features import family_names
+    from teller.tpe.serialize import forest_from_table, serialize_steps
+
+    if "run_id" in table.column_names:
+        run = table.column("run_id").combine_chunks()
+        if not pa.types.is_dictionary(run.type):
+            run = run.dictionary_encode()
+        rcode = run.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        runs = [str(x) for x in run.dictionary.to_pylist()]
+    else:
+        rcode = np.zeros(table.num_rows, np.int64)
+        runs = [run_id or "run"]
+    nid = table.column("node_id").to_numpy().astype(np.int64)
+    par = table.column("parent_id").to_numpy().astype(np.int64)
+    sid = table.column("step_id").to_numpy().astype(np.int64)
+    row = np.arange(len(nid), dtype=np.int64)
+    inside = (par >= sid) & (nid != sid) & (sid >= 0)
+    gpar = np.where(inside, row - (nid - par), -1)
+    t2 = table.set_column(table.column_names.index("parent_id"), "parent_id", pa.array(gpar))
+    forest = forest_from_table(t2, normalizer, path="subtrees")
+    roots = np.flatnonzero((nid == sid) & (sid >= 0))
+    seqs = serialize_steps(forest, roots, "self")
+    # families per row from the distinct (layer, name) pairs
+    lay = table.column("layer").combine_chunks()
+    nam = table.column("name").combine_chunks()
+    lay = lay if pa.types.is_dictionary(lay.type) else lay.dictionary_encode()
+    nam = nam if pa.types.is_dictionary(nam.type) else nam.dictionary_encode()
+    li = lay.indices.fill_null(len(lay.dictionary)).to_numpy(zero_copy_only=False).astype(np.int64)
+    ni = nam.indices.fill_null(len(nam.dictionary)).to_numpy(zero_copy_only=False).astype(np.int64)
+    ld = [str(x) for x in lay.dictionary.to_pylist()] + ["OTHER"]
+    nd = [str(x) if x is not None else "" for x in nam.dictionary.to_pylist()] + [""]
+    pair = li * (len(nd) + 1) + ni
+    present = np.bincount(pair, minlength=len(ld) * (len(nd) + 1)) > 0  # dense: the dictionaries are small
+    up = np.flatnonzero(present)
+    lut = np.zeros(len(present), np.int64)
+    lut[up] = np.arange(len(up))
+    pinv = lut[pair]
+    fam = []
+    prio = []
+    for p in up.tolist():
+        L, N = ld[p // (len(nd) + 1)], nd[p % (len(nd) + 1)]
+        fam.append("STEP" if L == "STEP" else family_names(L, [N])[0])
+        prio.append(_LAYER_PRIORITY.get(L, 3))
+    families, fcode = np.unique(np.asarray(fam, dtype=object).astype(str), return_inverse=True)
+    return StepForest(seqs, rcode[roots] << 40 | sid[roots], runs, fcode[pinv].astype(np.int32),
+                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid)
+
+
+# ----------------------------------------------------------------------------------------------
+# model inputs
+
+
+@dataclass
+class StepInputs:
+    """TPE-encoded steps and their log text, columnar: unit ``i`` is tokens
+    ``offsets[i]:offsets[i+1]`` of the flat arrays and nodes ``node_offsets[i]:node_offsets[i+1]``.
+
+    Per token: ``input_ids``, ``parent_idx`` (local, -1 root), ``depth``, ``duration`` (ns),
+    ``anchor`` (index of its anchor node among the unit's nodes) and ``family`` (index into
+    ``families``, the anchor's operator family). Per node: ``node_id`` (forest node id) and
+    ``node_family``. ``log_text`` per unit. ``keys``: run, view, step ids (provenance)."""
+
+    input_ids: np.ndarray
+    parent_idx: np.ndarray
+    depth: np.ndarray
+    duration: np.ndarray
+    anchor: np.ndarray
+    family: np.ndarray
+    offsets: np.ndarray
+    node_id: np.ndarray
+    node_family: np.ndarray
+    node_offsets: np.ndarray
+    families: list[str]
+    log_text: list[str]
+    run_id: list[str] = field(default_factory=list)
+    view: list[str] = field(default_factory=list)
+    step_ids: list[list[int]] = field(default_factory=list)
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def tokens(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+    def candidates(self, i: int) -> list[str]:
+        """The operator families present among the unit's token anchors (what evidence may name)."""
+        return sorted({self.families[j] for j in np.unique(self.family[self.tokens(i)]).tolist()})
+
+    def select(self, idx: np.ndarray) -> "StepInputs":
+        from teller.tpe.serialize import ranges
+
+        idx = np.asarray(idx, np.int64)
+        rows = ranges(self.offsets[idx], self.offsets[idx + 1])
+        nrows = ranges(self.node_offsets[idx], self.node_offsets[idx + 1])
+        off = np.concatenate([[0], np.cumsum(self.offsets[idx + 1] - self.offsets[idx])]).astype(np.int64)
+        noff = np.concatenate([[0], np.cumsum(self.node_offsets[idx + 1] - self.node_offsets[idx])]).astype(np.int64)
+        pick = idx.tolist()
+
+        def sub(x: list) -> list:
+            return [x[i] for i in pick] if x else []
+
+        return StepInputs(self.input_ids[rows], self.parent_idx[rows], self.depth[rows], self.duration[rows],
+                          self.anchor[rows], self.family[rows], off, self.node_id[nrows], self.node_family[nrows], noff,
+                          self.families, sub(self.log_text), sub(self.run_id), sub(self.view), sub(self.step_ids),
+                          self.truncated[idx] if len(self.truncated) else self.truncated)
+
+
+def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int) -> np.ndarray:
+    """Positions kept by the truncation rule (module docstring): the first ``limit`` tokens in
+    order of (depth ascending, duration descending, position), returned in position order."""
+    if len(depth) <= limit:
+        return np.arange(len(depth))
+    order = np.lexsort((np.arange(len(depth)), -np.asarray(duration, np.int64), np.asarray(depth, np.int64)))
+    return np.sort(order[:limit])
+
+
+def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Sequence[np.ndarray],
+                 log_text: Sequence[str], max_trace_tokens: int, views: Sequence[str] | None = None) -> StepInputs:
+    """TPE-encode units (each a list of step node ids, one per rank) into :class:`StepInputs`."""
+    from teller.tpe.serialize import ranges
+
+    n = len(step_ids)
+    per = np.asarray([len(s) for s in step_ids], np.int64)
+    unit_of_piece = np.repeat(np.arange(n), per)
+    flat = np.concatenate([np.asarray(s, np.int64) for s in step_ids]) if n else np.zeros(0, np.int64)
+    st = sf.find(np.asarray(run_ids, dtype=object)[unit_of_piece].tolist(), flat)
+    if (st < 0).any():
+        j = int(np.flatnonzero(st < 0)[0])
+        raise TellerError(f"unit {int(unit_of_piece[j])}: step {int(flat[j])} of run {run_ids[int(unit_of_piece[j])]!r} "
+                          "is not in the subtrees/forest; rebuild the dataset with `teller dataset build`")
+    uniq, inv = np.unique(st, return_inverse=True)
+    seqs = sf.seqs.select(uniq)
+    enc = tok.encode_batch(seqs)
+    # node rows (table rows) of each distinct step, and per token its node range within the step
+    s_nodes = seqs.lengths()
+    tl = tok.token_length(enc.input_ids.astype(np.int64))
+    tok_seq = np.repeat(np.arange(len(uniq)), enc.lengths())
+    cs = np.cumsum(tl) - tl  # token start, counted over the whole batch
+    start_in_step = cs - (np.cumsum(s_nodes) - s_nodes)[tok_seq]
+    # anchor of each token: min (priority, depth, position) over its nodes
+    node_rows = seqs.node_id  # table rows of the distinct steps' nodes, concatenated
+    n_prio = sf.node_priority[node_rows].astype(np.int64)
+    n_pos = np.arange(len(node_rows)) - np.repeat(seqs.offsets[:-1], s_nodes)
+    key = (n_prio << 40) | (seqs.depth.astype(np.int64) << 24) | n_pos
+    tok_first_node = seqs.offsets[:-1][tok_seq] + start_in_step
+    best = np.minimum.reduceat(key, tok_first_node) if len(key) else np.zeros(0, np.int64)
+    anchor_in_step = best & ((1 << 24) - 1)
+    # assemble units: pieces one after the other
+    piece_tok = enc.lengths()[inv]
+    piece_nodes = s_nodes[inv]
+    rows = ranges(enc.offsets[inv], enc.offsets[inv + 1])
+    nrows = ranges(seqs.offsets[:-1][inv], seqs.offsets[1:][inv])
+    u_tok = np.bincount(unit_of_piece, weights=piece_tok, minlength=n).astype(np.int64)
+    u_nodes = np.bincount(unit_of_piece, weights=piece_nodes, minlength=n).astype(np.int64)
+    toff = np.concatenate([[0], np.cumsum(u_tok)]).astype(np.int64)
+    noff = np.concatenate([[0], np.cumsum(u_nodes)]).astype(np.int64)
+    tok_before = np.cumsum(piece_tok) - piece_tok - toff[unit_of_piece]
+    node_before = np.cumsum(piece_nodes) - piece_nodes - noff[unit_of_piece]
+    p = enc.parent_idx[rows].astype(np.int64)
+    p = np.where(p >= 0, p + np.repeat(tok_before, piece_tok), -1)
+    anchor = anchor_in_step[rows] + np.repeat(node_before, piece_tok)
+    ids = enc.input_ids[rows].astype(np.int64)
+    dep = enc.depth[rows].astype(np.int64)
+    dur = enc.duration[rows].astype(np.int64)
+    node_tab = node_rows[nrows]
+    node_fam = sf.node_family[node_tab].astype(np.int64)
+    fam = node_fam[anchor + np.repeat(noff[:-1], u_tok)]
+    # truncation (few units: the long multi-rank and communication steps)
+    trunc = np.zeros(n, bool)
+    keep_mask = np.ones(len(ids), bool)
+    new_par = p.copy()
+    for i in np.flatnonzero(u_tok > max_trace_tokens).tolist():
+        a, b = int(toff[i]), int(toff[i + 1])
+        kept = truncate_order(dep[a:b], dur[a:b], max_trace_tokens)
+        remap = np.full(b - a, -1, np.int64)
+        remap[kept] = np.arange(len(kept))
+        lp = p[a:b]
+        new_par[a:b] = np.where(lp >= 0, remap[np.maximum(lp, 0)], -1)
+        m = np.zeros(b - a, bool)
+        m[kept] = True
+        keep_mask[a:b] = m
+        trunc[i] = True
+    if trunc.any():
+        unit_of_tok = np.repeat(np.arange(n), u_tok)
+        u_tok = np.bincount(unit_of_tok[keep_mask], minlength=n).astype(np.int64)
+        toff = np.concatenate([[0], np.cumsum(u_tok)]).astype(np.int64)
+        ids, dep, dur, anchor, fam, new_par = (x[keep_mask] for x in (ids, dep, dur, anchor, fam, new_par))
+    return StepInputs(ids.astype(np.int32), new_par.astype(np.int32), dep.astype(np.int32), dur, anchor.astype(np.int64),
+                      fam.astype(np.int32), toff, sf.node_id[node_tab], node_fam.astype(np.int32), noff, sf.families,
+                      list(log_text), list(run_ids), list(views) if views is not None else [""] * n,
+                      [np.asarray(s).tolist() for s in step_ids], trunc)
+
+
+# ----------------------------------------------------------------------------------------------
+# targets
+
+
+def operator_targets(inp: StepInputs, labels: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per token: 1 when its anchor's family is one of the unit's operator labels."""
+    fam_idx = {f: i for i, f in enumerate(inp.families)}
+    out = np.zeros(len(inp.input_ids), np.float32)
+    for i, lab in enumerate(labels):
+        if not lab:
+            continue
+        codes = [fam_idx[f] for f in lab if f in fam_idx]
+        if codes:
+            s = inp.tokens(i)
+            out[s] = np.isin(inp.family[s], codes)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# reference statistics
+
+
+@dataclass
+class ReferenceStats:
+    """Per trace token id: median and robust scale of ``log1p(duration / 1 µs)`` over the tokens
+    of normal reference steps (ids seen fewer than ``min_count`` times use the pooled values)."""
+
+    median: np.ndarray
+    scale: np.ndarray
+    count: np.ndarray
+    pooled: tuple[float, float] = (0.0, 1.0)
+    source: str = ""
+
+    @staticmethod
+    def log_duration(duration_ns: np.ndarray) -> np.ndarray:
+        return np.log1p(np.maximum(np.asarray(duration_ns, np.float64), 0.0) / 1e3)
+
+    @classmethod
+    def fit(cls, input_ids: np.ndarray, duration_ns: np.ndarray, vocab_size: int, min_count: int = 5,
+            source: str = "") -> "ReferenceStats":
+        ids = np.asarray(input_ids, np.int64)
+        x = cls.log_duration(duration_ns)
+        med = np.zeros(vocab_size)
+        sc = np.ones(vocab_size)
+        cnt = np.bincount(ids, minlength=vocab_size)[:vocab_size] if len(ids) else np.zeros(vocab_size, np.int64)
+        if len(x):
+            q1, q2, q3 = np.percentile(x, [25, 50, 75])
+            pooled = (float(q2), float(max((q3 - q1) / 1.349, 0.1)))
+        else:
+            pooled = (0.0, 1.0)
+        med[:] = pooled[0]
+        sc[:] = pooled[1]
+        if len(ids):
+            order = np.lexsort((x, ids))
+            si, sx = ids[order], x[order]
+            u, start, c = np.unique(si, return_index=True, return_counts=True)
+            ok = c >= min_count
+            for q, dst in ((0.5, med),):
+                dst[u[ok]] = sx[start[ok] + np.floor(q * (c[ok] - 1)).astype(np.int64)]
+            lo = sx[start[ok] + np.floor(0.25 * (c[ok] - 1)).astype(np.int64)]
+            hi = sx[start[ok] + np.floor(0.75 * (c[ok] - 1)).astype(np.int64)]
+            sc[u[ok]] = np.maximum((hi - lo) / 1.349, 0.05)
+        return cls(med, sc, cnt.astype(np.int64), pooled, source)
+
+    def z(self, input_ids: np.ndarray, duration_ns: np.ndarray) -> np.ndarray:
+        ids = np.clip(np.asarray(input_ids, np.int64), 0, len(self.median) - 1)
+        return np.clip((self.log_duration(duration_ns) - self.median[ids]) / self.scale[ids], -20.0, 20.0)
+
+    def to_json(self) -> dict:
+        return {"format": "teller-rca-reference", "version": 1, "source": self.source,
+                "what": "per trace token id: median and IQR/1.349 of log1p(duration / 1 us) in normal reference steps",
+                "pooled": list(self.pooled), "median": np.round(self.median, 6).tolist(),
+                "scale": np.round(self.scale, 6).tolist(), "count": self.count.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict, where: str = "reference.json") -> "ReferenceStats":
+        if d.get("format") != "teller-rca-reference":
+            raise InputError(where, "not a TELLER RCA reference file", "retrain the model with `teller rca train`")
+        return cls(np.asarray(d["median"], np.float64), np.asarray(d["scale"], np.float64),
+                   np.asarray(d["count"], np.int64), tuple(d["pooled"]), d.get("source", ""))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReferenceStats":
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(p, "missing", "retrain the model with `teller rca train`")
+        return cls.from_json(json.loads(p.read_text()), str(p))
+
+
+# ----------------------------------------------------------------------------------------------
+# the whole dataset
+
+
+@dataclass
+class Dataset:
+    """A dataset's units and their steps, serialized once (shared by every split's training)."""
+
+    path: Path
+    units: Units
+    forest: StepForest
+
+    def explanations_and_logs(self, idx: np.ndarray) -> list[str]:
+        return [self.units.explanation[i] for i in idx.tolist() if self.units.explanation[i]] + \
+               [self.units.log_text[i] for i in idx.tolist() if self.units.log_text[i]]
+
+
+def read_steps(ds: str | Path, runs: Sequence[str] | None = None) -> pa.Table:
+    """A dataset's subtrees (forest rows of its steps); with ``runs``, only the parts that hold
+    those runs are decoded (each part is encoded on its own) and only their rows kept."""
+    from teller.dataset.codec import decode, read_subtrees
+
+    ds = Path(ds)
+    parts = sorted((ds / "subtrees").glob("part-*.parquet")) if (ds / "subtrees").is_dir() else []
+    if not runs or not parts:
+        t = read_subtrees(ds)
+    else:
+        want = pa.array(sorted(set(runs)), pa.string())
+        tabs = []
+        for f in parts:
+            rid = pq.read_table(f, columns=["run_id"]).column("run_id").cast(pa.string())
+            if pc.any(pc.is_in(rid, value_set=want)).as_py():
+                tabs.append(decode(pq.read_table(f), str(f)))
+        if not tabs:
+            raise TellerError(f"{ds}/subtrees: no rows of the runs {sorted(set(runs))}")
+        t = pa.concat_tables(tabs).unify_dictionaries()
+    if runs:
+        t = t.filter(pc.is_in(t.column("run_id").cast(pa.string()), value_set=pa.array(sorted(set(runs)), pa.string())))
+    return t
+
+
+def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: int | None = None,
+                 seed: int = 0) -> Dataset:
+    """Read a dataset folder. ``runs``: keep these runs only; ``max_units``: a random sample of
+    that many units (drawn with ``seed``; for tests and smoke runs)."""
+    ds = Path(ds)
+    units = read_units(ds, runs=runs)
+    idx = np.arange(len(units))
+    if max_units is not None and max_units < len(idx):
+        idx = np.sort(np.random.default_rng(seed).choice(idx, size=max_units, replace=False))
+        units = units.select(idx)
+    sub = read_steps(ds, runs)
+    if max_units is not None:
+        # keep only the blocks of the sampled units' steps (a block's rows carry its step_id)
+        key = np.unique(np.asarray([f"{r}\x1f{s}" for r, ss in zip(units.run_id.tolist(), units.step_ids, strict=True)
+                                    for s in ss.tolist()], dtype=object))
+        rk = pc.binary_join_element_wise(sub.column("run_id").cast(pa.string()), pc.cast(sub.column("step_id"), pa.string()), "\x1f")
+        sub = sub.filter(pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string())))
+    return Dataset(ds, units, step_forest(sub))

@@ -1,0 +1,348 @@
+"""Training: tokenizers and reference statistics fitted on the split's training part, then AdamW
+on the losses of :mod:`.model`, with checkpoints that resume (no pickle: safetensors + JSON).
+
+What a split's training part fits (so the run- and mechanism-disjoint tests stay unseen): the
+TPE tokenizer (on the distinct steps of the training units), the text BPE (on their log lines and
+explanations, and every operator family name of the dataset), and the duration reference (the
+tokens of the *normal* training units).
+
+Resume (``resume=True``): the model directory's ``checkpoint/`` holds float32 weights, the AdamW
+state (``optimizer.safetensors``: every state tensor by parameter index; the hyper-parameters in
+``state.json``) and the position (optimizer step, epoch, batch); the tokenizers and the reference
+are read back from the directory instead of refitted, and the epoch order is a function of
+(seed, epoch), so a resumed run continues the interrupted one batch for batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from teller.errors import TellerError
+from teller.rca.api import RCA, load_weights, save_weights
+from teller.rca.batch import (
+    DECISION,
+    EXPLANATION,
+    MARKER,
+    OPERATOR,
+    Prepared,
+    prepare,
+    prompt_batch,
+    target_batch,
+    trace_batch,
+)
+from teller.rca.data import Dataset, ReferenceStats, Units, encode_units, load_dataset
+from teller.rca.model import RCAConfig, build_model, token_ce
+
+MARKER_WEIGHT = 0.1
+
+
+def fit_tokenizers(ds: Dataset, train_idx: np.ndarray, cfg: RCAConfig):
+    """(text tokenizer, TPE tokenizer) fitted on the training units."""
+    from teller.rca.text import train_text_tokenizer
+    from teller.tpe.tokenizer import SPECIAL_TOKENS, UNK_LAYER
+    from teller.tpe.trainer import train as tpe_train
+
+    u = ds.units
+    pieces = np.concatenate([u.step_ids[i] for i in train_idx.tolist()]) if len(train_idx) else np.zeros(0, np.int64)
+    runs = np.repeat(u.run_id[train_idx], [len(u.step_ids[i]) for i in train_idx.tolist()]).tolist()
+    st = ds.forest.find(runs, pieces)
+    seqs = ds.forest.seqs.select(np.unique(st[st >= 0]))
+    n_base = len(SPECIAL_TOKENS) + len(UNK_LAYER) + len(set(np.asarray(seqs.symbols, dtype=object)[np.unique(seqs.codes)].tolist()))
+    trace_tok = tpe_train(seqs, max(cfg.trace_vocab, n_base), max_token_nodes=cfg.tpe_max_token_nodes)
+    texts = ds.explanations_and_logs(train_idx) + list(ds.forest.families)
+    text_tok = train_text_tokenizer(texts, cfg.text_vocab)
+    return text_tok, trace_tok
+
+
+def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_tok, ref: ReferenceStats | None,
+                  labels: bool = True) -> tuple[Prepared, ReferenceStats]:
+    """Inputs (and targets) of units ``idx``; ``ref=None`` fits the reference on their normal units."""
+    u = ds.units.select(idx)
+    inp = encode_units(ds.forest, trace_tok, u.run_id.tolist(), u.step_ids, u.log_text, cfg.max_trace_tokens,
+                       u.view.tolist())
+    if ref is None:
+        normal = np.flatnonzero(~u.is_anomaly)
+        sub = inp.select(normal)
+        ref = ReferenceStats.fit(sub.input_ids, sub.duration, len(trace_tok), source=f"{ds.path}: {len(normal)} normal training units")
+    if not labels:
+        return prepare(inp, text_tok, ref, cfg), ref
+    return prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation), ref
+
+
+def losses(net: torch.nn.Module, cfg: RCAConfig, prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """The variant's loss terms on a batch; ``loss`` is the weighted total."""
+    p, pv = prompt_batch(prep, idx, device)
+    tr = trace_batch(prep, idx, device)
+    t, tv, kind = target_batch([prep.target[int(i)] for i in idx], device, [prep.target_kind[int(i)] for i in idx])
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else _null()
+    with amp:
+        out = net(p, pv, tr, t, tv)
+    ce = token_ce(out["lm"], t)
+    k = kind[:, 1:]
+
+    def mean_of(code: int) -> torch.Tensor:
+        m = (k == code).float()
+        return (ce * m).sum() / m.sum().clamp(min=1.0)
+
+    terms: dict[str, torch.Tensor] = {"lm": mean_of(EXPLANATION)}
+    if cfg.variant == "mot":
+        fault = torch.from_numpy(prep.fault[idx]).to(device)
+        terms["fault"] = F.cross_entropy(out["fault"], fault)
+        y = torch.zeros_like(out["ops"])
+        v = tr["valid"].float()
+        for r, i in enumerate(idx.tolist()):
+            s = prep.inputs.tokens(i)
+            y[r, :s.stop - s.start] = torch.from_numpy(prep.op_target[s]).to(device)
+        bce = F.binary_cross_entropy_with_logits(out["ops"], y, reduction="none",
+                                                 pos_weight=torch.tensor(cfg.op_pos_weight, device=device))
+        terms["ops"] = (bce * v).sum() / v.sum().clamp(min=1.0)
+        terms["loss"] = terms["fault"] + cfg.lm_weight * terms["lm"] + cfg.op_weight * terms["ops"]
+    else:
+        terms["fault"] = mean_of(DECISION)
+        terms["ops"] = mean_of(OPERATOR)
+        terms["loss"] = (terms["fault"] + cfg.lm_weight * terms["lm"] + cfg.op_weight * terms["ops"]
+                         + MARKER_WEIGHT * mean_of(MARKER))
+    return terms
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# ---- optimizer state as safetensors ---------------------------------------------------------------
+
+
+def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> dict:
+    from safetensors.torch import save_file
+
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"{pid}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{pid}.{k}"] = v
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors or {"_empty": torch.zeros(1)}, str(tmp))
+    tmp.replace(path)
+    return {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def load_optimizer(opt: torch.optim.Optimizer, path: Path, meta: dict, device: torch.device) -> None:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    state: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        if key == "_empty":
+            continue
+        pid, k = key.split(".", 1)
+        state.setdefault(int(pid), {})[k] = v.to(device) if k != "step" else v
+    for key, v in meta.get("scalars", {}).items():
+        pid, k = key.split(".", 1)
+        state.setdefault(int(pid), {})[k] = v
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def lr_at(step: int, total: int, base: float, warmup: int) -> float:
+    w = min(1.0, (step + 1) / max(1, warmup))
+    c = 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total))))
+    return base * w * (0.1 + 0.9 * c)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+
+def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", split: str = "request",
+          device: str = "cpu", epochs: int = 10, max_steps: int | None = None, seed: int = 0, config: str = "small",
+          backbone: str | None = None, resume: bool = False, max_minutes: float | None = None,
+          batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
+          progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
+          **overrides: Any) -> dict[str, Any]:
+    """Train one model on ``split``'s training part and save it to ``out``; returns a summary
+    (loss curve, sizes, time). ``max_minutes`` stops training when that much time is spent (the
+    learning-rate schedule is re-planned to end there). A checkpoint is written at the end of an
+    epoch when ``checkpoint_every_s`` have passed since the last one, and at the end."""
+    t_start = time.perf_counter()
+    say = log or (lambda m: print(m, file=sys.stderr, flush=True))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise TellerError("--device cuda: no CUDA device here; use --device cpu")
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    out = Path(out)
+    ck = out / "checkpoint"
+    state = None
+    if resume and (ck / "state.json").is_file():
+        state = json.loads((ck / "state.json").read_text())
+    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, max_units=max_units, seed=seed)
+    units: Units = ds.units
+    tr_idx, va_idx = units.part(split, "train"), units.part(split, "val")
+    if not len(tr_idx):
+        raise TellerError(f"{ds.path}: no training units in the {split} split")
+    if state is not None:
+        from teller.rca.text import load_text_tokenizer
+        from teller.tpe.tokenizer import TraceTokenizer
+
+        meta = json.loads((out / "config.json").read_text())
+        cfg = RCAConfig.from_json(meta["config"])
+        if cfg.variant != variant or meta.get("training", {}).get("split") != split:
+            raise TellerError(f"{out}: its checkpoint is of variant {cfg.variant}, split "
+                              f"{meta.get('training', {}).get('split')}; resume with the same --variant/--split or drop --resume")
+        text_tok = load_text_tokenizer(out / "tokenizer.json")
+        trace_tok = TraceTokenizer.load(out / "trace_tokenizer")
+        ref = ReferenceStats.load(out / "reference.json")
+        trp, _ = prepare_units(ds, tr_idx, cfg, text_tok, trace_tok, ref)
+    else:
+        cfg = RCAConfig.preset(config, variant=variant, backbone=backbone, **overrides)
+        t0 = time.perf_counter()
+        text_tok, trace_tok = fit_tokenizers(ds, tr_idx, cfg)
+        trp, ref = prepare_units(ds, tr_idx, cfg, text_tok, trace_tok, None)
+        say(f"prepared {len(trp)} training units of the {split} split in {time.perf_counter() - t0:.1f} s "
+            f"(text vocab {text_tok.get_vocab_size()}, trace vocab {len(trace_tok)}, "
+            f"{int(trp.inputs.truncated.sum())} truncated to {cfg.max_trace_tokens} tokens)")
+    net = build_model(cfg, text_tok.get_vocab_size(), len(trace_tok), pretrained=state is None and bool(cfg.backbone)).to(dev)
+    n_params = sum(p.numel() for p in net.parameters())
+    bs = batch_size or (8 if config == "tiny" else 32)
+    base_lr = lr or (3e-3 if config == "tiny" else 1e-3)
+    opt = torch.optim.AdamW(net.parameters(), lr=base_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    per_epoch = max(1, math.ceil(len(trp) / bs))
+    total = epochs * per_epoch if max_steps is None else min(max_steps, epochs * per_epoch)
+    step, epoch, batch_in_epoch = 0, 0, 0
+    curve: list[dict[str, float]] = []
+    model = RCA(cfg, net, text_tok, trace_tok, ref, device=dev)
+    extra = {"training": {"dataset": str(ds.path), "split": split, "seed": seed, "config": config,
+                          "train_units": int(len(trp)), "val_units": int(len(va_idx)), "batch_size": bs,
+                          "lr": base_lr, "parameters": int(n_params)}}
+    if state is not None:
+        load_weights(net, ck / "model.safetensors")
+        load_optimizer(opt, ck / "optimizer.safetensors", state["optimizer"], dev)
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        curve = state.get("curve", [])
+        extra = json.loads((out / "config.json").read_text()).get("training") and \
+            {"training": json.loads((out / "config.json").read_text())["training"]}
+        say(f"resumed {out} at step {step} of {total} (epoch {epoch})")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save(out, dtype="float32", extra=extra)  # tokenizers + config now, weights replaced at the end
+    warmup = max(1, min(100, total // 20))
+    use_bar = sys.stderr.isatty() if progress is None else progress
+    deadline = t_start + 60 * max_minutes if max_minutes else None
+    t_loop = time.perf_counter()
+    steps_at_loop = step
+    bar = None
+    if use_bar:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        bar = Progress(TextColumn(f"rca {cfg.variant}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                       TimeElapsedColumn(), TimeRemainingColumn(), transient=True)
+        bar.start()
+        task = bar.add_task("train", total=total, completed=step, info="")
+    run_loss: list[float] = []
+
+    def checkpoint() -> None:
+        ck.mkdir(parents=True, exist_ok=True)
+        save_weights(net, ck / "model.safetensors", "float32")
+        om = save_optimizer(opt, ck / "optimizer.safetensors")
+        st = {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "total": total, "seed": seed,
+              "optimizer": om, "curve": curve}
+        (ck / "state.json.tmp").write_text(json.dumps(st))
+        (ck / "state.json.tmp").replace(ck / "state.json")
+
+    net.train()
+    stopped = "steps"
+    last_ck = time.perf_counter()
+    try:
+        while step < total:
+            order = np.random.default_rng([seed, epoch]).permutation(len(trp))
+            while batch_in_epoch < per_epoch and step < total:
+                idx = np.sort(order[batch_in_epoch * bs:(batch_in_epoch + 1) * bs])
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, total, base_lr, warmup)
+                terms = losses(net, cfg, trp, idx, dev)
+                opt.zero_grad(set_to_none=True)
+                terms["loss"].backward()
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+                opt.step()
+                step += 1
+                batch_in_epoch += 1
+                run_loss.append(float(terms["loss"].detach()))
+                if step % 10 == 0 or step == total:
+                    curve.append({"step": step, "loss": float(np.mean(run_loss[-10:])),
+                                  **{k: float(v.detach()) for k, v in terms.items() if k != "loss"}})
+                if bar is not None:
+                    bar.update(task, completed=step, info=f"loss {np.mean(run_loss[-10:]):.3f}")
+                if deadline is not None and step - steps_at_loop == 10:
+                    # re-plan the schedule to end at the deadline
+                    per_step = (time.perf_counter() - t_loop) / 10
+                    fit = step + int((deadline - time.perf_counter()) / max(per_step, 1e-6))
+                    if fit < total:
+                        total = max(step + 1, fit)
+                        if bar is not None:
+                            bar.update(task, total=total)
+                        say(f"time budget: {max_minutes} min allows about {total} steps ({per_step * 1e3:.0f} ms a step)")
+                if deadline is not None and time.perf_counter() > deadline:
+                    stopped = "time budget"
+                    total = step
+                    break
+            if batch_in_epoch >= per_epoch:
+                epoch += 1
+                batch_in_epoch = 0
+                if bar is None:
+                    say(f"epoch {epoch}: step {step}/{total}, loss {np.mean(run_loss[-per_epoch:]):.4f}")
+                if time.perf_counter() - last_ck >= checkpoint_every_s:
+                    checkpoint()
+                    last_ck = time.perf_counter()
+    finally:
+        if bar is not None:
+            bar.stop()
+    checkpoint()
+    secs = time.perf_counter() - t_start
+    extra["training"].update({"steps": step, "epochs_done": round(step / per_epoch, 2), "stopped_by": stopped,
+                              "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
+    model.net.eval()
+    model.save(out, extra=extra)
+    size = (out / "model.safetensors").stat().st_size
+    say(f"saved {out}: {n_params / 1e6:.2f} M parameters, model.safetensors {size / 2**20:.1f} MiB ({cfg.save_dtype}), "
+        f"{step} steps in {secs:.0f} s, last loss {np.mean(run_loss[-10:]) if run_loss else float('nan'):.4f}")
+    return {"out": str(out), "parameters": int(n_params), "checkpoint_bytes": size, "steps": step,
+            "seconds": secs, "curve": curve, "first_loss": run_loss[0] if run_loss else None,
+            "last_loss": float(np.mean(run_loss[-10:])) if run_loss else None}
+
+
+def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size: int = 64,
+             explain: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any], np.ndarray]:
+    """Predictions and metrics (all units, and per view) of ``split``'s ``part``; the model's own
+    tokenizers and reference are applied (nothing is refitted)."""
+    from teller.rca.metrics import evaluate_predictions
+
+    idx = ds.units.part(split, part)
+    prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    pred = model.predict(prep, batch_size=batch_size, explain=explain)
+    u = ds.units.select(idx)
+    res: dict[str, Any] = {"split": split, "part": part, "all": evaluate_predictions(pred, u.is_anomaly, u.fault, u.operator_labels)}
+    for v in ("vertical", "horizontal"):
+        m = np.flatnonzero(u.view == v)
+        if len(m):
+            res[v] = evaluate_predictions([pred[i] for i in m.tolist()], u.is_anomaly[m], u.fault[m],
+                                          [u.operator_labels[i] for i in m.tolist()])
+    return pred, res, idx

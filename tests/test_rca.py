@@ -1,0 +1,226 @@
+"""The RCA models on a slice of data/h200_v1 (tiny config, CPU): inputs, training, schema
+projection, save/load, the CLI round trip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+pytest.importorskip("safetensors")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from teller.rca.data import FAULT_TYPES, ReferenceStats, load_dataset, truncate_order  # noqa: E402
+from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v1"
+RUNS = ["ex-op-delay-r0", "ex-straggler-tp-r0"]
+
+
+@pytest.fixture(scope="module")
+def ds():
+    torch.set_num_threads(1)
+    if not (DATA / "records.parquet").is_file():
+        pytest.skip("data/h200_v1 is not in this checkout")
+    return load_dataset(DATA, runs=RUNS, max_units=90, seed=1)
+
+
+@pytest.fixture(scope="module")
+def trained(ds, tmp_path_factory):
+    from teller.rca.train import train
+
+    out = tmp_path_factory.mktemp("rca") / "mot"
+    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=4, max_steps=40, seed=0, progress=False,
+              log=lambda m: None)
+    return out, s
+
+
+def test_units_are_steps_with_constant_labels_and_inputs_are_trees(ds):
+    u = ds.units
+    assert len(u) == 90 and set(u.view.tolist()) == {"vertical", "horizontal"}
+    # a horizontal unit joins its ranks' steps; vertical units one step
+    assert all(len(s) == 1 for s, v in zip(u.step_ids, u.view, strict=True) if v == "vertical")
+    assert any(len(s) == 2 for s, v in zip(u.step_ids, u.view, strict=True) if v == "horizontal")
+    assert (u.n_records >= 1).all() and u.fault[~u.is_anomaly].max() == 0 and (u.fault[u.is_anomaly] > 0).all()
+    # parts are disjoint and cover every unit
+    assert sum(len(u.part("request", p)) for p in ("train", "val", "test")) == len(u)
+    from teller.rca.model import RCAConfig
+    from teller.rca.train import fit_tokenizers, prepare_units
+
+    cfg = RCAConfig.preset("tiny")
+    tr = u.part("request", "train")
+    text_tok, trace_tok = fit_tokenizers(ds, tr, cfg)
+    prep, ref = prepare_units(ds, np.arange(len(u)), cfg, text_tok, trace_tok, None)
+    inp = prep.inputs
+    lens = np.diff(inp.offsets)
+    assert lens.max() <= cfg.max_trace_tokens and inp.truncated.any()
+    for i in range(len(inp)):
+        s = inp.tokens(i)
+        par = inp.parent_idx[s]
+        pos = np.arange(len(par))
+        assert ((par == -1) | ((par >= 0) & (par < pos))).all()  # still a tree after truncation
+        assert ((par < 0) | (inp.depth[s] > inp.depth[s][np.maximum(par, 0)])).all()
+        n_nodes = inp.node_offsets[i + 1] - inp.node_offsets[i]
+        assert (inp.anchor[s] < n_nodes).all() and (inp.anchor[s] >= 0).all()
+    # z against the reference: normal training units centre on 0
+    assert abs(float(np.median(ref.z(inp.input_ids, inp.duration)))) < 1.5
+
+
+def test_truncation_keeps_shallow_and_long_tokens():
+    depth = np.array([0, 1, 2, 2, 1, 2])
+    dur = np.array([9, 5, 1, 7, 3, 8])
+    assert truncate_order(depth, dur, 4).tolist() == [0, 1, 4, 5]  # depths 0, 1, then the longest at 2
+    assert truncate_order(depth, dur, 10).tolist() == list(range(6))
+
+
+def test_reference_stats_round_trip(tmp_path):
+    ids = np.array([5, 5, 5, 5, 5, 7])
+    dur = np.array([1000, 2000, 3000, 4000, 5000, 10])
+    ref = ReferenceStats.fit(ids, dur, 10, min_count=5)
+    assert ref.median[5] == pytest.approx(np.log1p(3.0)) and ref.median[7] == pytest.approx(ref.pooled[0])
+    ref.save(tmp_path / "r.json")
+    back = ReferenceStats.load(tmp_path / "r.json")
+    assert np.allclose(back.z(ids, dur), ref.z(ids, dur), atol=1e-5)
+
+
+def test_tiny_model_loss_falls(trained):
+    _, s = trained
+    curve = [c["loss"] for c in s["curve"]]
+    assert len(curve) >= 3 and curve[-1] < 0.8 * curve[0]
+
+
+def test_single_stream_trains_and_decodes_within_the_schema(ds, tmp_path):
+    from teller.rca import load
+    from teller.rca.train import evaluate, train
+
+    s = train(ds, tmp_path / "single", variant="single", split="request", config="tiny", epochs=4, max_steps=30,
+              progress=False, log=lambda m: None)
+    assert s["curve"][-1]["loss"] < s["curve"][0]["loss"]
+    m = load(tmp_path / "single")
+    m.cfg.max_expl_tokens = 8  # keep decoding short
+    pred, res, idx = evaluate(m, ds, "request", "train")
+    _check_schema(pred, m, ds, idx)
+    assert res["all"]["units"] == len(idx)
+
+
+def _check_schema(pred, model, ds, idx):
+    prep_inp = model.inputs(ds.forest, [ds.units.step_ids[i] for i in idx.tolist()],
+                            [ds.units.log_text[i] for i in idx.tolist()], ds.units.run_id[idx].tolist())
+    for k, p in enumerate(pred):
+        assert p["fault_type"] in FAULT_TYPES[1:] or p["fault_type"] == ""
+        assert p["abnormal"] == bool(p["fault_type"]) and 0.0 <= p["abnormal_prob"] <= 1.0
+        s = prep_inp.tokens(k)
+        assert set(p["evidence_nodes"]) <= set(prep_inp.anchor[s].tolist())
+        assert set(p["evidence_operators"]) <= set(prep_inp.candidates(k))
+        if not p["abnormal"]:
+            assert p["evidence_nodes"] == [] and p["explanation"] == ""
+        else:
+            assert p["explanation"].endswith((".", "!", "?")) and len(p["explanation"]) <= model.cfg.max_explanation_chars
+
+
+def test_save_load_gives_identical_predictions(trained, ds):
+    from teller.rca import load
+    from teller.rca.train import evaluate
+
+    out, _ = trained
+    files = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "reference.json", "trace_tokenizer", "checkpoint"} <= files
+    assert json.loads((out / "config.json").read_text())["format"] == "teller-rca"
+    a, b = load(out), load(out)
+    a.cfg.max_expl_tokens = b.cfg.max_expl_tokens = 12
+    pa_, ra, _ = evaluate(a, ds, "request", "train")
+    pb, rb, idx = evaluate(b, ds, "request", "train")
+    assert pa_ == pb and ra == rb
+    _check_schema(pa_, a, ds, idx)
+    # the checkpoint resumes: two more steps continue the step counter
+    from teller.rca.train import train
+
+    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=4, max_steps=42, resume=True,
+              progress=False, log=lambda m: None)
+    assert s["steps"] == 42
+
+
+def test_load_refuses_foreign_files(tmp_path):
+    from teller.errors import TellerError
+    from teller.rca import load
+
+    with pytest.raises(TellerError, match="config.json"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"format": "other"}))
+    with pytest.raises(TellerError, match="not an RCA model"):
+        load(tmp_path)
+
+
+@settings(max_examples=200, deadline=None)
+@given(probs=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=6, max_size=6),
+       scores=st.lists(st.floats(allow_nan=True, allow_infinity=False, width=32), min_size=1, max_size=40),
+       max_ops=st.integers(0, 10), text=st.text(max_size=600), data=st.data())
+def test_projection_never_leaves_the_schema(probs, scores, max_ops, text, data):
+    p_ab, ftype, tp = project_fault(np.asarray(probs))
+    assert ftype in FAULT_TYPES[1:] or ftype == ""
+    assert 0.0 <= p_ab <= 1.0 and 0.0 <= tp <= 1.0 and (ftype != "") == (p_ab >= 0.5)
+    anchors = np.asarray(data.draw(st.lists(st.integers(0, 500), min_size=len(scores), max_size=len(scores))))
+    nodes = project_operators(np.asarray(scores), anchors, bool(ftype), max_ops)
+    assert set(nodes) <= set(anchors.tolist()) and len(nodes) <= max(max_ops, 0) and len(set(nodes)) == len(nodes)
+    if not ftype:
+        assert nodes == []
+    expl = project_explanation(text, ftype, ["FE LlamaMLP"], 480)
+    if ftype:
+        assert 0 < len(expl) <= 480 and expl.endswith((".", "!", "?"))
+    else:
+        assert expl == ""
+
+
+@settings(max_examples=100, deadline=None)
+@given(names=st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=6, unique=True), data=st.data())
+def test_name_trie_walks_only_to_given_names(names, data):
+    ids = [[ord(c) for c in n] for n in names]
+    trie = NameTrie(names, ids)
+    node, got = trie.root, []
+    for _ in range(64):  # a random walk: each step one of the allowed tokens, or a stop when complete
+        allowed = NameTrie.allowed(node)
+        if NameTrie.complete(node) is not None and (not allowed or data.draw(st.booleans())):
+            got.append(NameTrie.complete(node))
+            break
+        node = trie.step(node, data.draw(st.sampled_from(allowed)))
+    assert got and got[0] in names
+
+
+def test_cli_train_predict_round_trip(tmp_path, ds):
+    import pyarrow as pa
+
+    # a dataset folder of two runs' records and their subtrees (the CLI reads folders)
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from teller.cli import main
+    from teller.dataset.codec import write_subtree_parts
+    from teller.rca.data import read_steps
+
+    small = tmp_path / "ds"
+    small.mkdir()
+    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", ["ex-op-delay-r0"])])
+    rec = rec.filter(pc.less(rec.column("step_num"), 30))
+    pq.write_table(rec, small / "records.parquet")
+    sub = read_steps(DATA, ["ex-op-delay-r0"])
+    sub = sub.filter(pc.is_in(sub.column("step_id"), value_set=pa.array(np.unique(rec.column("step_id").to_numpy()))))
+    write_subtree_parts(sub, small / "subtrees")
+    model = tmp_path / "m"
+    assert main(["rca", "train", str(small), "-o", str(model), "--variant", "mot", "--split", "request",
+                 "--config", "tiny", "--epochs", "1", "--max-steps", "3", "--seed", "1"]) == 0
+    assert (model / "model.safetensors").is_file()
+    out = tmp_path / "pred.parquet"
+    assert main(["rca", "predict", str(model), str(small), "--split-part", "train", "-o", str(out),
+                 "--metrics", str(tmp_path / "m.json")]) == 0
+    t = pq.read_table(out)
+    assert t.num_rows > 0 and {"abnormal_prob", "fault_type", "evidence_node_ids", "explanation"} <= set(t.column_names)
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert m["all"]["units"] == t.num_rows and "macro_plus_f1" in m["all"]["operator"]
+    assert main(["rca", "train", str(small), "-o", str(model), "--variant", "bogus", "--config", "tiny"]) == 2
