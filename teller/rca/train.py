@@ -292,8 +292,10 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                 if bar is not None:
                     bar.update(task, completed=step, info=f"loss {np.mean(run_loss[-10:]):.3f}")
                 if deadline is not None and step - steps_at_loop == 10:
-                    # re-plan the schedule to end at the deadline
-                    per_step = (time.perf_counter() - t_loop) / 10
+                    t_loop = time.perf_counter()  # the first steps pay for CUDA start-up and kernel selection
+                if deadline is not None and step - steps_at_loop == 30:
+                    # re-plan the schedule to end at the deadline, from the pace of steps 10-30
+                    per_step = (time.perf_counter() - t_loop) / 20
                     fit = step + int((deadline - time.perf_counter()) / max(per_step, 1e-6))
                     if fit < total:
                         total = max(step + 1, fit)
