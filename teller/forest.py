@@ -9,8 +9,9 @@ gives the columns as numpy arrays on *row positions* and the derived quantities,
 - ``parent``: row of the parent, -1 for a root (node ids need not be ``0..n-1``: a dataset's
   subtrees, a hand-built table);
 - ``is_gpu_work``: kernels, copies and sets (:data:`teller.rundir.GPU_KINDS`; by the ``K``/``MEM``
-  layer tags when the table has no ``kind``); ``is_gpu``: those plus every other row on a device
-  timeline (``tid < 0`` and ``device >= 0``: GPU-side syncs, GPU annotations);
+  layer tags when the table has no ``kind``); ``is_gpu``: those plus the rows without a host thread
+  (``tid < 0``) that sit on a device or are synchronization records: what reconstruction does not
+  nest as a host call;
 - ``self_ns``: a node's span minus the spans of its direct *host* children (children that are not
   ``is_gpu``), at least 0. A kernel's time is not its launcher's own work, so GPU children are not
   subtracted; a GPU row's self time is its span;
@@ -244,9 +245,10 @@ class Forest:
 
     @cached_property
     def is_gpu(self) -> np.ndarray:
-        """Rows on a device timeline: GPU work and every row with ``tid < 0`` on a device (GPU-side
-        syncs, GPU annotations)."""
-        return self.is_gpu_work | ((self.tid < 0) & (self.device >= 0))
+        """Rows that are not host calls: GPU work, and rows without a host thread (``tid < 0``) that
+        sit on a device (GPU annotations) or are synchronization records (CUPTI's, bound to the
+        runtime call that waited), as reconstruction decides it when it nests host calls."""
+        return self.is_gpu_work | ((self.tid < 0) & ((self.device >= 0) | self.kind_or_layer("SYNC", "SYNC")))
 
     @cached_property
     def self_ns(self) -> np.ndarray:
