@@ -45,7 +45,7 @@ from teller.rundir import (
     dict_codes,
 )
 
-__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names"]
+__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "ranges"]
 
 _E = EVENT_SCHEMA
 #: ``forest.parquet``: the event columns a node keeps, plus its place in the forest.
@@ -65,6 +65,19 @@ FOREST_COLUMNS = tuple(FOREST_SCHEMA.names)
 REQUIRED_COLUMNS = ("node_id", "parent_id", "layer", "name", "start_ns", "end_ns")
 #: Read by :meth:`Forest.read` whatever else is asked for (``depth``/``size`` spare recomputing).
 _BASE_COLUMNS = (*REQUIRED_COLUMNS, "depth", "size")
+
+
+
+def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, e)`` for each pair, vectorized (subtree blocks → rows)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lens = np.asarray(ends, dtype=np.int64) - starts
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    return shift + np.arange(total, dtype=np.int64)
+
 
 # ---------------------------------------------------------------------------------------------
 # families
@@ -159,7 +172,9 @@ class Forest:
     def read(cls, run: str | os.PathLike, columns: Sequence[str] | None = None) -> "Forest":
         """``RUN/forest.parquet``: every column but ``args`` (the only wide one), or with ``columns``
         only those (plus node ids, parents, layers, names, times, depths and sizes)."""
-        rd = RunDir(run).require()
+        rd = RunDir(run)
+        if not rd.path.is_dir():
+            rd.require()  # says how to make one
         p = rd.path / "forest.parquet"
         if not p.is_file():
             raise TellerError(f"{p}: missing; run `teller reconstruct {rd.path}` first")
@@ -426,6 +441,11 @@ class Forest:
         o = self._id_order
         pos = np.clip(np.searchsorted(self.node_id, ids, sorter=o), 0, self.n - 1)
         return np.where(self.node_id[o[pos]] == ids, o[pos], -1)
+
+    def step_of(self, node_ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """``step_id`` of each node id (-1 for ids not in the forest)."""
+        r = self.rows_of(node_ids)
+        return np.where(r >= 0, self.step_id[np.maximum(r, 0)], -1) if self.n else np.full(r.shape, -1, np.int64)
 
     def row(self, node_id: int) -> int:
         """Row of a node id, -1 when the forest has no such node."""

@@ -28,11 +28,13 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from teller.errors import TellerError
-from teller.forest import Forest
+from teller.forest import Forest, ranges
 from teller.rundir import RunDir
 from teller.tpe.normalize import Normalizer
 
 DURATIONS = ("self", "total")
+__all__ = ["DURATIONS", "Sequences", "Trace", "check_preorder", "dfs_parents", "ranges", "run_step_ids",
+           "serialize_nodes", "serialize_run", "serialize_steps"]
 _DEFAULT_NORMALIZER = Normalizer()
 
 
@@ -144,17 +146,6 @@ class Sequences:
         return Sequences(self.symbols, self.codes[rows], self.parent[rows], self.depth[rows], self.duration[rows],
                          offsets, self.node_id[rows] if len(self.node_id) else self.node_id,
                          self.key[idx] if len(self.key) else self.key, self.checked)
-
-
-def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, e)`` for each pair, vectorized."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lens = np.asarray(ends, dtype=np.int64) - starts
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    return shift + np.arange(total, dtype=np.int64)
 
 
 def dfs_parents(depth: np.ndarray, offsets: np.ndarray) -> np.ndarray:
