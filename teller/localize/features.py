@@ -10,7 +10,8 @@ Features of an instance x (nanoseconds, counts and bytes; every sum runs over x'
 
 ====================  ==========================================================================
 ``dur_ns``            end − start of x
-``self_ns``           dur minus the time of x's direct host children (its own Python/C++ work)
+``self_ns``           dur minus the time of x's direct host children (its own Python/C++ work;
+                      :attr:`teller.forest.Forest.self_ns`)
 ``rt_ns``, ``rt_n``   CUDA runtime calls: total time, count
 ``drv_ns``, ``drv_n`` CUDA driver calls: total time, count
 ``k_n``, ``k_ns``     kernels bound to calls under x: count, total GPU time

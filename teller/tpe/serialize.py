@@ -1,7 +1,7 @@
 """Serialize steps and slices of the call forest into symbol sequences (DESIGN.md §8).
 
 ``forest.parquet`` rows are a depth-first preorder in which every subtree is the contiguous block
-``[node_id, node_id + size)`` (see :mod:`teller.reconstruct.forest`). A step's depth-first
+``[node_id, node_id + size)`` (see :mod:`teller.forest`). A step's depth-first
 traversal is therefore a slice of the forest's rows, and its parent indices are the forest's
 parent ids minus the step's node id: no traversal, only a gather. :func:`check_preorder` verifies
 that on every batch (an older or foreign forest that breaks it is an error, not a silent
@@ -10,10 +10,11 @@ mis-serialization).
 A serialized node emits one symbol, its layer tag and normalized name (:mod:`.normalize`), and
 keeps three side channels: ``parent`` (index of its parent in the same sequence, -1 for a root),
 ``depth`` (number of ancestors in the sequence) and ``duration`` (ns). By default the duration is
-the node's *self* time: for a host node its span minus the spans of its host children, for GPU
-activity (kernels, copies, memsets, device syncs; rows with ``tid < 0``) its own span. Self
-times add up without counting a nested interval twice, so when TPE merges tokens and adds their
-durations (DESIGN.md §8) the sum stays a time budget. ``duration="total"`` keeps plain spans.
+the node's *self* time (:attr:`teller.forest.Forest.self_ns`): for a host node its span minus the
+spans of its host children, for GPU activity (kernels, copies, memsets, device syncs) its own
+span. Self times add up without counting a nested interval twice, so when TPE merges tokens and
+adds their durations (DESIGN.md §8) the sum stays a time budget. ``duration="total"`` keeps
+plain spans.
 
 A slice (a subset of a step's nodes, e.g. the causal slice of DESIGN.md §7) keeps the forest's
 row order; each node's parent is its nearest ancestor inside the slice.
@@ -201,7 +202,7 @@ def check_preorder(parent: np.ndarray, depth: np.ndarray, offsets: np.ndarray, w
 # forest
 
 #: The forest columns the serializer reads beyond the structural ones (``is_gpu`` for self times).
-FOREST_COLUMNS = ["tid", "device", "kind"]
+_READ_COLUMNS = ["tid", "device", "kind"]
 
 
 def run_step_ids(run: str | os.PathLike) -> np.ndarray:
@@ -293,7 +294,7 @@ def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: s
 
 def serialize_run(run: str | os.PathLike, step_ids: Sequence[int] | None = None, duration: str = "self", normalizer: Normalizer | None = None) -> Sequences:
     """Every step of a reconstructed run (or the given ones) as a batch."""
-    forest = Forest.read(run, FOREST_COLUMNS)
+    forest = Forest.read(run, _READ_COLUMNS)
     sid = run_step_ids(run) if step_ids is None else step_ids
     if step_ids is None and not len(sid):
         raise TellerError(f"{run}: the run has no STEP ranges (steps.parquet is empty); serialize chosen subtrees with serialize_steps(forest, node_ids)")
