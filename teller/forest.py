@@ -148,7 +148,7 @@ class Forest:
         parent_id = self._np("parent_id")
         n, node_id = self.n, self.node_id
         if n and np.array_equal(node_id, np.arange(n)):
-            parent = np.where(parent_id < n, parent_id, -1)
+            parent = np.where((parent_id >= 0) & (parent_id < n), parent_id, -1)
         elif n:
             order = np.argsort(node_id, kind="stable")
             pos = np.clip(np.searchsorted(node_id, parent_id, sorter=order), 0, n - 1)
