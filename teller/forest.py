@@ -61,10 +61,10 @@ FOREST_SCHEMA = pa.schema([
     *(_E.field(c) for c in ("kind", "graph_id", "bytes", "args")),
 ])
 FOREST_COLUMNS = tuple(FOREST_SCHEMA.names)
-#: Columns without which a table is not a forest.
-REQUIRED_COLUMNS = ("node_id", "parent_id", "layer", "name", "start_ns", "end_ns")
+#: Columns without which a table is not a forest (and ``parent_id``, or ``size`` in a depth-first layout).
+REQUIRED_COLUMNS = ("layer", "name", "start_ns", "end_ns")
 #: Read by :meth:`Forest.read` whatever else is asked for (``depth``/``size`` spare recomputing).
-_BASE_COLUMNS = (*REQUIRED_COLUMNS, "depth", "size")
+_BASE_COLUMNS = ("node_id", "parent_id", *REQUIRED_COLUMNS, "depth", "size")
 
 
 
@@ -77,6 +77,20 @@ def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
     return shift + np.arange(total, dtype=np.int64)
+
+
+def _parents_from_sizes(size: np.ndarray) -> np.ndarray:
+    """Parent rows of a depth-first layout given by subtree sizes: a row's ancestors are the earlier
+    rows whose block ``[p, p + size)`` holds it, its parent the last of them (one pass per depth)."""
+    n = len(size)
+    rows = np.arange(n, dtype=np.int64)
+    end = np.clip(rows + np.maximum(size, 1), rows + 1, n)
+    depth = np.cumsum(np.bincount(rows + 1, minlength=n + 1) - np.bincount(end, minlength=n + 1))[:n]
+    parent = np.full(n, -1, np.int64)
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        kids, ups = np.flatnonzero(depth == d), np.flatnonzero(depth == d - 1)
+        parent[kids] = ups[np.maximum(np.searchsorted(ups, kids) - 1, 0)]
+    return parent
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,9 +158,14 @@ class Forest:
         self.table = table
         self.path = path
         self.n = table.num_rows
-        self.node_id = self._np("node_id")
+        n = self.n
+        self.node_id = self._np("node_id") if "node_id" in table.column_names else np.arange(n, dtype=np.int64)
+        if "parent_id" not in table.column_names:  # a bare depth-first layout: subtree sizes only
+            self.parent = _parents_from_sizes(self._np("size"))
+            self._pair_maps: dict[Any, tuple[np.ndarray, list[str]]] = {}
+            return
         parent_id = self._np("parent_id")
-        n, node_id = self.n, self.node_id
+        node_id = self.node_id
         if n and np.array_equal(node_id, np.arange(n)):
             parent = np.where((parent_id >= 0) & (parent_id < n), parent_id, -1)
         elif n:
@@ -157,13 +176,16 @@ class Forest:
         else:
             parent = parent_id
         self.parent = parent.astype(np.int64)
-        self._pair_maps: dict[Any, tuple[np.ndarray, list[str]]] = {}
+        self._pair_maps = {}
 
     @classmethod
     def from_table(cls, table: pa.Table, path: str = "") -> "Forest":
-        """A forest from a table with the forest's columns (at least :data:`REQUIRED_COLUMNS`; rows
-        in any order, node ids any distinct integers)."""
-        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+        """A forest from a table with the forest's columns (at least :data:`REQUIRED_COLUMNS` and
+        ``parent_id``; rows in any order, node ids any distinct integers). Without ``parent_id`` the
+        rows must be a depth-first layout with a ``size`` column, node ids the rows."""
+        have = table.column_names
+        missing = [c for c in REQUIRED_COLUMNS if c not in have]
+        missing += [] if "parent_id" in have or "size" in have else ["parent_id"]
         if missing:
             raise TellerError(f"{path or 'forest table'}: lacks columns {missing}; write it with `teller reconstruct RUN`")
         return cls(table, path)

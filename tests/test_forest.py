@@ -151,8 +151,15 @@ def test_missing_or_damaged_forest_is_a_clear_error(run, tmp_path):
         Forest.read(bare)
     with pytest.raises(TellerError, match="no such run directory"):
         Forest.read(tmp_path / "nowhere")
-    with pytest.raises(TellerError, match=r"lacks columns \['parent_id'\]"):
-        Forest.from_table(pq.read_table(run / "forest.parquet").drop_columns(["parent_id"]))
+    with pytest.raises(TellerError, match=r"lacks columns \['name', 'parent_id'\]"):
+        Forest.from_table(pq.read_table(run / "forest.parquet").drop_columns(["parent_id", "size", "name"]))
+
+
+def test_sizes_alone_give_the_parents_of_a_depth_first_layout(run, table):
+    f = Forest.read(run)
+    g = Forest.from_table(table.select(["layer", "name", "start_ns", "end_ns", "size", "kind"]))
+    assert (g.parent == f.parent).all() and (g.depth == f.depth).all() and g.preorder
+    assert (g.node_id == np.arange(f.n)).all()
 
 
 def test_a_parent_cycle_is_an_error():
