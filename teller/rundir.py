@@ -28,7 +28,6 @@ from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller import __version__
@@ -218,6 +217,8 @@ def strip_api_version(names: Any) -> Any:
     string of an Arrow array (done by Arrow)."""
     if isinstance(names, str):
         return _API_VERSION_RE.sub("", names)
+    import pyarrow.compute as pc  # not at module level: the recorder imports this module at start-up
+
     return pc.replace_substring_regex(names, API_VERSION_SUFFIX, "")
 
 
