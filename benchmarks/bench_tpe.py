@@ -51,13 +51,12 @@ def _peak_rss_mib() -> float:
 
 def real_steps(runs: list[Path]):
     """Serialized steps of the runs, one global symbol table."""
-    from teller.tpe.serialize import load_forest, serialize_steps
+    from teller.tpe.serialize import serialize_run
 
     table: dict[str, int] = {}
     steps = []
     for run in runs:
-        f = load_forest(run)
-        s = serialize_steps(f)
+        s = serialize_run(run)
         lut = np.array([table.setdefault(x, len(table)) for x in s.symbols], dtype=np.int32)
         for i in range(len(s)):
             a, b = s.offsets[i], s.offsets[i + 1]
@@ -230,8 +229,7 @@ def sweep(args: argparse.Namespace) -> int:
         Sequences,
         check_preorder,
         dfs_parents,
-        load_forest,
-        serialize_steps,
+        serialize_run,
     )
     from teller.tpe.trainer import train
 
@@ -239,7 +237,7 @@ def sweep(args: argparse.Namespace) -> int:
     for spec in args.runs:
         label, _, path = spec.rpartition("=")
         runs.append((label or Path(path).name, Path(path)))
-    per_run = {label: serialize_steps(load_forest(path)) for label, path in runs}
+    per_run = {label: serialize_run(path) for label, path in runs}
     corpora = [(label, [per_run[label]]) for label, _ in runs]
     if len(runs) > 1:
         corpora.append(("all together", list(per_run.values())))

@@ -6,7 +6,7 @@
 Vertical view only: one step = one rank's step, i.e. one ``(run_id, step_id)`` of
 ``records.parquet``; its request rows are collapsed (the labels are per step). The forest rows of
 every kept step come from the dataset's subtrees (``read_subtrees``); per run they are turned into the localizer's
-operator instances exactly as ``teller diagnose`` does on a run directory (``ForestArrays`` →
+operator instances exactly as ``teller diagnose`` does on a run directory (``Forest`` →
 ``assign_steps``, rule "STEP ranges" → ``instance_features``), then all runs are concatenated
 (instance parents and steps renumbered).
 
@@ -30,7 +30,7 @@ train steps, without the labeller's warm-up steps, outside fault windows, fault-
 Predictions per step: flagged or not (the step score reaches ``step_threshold``) and, when
 flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evaluate`` reads a
 diagnosis. Labels: ``is_anomaly`` and ``operator_labels``. Both sides name families with
-``teller.localize.features.family_names`` (``LAYER name`` with key=value words removed and numbers
+``teller.forest.family_names`` (``LAYER name`` with key=value words removed and numbers
 replaced by ``#``): the labeller builds its locator from it, and the script re-applies it to the
 labels (a no-op, checked) so that the two sides cannot drift. Metrics: DESIGN.md §11 through
 ``step_metrics`` and ``operator_metrics`` of :mod:`teller.evaluate.metrics`; ``operator_lifted``
@@ -54,13 +54,12 @@ import pyarrow.parquet as pq
 
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
+from teller.forest import Forest, family_names
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
-    ForestArrays,
     Instances,
     assign_steps,
-    family_names,
     instance_features,
 )
 
@@ -156,7 +155,7 @@ def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str
         g = int(np.searchsorted(runs, name))
         if g >= len(runs) or runs[g] != name:
             continue  # a run without vertical records
-        fa = ForestArrays.from_table(sub.take(pa.array(rows)).drop_columns(["run_id"]))
+        fa = Forest.from_table(sub.take(pa.array(rows)).drop_columns(["run_id"]))
         st = assign_steps(fa, None, None, INSTANCE_LAYERS)
         rules.add(st.rule)
         inst = instance_features(fa, st.step_of_row, INSTANCE_LAYERS)

@@ -98,7 +98,8 @@ class StepIndex:
 
 def load_steps(subtrees: pa.Table, normalizer=None, duration: str = "self") -> StepIndex:
     """Serialize every step of a subtree table (``read_subtrees`` output) in one pass."""
-    from teller.tpe.serialize import forest_from_table, serialize_steps
+    from teller.forest import Forest
+    from teller.tpe.serialize import serialize_steps
 
     run = subtrees.column("run_id").combine_chunks()
     if not pa.types.is_dictionary(run.type):
@@ -109,15 +110,15 @@ def load_steps(subtrees: pa.Table, normalizer=None, duration: str = "self") -> S
     sid = subtrees.column("step_id").to_numpy().astype(np.int64)
     row = np.arange(len(nid), dtype=np.int64)
     # a step's rows are the block [step_id, step_id + size) of its run's forest: the parent of a
-    # node is `node_id - parent_id` rows above it, inside the same block (its step's root has none)
+    # node is `node_id - parent_id` rows above it, inside the same block (its step's root has none);
+    # node ids of several runs collide, so the table is renumbered by row
     inside = (par >= sid) & (nid != sid)
     gpar = np.where(inside, row - (nid - par), -1)
-    table = subtrees.set_column(
-        subtrees.column_names.index("parent_id"), "parent_id", pa.array(gpar)
-    )
-    forest = forest_from_table(table, normalizer, path="subtrees")
+    table = subtrees.set_column(subtrees.column_names.index("parent_id"), "parent_id", pa.array(gpar))
+    table = table.set_column(table.column_names.index("node_id"), "node_id", pa.array(row))
+    forest = Forest.from_table(table, path="subtrees")
     roots = np.flatnonzero(nid == sid)
-    seqs = serialize_steps(forest, roots, duration)
+    seqs = serialize_steps(forest, roots, duration, normalizer)
     return StepIndex(
         subtrees,
         [str(x) for x in run.dictionary.to_pylist()],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,15 @@ KINDS = (
     "SYNC",
 )
 KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+
+#: GPU work: the kinds that run on a device and bind to the host call that launched them.
+GPU_KINDS = ("KERNEL", "MEMCPY", "MEMSET")
+#: :data:`GPU_KINDS` as a lookup array indexed by kind code.
+IS_GPU_KIND = np.array([k in GPU_KINDS for k in KINDS], dtype=bool)
+
+#: Version suffix of CUDA API entry points (``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel``).
+API_VERSION_SUFFIX = r"_v\d+$"
+_API_VERSION_RE = re.compile(API_VERSION_SUFFIX)
 
 #: Layer tags (DESIGN.md §4), in the order of their codes in the forest.
 LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER")
@@ -201,6 +211,15 @@ def kind_codes(table: pa.Table) -> np.ndarray:
         raise TellerError(f"unknown event kind {e.args[0]!r}; expected one of {', '.join(KINDS)}") from None
     return remap[codes] if len(codes) else codes.astype(np.int8)
 
+
+def strip_api_version(names: Any) -> Any:
+    """API names without their version suffix (:data:`API_VERSION_SUFFIX`): one string, or every
+    string of an Arrow array (done by Arrow)."""
+    if isinstance(names, str):
+        return _API_VERSION_RE.sub("", names)
+    import pyarrow.compute as pc  # not at module level: the recorder imports this module at start-up
+
+    return pc.replace_substring_regex(names, API_VERSION_SUFFIX, "")
 
 
 def kind_counts(table: pa.Table) -> dict[str, int]:

@@ -10,9 +10,10 @@ from rich.console import Console
 
 from teller.cli import main
 from teller.errors import TellerError
+from teller.forest import Forest
 from teller.inspect.show import show
 from teller.inspect.stats import collect_stats
-from teller.inspect.tree import Forest
+from teller.inspect.tree import shapes
 from teller.rundir import FLAG_UNBOUND, RunDir, events_table
 
 # node: (parent, layer, name, start, end)
@@ -58,7 +59,7 @@ def _write_run(tmp_path):
 
 
 def test_forest_depth_and_subtree_counts(tmp_path):
-    f = Forest(RunDir(_write_run(tmp_path)).read_table("forest"))
+    f = Forest.from_table(RunDir(_write_run(tmp_path)).read_table("forest"))
     assert f.depth.tolist() == [0, 1, 2, 3, 4, 2, 3, 3, 3, 4, 0]
     kernels = f.subtree_counts(f.layer == 6)  # K
     assert kernels[0] == 2 and kernels[1] == 2 and kernels[5] == 1 and kernels[10] == 1
@@ -138,8 +139,8 @@ def test_identical_sibling_subtrees_fold_and_shapes_ignore_times(tmp_path):
         "start_ns": pa.array([x[3] for x in nodes], pa.int64()), "end_ns": pa.array([x[4] for x in nodes], pa.int64()),
         "step_id": pa.array([-1] * len(nodes), pa.int64()), "flags": pa.array([0] * len(nodes), pa.int32()),
     })
-    f = Forest(forest)
-    sh = f.shapes()
+    f = Forest.from_table(forest)
+    sh = shapes(f)
     assert sh[1] == sh[3] == sh[5] == sh[7] and sh[9] != sh[1] and sh[2] == sh[4]
     rd = RunDir(tmp_path / "run")
     rd.write_events(events_table({"kind": ["RANGE"], "start_ns": [0], "end_ns": [1]}))

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from sklearn.base import clone
 
 from teller.errors import TellerError
+from teller.forest import Forest
 from teller.localize import fit_localizer, localize
 from teller.localize.features import (
     FEATURES,
-    ForestArrays,
     Instances,
     assign_steps,
     family_names,
@@ -78,7 +78,7 @@ def sample_step():
 
 
 def test_features_on_a_hand_built_step():
-    fa = ForestArrays.from_table(forest_table([sample_step()]))
+    fa = Forest.from_table(forest_table([sample_step()]))
     assert fa.preorder
     inst = instance_features(fa, np.zeros(fa.n, np.int64))
     fam = list(inst.family_of())
@@ -152,8 +152,8 @@ def _bfs(table: pa.Table) -> pa.Table:
 @given(random_forest())
 def test_features_do_not_depend_on_the_row_layout(roots):
     t = forest_table(roots)
-    fa1 = ForestArrays.from_table(t)
-    fa2 = ForestArrays.from_table(_bfs(t))
+    fa1 = Forest.from_table(t)
+    fa2 = Forest.from_table(_bfs(t))
     assert fa1.preorder
     st1, st2 = assign_steps(fa1), assign_steps(fa2)
     i1 = instance_features(fa1, st1.step_of_row)
@@ -171,11 +171,11 @@ def test_features_do_not_depend_on_the_row_layout(roots):
 def test_step_rules_profiler_steps_and_windows():
     prof = forest_table([N("OTHER", "ProfilerStep#7", 0, 100, N("BE", "aten::mm", 10, 20)),
                          N("OTHER", "step:8", 200, 300, N("BE", "aten::mm", 210, 230))])
-    st = assign_steps(ForestArrays.from_table(prof))
+    st = assign_steps(Forest.from_table(prof))
     assert st.rule == "profiler steps" and list(st.step_num) == [7, 8]
     assert list(st.step_of_row) == [0, 0, 1, 1]
     flat = forest_table([N("BE", "aten::mm", t, t + 10) for t in (0, 50, 120, 130, 990)])
-    st = assign_steps(ForestArrays.from_table(flat), window_ns=100)
+    st = assign_steps(Forest.from_table(flat), window_ns=100)
     assert st.rule == "fixed windows" and "100" not in st.detail.split("windows of")[0]
     assert list(st.step_of_row) == [0, 0, 1, 1, 2] and list(st.step_num) == [0, 1, 9]
 
@@ -183,14 +183,14 @@ def test_step_rules_profiler_steps_and_windows():
 def test_other_threads_join_the_step_running_at_their_start():
     t = forest_table([N("STEP", "STEP id=0", 0, 100, N("FE", "A", 5, 10)),
                       N("BE", "aten::mm", 50, 60, tid=2), N("BE", "aten::mm", 150, 160, tid=2)])
-    st = assign_steps(ForestArrays.from_table(t))
+    st = assign_steps(Forest.from_table(t))
     assert st.rule == "STEP ranges" and list(st.step_of_row) == [0, 0, 0, -1]
     assert "1 root node(s) of other threads" in st.detail
 
 
 def test_a_step_rule_without_instances_gives_way():
     t = forest_table([N("STEP", "STEP id=0", 0, 10), N("BE", "aten::mm", 50, 60, tid=2)])
-    st = assign_steps(ForestArrays.from_table(t), window_ns=1000)
+    st = assign_steps(Forest.from_table(t), window_ns=1000)
     assert st.rule == "fixed windows" and list(st.step_of_row) == [0, 0]
 
 

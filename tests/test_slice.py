@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from teller.localize.features import ForestArrays
+from teller.forest import Forest
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
 _KIND = {"STEP": "RANGE", "FE": "RANGE", "BE": "RANGE", "COMM": "RANGE", "OTHER": "RANGE", "RT": "RUNTIME",
@@ -20,7 +20,7 @@ def N(layer, name, s, e, *children, stream=-1, rank=0):
 
 
 def build(roots):
-    """(ForestArrays, {name: row}) of nested specs in preorder; names must be unique."""
+    """(Forest, {name: row}) of nested specs in preorder; names must be unique."""
     rows = []
 
     def walk(nd, parent):
@@ -47,7 +47,7 @@ def build(roots):
         "step_id": pa.array([-1] * n, pa.int64()),
         "kind": pa.array([_KIND[r["layer"]] for r in rows]).dictionary_encode(),
     })
-    return ForestArrays.from_table(t), {r["name"]: i for i, r in enumerate(rows)}
+    return Forest.from_table(t), {r["name"]: i for i, r in enumerate(rows)}
 
 
 def tree():

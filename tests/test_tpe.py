@@ -14,6 +14,7 @@ import typer
 from typer.testing import CliRunner
 
 from teller.errors import InputError, TellerError
+from teller.forest import Forest
 from teller.ingest import ingest
 from teller.reconstruct import reconstruct
 from teller.rundir import RunDir
@@ -23,9 +24,8 @@ from teller.tpe.serialize import (
     Sequences,
     Trace,
     check_preorder,
-    forest_from_table,
-    load_forest,
     serialize_nodes,
+    serialize_run,
     serialize_steps,
 )
 from teller.tpe.tokenizer import TraceTokenizer, render
@@ -46,7 +46,7 @@ def run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def steps(run) -> Sequences:
-    return serialize_steps(load_forest(run))
+    return serialize_run(run)
 
 
 # ---- normalization ---------------------------------------------------------------------------
@@ -116,18 +116,18 @@ def test_a_step_is_its_block_of_forest_rows(run, steps):
 
 
 def test_self_durations(run, steps):
-    f = load_forest(run)
+    f = Forest.read(run)
     tr = steps[5]
     host = ~np.array([s.split(" ")[0] in ("K", "MEM", "SYNC") for s in tr.symbols])
     # the step's self time plus its host descendants' self times is the step's span
-    assert int(tr.duration[host].sum()) == int(f.total_ns[steps.key[5]])
+    assert int(tr.duration[host].sum()) == int(f.dur_ns[steps.key[5]])
     total = serialize_steps(f, [steps.key[5]], duration="total")
-    assert int(total.duration[0]) == int(f.total_ns[steps.key[5]])
+    assert int(total.duration[0]) == int(f.dur_ns[steps.key[5]])
     assert (tr.duration <= total.duration).all()
 
 
 def test_slices_take_the_nearest_ancestor_inside(run, steps):
-    f = load_forest(run)
+    f = Forest.read(run)
     sid = int(steps.key[3])
     nodes = np.arange(sid, sid + int(f.size[sid]))[::4]
     s = serialize_nodes(f, [nodes, nodes[:5]])
@@ -152,7 +152,8 @@ def test_a_forest_out_of_preorder_is_an_error(run, steps):
     inv = np.argsort(perm)
     bad = forest.take(pa.array(perm))
     bad = bad.set_column(1, "parent_id", pa.array(np.where(par[perm] >= 0, inv[np.maximum(par[perm], 0)], -1)))
-    f = forest_from_table(bad)
+    bad = bad.set_column(0, "node_id", pa.array(np.arange(len(par))))  # node ids follow the rows
+    f = Forest.from_table(bad)
     with pytest.raises(TellerError, match="breaks the depth-first order"):
         serialize_steps(f, [sid])
     with pytest.raises(TellerError, match="does not exist"):

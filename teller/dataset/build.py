@@ -44,6 +44,7 @@ from teller.dataset.codec import write_subtree_parts
 from teller.dataset.datasheet import write_datasheet
 from teller.dataset.splits import split_table
 from teller.errors import TellerError
+from teller.forest import Forest, ranges
 from teller.inject.labels import STEP_LABELS_SCHEMA
 from teller.rundir import RunDir
 
@@ -64,15 +65,6 @@ def find_runs(paths: list[str | Path]) -> list[Path]:
             raise TellerError(f"{p}: holds no run directories (no labels.json or run.json); record some with `teller inject run`")
         out += kids
     return out
-
-
-def _slices(starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Concatenated ranges [s, s+n) without a Python loop."""
-    sizes = sizes.astype(np.int64)
-    if not len(sizes) or sizes.sum() == 0:
-        return np.zeros(0, np.int64)
-    offs = np.repeat(starts.astype(np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes)
-    return offs + np.arange(int(sizes.sum()), dtype=np.int64)
 
 
 def sample_steps(v: pa.Table, normal_every: int, max_normal: int | None = None) -> np.ndarray:
@@ -144,13 +136,17 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
     horiz = _horizontal(vert) if len(np.unique(v.column("rank").to_numpy())) > 1 else None
     comm = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
     run_forest = rd.read_table("forest")
-    node_step = run_forest.column("step_id").to_numpy()
-    vert = _attach_edges(vert, comm, node_step)
+    f = Forest.from_table(run_forest, str(rd.path / "forest.parquet"))
+    vert = _attach_edges(vert, comm, f)
     if horiz is not None:
-        horiz = _attach_edges(horiz, comm, node_step)
-    # subtrees and logs of the referenced steps (each step once)
+        horiz = _attach_edges(horiz, comm, f)
+    # subtrees and logs of the referenced steps (each step once): the row blocks [row, row + size)
     us, first = np.unique(sid, return_index=True)
-    rows = _slices(us, size[first])
+    srow = f.rows_of(us)
+    if (srow < 0).any():
+        raise TellerError(f"{f.path}: steps.parquet names node {int(us[srow < 0][0])}, which the forest lacks; "
+                          f"re-run `teller reconstruct {rd.path}`")
+    rows = ranges(srow, srow + size[first])
     forest = run_forest.take(pa.array(rows))
     forest = forest.append_column("run_id", pa.array([run_id] * forest.num_rows, pa.string()).dictionary_encode())
     if logs is not None and logs.num_rows:
@@ -163,15 +159,15 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
             "steps": n_steps, "steps_kept": len(us)}
 
 
-def _attach_edges(recs: pa.Table, comm: pa.Table | None, node_step: np.ndarray) -> pa.Table:
+def _attach_edges(recs: pa.Table, comm: pa.Table | None, forest: Forest) -> pa.Table:
     """Add ``comm_edge_rows``: the rows of the run's ``comm_edges`` that join two of the record's
     steps (horizontal records: a collective of one rank matched to the peer rank's COMM node) or
     that touch its step (vertical records). Row numbers are made dataset-wide in :func:`build_dataset`."""
     n = recs.num_rows
     if comm is None or not comm.num_rows or not n:
         return recs.append_column("comm_edge_rows", pa.array([[] for _ in range(n)], pa.list_(pa.int64())))
-    src = node_step[comm.column("src_node_id").to_numpy()]
-    dst = node_step[comm.column("dst_node_id").to_numpy()]
+    src = forest.step_of(comm.column("src_node_id").to_numpy())
+    dst = forest.step_of(comm.column("dst_node_id").to_numpy())
     e = np.arange(comm.num_rows, dtype=np.int64)
     lists = recs.column("step_ids").combine_chunks()
     nsteps = pc.list_value_length(lists).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -183,7 +179,7 @@ def _attach_edges(recs: pa.Table, comm: pa.Table | None, node_step: np.ndarray) 
     order = np.lexsort((pe, ps))
     ps, pe = ps[order], pe[order]
     lo, hi = np.searchsorted(ps, flat, "left"), np.searchsorted(ps, flat, "right")
-    cand = _slices(lo, hi - lo)
+    cand = ranges(lo, hi)
     cand_rec = np.repeat(rec_of, hi - lo)
     edge = pe[cand]
     # an edge of a multi-step record must join two of its steps; keep it once per record

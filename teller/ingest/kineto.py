@@ -47,12 +47,14 @@ from teller.rundir import (
     FLAG_DUPLICATE,
     FLAG_REPAIRED,
     FLAG_UNBOUND,
+    GPU_KINDS,
     KIND_CODE,
     KINDS,
     LAYERS,
     RunDir,
     RunInfo,
     events_table,
+    strip_api_version,
 )
 
 #: ``schemaVersion`` values whose layout this reader was written against.
@@ -82,8 +84,9 @@ _GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
 
 _K = KIND_CODE
 _HOST_CALL = np.array([_K["RUNTIME"], _K["DRIVER"]], np.int8)
-_GPU_WORK = np.array([_K["KERNEL"], _K["MEMCPY"], _K["MEMSET"]], np.int8)
-_GPU_KINDS = np.array([_K["KERNEL"], _K["MEMCPY"], _K["MEMSET"], _K["SYNC"]], np.int8)
+_GPU_WORK = np.array([_K[k] for k in GPU_KINDS], np.int8)
+#: Kinds Kineto puts on GPU rows (pid = device, tid = stream): GPU work and device-side syncs.
+_GPU_KINDS = np.array([_K[k] for k in (*GPU_KINDS, "SYNC")], np.int8)
 
 # Phase classes: timed rows first, then the ones that are counted and skipped.
 _X, _I, _B, _E, _META, _FLOW, _COUNTER, _OTHER, _MALFORMED = range(9)
@@ -139,7 +142,6 @@ _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _BOUNDARY_S = re.compile(r"\}\s*,\s*\{")
 _TS_SAMPLE = re.compile(rb'"ts"\s*:\s*"?(-?\d+)(\.\d*)?')
-_API_SUFFIX = re.compile(r"_v\d+$")
 _RANK_IN_NAME = re.compile(r"rank[_\-.]?(\d+)", re.I)
 _FIRST_INT = re.compile(r"-?\d+")
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch", re.I)
@@ -935,7 +937,7 @@ def _finish_file(
     name_col = t["name"].combine_chunks() if isinstance(t["name"], pa.ChunkedArray) else t["name"]
     name_dict = name_col.dictionary.to_pylist()
     name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    stripped = [_API_SUFFIX.sub("", s) for s in name_dict]
+    stripped = [strip_api_version(s) for s in name_dict]
     if stripped != name_dict:
         merged = list(dict.fromkeys(name_dict + stripped))
         pos = {s: i for i, s in enumerate(merged)}

@@ -75,6 +75,7 @@ from teller.rundir import (
     flag_counts,
     kind_counts,
     np_col,
+    strip_api_version,
 )
 
 NVTX = "NVTX_EVENTS"
@@ -332,7 +333,7 @@ class _Db:
         used, inv = np.unique(idx, return_inverse=True)
         dictionary = values.take(pa.array(used))
         if strip_version:
-            dictionary = pc.replace_substring_regex(dictionary, r"_v\d+$", "")
+            dictionary = strip_api_version(dictionary)
         return _dedupe(inv, dictionary), ~found
 
     def resolve(

@@ -39,10 +39,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from teller.forest import Forest
 from teller.inject import CATEGORY_TITLES
-from teller.localize.features import family_names
-from teller.reconstruct.layers import IS_GPU_KIND
-from teller.rundir import RunDir, dict_codes, kind_codes
+from teller.rundir import LAYER_CODE, RunDir
 
 MIN_REF = 20
 Q = 99.0
@@ -64,8 +63,7 @@ class StepMeasures:
     def __init__(self, run: str | Path):
         rd = RunDir(run)
         steps = rd.read_table("steps")
-        forest = rd.read_table("forest", hint=f"run `teller reconstruct {run}` first",
-                               columns=["layer", "name", "start_ns", "end_ns", "step_id", "kind", "size"])
+        forest = Forest.read(run, columns=["step_id", "kind"])
         self.steps = steps
         self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
         self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
@@ -75,36 +73,26 @@ class StepMeasures:
         self.end = steps.column("end_ns").to_numpy().astype(np.int64)
         self.duration = self.end - self.start
         self.warmup = warmup_steps(steps)
-        sid = forest.column("step_id").to_numpy().astype(np.int64)
-        dur = (forest.column("end_ns").to_numpy() - forest.column("start_ns").to_numpy()).astype(np.int64)
+        sid = forest.step_id
+        dur = forest.dur_ns
         pos = np.searchsorted(self.step_id, sid)
         pos = np.clip(pos, 0, max(len(self.step_id) - 1, 0))
         ok = (sid >= 0) & (len(self.step_id) > 0)
         ok &= self.step_id[pos] == sid if len(self.step_id) else ok
-        # families on dictionary codes: each distinct (layer, name) is normalised once
-        # (``COMM all_reduce bytes=… seq=…`` → ``COMM all_reduce``), never per row
-        lcode, ldict = dict_codes(forest, "layer")
-        ncode, ndict = dict_codes(forest, "name")
-        pair = lcode.astype(np.int64) * (len(ndict) + 1) + ncode
-        upair, pair_inv = np.unique(pair, return_inverse=True)
-        pair_fam = np.array([family_names(ldict[p // (len(ndict) + 1)], [ndict[p % (len(ndict) + 1)]])[0]
-                             for p in upair.tolist()], dtype=object)
-        is_step = np.array([f.startswith("STEP ") for f in pair_fam], dtype=bool)
-        ok &= ~is_step[pair_inv] if len(pair_inv) else ok
+        # operator families (``COMM all_reduce bytes=… seq=…`` → ``COMM all_reduce``), STEP rows left out
+        ok &= forest.layer != LAYER_CODE["STEP"]
         if ok.any():
-            self.families, fam_of_pair = np.unique(pair_fam.astype(str), return_inverse=True)
-            fam = fam_of_pair[pair_inv[ok]]
+            self.families, fam = np.asarray(forest.families, dtype=str), forest.family[ok].astype(np.int64)
         else:
             self.families, fam = np.zeros(0, str), np.zeros(0, np.int64)
         nf, ns = len(self.families), len(self.step_id)
         self.fam_time = np.bincount(pos[ok] * nf + fam, weights=dur[ok], minlength=ns * nf).reshape(ns, nf) if nf else np.zeros((ns, 0))
-        # device time: GPU activity (kernels, copies, sets) in each node's subtree; the forest is
-        # in DFS preorder, so a subtree is the rows [i, i + size) and a prefix sum gives it
-        sub_gpu = _subtree_gpu_ns(forest, dur)
+        # device time: GPU work (kernels, copies, sets) in each node's subtree
+        sub_gpu = forest.subtree_sums(np.where(forest.is_gpu_work, dur, 0)).astype(np.float64)
         self.fam_gpu = (np.bincount(pos[ok] * nf + fam, weights=sub_gpu[ok], minlength=ns * nf).reshape(ns, nf)
                         if nf else np.zeros((ns, 0)))
-        inside = (self.step_id >= 0) & (self.step_id < len(sid))  # node ids are forest rows
-        self.gpu = np.where(inside, sub_gpu[np.clip(self.step_id, 0, max(len(sid) - 1, 0))], 0.0) if len(sid) else np.zeros(ns)
+        srow = forest.rows_of(self.step_id)
+        self.gpu = np.where(srow >= 0, sub_gpu[np.maximum(srow, 0)], 0.0) if len(sub_gpu) else np.zeros(ns)
         self.fam_index = {str(f): i for i, f in enumerate(self.families)}
         is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
         self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)
@@ -125,18 +113,6 @@ class StepMeasures:
             if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
-
-
-def _subtree_gpu_ns(forest: pa.Table, dur: np.ndarray) -> np.ndarray:
-    """GPU activity time in the subtree of every row (0 without ``kind``/``size`` columns)."""
-    n = forest.num_rows
-    if not n or "kind" not in forest.column_names or "size" not in forest.column_names:
-        return np.zeros(n)
-    is_gpu = IS_GPU_KIND[kind_codes(forest)]
-    csum = np.concatenate([[0.0], np.cumsum(np.where(is_gpu, dur, 0).astype(np.float64))])
-    size = np.maximum(forest.column("size").to_numpy(zero_copy_only=False).astype(np.int64), 1)
-    end = np.minimum(np.arange(n) + size, n)
-    return csum[end] - csum[np.arange(n)]
 
 
 #: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)

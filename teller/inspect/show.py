@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.tree import Tree
 
 from teller.errors import TellerError
-from teller.inspect.tree import Forest, fmt_ns
+from teller.forest import Forest
+from teller.inspect.tree import fmt_ns, shapes
 from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col
 
 _STYLE = {
@@ -25,7 +26,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
     with neither, a list of steps and the tree of the first one."""
     rd = RunDir(run).require()
     console = console or Console()
-    forest = Forest(rd.read_table("forest"))
+    forest = Forest.read(rd.path, columns=["flags"])
     steps = rd.read_table("steps") if rd.has_table("steps") else None
     kernels = forest.subtree_counts(forest.layer == LAYER_CODE["K"])
 
@@ -39,7 +40,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         if not len(sel):
             known = sorted(set(ids.tolist()))[:8]
             raise TellerError(f"{rd.path}: request {request!r} names no step; known requests include {', '.join(known) or 'none'}")
-        all_rows = np.array([forest.row(int(s)) for s in np.unique(sel)])
+        all_rows = forest.rows_of(np.unique(sel))
         durs = forest.end[all_rows] - forest.start[all_rows]
         console.print(f"request [bold]{request}[/]: {len(all_rows)} step(s), "
                       f"{fmt_ns(durs.sum())} in steps, slowest {fmt_ns(durs.max())}")
@@ -61,7 +62,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
             roots = forest.roots
             console.print(f"no STEP ranges; {len(roots)} root(s), showing the one with the most descendants "
                           "(`--step-pattern` on `teller reconstruct` names steps in foreign traces)")
-            sizes = forest.subtree_counts(np.ones(forest.n, dtype=bool))[roots] if len(roots) else roots
+            sizes = forest.size[roots]
             rows = [int(roots[np.lexsort((-(forest.end[roots] - forest.start[roots]), -sizes))[0]])] if len(roots) else []
     for r in rows:
         console.print(_tree(forest, r, kernels, depth, max_children))
@@ -72,9 +73,10 @@ def _find_step(forest: Forest, steps, step: int, rd: RunDir) -> list[int]:
         nums = np_col(steps, "step_num")
         hit = np_col(steps, "step_id")[nums == step]
         if len(hit):
-            return [forest.row(int(s)) for s in hit]
-    if 0 <= step < len(forest._pos) and forest._pos[step] >= 0 and LAYERS[forest.layer[forest.row(step)]] == "STEP":
-        return [forest.row(step)]
+            return forest.rows_of(hit).tolist()
+    r = forest.row(step)
+    if r >= 0 and LAYERS[forest.layer[r]] == "STEP":
+        return [r]
     raise TellerError(f"{rd.path}: no step {step} (neither a step number nor a STEP node id); `teller show {rd.path}` lists the steps")
 
 
@@ -110,7 +112,7 @@ def _escape(s: str) -> str:
 
 
 def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_children: int) -> Tree:
-    shapes = forest.shapes()
+    shape = shapes(forest)
     tree = Tree(_label(forest, root, kernels))
     stack = [(tree, root, 0)]
     while stack:
@@ -126,7 +128,7 @@ def _tree(forest: Forest, root: int, kernels: np.ndarray, depth: int, max_childr
         i = 0
         while i < len(kids):
             j = i + 1
-            while j < len(kids) and shapes[kids[j]] == shapes[kids[i]]:
+            while j < len(kids) and shape[kids[j]] == shape[kids[i]]:
                 j += 1
             groups.append((i, j, float(np.sum(forest.end[kids[i:j]] - forest.start[kids[i:j]]))))
             i = j

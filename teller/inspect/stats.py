@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from teller.inspect.tree import Forest
+from teller.forest import Forest
 from teller.rundir import KINDS, LAYER_CODE, LAYERS, RunDir, flag_counts, kind_codes, np_col
 
 
@@ -25,13 +25,10 @@ def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
     out["events_per_kind"] = {KINDS[i]: int(c) for i, c in enumerate(np.bincount(kc, minlength=len(KINDS))) if c}
     out["event_flags"] = flag_counts(np_col(ev, "flags"))
     if rd.has_table("forest"):
-        f = Forest(rd.read_table("forest"))
+        f = Forest.read(rd.path, columns=["kind", "device", "flags"])
         out["nodes"] = f.n
         out["nodes_per_layer"] = {LAYERS[i]: int(c) for i, c in enumerate(np.bincount(f.layer, minlength=len(LAYERS))) if c}
-        gpu = np.isin(f.layer, [LAYER_CODE["K"], LAYER_CODE["MEM"]])
-        # NCCL kernels are tagged COMM but are GPU rows too: count nodes with a device
-        device = np_col(f.table, "device")
-        gpu |= (f.layer == LAYER_CODE["COMM"]) & (device >= 0)
+        gpu = f.is_gpu_work  # kernels (NCCL's, tagged COMM, too), copies and sets
         bound = gpu & (f.parent >= 0) & np.isin(f.layer[np.clip(f.parent, 0, None)], [LAYER_CODE["RT"], LAYER_CODE["DRV"]])
         out["gpu_nodes"] = int(gpu.sum())
         out["binding_coverage"] = float(bound.sum() / gpu.sum()) if gpu.sum() else None

@@ -10,7 +10,8 @@ Features of an instance x (nanoseconds, counts and bytes; every sum runs over x'
 
 ====================  ==========================================================================
 ``dur_ns``            end − start of x
-``self_ns``           dur minus the time of x's direct host children (its own Python/C++ work)
+``self_ns``           dur minus the time of x's direct host children (its own Python/C++ work;
+                      :attr:`teller.forest.Forest.self_ns`)
 ``rt_ns``, ``rt_n``   CUDA runtime calls: total time, count
 ``drv_ns``, ``drv_n`` CUDA driver calls: total time, count
 ``k_n``, ``k_ns``     kernels bound to calls under x: count, total GPU time
@@ -43,25 +44,22 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from teller.errors import TellerError
-from teller.rundir import KIND_CODE, KINDS, LAYER_CODE, LAYERS, RunDir, dict_codes
+from teller.forest import Forest, family_names
+from teller.rundir import LAYER_CODE, RunDir
 
 __all__ = [
     "FEATURES",
     "INSTANCE_LAYERS",
     "FALLBACK_LAYERS",
-    "ForestArrays",
     "StepTable",
     "Instances",
-    "read_forest",
     "assign_steps",
     "family_names",
     "instance_features",
@@ -93,10 +91,6 @@ PROFILER_STEP_RE = r"(?i)^\s*(?:profilerstep\s*#\s*|step\s*[:#_=\s]\s*)(\d+)\s*$
 #: Default length of a fixed window (rule 3).
 DEFAULT_WINDOW_NS = 100_000_000
 
-_FOREST_COLUMNS = ("node_id", "parent_id", "layer", "name", "start_ns", "end_ns", "node", "rank", "pid",
-                   "tid", "device", "stream", "step_id")
-_OPTIONAL_COLUMNS = ("kind", "bytes", "depth", "size", "corr_id", "flags")
-_GPU_KINDS = np.array([k in ("KERNEL", "MEMCPY", "MEMSET") for k in KINDS])
 
 
 def _np(table: pa.Table, name: str, dtype: Any = np.int64, fill: int = -1) -> np.ndarray:
@@ -105,207 +99,6 @@ def _np(table: pa.Table, name: str, dtype: Any = np.int64, fill: int = -1) -> np
     if col.null_count:
         col = col.fill_null(fill)
     return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-
-
-@dataclass
-class ForestArrays:
-    """The columns of a forest as numpy arrays, on row positions (``parent`` is a row, -1 for a
-    root), plus the depth-first layout when the rows have one."""
-
-    node_id: np.ndarray
-    parent: np.ndarray
-    layer: np.ndarray  # codes into LAYERS
-    name_codes: np.ndarray
-    names: list[str]
-    start: np.ndarray
-    end: np.ndarray
-    node: np.ndarray
-    rank: np.ndarray
-    pid: np.ndarray
-    tid: np.ndarray
-    device: np.ndarray
-    stream: np.ndarray
-    step_id: np.ndarray  # node id of the innermost enclosing STEP, -1 none
-    kind: np.ndarray  # codes into KINDS, -1 unknown
-    nbytes: np.ndarray
-    depth: np.ndarray
-    size: np.ndarray  # subtree sizes (nodes, itself included)
-    preorder: bool  # every subtree is the row block [row, row + size)
-    _levels: list[np.ndarray] | None = field(default=None, repr=False)
-
-    @property
-    def n(self) -> int:
-        return len(self.node_id)
-
-    @classmethod
-    def from_table(cls, table: pa.Table) -> "ForestArrays":
-        """Build from a forest table (reconstruct's columns; ``kind``/``bytes``/``depth``/``size``
-        optional). Parents must precede their children in row order."""
-        missing = [c for c in _FOREST_COLUMNS if c not in table.column_names]
-        if missing:
-            raise TellerError(f"forest table lacks columns {missing}; write it with `teller reconstruct`")
-        n = table.num_rows
-        node_id = _np(table, "node_id")
-        parent_id = _np(table, "parent_id")
-        if n and np.array_equal(node_id, np.arange(n)):
-            parent = parent_id.copy()
-        else:
-            order = np.argsort(node_id, kind="stable")
-            pos = np.searchsorted(node_id, parent_id, sorter=order) if n else parent_id
-            pos = np.clip(pos, 0, max(n - 1, 0))
-            found = (parent_id >= 0) & (node_id[order[pos]] == parent_id) if n else parent_id >= 0
-            parent = np.where(found, order[pos] if n else -1, -1)
-        bad = parent >= np.arange(n)
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            raise TellerError(f"forest row {r} (node {node_id[r]}): its parent does not precede it; "
-                              "forest rows must list parents before children (re-run `teller reconstruct`)")
-        lcodes, ldict = dict_codes(table, "layer")
-        remap = np.array([LAYER_CODE.get(x, LAYER_CODE["OTHER"]) for x in ldict] or [0], dtype=np.int8)
-        layer = remap[lcodes] if n else lcodes.astype(np.int8)
-        name_codes, names = dict_codes(table, "name")
-        if "kind" in table.column_names:
-            kcodes, kdict = dict_codes(table, "kind")
-            kremap = np.array([KIND_CODE.get(x, -1) for x in kdict] or [0], dtype=np.int8)
-            kind = kremap[kcodes] if n else kcodes.astype(np.int8)
-        else:
-            kind = np.full(n, -1, np.int8)
-        nbytes = _np(table, "bytes") if "bytes" in table.column_names else np.full(n, -1, np.int64)
-        fa = cls(
-            node_id=node_id,
-            parent=parent.astype(np.int64),
-            layer=layer,
-            name_codes=name_codes,
-            names=names,
-            start=_np(table, "start_ns"),
-            end=_np(table, "end_ns"),
-            node=_np(table, "node", np.int32),
-            rank=_np(table, "rank", np.int32),
-            pid=_np(table, "pid"),
-            tid=_np(table, "tid"),
-            device=_np(table, "device", np.int32),
-            stream=_np(table, "stream"),
-            step_id=_np(table, "step_id"),
-            kind=kind,
-            nbytes=nbytes,
-            depth=np.zeros(n, np.int32),
-            size=np.ones(n, np.int64),
-            preorder=False,
-        )
-        fa.end = np.maximum(fa.end, fa.start)
-        if "depth" in table.column_names:
-            fa.depth = _np(table, "depth", np.int32)
-            ok = np.all(fa.depth[parent >= 0] == fa.depth[parent[parent >= 0]] + 1) and np.all(fa.depth[parent < 0] == 0)
-            if not ok:
-                fa.depth = fa._compute_depth()
-        else:
-            fa.depth = fa._compute_depth()
-        size = _np(table, "size") if "size" in table.column_names else None
-        if size is None or not fa._is_preorder(size):
-            size = fa._level_sums(np.ones(n, np.int64))
-        fa.size = size
-        fa.preorder = fa._is_preorder(size)
-        return fa
-
-    # -- structure ---------------------------------------------------------------------------
-    def _compute_depth(self) -> np.ndarray:
-        d = np.zeros(self.n, np.int32)
-        has = self.parent >= 0
-        for _ in range(self.n + 1):
-            nd = np.where(has, d[np.maximum(self.parent, 0)] + 1, 0).astype(np.int32)
-            if np.array_equal(nd, d):
-                return d
-            d = nd
-        return d
-
-    def _is_preorder(self, size: np.ndarray) -> bool:
-        n = self.n
-        if len(size) != n:
-            return False
-        if n == 0:
-            return True
-        rows = np.arange(n)
-        if np.any(size < 1) or np.any(rows + size > n):
-            return False
-        c = np.flatnonzero(self.parent >= 0)
-        p = self.parent[c]
-        return bool(np.all((p < c) & (c + size[c] <= p + size[p])))
-
-    @property
-    def levels(self) -> list[np.ndarray]:
-        """Rows grouped by depth, shallowest first."""
-        if self._levels is None:
-            order = np.argsort(self.depth, kind="stable")
-            bounds = np.searchsorted(self.depth[order], np.arange(int(self.depth.max(initial=-1)) + 2))
-            self._levels = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        return self._levels
-
-    def _level_sums(self, values: np.ndarray) -> np.ndarray:
-        total = values.copy()
-        for rows in self.levels[:0:-1]:  # deepest first, roots excluded
-            p = self.parent[rows]
-            if total.dtype.kind == "f":
-                total += np.bincount(p, weights=total[rows], minlength=self.n)
-            else:
-                np.add.at(total, p, total[rows])
-        return total
-
-    def subtree_sums(self, values: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
-        """Σ values over each node's subtree (itself included), for ``rows`` (default all)."""
-        values = np.asarray(values)
-        values = values.astype(np.int64 if values.dtype.kind in "iub" else np.float64)
-        if self.preorder:
-            rows = np.arange(self.n) if rows is None else rows
-            c = np.concatenate([np.zeros(1, values.dtype), np.cumsum(values)])
-            return c[rows + self.size[rows]] - c[rows]
-        total = self._level_sums(values)
-        return total if rows is None else total[rows]
-
-    def propagate_down(self, value: np.ndarray, source: np.ndarray) -> np.ndarray:
-        """``out[v] = value[v]`` where ``source[v]``, else ``out[parent(v)]`` (roots keep ``value``):
-        every node inherits from its nearest source ancestor-or-self."""
-        out = value.copy()
-        for rows in self.levels[1:]:
-            keep = source[rows]
-            take = rows[~keep]
-            out[take] = out[self.parent[take]]
-        return out
-
-    def nearest_ancestor(self, mask: np.ndarray) -> np.ndarray:
-        """Row of each node's nearest proper ancestor with ``mask`` set, -1 if none."""
-        own = np.where(mask, np.arange(self.n), -1)
-        anc_or_self = self.propagate_down(own, mask)
-        p = self.parent
-        return np.where(p >= 0, anc_or_self[np.maximum(p, 0)], -1)
-
-    # -- node classes ------------------------------------------------------------------------
-    def kind_or_layer(self, kind: str, layer: str) -> np.ndarray:
-        """Nodes of event kind ``kind`` (by the ``kind`` column, else by layer tag)."""
-        known = self.kind >= 0
-        return np.where(known, self.kind == KIND_CODE[kind], self.layer == LAYER_CODE[layer])
-
-    @property
-    def is_gpu(self) -> np.ndarray:
-        """GPU activity rows (kernels, copies, sets; GPU-side syncs: thread id -1)."""
-        by_kind = np.where(self.kind >= 0, _GPU_KINDS[np.maximum(self.kind, 0)], np.isin(self.layer, [LAYER_CODE["K"], LAYER_CODE["MEM"]]))
-        return by_kind | ((self.tid < 0) & (self.device >= 0))
-
-    def name(self, row: int) -> str:
-        return self.names[self.name_codes[row]]
-
-
-def read_forest(run: str | os.PathLike) -> pa.Table:
-    """The forest of ``run`` without ``args`` (the only wide column, unused here)."""
-    rd = RunDir(run).require()
-    p = rd.path / "forest.parquet"
-    if not p.is_file():
-        raise TellerError(f"{p}: missing; run `teller reconstruct {rd.path}` first")
-    try:
-        names = pq.ParquetFile(p).schema_arrow.names
-        cols = [c for c in (*_FOREST_COLUMNS, *_OPTIONAL_COLUMNS) if c in names]
-        return pq.read_table(p, columns=cols)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TellerError(f"{p}: unreadable Parquet ({e}); re-run `teller reconstruct {rd.path}`") from e
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,7 +126,7 @@ class StepTable:
         return len(self.step_num)
 
 
-def assign_steps(fa: ForestArrays, steps: pa.Table | None = None, window_ns: int | None = None,
+def assign_steps(fa: Forest, steps: pa.Table | None = None, window_ns: int | None = None,
                  layers: tuple[str, ...] | None = None) -> StepTable:
     """Group forest rows into steps by the first rule that applies (module docstring).
 
@@ -354,7 +147,7 @@ def assign_steps(fa: ForestArrays, steps: pa.Table | None = None, window_ns: int
     return _fixed_windows(fa, window_ns)
 
 
-def _instance_mask(fa: ForestArrays, layers: tuple[str, ...] | None) -> np.ndarray:
+def _instance_mask(fa: Forest, layers: tuple[str, ...] | None) -> np.ndarray:
     if layers is None:
         layers = INSTANCE_LAYERS
         if not np.isin(fa.layer, [LAYER_CODE[x] for x in INSTANCE_LAYERS]).any():
@@ -363,7 +156,7 @@ def _instance_mask(fa: ForestArrays, layers: tuple[str, ...] | None) -> np.ndarr
     return m & ~fa.is_gpu if set(layers) <= {"RT", "DRV"} else m
 
 
-def _step_ranges(fa: ForestArrays, steps: pa.Table | None) -> StepTable | None:
+def _step_ranges(fa: Forest, steps: pa.Table | None) -> StepTable | None:
     """Rule 1: STEP nodes."""
     n = fa.n
     is_step = fa.layer == LAYER_CODE["STEP"]
@@ -399,7 +192,7 @@ def _step_ranges(fa: ForestArrays, steps: pa.Table | None) -> StepTable | None:
                      "STEP ranges", f"{len(srows)} STEP ranges", srows)
 
 
-def _profiler_steps(fa: ForestArrays, steps: pa.Table | None = None) -> StepTable | None:
+def _profiler_steps(fa: Forest, steps: pa.Table | None = None) -> StepTable | None:
     """Rule 2: host ranges named like profiler steps."""
     n = fa.n
     rx = re.compile(PROFILER_STEP_RE)
@@ -417,7 +210,7 @@ def _profiler_steps(fa: ForestArrays, steps: pa.Table | None = None) -> StepTabl
                      "profiler steps", f"{len(srows)} host ranges named like profiler steps (no STEP ranges)", srows)
 
 
-def _attach_by_time(fa: ForestArrays, st: StepTable) -> int:
+def _attach_by_time(fa: Forest, st: StepTable) -> int:
     """Give the roots of the same process that are in no step the step running at their start
     (and their subtrees); returns how many roots joined a step. GPU rows follow their launches."""
     roots = np.flatnonzero((fa.parent < 0) & (st.step_of_row < 0) & ~fa.is_gpu)
@@ -455,7 +248,7 @@ def _attach_by_time(fa: ForestArrays, st: StepTable) -> int:
     return int(sel.sum())
 
 
-def _fixed_windows(fa: ForestArrays, window_ns: int | None) -> StepTable:
+def _fixed_windows(fa: Forest, window_ns: int | None) -> StepTable:
     """Rule 3: fixed time windows over root start times, per rank."""
     n = fa.n
     roots = np.flatnonzero(fa.parent < 0)
@@ -480,7 +273,7 @@ def _fixed_windows(fa: ForestArrays, window_ns: int | None) -> StepTable:
                      "fixed windows", f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time")
 
 
-def _parse_step_nums(fa: ForestArrays, srows: np.ndarray) -> np.ndarray:
+def _parse_step_nums(fa: Forest, srows: np.ndarray) -> np.ndarray:
     out = np.arange(len(srows), dtype=np.int64)
     for i, r in enumerate(srows.tolist()):
         m = re.search(r"\bid=(\d+)", fa.name(r)) or re.search(r"(\d+)\s*$", fa.name(r))
@@ -492,22 +285,7 @@ def _parse_step_nums(fa: ForestArrays, srows: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 # families and features
 
-_KV = re.compile(r"(?:^|\s)[\w.\-]+=\S*")
-_NUM = re.compile(r"(?<![\w.])\d+(?![\w])|(?<=\.)\d+(?=\.|$)")
-
-
-def family_names(layer: str, names: list[str]) -> list[str]:
-    """Operator family of each name (module docstring): ``LAYER normalized-name``."""
-    out = []
-    for s in names:
-        t = _KV.sub(" ", s)
-        t = _NUM.sub("#", t)
-        t = " ".join(t.split()) or s.strip() or "?"
-        out.append(f"{layer} {t}")
-    return out
-
-
-def _overlap_ns(fa: ForestArrays, gpu: np.ndarray) -> np.ndarray:
+def _overlap_ns(fa: Forest, gpu: np.ndarray) -> np.ndarray:
     """Per GPU row: ns of its interval during which other GPU activity ran on the same device."""
     out = np.zeros(fa.n, np.int64)
     g = np.flatnonzero(gpu)
@@ -563,7 +341,7 @@ class Instances:
                          remap[np.where(par >= 0, par, self.n)], self.layers)
 
 
-def instance_features(fa: ForestArrays, step_of_row: np.ndarray | None = None,
+def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
                       layers: tuple[str, ...] | None = None) -> Instances:
     """Instances of ``layers`` (default FE/BE/COMM, else RT/DRV when none exist) and φ(x)."""
     n = fa.n
@@ -577,12 +355,9 @@ def instance_features(fa: ForestArrays, step_of_row: np.ndarray | None = None,
         is_inst &= ~fa.is_gpu
     rows = np.flatnonzero(is_inst)
     step_of_row = np.full(n, -1, np.int64) if step_of_row is None else step_of_row
-    dur = fa.end - fa.start
+    dur = fa.dur_ns
     gpu = fa.is_gpu
-    # self time: minus direct host children
-    host_child = np.flatnonzero((fa.parent >= 0) & ~gpu)
-    child_time = np.bincount(fa.parent[host_child], weights=dur[host_child], minlength=n) if n else np.zeros(0)
-    self_ns = np.maximum(dur - child_time, 0)
+    self_ns = fa.self_ns
     rt = fa.kind_or_layer("RUNTIME", "RT") & ~gpu
     drv = fa.kind_or_layer("DRIVER", "DRV") & ~gpu
     kern = fa.kind_or_layer("KERNEL", "K") & gpu
@@ -612,21 +387,16 @@ def instance_features(fa: ForestArrays, step_of_row: np.ndarray | None = None,
         np.divide(ss(np.where(kern, ovl, zeros)), k_ns, out=np.zeros(len(rows)), where=k_ns > 0),
         ss(np.where(outer_comm, np.maximum(fa.nbytes, 0), zeros)),
     ]) if len(rows) else np.zeros((0, len(FEATURES)))
-    # families: on (layer, name code) pairs, strings built once per distinct pair
-    key = fa.layer[rows].astype(np.int64) * (len(fa.names) + 1) + fa.name_codes[rows]
-    ukey, fam_inv = np.unique(key, return_inverse=True)
-    fam_strings = []
-    for k in ukey.tolist():
-        lay, nc = divmod(k, len(fa.names) + 1)
-        fam_strings.append(family_names(LAYERS[lay], [fa.names[nc]])[0])
-    families, fam_code = np.unique(np.asarray(fam_strings, dtype=object).astype(str), return_inverse=True) if fam_strings else (np.zeros(0, str), np.zeros(0, np.int64))
-    family = fam_code[fam_inv.reshape(-1)].astype(np.int32) if len(rows) else np.zeros(0, np.int32)
+    # families: the forest's (one encoding), renumbered over the families the instances have
+    used, family = np.unique(fa.family[rows], return_inverse=True)
+    families = [fa.families[i] for i in used.tolist()]
+    family = family.reshape(-1).astype(np.int32)
     # nearest instance ancestor, as an index into the instances
     idx_of_row = np.full(n + 1, -1, np.int64)
     idx_of_row[rows] = np.arange(len(rows))
     anc = fa.nearest_ancestor(is_inst)[rows]
     parent = idx_of_row[np.where(anc >= 0, anc, n)]
-    return Instances(rows, family, [str(f) for f in families], step_of_row[rows], X, parent, tuple(layers))
+    return Instances(rows, family, families, step_of_row[rows], X, parent, tuple(layers))
 
 
 @dataclass
@@ -634,7 +404,7 @@ class RunFeatures:
     """Everything the numeric stage reads from one run."""
 
     path: Path
-    forest: ForestArrays
+    forest: Forest
     steps: StepTable
     instances: Instances
     comm_edges: pa.Table | None
@@ -645,7 +415,7 @@ def run_features(run: str | os.PathLike, window_ns: int | None = None,
                  layers: tuple[str, ...] | None = None) -> RunFeatures:
     """Read a reconstructed run and compute its steps and instance features."""
     rd = RunDir(run).require()
-    fa = ForestArrays.from_table(read_forest(rd.path))
+    fa = Forest.read(rd.path)
     steps = rd.read_table("steps") if rd.has_table("steps") else None
     st = assign_steps(fa, steps, window_ns, layers)
     inst = instance_features(fa, st.step_of_row, layers)

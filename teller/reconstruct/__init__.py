@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.errors import TellerError
+from teller.forest import FOREST_SCHEMA
 from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
 from teller.reconstruct.comm import comm_edges, describe
@@ -53,33 +54,7 @@ from teller.rundir import (
     kind_codes,
 )
 
-__all__ = ["reconstruct", "FOREST_SCHEMA"]
-
-FOREST_SCHEMA = pa.schema(
-    [
-        ("node_id", pa.int64()),
-        ("parent_id", pa.int64()),
-        ("layer", pa.dictionary(pa.int8(), pa.string())),
-        ("name", pa.dictionary(pa.int32(), pa.string())),
-        ("start_ns", pa.int64()),
-        ("end_ns", pa.int64()),
-        ("node", pa.int32()),
-        ("rank", pa.int32()),
-        ("pid", pa.int64()),
-        ("tid", pa.int64()),
-        ("device", pa.int32()),
-        ("stream", pa.int64()),
-        ("corr_id", pa.int64()),
-        ("step_id", pa.int64()),
-        ("flags", pa.int32()),
-        ("depth", pa.int32()),
-        ("size", pa.int64()),
-        ("kind", pa.dictionary(pa.int8(), pa.string())),
-        ("graph_id", pa.int64()),
-        ("bytes", pa.int64()),
-        ("args", pa.string()),
-    ]
-)
+__all__ = ["reconstruct"]
 
 LANE_COLS = ("node", "rank", "pid", "tid", "device", "stream")
 CHUNK_ROWS = 1 << 19

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from teller.errors import TellerError
-from teller.rundir import KIND_CODE, KINDS, LAYER_CODE
+from teller.rundir import IS_GPU_KIND, KIND_CODE, KINDS, LAYER_CODE  # noqa: F401 (IS_GPU_KIND: used as L.IS_GPU_KIND)
 
 #: Default layer of each event kind when neither the ``layer`` column nor a message tag says more.
 KIND_LAYER = {
@@ -52,9 +52,6 @@ DEFAULT_STEP_PATTERNS = (
 #: Kinds that never contain other host events (they become leaves of the thread's tree).
 LEAF_KINDS = ("MARKER",)
 
-#: GPU activity, bound to its launching host call by correlation id.
-GPU_KINDS = ("KERNEL", "MEMCPY", "MEMSET")
-
 #: Host calls GPU activity may bind to, most preferred first (the runtime call a user wrote
 #: before the driver call it issued).
 LAUNCH_KINDS = ("RUNTIME", "DRIVER")
@@ -82,7 +79,6 @@ def kind_table(table: dict[str, object], default: object, dtype) -> np.ndarray:
 KIND_LAYER_CODE = kind_table({k: LAYER_CODE[v] for k, v in KIND_LAYER.items()}, LAYER_CODE["OTHER"], np.int8)
 IS_TAGGED_KIND = kind_table({k: True for k in TAGGED_KINDS}, False, bool)
 IS_LEAF_KIND = kind_table({k: True for k in LEAF_KINDS}, False, bool)
-IS_GPU_KIND = kind_table({k: True for k in GPU_KINDS}, False, bool)
 LAUNCH_PRIORITY = kind_table({k: i for i, k in enumerate(LAUNCH_KINDS)}, -1, np.int8)
 TIE_RANK = kind_table(KIND_TIE_RANK, 5, np.int8)
 STEP, COMM, OTHER = LAYER_CODE["STEP"], LAYER_CODE["COMM"], LAYER_CODE["OTHER"]

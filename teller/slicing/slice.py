@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from teller.localize.features import ForestArrays
+from teller.forest import Forest
 from teller.rundir import LAYER_CODE
 
 __all__ = ["SliceConfig", "Slice", "build_slice", "StepIndex"]
@@ -91,7 +91,7 @@ class StepIndex:
         return self.order[lo:hi]
 
 
-def _lanes(fa: ForestArrays, rows: np.ndarray, gpu: np.ndarray) -> np.ndarray:
+def _lanes(fa: Forest, rows: np.ndarray, gpu: np.ndarray) -> np.ndarray:
     """Lane code per row: host thread (node, pid, tid) or GPU queue (node, device, stream)."""
     g = gpu[rows]
     cols = np.stack([
@@ -104,7 +104,7 @@ def _lanes(fa: ForestArrays, rows: np.ndarray, gpu: np.ndarray) -> np.ndarray:
     return inv.reshape(-1)
 
 
-def build_slice(fa: ForestArrays, rows: np.ndarray, suspects: np.ndarray, score: np.ndarray | None = None,
+def build_slice(fa: Forest, rows: np.ndarray, suspects: np.ndarray, score: np.ndarray | None = None,
                 comm_pairs: np.ndarray | None = None, config: SliceConfig | None = None,
                 gpu: np.ndarray | None = None) -> Slice:
     """The slice of the step made of forest ``rows`` around ``suspects`` (rows).
@@ -258,7 +258,7 @@ def build_slice(fa: ForestArrays, rows: np.ndarray, suspects: np.ndarray, score:
                  {"step_nodes": int(n), "above_threshold": int(chosen.sum()), "peers": int(len(peers))})
 
 
-def comm_pairs_rows(fa: ForestArrays, edges: pa.Table | None) -> np.ndarray:
+def comm_pairs_rows(fa: Forest, edges: pa.Table | None) -> np.ndarray:
     """``comm_edges.parquet`` as (row, row) pairs of the forest ``fa``."""
     if edges is None or edges.num_rows == 0:
         return np.zeros((0, 2), np.int64)

@@ -14,7 +14,7 @@
 from teller.tpe.serialize import (
     Sequences,
     Trace,
-    load_forest,
+    run_step_ids,
     serialize_nodes,
     serialize_run,
     serialize_steps,
@@ -27,7 +27,7 @@ __all__ = [
     "Sequences",
     "Trace",
     "TraceTokenizer",
-    "load_forest",
+    "run_step_ids",
     "serialize_nodes",
     "serialize_run",
     "serialize_steps",

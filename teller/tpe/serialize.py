@@ -1,7 +1,7 @@
 """Serialize steps and slices of the call forest into symbol sequences (DESIGN.md §8).
 
 ``forest.parquet`` rows are a depth-first preorder in which every subtree is the contiguous block
-``[node_id, node_id + size)`` (see :mod:`teller.reconstruct.forest`). A step's depth-first
+``[node_id, node_id + size)`` (see :mod:`teller.forest`). A step's depth-first
 traversal is therefore a slice of the forest's rows, and its parent indices are the forest's
 parent ids minus the step's node id: no traversal, only a gather. :func:`check_preorder` verifies
 that on every batch (an older or foreign forest that breaks it is an error, not a silent
@@ -10,10 +10,11 @@ mis-serialization).
 A serialized node emits one symbol, its layer tag and normalized name (:mod:`.normalize`), and
 keeps three side channels: ``parent`` (index of its parent in the same sequence, -1 for a root),
 ``depth`` (number of ancestors in the sequence) and ``duration`` (ns). By default the duration is
-the node's *self* time: for a host node its span minus the spans of its host children, for GPU
-activity (kernels, copies, memsets, device syncs; rows with ``tid < 0``) its own span. Self
-times add up without counting a nested interval twice, so when TPE merges tokens and adds their
-durations (DESIGN.md §8) the sum stays a time budget. ``duration="total"`` keeps plain spans.
+the node's *self* time (:attr:`teller.forest.Forest.self_ns`): for a host node its span minus the
+spans of its host children, for GPU activity (kernels, copies, memsets, device syncs) its own
+span. Self times add up without counting a nested interval twice, so when TPE merges tokens and
+adds their durations (DESIGN.md §8) the sum stays a time budget. ``duration="total"`` keeps
+plain spans.
 
 A slice (a subset of a step's nodes, e.g. the causal slice of DESIGN.md §7) keeps the forest's
 row order; each node's parent is its nearest ancestor inside the slice.
@@ -23,17 +24,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from teller.errors import TellerError
-from teller.rundir import LAYERS, RunDir
+from teller.forest import Forest, ranges
+from teller.rundir import RunDir
 from teller.tpe.normalize import Normalizer
 
 DURATIONS = ("self", "total")
+__all__ = ["DURATIONS", "Sequences", "Trace", "check_preorder", "dfs_parents", "ranges", "run_step_ids",
+           "serialize_nodes", "serialize_run", "serialize_steps"]
+_DEFAULT_NORMALIZER = Normalizer()
 
 
 @dataclass
@@ -146,17 +149,6 @@ class Sequences:
                          self.key[idx] if len(self.key) else self.key, self.checked)
 
 
-def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Concatenation of ``arange(s, e)`` for each pair, vectorized."""
-    starts = np.asarray(starts, dtype=np.int64)
-    lens = np.asarray(ends, dtype=np.int64) - starts
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    return shift + np.arange(total, dtype=np.int64)
-
-
 def dfs_parents(depth: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Parents implied by a preorder's depths: the last earlier node one level up in the same
     sequence (-1 for depth 0). Vectorized per depth level."""
@@ -209,105 +201,46 @@ def check_preorder(parent: np.ndarray, depth: np.ndarray, offsets: np.ndarray, w
 # --------------------------------------------------------------------------------------------
 # forest
 
-
-@dataclass
-class Forest:
-    """The forest columns the serializer needs, plus per-node symbol codes."""
-
-    parent: np.ndarray
-    depth: np.ndarray
-    size: np.ndarray
-    self_ns: np.ndarray
-    total_ns: np.ndarray
-    codes: np.ndarray  # int32 into symbols
-    symbols: list[str]
-    steps: pa.Table | None = None
-    path: str = ""
-
-    def __len__(self) -> int:
-        return len(self.parent)
-
-    def step_ids(self) -> np.ndarray:
-        if self.steps is None or self.steps.num_rows == 0:
-            return np.zeros(0, np.int64)
-        return self.steps.column("step_id").to_numpy().astype(np.int64)
+#: The forest columns the serializer reads beyond the structural ones (``is_gpu`` for self times).
+_READ_COLUMNS = ["tid", "device", "kind"]
 
 
-_FOREST_COLS = ["parent_id", "layer", "name", "start_ns", "end_ns", "tid", "depth", "size"]
-
-
-def forest_from_table(table: pa.Table, normalizer: Normalizer | None = None, steps: pa.Table | None = None, path: str = "") -> Forest:
-    """Per-node arrays and symbols from a forest table (``forest.parquet`` columns)."""
-    missing = [c for c in _FOREST_COLS if c not in table.column_names]
-    if missing:
-        raise TellerError(f"{path or 'forest'}: missing columns {missing}; rebuild it with `teller reconstruct RUN`")
-    norm = normalizer or Normalizer()
-    n = table.num_rows
-    table = table.select(_FOREST_COLS).unify_dictionaries()
-
-    def np64(c: str) -> np.ndarray:
-        col = table.column(c)
-        return (col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)).to_numpy(zero_copy_only=False).astype(np.int64)
-
-    def dict_col(c: str) -> tuple[np.ndarray, list[str]]:
-        col = table.column(c)
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-        if not pa.types.is_dictionary(col.type):
-            col = col.dictionary_encode()
-        idx = col.indices
-        if idx.null_count:
-            idx = idx.fill_null(len(col.dictionary))
-        return idx.to_numpy(zero_copy_only=False).astype(np.int64), col.dictionary.cast(pa.string()).to_pylist() + [""]
-
-    parent = np64("parent_id")
-    start, end = np64("start_ns"), np64("end_ns")
-    total = np.maximum(end - start, 0)
-    host_child = (np64("tid") >= 0) & (parent >= 0)
-    kids = np.bincount(parent[host_child], weights=total[host_child], minlength=n)[:n] if n else np.zeros(0)
-    self_ns = np.maximum(total - np.rint(kids).astype(np.int64), 0)
-
-    lcode, ldict = dict_col("layer")
-    ncode, ndict = dict_col("name")
-    ldict = [x if x in LAYERS else (x or "OTHER") for x in ldict]
-    pair = lcode * (len(ndict) + 1) + ncode
-    uniq, inv = np.unique(pair, return_inverse=True)
-    ul, un = uniq // (len(ndict) + 1), uniq % (len(ndict) + 1)
-    syms = norm.symbols([ldict[i] for i in ul.tolist()], [ndict[i] if ndict[i] is not None else "" for i in un.tolist()])
-    table_syms, sym_code = np.unique(np.asarray(syms, dtype=object).astype(str), return_inverse=True)
-    codes = sym_code[inv].astype(np.int32) if n else np.zeros(0, np.int32)
-    return Forest(parent, np64("depth").astype(np.int32), np64("size"), self_ns, total, codes, [str(s) for s in table_syms], steps, path)
-
-
-def load_forest(run: str | os.PathLike, normalizer: Normalizer | None = None) -> Forest:
-    """Read ``RUN/forest.parquet`` and ``RUN/steps.parquet``."""
+def run_step_ids(run: str | os.PathLike) -> np.ndarray:
+    """Node ids of the run's STEP nodes (``steps.parquet``'s ``step_id``; empty without one)."""
     rd = RunDir(run)
-    if not rd.path.is_dir():
-        raise TellerError(f"{rd.path}: no such run directory; make one with `teller ingest` or `teller record`, then `teller reconstruct`")
-    hint = f"run `teller reconstruct {rd.path}` first"
-    forest = rd.read_table("forest", hint)
-    steps = rd.read_table("steps", hint) if rd.has_table("steps") else None
-    return forest_from_table(forest, normalizer, steps, str(Path(rd.path) / "forest.parquet"))
+    if not rd.has_table("steps"):
+        return np.zeros(0, np.int64)
+    return rd.read_table("steps", columns=["step_id"]).column("step_id").to_numpy().astype(np.int64)
 
 
-def _pack(forest: Forest, rows: np.ndarray, offsets: np.ndarray, parent: np.ndarray, depth: np.ndarray, key: np.ndarray, duration: str) -> Sequences:
+def _symbols(forest: Forest, normalizer: Normalizer | None) -> tuple[np.ndarray, list[str]]:
+    """Symbol code of every row and the symbol table (one normalization per (layer, name) pair)."""
+    return forest.pair_map((normalizer or _DEFAULT_NORMALIZER).symbols)
+
+
+def _pack(forest: Forest, rows: np.ndarray, offsets: np.ndarray, parent: np.ndarray, depth: np.ndarray, key: np.ndarray,
+          duration: str, normalizer: Normalizer | None) -> Sequences:
     if duration not in DURATIONS:
         raise ValueError(f"duration must be one of {DURATIONS}, not {duration!r}")
-    dur = forest.self_ns if duration == "self" else forest.total_ns
+    dur = forest.self_ns if duration == "self" else forest.dur_ns
     check_preorder(parent, depth, offsets, forest.path)
-    return Sequences(forest.symbols, forest.codes[rows], parent.astype(np.int32), depth.astype(np.int32),
+    codes, symbols = _symbols(forest, normalizer)
+    return Sequences(symbols, codes[rows], parent.astype(np.int32), depth.astype(np.int32),
                      dur[rows].astype(np.int64), offsets, rows.astype(np.int64), key.astype(np.int64), checked=True)
 
 
-def serialize_steps(forest: Forest, step_ids: Sequence[int] | np.ndarray | None = None, duration: str = "self") -> Sequences:
+def serialize_steps(forest: Forest, step_ids: Sequence[int] | np.ndarray, duration: str = "self",
+                    normalizer: Normalizer | None = None) -> Sequences:
     """One sequence per step: the step node's subtree in forest row order (its DFS preorder).
 
-    ``step_ids`` are node ids of STEP nodes (``steps.parquet``'s ``step_id``); default: all steps.
+    ``step_ids`` are node ids of STEP nodes (``steps.parquet``'s ``step_id``, :func:`run_step_ids`).
     Any node id works (its subtree is serialized), which is how non-STEP roots are encoded.
     """
-    sid = forest.step_ids() if step_ids is None else np.asarray(step_ids, dtype=np.int64)
+    ids = np.asarray(step_ids, dtype=np.int64)
+    sid = forest.rows_of(ids)
     n = len(forest)
-    if sid.size and (sid.min() < 0 or sid.max() >= n):
-        bad = int(sid[(sid < 0) | (sid >= n)][0])
+    if (sid < 0).any():
+        bad = int(ids[sid < 0][0])
         raise TellerError(f"{forest.path or 'forest'}: node {bad} does not exist (the forest has {n} rows); pick a step_id from steps.parquet")
     size = forest.size[sid]
     offsets = np.zeros(len(sid) + 1, dtype=np.int64)
@@ -317,10 +250,11 @@ def serialize_steps(forest: Forest, step_ids: Sequence[int] | np.ndarray | None 
     parent = forest.parent[rows] - base
     parent[offsets[:-1][size > 0]] = -1
     depth = forest.depth[rows].astype(np.int64) - forest.depth[base]
-    return _pack(forest, rows, offsets, parent, depth, sid, duration)
+    return _pack(forest, rows, offsets, parent, depth, ids, duration, normalizer)
 
 
-def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: str = "self") -> Sequences:
+def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: str = "self",
+                    normalizer: Normalizer | None = None) -> Sequences:
     """One sequence per node set (a slice): nodes in forest row order, each node's parent its
     nearest ancestor inside the set, depth the number of such ancestors."""
     sets = [np.unique(np.asarray(s, dtype=np.int64)) for s in node_sets]
@@ -355,12 +289,13 @@ def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: s
             break
         depth[has] = nd
     keys = np.array([s[0] if s.size else -1 for s in sets], dtype=np.int64)
-    return _pack(forest, rows, offsets, parent, depth, keys, duration)
+    return _pack(forest, rows, offsets, parent, depth, keys, duration, normalizer)
 
 
 def serialize_run(run: str | os.PathLike, step_ids: Sequence[int] | None = None, duration: str = "self", normalizer: Normalizer | None = None) -> Sequences:
     """Every step of a reconstructed run (or the given ones) as a batch."""
-    forest = load_forest(run, normalizer)
-    if step_ids is None and not forest.step_ids().size:
+    forest = Forest.read(run, _READ_COLUMNS)
+    sid = run_step_ids(run) if step_ids is None else step_ids
+    if step_ids is None and not len(sid):
         raise TellerError(f"{run}: the run has no STEP ranges (steps.parquet is empty); serialize chosen subtrees with serialize_steps(forest, node_ids)")
-    return serialize_steps(forest, step_ids, duration)
+    return serialize_steps(forest, sid, duration, normalizer)

@@ -41,9 +41,8 @@ from teller.tpe.serialize import (
     Trace,
     check_preorder,
     dfs_parents,
-    load_forest,
     ranges,
-    serialize_steps,
+    serialize_run,
 )
 
 FORMAT = "teller-tpe"
@@ -270,10 +269,7 @@ class TraceTokenizer:
 
     def encode_run(self, run: str | os.PathLike, step_ids: Sequence[int] | None = None) -> BatchEncoding:
         """Every step of a reconstructed run (or the given step node ids)."""
-        forest = load_forest(run, self.normalizer)
-        if step_ids is None and not forest.step_ids().size:
-            raise TellerError(f"{run}: the run has no STEP ranges (steps.parquet is empty); nothing to encode")
-        return self.encode_batch(serialize_steps(forest, step_ids, self.duration))
+        return self.encode_batch(serialize_run(run, step_ids, self.duration, self.normalizer))
 
     # ---- decoding -----------------------------------------------------------------------------
     def _expand(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

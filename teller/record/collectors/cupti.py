@@ -30,7 +30,6 @@ import ctypes.util
 import functools
 import json
 import os
-import re
 import threading
 import time
 from operator import attrgetter
@@ -40,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from teller.record.clock import ClockMap, take_anchor
-from teller.rundir import FLAG_REPAIRED, FLAG_TRUNCATED
+from teller.rundir import FLAG_REPAIRED, FLAG_TRUNCATED, strip_api_version
 
 # ----------------------------------------------------------------------------------------------
 # constants (values of the CUPTI C enums; the live collector rebuilds them from cupti's enums)
@@ -70,8 +69,6 @@ SYNC_TYPE = {0: "Unknown Synchronize", 1: "Event Synchronize", 2: "Stream Wait E
 MARKER_INSTANT, MARKER_START, MARKER_END = 1, 2, 4
 _U32_NONE = 0xFFFFFFFF
 
-_VERSION_SUFFIX = re.compile(r"_v\d+$")
-
 # Numeric fields pulled per record, in column order (one attrgetter call per record).
 _API_FIELDS = ("cbid", "start", "end", "process_id", "thread_id", "correlation_id", "return_value")
 _KERNEL_FIELDS = ("start", "end", "device_id", "stream_id", "correlation_id", "graph_id",
@@ -87,7 +84,7 @@ _MARKER_FIELDS = ("flags_", "timestamp", "id")
 
 def strip_version(name: str) -> str:
     """``cudaLaunchKernel_v7000`` → ``cudaLaunchKernel`` (one trailing ``_v<digits>``)."""
-    return _VERSION_SUFFIX.sub("", name)
+    return strip_api_version(name)
 
 
 @functools.lru_cache(maxsize=1)
