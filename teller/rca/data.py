@@ -238,8 +238,8 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
 
     ``table`` holds whole step blocks ``[step_id, step_id + size)`` in DFS order, each with its
     ``run_id`` (a dataset's subtrees) or, for one run's forest, ``run_id`` names the run."""
-    from teller.localize.features import family_names
-    from teller.tpe.serialize import forest_from_table, serialize_steps
+    from teller.forest import Forest, family_names
+    from teller.tpe.serialize import serialize_steps
 
     if "run_id" in table.column_names:
         run = table.column("run_id").combine_chunks()
@@ -256,10 +256,12 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
     row = np.arange(len(nid), dtype=np.int64)
     inside = (par >= sid) & (nid != sid) & (sid >= 0)
     gpar = np.where(inside, row - (nid - par), -1)
+    # node ids repeat across runs: the forest is numbered by row (parents as rows)
     t2 = table.set_column(table.column_names.index("parent_id"), "parent_id", pa.array(gpar))
-    forest = forest_from_table(t2, normalizer, path="subtrees")
+    t2 = t2.set_column(t2.column_names.index("node_id"), "node_id", pa.array(row))
+    forest = Forest.from_table(t2, path="subtrees")
     roots = np.flatnonzero((nid == sid) & (sid >= 0))
-    seqs = serialize_steps(forest, roots, "self")
+    seqs = serialize_steps(forest, roots, "self", normalizer)
     # families per row from the distinct (layer, name) pairs
     lay = table.column("layer").combine_chunks()
     nam = table.column("name").combine_chunks()

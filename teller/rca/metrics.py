@@ -1,8 +1,7 @@
 """Metrics of RCA predictions on labelled units (DESIGN.md §11).
 
-The step and operator-set metrics are the project's one implementation, imported here and
-nowhere else in this package: ``teller.evaluate.metrics`` when that module exists, otherwise
-``teller.localize.planted``, where they live today. Fault-type macro-F1 is defined here.
+The step and operator-set metrics are the project's one implementation in
+``teller.evaluate.metrics``, imported here and nowhere else in this package.
 """
 
 from __future__ import annotations
@@ -11,10 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-try:  # the metrics are moving to teller.evaluate.metrics
-    from teller.evaluate.metrics import operator_metrics, step_metrics  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - depends on the tree
-    from teller.localize.planted import operator_metrics, step_metrics
+from teller.evaluate.metrics import operator_metrics, step_metrics
 
 from teller.rca.data import FAULT_TYPES
 
