@@ -8,9 +8,17 @@ contiguous block of forest rows ``[step_id, step_id + size)`` (``size`` is in ``
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from teller.reconstruct.forest import innermost
+from teller.reconstruct.layers import IS_GPU_KIND
+from teller.rundir import LAYER_CODE
 
 STEPS_SCHEMA = pa.schema(
     [
@@ -67,3 +75,225 @@ def steps_tables(cols: dict[str, object]) -> tuple[pa.Table, pa.Table]:
         }
     ).cast(REQUESTS_SCHEMA)
     return steps, requests
+
+
+# ------------------------------------------------------------------------------------------------
+# which rows form a step: the rule (DESIGN.md §5.5)
+
+#: Layers whose nodes are operator instances (a rule under which none falls in a step gives way).
+INSTANCE_LAYERS = ("FE", "BE", "COMM")
+#: Used instead when a run has no FE/BE/COMM node at all (e.g. a CUDA-only trace).
+FALLBACK_LAYERS = ("RT", "DRV")
+#: Host ranges that mark profiler steps in foreign traces (rule 2).
+PROFILER_STEP_RE = r"(?i)^\s*(?:profilerstep\s*#\s*|step\s*[:#_=\s]\s*)(\d+)\s*$"
+#: Default length of a fixed window (rule 3); runs shorter than ten windows get a tenth of their span.
+DEFAULT_WINDOW_NS = 100_000_000
+#: The rules, in the order they are tried (``steps.parquet``'s ``rule`` column).
+RULES = ("STEP ranges", "profiler steps", "fixed windows")
+
+STEP_RULE_COLUMNS = [("step_idx", pa.int64()), ("rule", pa.string())]
+#: ``steps.parquet``: the STEP-range columns, then the step's index and the rule that made it.
+STEPS_FILE_SCHEMA = pa.schema(list(STEPS_SCHEMA) + [pa.field(n, t) for n, t in STEP_RULE_COLUMNS])
+
+
+@dataclass
+class ForestRows:
+    """The forest as reconstruct holds it before writing: per row (preorder) its parent row,
+    subtree size, layer and innermost STEP (``step_id``), and the input event (``event``) whose
+    columns (``kind``, ``name``, ``start``, ``end``, ``lane``: one entry per input event) and
+    thread lane (per-lane ``lane_*`` arrays, ``proc_of_lane``) describe it."""
+
+    parent: np.ndarray
+    size: np.ndarray
+    layer: np.ndarray
+    step_id: np.ndarray
+    event: np.ndarray
+    kind: np.ndarray
+    name: np.ndarray
+    names: pa.Array
+    start: np.ndarray
+    end: np.ndarray
+    lane: np.ndarray
+    lane_node: np.ndarray
+    lane_rank: np.ndarray
+    lane_pid: np.ndarray
+    lane_tid: np.ndarray
+    lane_dev: np.ndarray
+    proc_of_lane: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.parent)
+
+    def lanes_of(self, rows: np.ndarray) -> np.ndarray:
+        return self.lane[self.event[rows]]
+
+    def is_gpu(self, rows: np.ndarray) -> np.ndarray:
+        """GPU activity among ``rows``: kernels, copies, sets, and rows of a device lane (thread -1)."""
+        ln = self.lanes_of(rows)
+        return IS_GPU_KIND[self.kind[self.event[rows]]] | ((self.lane_tid[ln] < 0) & (self.lane_dev[ln] >= 0))
+
+    def names_of(self, rows: np.ndarray) -> pa.Array:
+        return self.names.take(pa.array(self.name[self.event[rows]])) if len(rows) else pa.array([], pa.string())
+
+
+@dataclass
+class Steps:
+    """The steps of a run: ``table`` (``steps.parquet``), the step index of every forest row
+    (``step_idx``, -1 in no step), the rule that made them and what it found."""
+
+    table: pa.Table
+    step_idx: np.ndarray
+    rule: str
+    detail: str
+
+
+def decide_steps(f: ForestRows, step_ranges: pa.Table, window_ns: int | None = None) -> Steps:
+    """Group forest rows into steps by the first rule that applies:
+
+    1. ``STEP ranges``: each STEP node with its subtree (``step_ranges``: the STEP-range table of
+       :func:`steps_tables`, in row order);
+    2. ``profiler steps``: host ranges named like a profiler step (:data:`PROFILER_STEP_RE`:
+       ``ProfilerStep#N``, ``step:N``, ``step N``, ``step_N``), each with its subtree;
+    3. ``fixed windows``: per rank, windows of ``window_ns`` (default :data:`DEFAULT_WINDOW_NS`, a
+       tenth of runs shorter than a second) over the start times of root nodes; a root and its
+       subtree go to the window its start falls in.
+
+    Under rules 1 and 2 a root node of the same process that is in no step (another thread's work:
+    a backward pass, a batching loop) joins the step running at its start, with its subtree. A
+    rule under which no operator instance (an FE/BE/COMM node, else a host RT/DRV call) falls in a
+    step gives way to the next. GPU rows are in their launching call's subtree, so they take its
+    step.
+    """
+    inst = _instances(f)
+    for name, rule in ((RULES[0], _step_ranges), (RULES[1], _profiler_steps)):
+        got = rule(f, step_ranges)
+        if got is None:
+            continue
+        table, step_idx, detail = got
+        attached = _attach_by_time(f, table, step_idx)
+        if not inst.size or (step_idx[inst] >= 0).any():
+            if attached:
+                detail += f"; {attached} root node(s) of other threads joined the step running at their start"
+            return Steps(table, step_idx, name, detail)
+    return _fixed_windows(f, window_ns)
+
+
+def _instances(f: ForestRows) -> np.ndarray:
+    """Rows of operator instances: FE/BE/COMM nodes, else host RT/DRV calls."""
+    codes = [LAYER_CODE[x] for x in INSTANCE_LAYERS]
+    rows = np.flatnonzero(np.isin(f.layer, codes))
+    if not rows.size:
+        rows = np.flatnonzero(np.isin(f.layer, [LAYER_CODE[x] for x in FALLBACK_LAYERS]))
+        rows = rows[~f.is_gpu(rows)]
+    return rows
+
+
+def _with_rule(cols: dict[str, Any], rule: str) -> pa.Table:
+    n = len(cols["step_id"])
+    cols = {**cols, "step_idx": np.arange(n, dtype=np.int64), "rule": pa.array([rule] * n, pa.string())}
+    return pa.table(cols).select(STEPS_FILE_SCHEMA.names).cast(STEPS_FILE_SCHEMA)
+
+
+def _node_steps(f: ForestRows, rows: np.ndarray, step_num: np.ndarray, n_requests: np.ndarray, rule: str) -> pa.Table:
+    """Steps that are forest nodes (rules 1 and 2): one row per node, its subtree the step's block."""
+    ev, ln = f.event[rows], f.lanes_of(rows)
+    return _with_rule({
+        "step_id": rows.astype(np.int64), "step_num": step_num, "node": f.lane_node[ln], "rank": f.lane_rank[ln],
+        "pid": f.lane_pid[ln], "tid": f.lane_tid[ln], "start_ns": f.start[ev], "end_ns": f.end[ev],
+        "name": f.names_of(rows), "n_requests": n_requests, "size": f.size[rows].astype(np.int64),
+    }, rule)
+
+
+def _step_ranges(f: ForestRows, step_ranges: pa.Table) -> tuple[pa.Table, np.ndarray, str] | None:
+    """Rule 1: STEP nodes; a row's step is its innermost enclosing STEP (the ``step_id`` column)."""
+    if not step_ranges.num_rows:
+        return None
+    srows = step_ranges.column("step_id").to_numpy()
+    has = f.step_id >= 0
+    step_idx = np.full(f.n, -1, dtype=f.step_id.dtype)
+    step_idx[has] = np.searchsorted(srows, f.step_id[has])
+    cols = {c: step_ranges.column(c) for c in STEPS_SCHEMA.names}
+    return _with_rule(cols, RULES[0]), step_idx, f"{len(srows)} STEP ranges"
+
+
+def _profiler_steps(f: ForestRows, step_ranges: pa.Table) -> tuple[pa.Table, np.ndarray, str] | None:
+    """Rule 2: host ranges named like profiler steps (the name dictionary is matched once)."""
+    rx = re.compile(PROFILER_STEP_RE)
+    nums = np.array([int(m.group(1)) if (m := rx.match(s or "")) else -1 for s in f.names.to_pylist()] or [-1], dtype=np.int64)
+    if not (nums >= 0).any() or not f.n:
+        return None
+    rows = np.flatnonzero(nums[f.name[f.event]] >= 0)
+    rows = rows[~f.is_gpu(rows)]
+    if not rows.size:
+        return None
+    step_idx = innermost(rows, rows + f.size[rows], f.n)
+    table = _node_steps(f, rows, nums[f.name[f.event[rows]]], np.zeros(len(rows), np.int32), RULES[1])
+    return table, step_idx, f"{len(rows)} host ranges named like profiler steps (no STEP ranges)"
+
+
+def _attach_by_time(f: ForestRows, table: pa.Table, step_idx: np.ndarray) -> int:
+    """Roots of a step's process that are in no step join the step running at their start (the
+    last step of the process to start at or before it, if still open), with their subtrees;
+    ``step_idx`` is updated in place. Returns how many roots joined a step."""
+    roots = np.flatnonzero((f.parent < 0) & (step_idx < 0))
+    roots = roots[~f.is_gpu(roots)]
+    if not roots.size or not table.num_rows:
+        return 0
+    srows = table.column("step_id").to_numpy()
+    s_start, s_end = f.start[f.event[srows]], f.end[f.event[srows]]
+    proc_s = f.proc_of_lane[f.lanes_of(srows)]
+    proc_r = f.proc_of_lane[f.lanes_of(roots)]
+    t = f.start[f.event[roots]]
+    got = np.full(len(roots), -1, np.int64)
+    for p in np.unique(proc_r).tolist():  # processes: a handful
+        sidx = np.flatnonzero(proc_s == p)
+        if not sidx.size:
+            continue
+        sidx = sidx[np.argsort(s_start[sidx], kind="stable")]
+        ridx = np.flatnonzero(proc_r == p)
+        j = np.searchsorted(s_start[sidx], t[ridx], side="right") - 1
+        ok = (j >= 0) & (t[ridx] < s_end[sidx[np.maximum(j, 0)]])
+        got[ridx[ok]] = sidx[j[ok]]
+    sel = got >= 0
+    if not sel.any():
+        return 0
+    # the roots' subtrees are disjoint blocks [root, root + size): paint the rows still in no step
+    r, g = roots[sel].astype(np.int64), got[sel] + 1
+    paint = np.zeros(f.n + 1, np.int64)
+    paint[r] = g
+    np.subtract.at(paint, r + f.size[r].astype(np.int64), g)
+    paint = np.cumsum(paint[: f.n])
+    fill = (step_idx < 0) & (paint > 0)
+    step_idx[fill] = paint[fill] - 1
+    return int(sel.sum())
+
+
+def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
+    """Rule 3: per rank, fixed time windows over root start times."""
+    n = f.n
+    roots = np.flatnonzero(f.parent < 0)
+    if not roots.size:
+        return Steps(_with_rule({c: [] for c in STEPS_SCHEMA.names}, RULES[2]), np.full(n, -1, np.int64), RULES[2], "empty forest")
+    r_start = f.start[f.event[roots]]
+    t0 = int(r_start.min())
+    span = int(f.end[f.event].max()) - t0
+    if window_ns is None:
+        window_ns = DEFAULT_WINDOW_NS if span >= 10 * DEFAULT_WINDOW_NS else max(span // 10, 1)
+    window_ns = max(int(window_ns), 1)
+    w = (r_start - t0) // window_ns
+    r_lane = f.lanes_of(roots)
+    keys = np.stack([f.lane_rank[r_lane].astype(np.int64), w])
+    uniq, first, inv = np.unique(keys, axis=1, return_index=True, return_inverse=True)
+    k = uniq.shape[1]
+    # every row lies in exactly one root's block: the root of row i is the last root at or before i
+    root_k = np.cumsum(np.bincount(roots, minlength=n)[:n]) - 1
+    step_idx = inv.reshape(-1)[root_k]
+    starts = t0 + uniq[1] * window_ns
+    table = _with_rule({
+        "step_id": np.full(k, -1, np.int64), "step_num": uniq[1], "node": f.lane_node[r_lane[first]],
+        "rank": uniq[0], "pid": np.full(k, -1, np.int64), "tid": np.full(k, -1, np.int64),
+        "start_ns": starts, "end_ns": starts + window_ns, "name": [f"window {int(x)}" for x in uniq[1]],
+        "n_requests": np.zeros(k, np.int32), "size": np.bincount(step_idx, minlength=k).astype(np.int64),
+    }, RULES[2])
+    return Steps(table, step_idx, RULES[2], f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time")
