@@ -170,3 +170,20 @@ def test_same_steps_as_the_numeric_stage(tmp_path, src):
             np.testing.assert_array_equal(steps.column(mine).to_numpy(), theirs, err_msg=mine)
         assert steps.column("name").to_pylist() == st.names
         assert steps.column("step_idx").to_pylist() == list(range(st.n))
+
+
+def test_step_idx_is_the_same_when_written_in_small_chunks(tmp_path, monkeypatch):
+    """Under STEP ranges the index is looked up per written chunk; blocks that joined by time
+    may straddle chunk boundaries."""
+    import teller.reconstruct as R
+
+    rows = [rng("STEP id=1", 0, 100), rng("FE fwd", 10, 20), rng("STEP id=2", 200, 300), rng("FE fwd2", 210, 220)]
+    for tid, t0 in ((2, 50), (3, 250)):
+        rows += [rng(f"BE bw{tid}", t0, t0 + 30, tid=tid)] + [rng(f"BE c{tid}_{i}", t0 + i, t0 + i + 1, tid=tid) for i in range(5)]
+    _, whole, _ = run_and_read(tmp_path / "a", rows)
+    monkeypatch.setattr(R, "CHUNK_ROWS", 3)
+    _, chunked, rd = run_and_read(tmp_path / "b", rows)
+    assert rd.read_table("forest").num_rows == 16 and len(rd.read_table("forest").to_batches()) > 4
+    assert [r["step_idx"] for r in chunked] == [r["step_idx"] for r in whole]
+    idx = _idx(whole)
+    assert idx["bw2"] == idx["c2_4"] == 0 and idx["bw3"] == idx["c3_0"] == 1 and idx["fwd2"] == 1

@@ -345,7 +345,7 @@ class Named:
     """Layer and output name of every event, decided on the name dictionary (:mod:`.layers`)."""
 
     rules: L.NameRules
-    layer: np.ndarray  # int8 code into LAYERS, per event
+    layer: np.ndarray | None  # int8 code into LAYERS, per event (consumed by the preorder phase)
     name: np.ndarray  # int32 code into rules.names, per event
     step_ev: np.ndarray  # STEP events, ascending
     step_name_in: np.ndarray  # their input name codes (for step numbers and request lists)
@@ -508,7 +508,8 @@ def preorder_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> Lay
     size[hpos] = lay["hsize"]
     step[hpos], step[gpos] = lay["hstep"], lay["gstep"]
     del lay, hpos, gpos, hs, gpu_ev
-    return Layout(event, parent, depth, size, step, named.layer[event])
+    layer, named.layer = named.layer[event], None  # consumed: rows carry their layer from here on
+    return Layout(event, parent, depth, size, step, layer)
 
 
 @dataclass
@@ -589,7 +590,7 @@ def write_forest(ev: Events, named: Named, lay: Layout, bound: Bound, pay: Paylo
     kind_dict = pa.array(KINDS)
     names = named.rules.names
     fin_in, layer_fin, par_fin, depth, size, step = lay.event, lay.layer, lay.parent, lay.depth, lay.size, lay.step
-    graph, nbytes, args, step_idx = pay.graph, pay.nbytes, pay.args, steps.step_idx
+    graph, nbytes, args = pay.graph, pay.nbytes, pay.args
 
     def used_names(codes: np.ndarray) -> pa.DictionaryArray:
         """The chunk's names with a dictionary of the entries it uses: Parquet stores the
@@ -619,7 +620,7 @@ def write_forest(ev: Events, named: Named, lay: Layout, bound: Bound, pay: Paylo
             "stream": pa.array(lane_stream[ln]),
             "corr_id": pa.array(corr[ii].astype(np.int64)),
             "step_id": pa.array(step[a:b].astype(np.int64)),
-            "step_idx": pa.array(step_idx[a:b].astype(np.int64)),
+            "step_idx": pa.array(steps.step_idx(step[a:b], a)),
             "flags": pa.array(flags[ii]),
             "depth": pa.array(depth[a:b].astype(np.int32)),
             "size": pa.array(size[a:b].astype(np.int64)),

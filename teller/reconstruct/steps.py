@@ -9,7 +9,7 @@ contiguous block of forest rows ``[step_id, step_id + size)`` (``size`` is in ``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -139,13 +139,51 @@ class ForestRows:
 
 @dataclass
 class Steps:
-    """The steps of a run: ``table`` (``steps.parquet``), the step index of every forest row
-    (``step_idx``, -1 in no step), the rule that made them and what it found."""
+    """The steps of a run: ``table`` (``steps.parquet``), the rule that made them and what it
+    found, and the step index of every forest row (:meth:`step_idx`, -1 in no step).
+
+    Under rule 1 a row's step follows from its ``step_id`` (the innermost STEP node), so no
+    per-row array is kept: ``row_idx`` is None and the index is looked up per written chunk;
+    ``joined`` lists the root blocks ``[first, stop)`` that joined a step by time, with the step."""
 
     table: pa.Table
-    step_idx: np.ndarray
     rule: str
     detail: str
+    row_idx: np.ndarray | None = None
+    joined: tuple[np.ndarray, np.ndarray, np.ndarray] = field(default_factory=lambda: (_EMPTY, _EMPTY, _EMPTY))
+
+    @property
+    def n(self) -> int:
+        return self.table.num_rows
+
+    def step_idx(self, step_id: np.ndarray, a: int = 0) -> np.ndarray:
+        """Step index of the forest rows ``a, a + 1, ...`` whose ``step_id`` column is given."""
+        if self.row_idx is not None:
+            return self.row_idx[a : a + len(step_id)].astype(np.int64)
+        out = _index_of_steps(self.table.column("step_id").to_numpy(), step_id)
+        first, stop, idx = self.joined
+        if first.size:  # paint the joined blocks overlapping [a, b) where the row is in no STEP
+            b = a + len(step_id)
+            lo, hi = np.searchsorted(stop, a, side="right"), np.searchsorted(first, b)
+            if lo < hi:
+                paint = np.zeros(len(step_id) + 1, np.int64)
+                s, e, g = np.maximum(first[lo:hi], a) - a, np.minimum(stop[lo:hi], b) - a, idx[lo:hi] + 1
+                np.add.at(paint, s, g)
+                np.subtract.at(paint, e, g)
+                paint = np.cumsum(paint[:-1])
+                fill = (out < 0) & (paint > 0)
+                out[fill] = paint[fill] - 1
+        return out
+
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+def _index_of_steps(srows: np.ndarray, step_id: np.ndarray) -> np.ndarray:
+    """Index into ``srows`` (ascending node ids) of each ``step_id`` (-1 stays -1)."""
+    out = np.searchsorted(srows, step_id).astype(np.int64)
+    out[step_id < 0] = -1
+    return out
 
 
 def decide_steps(f: ForestRows, step_ranges: pa.Table, window_ns: int | None = None) -> Steps:
@@ -166,17 +204,28 @@ def decide_steps(f: ForestRows, step_ranges: pa.Table, window_ns: int | None = N
     step.
     """
     inst = _instances(f)
-    for name, rule in ((RULES[0], _step_ranges), (RULES[1], _profiler_steps)):
-        got = rule(f, step_ranges)
-        if got is None:
+    for st in (_step_ranges(f, step_ranges), _profiler_steps(f)):
+        if st is None:
             continue
-        table, step_idx, detail = got
-        attached = _attach_by_time(f, table, step_idx)
-        if not inst.size or (step_idx[inst] >= 0).any():
+        attached = _attach_by_time(f, st)
+        if not inst.size or _holds_any(f, st, inst):
             if attached:
-                detail += f"; {attached} root node(s) of other threads joined the step running at their start"
-            return Steps(table, step_idx, name, detail)
+                st.detail += f"; {attached} root node(s) of other threads joined the step running at their start"
+            return st
     return _fixed_windows(f, window_ns)
+
+
+def _holds_any(f: ForestRows, st: Steps, rows: np.ndarray) -> bool:
+    """Whether any of ``rows`` (ascending) is in a step."""
+    if st.row_idx is not None:
+        return bool((st.row_idx[rows] >= 0).any())
+    if (f.step_id[rows] >= 0).any():
+        return True
+    first, stop, _ = st.joined
+    if not first.size:
+        return False
+    j = np.searchsorted(first, rows, side="right") - 1
+    return bool(((j >= 0) & (rows < stop[np.maximum(j, 0)])).any())
 
 
 def _instances(f: ForestRows) -> np.ndarray:
@@ -195,29 +244,15 @@ def _with_rule(cols: dict[str, Any], rule: str) -> pa.Table:
     return pa.table(cols).select(STEPS_FILE_SCHEMA.names).cast(STEPS_FILE_SCHEMA)
 
 
-def _node_steps(f: ForestRows, rows: np.ndarray, step_num: np.ndarray, n_requests: np.ndarray, rule: str) -> pa.Table:
-    """Steps that are forest nodes (rules 1 and 2): one row per node, its subtree the step's block."""
-    ev, ln = f.event[rows], f.lanes_of(rows)
-    return _with_rule({
-        "step_id": rows.astype(np.int64), "step_num": step_num, "node": f.lane_node[ln], "rank": f.lane_rank[ln],
-        "pid": f.lane_pid[ln], "tid": f.lane_tid[ln], "start_ns": f.start[ev], "end_ns": f.end[ev],
-        "name": f.names_of(rows), "n_requests": n_requests, "size": f.size[rows].astype(np.int64),
-    }, rule)
-
-
-def _step_ranges(f: ForestRows, step_ranges: pa.Table) -> tuple[pa.Table, np.ndarray, str] | None:
+def _step_ranges(f: ForestRows, step_ranges: pa.Table) -> Steps | None:
     """Rule 1: STEP nodes; a row's step is its innermost enclosing STEP (the ``step_id`` column)."""
     if not step_ranges.num_rows:
         return None
-    srows = step_ranges.column("step_id").to_numpy()
-    has = f.step_id >= 0
-    step_idx = np.full(f.n, -1, dtype=f.step_id.dtype)
-    step_idx[has] = np.searchsorted(srows, f.step_id[has])
     cols = {c: step_ranges.column(c) for c in STEPS_SCHEMA.names}
-    return _with_rule(cols, RULES[0]), step_idx, f"{len(srows)} STEP ranges"
+    return Steps(_with_rule(cols, RULES[0]), RULES[0], f"{step_ranges.num_rows} STEP ranges")
 
 
-def _profiler_steps(f: ForestRows, step_ranges: pa.Table) -> tuple[pa.Table, np.ndarray, str] | None:
+def _profiler_steps(f: ForestRows) -> Steps | None:
     """Rule 2: host ranges named like profiler steps (the name dictionary is matched once)."""
     rx = re.compile(PROFILER_STEP_RE)
     nums = np.array([int(m.group(1)) if (m := rx.match(s or "")) else -1 for s in f.names.to_pylist()] or [-1], dtype=np.int64)
@@ -227,20 +262,27 @@ def _profiler_steps(f: ForestRows, step_ranges: pa.Table) -> tuple[pa.Table, np.
     rows = rows[~f.is_gpu(rows)]
     if not rows.size:
         return None
-    step_idx = innermost(rows, rows + f.size[rows], f.n)
-    table = _node_steps(f, rows, nums[f.name[f.event[rows]]], np.zeros(len(rows), np.int32), RULES[1])
-    return table, step_idx, f"{len(rows)} host ranges named like profiler steps (no STEP ranges)"
+    ev, ln = f.event[rows], f.lanes_of(rows)
+    table = _with_rule({
+        "step_id": rows.astype(np.int64), "step_num": nums[f.name[ev]], "node": f.lane_node[ln], "rank": f.lane_rank[ln],
+        "pid": f.lane_pid[ln], "tid": f.lane_tid[ln], "start_ns": f.start[ev], "end_ns": f.end[ev], "name": f.names_of(rows),
+        "n_requests": np.zeros(len(rows), np.int32), "size": f.size[rows].astype(np.int64),
+    }, RULES[1])
+    row_idx = innermost(rows, rows + f.size[rows], f.n)
+    return Steps(table, RULES[1], f"{len(rows)} host ranges named like profiler steps (no STEP ranges)", row_idx)
 
 
-def _attach_by_time(f: ForestRows, table: pa.Table, step_idx: np.ndarray) -> int:
+def _attach_by_time(f: ForestRows, st: Steps) -> int:
     """Roots of a step's process that are in no step join the step running at their start (the
-    last step of the process to start at or before it, if still open), with their subtrees;
-    ``step_idx`` is updated in place. Returns how many roots joined a step."""
-    roots = np.flatnonzero((f.parent < 0) & (step_idx < 0))
+    last step of the process to start at or before it, if still open), with their subtrees: the
+    blocks go into ``st.joined`` (and ``st.row_idx`` when there is one). Returns how many joined."""
+    roots = np.flatnonzero(f.parent < 0)
+    in_step = f.step_id[roots] >= 0 if st.row_idx is None else st.row_idx[roots] >= 0
+    roots = roots[~in_step]
     roots = roots[~f.is_gpu(roots)]
-    if not roots.size or not table.num_rows:
+    if not roots.size or not st.n:
         return 0
-    srows = table.column("step_id").to_numpy()
+    srows = st.table.column("step_id").to_numpy()
     s_start, s_end = f.start[f.event[srows]], f.end[f.event[srows]]
     proc_s = f.proc_of_lane[f.lanes_of(srows)]
     proc_r = f.proc_of_lane[f.lanes_of(roots)]
@@ -258,15 +300,24 @@ def _attach_by_time(f: ForestRows, table: pa.Table, step_idx: np.ndarray) -> int
     sel = got >= 0
     if not sel.any():
         return 0
-    # the roots' subtrees are disjoint blocks [root, root + size): paint the rows still in no step
-    r, g = roots[sel].astype(np.int64), got[sel] + 1
-    paint = np.zeros(f.n + 1, np.int64)
-    paint[r] = g
-    np.subtract.at(paint, r + f.size[r].astype(np.int64), g)
-    paint = np.cumsum(paint[: f.n])
-    fill = (step_idx < 0) & (paint > 0)
-    step_idx[fill] = paint[fill] - 1
+    # roots' subtrees are disjoint blocks [root, root + size), in row order
+    first = roots[sel].astype(np.int64)
+    st.joined = (first, first + f.size[first].astype(np.int64), got[sel])
+    if st.row_idx is not None:
+        st.row_idx = _paint(st.row_idx, st.joined)
     return int(sel.sum())
+
+
+def _paint(row_idx: np.ndarray, joined: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """``row_idx`` with the rows of the joined blocks that are in no step given the block's step."""
+    first, stop, idx = joined
+    paint = np.zeros(len(row_idx) + 1, np.int64)
+    paint[first] = idx + 1
+    np.subtract.at(paint, stop, idx + 1)
+    paint = np.cumsum(paint[:-1])
+    fill = (row_idx < 0) & (paint > 0)
+    row_idx[fill] = paint[fill] - 1
+    return row_idx
 
 
 def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
@@ -274,7 +325,7 @@ def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
     n = f.n
     roots = np.flatnonzero(f.parent < 0)
     if not roots.size:
-        return Steps(_with_rule({c: [] for c in STEPS_SCHEMA.names}, RULES[2]), np.full(n, -1, np.int64), RULES[2], "empty forest")
+        return Steps(_with_rule({c: [] for c in STEPS_SCHEMA.names}, RULES[2]), RULES[2], "empty forest", np.full(n, -1, np.int64))
     r_start = f.start[f.event[roots]]
     t0 = int(r_start.min())
     span = int(f.end[f.event].max()) - t0
@@ -296,4 +347,4 @@ def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
         "start_ns": starts, "end_ns": starts + window_ns, "name": [f"window {int(x)}" for x in uniq[1]],
         "n_requests": np.zeros(k, np.int32), "size": np.bincount(step_idx, minlength=k).astype(np.int64),
     }, RULES[2])
-    return Steps(table, step_idx, RULES[2], f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time")
+    return Steps(table, RULES[2], f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time", step_idx)
