@@ -1,4 +1,5 @@
-"""Cross-layer reconstruction (DESIGN.md §4–5): events → call forest, steps, requests, comm edges.
+"""Cross-layer reconstruction (docs/design.md, "Reconstruction"): events → call forest, steps,
+requests, comm edges.
 
 ``reconstruct(RUN)`` reads ``RUN/events/*.parquet`` and writes
 
@@ -6,18 +7,22 @@
   every subtree a contiguous block ``[node_id, node_id + size)``; see :mod:`.forest` for the
   order of roots and siblings). Columns: node_id, parent_id (-1 root), layer, name, start_ns,
   end_ns, node, rank, pid, tid, device, stream, corr_id, step_id (innermost enclosing STEP, -1
-  none; GPU nodes take their launching call's), flags, depth, size, kind, graph_id, bytes, args.
-- ``steps.parquet``, ``requests.parquet`` (:mod:`.steps`), ``comm_edges.parquet`` (:mod:`.comm`),
+  none; GPU nodes take their launching call's), step_idx (the row's step in ``steps.parquet``,
+  -1 none), flags, depth, size, kind, graph_id, bytes, args.
+- ``steps.parquet`` (the steps of the first rule that applies: STEP ranges, profiler steps or
+  fixed windows; :func:`.steps.decide_steps`), ``requests.parquet`` (:mod:`.steps`),
+  ``comm_edges.parquet`` (:mod:`.comm`),
 - ``reconstruct.json``: the returned summary: ``events_in``, ``nodes``, ``pops_consumed``,
   ``repaired_pops_without_push`` and ``reconciled`` (events in = nodes + pops consumed + pops
   without a push); flag counts (``truncated``, ``repaired`` with its causes, ``unbound``,
   ``duplicate``); ``gpu_activity``/``gpu_bound``/``binding_coverage`` (share of kernel, memcpy and
-  memset nodes bound to a host call); ``steps``, ``requests``, ``comm_edges``; per-layer counts;
-  CPU seconds per phase.
+  memset nodes bound to a host call); ``steps``, ``steps_rule``, ``steps_detail``, ``requests``,
+  ``comm_edges``; per-layer counts; CPU seconds per phase (``timings``).
 
-Events in = nodes + pops consumed by pairing + pops without a push (dropped and counted).
-Every step is a vectorized numpy/Arrow pass; Python loops run over threads, files and row groups,
-pointer-jumping rounds and output chunks only.
+The phases (load, pair, layers, nest, bind, preorder, comm, steps, write) are the functions below,
+in that order, each documented as a paragraph of docs/design.md. Every step is a vectorized
+numpy/Arrow pass; Python loops run over threads, files and row groups, pointer-jumping rounds and
+output chunks only.
 """
 
 from __future__ import annotations
@@ -383,23 +388,25 @@ def nest_threads(ev: Events) -> Nested:
     """Host events (everything but GPU activity and pops) are sorted per thread by (start, end
     descending, kind rank, input order) and nested by :func:`.forest.nest`: the parent is the
     innermost open event; children sticking out of their parent are clipped to it (FLAG_REPAIRED)."""
-    gpu = L.IS_GPU_KIND[ev.kind] | ((ev.kind == _SYNC) & (ev.lane_tid[ev.lane] < 0))
-    host = np.flatnonzero(~gpu & ~ev.is_pop).astype(ev.it)
-    ev.is_pop = None  # consumed
-    gpu_ev = np.flatnonzero(gpu).astype(ev.it)
-    del gpu
+    host, gpu_ev = _host_and_gpu(ev)
     hs = _thread_order(ev, host)
-    del host
+    del host  # before the nesting's own arrays
     first = segment_starts(ev.lane[hs])
     hstart = ev.start[hs]
     hleaf = L.IS_LEAF_KIND[ev.kind[hs]]
     parent, e_eff, clipped, rounds = nest(first, hstart, ev.end[hs], hleaf)
     stop = extent(first, hstart, e_eff, hleaf)
-    del first, hstart, hleaf
     ev.end[hs] = e_eff
-    del e_eff
     ev.flags[hs[clipped]] |= FLAG_REPAIRED
     return Nested(hs, gpu_ev, parent, stop, int(clipped.sum()), rounds)
+
+
+def _host_and_gpu(ev: Events) -> tuple[np.ndarray, np.ndarray]:
+    """Host events (neither GPU activity nor pops) and GPU events; consumes ``ev.is_pop``."""
+    gpu = L.IS_GPU_KIND[ev.kind] | ((ev.kind == _SYNC) & (ev.lane_tid[ev.lane] < 0))
+    host = np.flatnonzero(~gpu & ~ev.is_pop).astype(ev.it)
+    ev.is_pop = None  # consumed
+    return host, np.flatnonzero(gpu).astype(ev.it)
 
 
 def _thread_order(ev: Events, host: np.ndarray) -> np.ndarray:
@@ -491,6 +498,14 @@ def preorder_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> Lay
     """Rows in depth-first preorder (:func:`.forest.preorder`): roots by thread, then start; a
     node's host children in start order, then the GPU activity it launched. Every subtree is the
     block ``[row, row + size)``; depth, size and the innermost STEP come from counting."""
+    event, parent, depth, size, step = _place_rows(ev, named, nested, bound)
+    layer, named.layer = named.layer[event], None  # consumed: rows carry their layer from here on
+    return Layout(event, parent, depth, size, step, layer)
+
+
+def _place_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> tuple[np.ndarray, ...]:
+    """Per row: input event, parent row, depth, size, innermost STEP; consumes the nesting and
+    binding arrays."""
     hs, gpu_ev = nested.hs, nested.gpu_ev
     lay = preorder(nested.stop, nested.parent, named.layer[hs] == L.STEP, bound.launch, ev.lane[gpu_ev], ev.start[gpu_ev])
     nested.hs = nested.gpu_ev = nested.parent = nested.stop = bound.launch = None  # consumed
@@ -507,9 +522,7 @@ def preorder_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> Lay
     depth[hpos], depth[gpos] = lay["hdepth"], lay["gdepth"]
     size[hpos] = lay["hsize"]
     step[hpos], step[gpos] = lay["hstep"], lay["gstep"]
-    del lay, hpos, gpos, hs, gpu_ev
-    layer, named.layer = named.layer[event], None  # consumed: rows carry their layer from here on
-    return Layout(event, parent, depth, size, step, layer)
+    return event, parent, depth, size, step
 
 
 @dataclass

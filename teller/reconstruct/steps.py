@@ -1,9 +1,14 @@
-"""STEP rows and the request → step index (DESIGN.md §5.5).
+"""Steps (docs/design.md, "Reconstruction", phase 8): STEP rows, the request → step index, and
+the rule that decides which rows form a step.
 
 A STEP node's message names its step number and request set Q(s) (``STEP id=12 reqs=req_0,req_3``).
 The per-request tree C_q(s) is not copied: ``requests.parquet`` maps (request, step) to the
 step's node id, and because the forest is a depth-first preorder the step's whole subtree is the
 contiguous block of forest rows ``[step_id, step_id + size)`` (``size`` is in ``steps.parquet``).
+
+Runs without STEP ranges still have steps: :func:`decide_steps` takes the first rule that applies
+(STEP ranges, profiler steps, fixed windows), writes it into ``steps.parquet`` (``rule``) and gives
+every forest row its step (``step_idx``), so every later stage reads the same steps.
 """
 
 from __future__ import annotations

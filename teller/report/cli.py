@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         for r in reference:
-            ensure_reconstructed(r, lambda m: err.print(f"[yellow]note[/]: {m}"))
+            ensure_reconstructed(r, lambda m: err.print(f"[yellow]note[/]: {m}"), _window_ns(window_ms))
         est = fit_localizer(list(reference), window_ns=_window_ns(window_ms), max_components=max_components, tail=tail)
         out.parent.mkdir(parents=True, exist_ok=True)
         est.save(out)

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from teller import __version__
 from teller.localize import GMMLocalizer, Localization, evidence, load_or_fit, localize
 from teller.localize.features import RunFeatures, run_features
+from teller.reconstruct import reconstruct
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
@@ -47,15 +49,21 @@ FORMAT = "teller.diagnosis"
 FORMAT_VERSION = 1
 
 
-def ensure_reconstructed(run: str | os.PathLike, note: Any = None) -> Path:
-    """Reconstruct ``run`` first when it has events but no forest yet (``note`` is told so)."""
-    rd = RunDir(run).require()
-    if not rd.has_table("forest"):
-        from teller.reconstruct import reconstruct
+def ensure_reconstructed(run: str | os.PathLike, note: Any = None, window_ns: int | None = None) -> Path:
+    """The directory of ``run``, reconstructed first when it has no forest yet, or one written
+    before reconstruction decided the steps (no ``step_idx`` column); ``note`` is told so.
 
+    Reconstruction is the public call behind ``teller reconstruct RUN`` (with ``window_ns`` for
+    the fixed-window steps), made once per run: a run already reconstructed is used as it is, so
+    its steps are those ``teller reconstruct`` decided (re-run it to change them)."""
+    rd = RunDir(run).require()
+    forest = rd.path / "forest.parquet"
+    stale = forest.is_file() and "step_idx" not in pq.read_schema(forest).names
+    if not forest.is_file() or stale or not rd.has_table("steps"):
         if note is not None:
-            note(f"{rd.path}: no forest.parquet yet; running `teller reconstruct {rd.path}` first")
-        reconstruct(rd.path)
+            why = "its forest.parquet predates steps decided in reconstruction" if stale else "no forest.parquet yet"
+            note(f"{rd.path}: {why}; running `teller reconstruct {rd.path}` first")
+        reconstruct(rd.path, window_ns=window_ns)
     return rd.path
 
 
@@ -193,6 +201,9 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
              params: dict[str, Any] | None = None, note: Any = None) -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
 
+    ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
+    not reconstructed yet is reconstructed here, once, through the same public call
+    (:func:`ensure_reconstructed`), so its steps are decided by the same rule either way.
     Returns the diagnosis dict with ``"paths"`` added (the files written)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -200,9 +211,9 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
         from teller.localize import no_reference_error
 
         raise no_reference_error(run)
-    run = ensure_reconstructed(run, note)
+    run = ensure_reconstructed(run, note, window_ns)
     for r in reference or []:
-        ensure_reconstructed(r, note)
+        ensure_reconstructed(r, note, window_ns)
     est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, **(params or {}))
     t_fit = time.perf_counter() - t0
     layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
