@@ -14,6 +14,7 @@ every forest row its step (``step_idx``), so every later stage reads the same st
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,39 +209,63 @@ def decide_steps(f: ForestRows, step_ranges: pa.Table, window_ns: int | None = N
     step gives way to the next. GPU rows are in their launching call's subtree, so they take its
     step.
     """
-    inst = _instances(f)
-    for st in (_step_ranges(f, step_ranges), _profiler_steps(f)):
+    inst = _InstanceRule(f)
+    for rule in (lambda: _step_ranges(f, step_ranges), lambda: _profiler_steps(f)):  # tried lazily
+        st = rule()
         if st is None:
             continue
         attached = _attach_by_time(f, st)
-        if not inst.size or _holds_any(f, st, inst):
+        if not inst.any or any(inst.in_blocks(a, b) for a, b in _blocks(f, st)):
             if attached:
                 st.detail += f"; {attached} root node(s) of other threads joined the step running at their start"
             return st
     return _fixed_windows(f, window_ns)
 
 
-def _holds_any(f: ForestRows, st: Steps, rows: np.ndarray) -> bool:
-    """Whether any of ``rows`` (ascending) is in a step."""
-    if st.row_idx is not None:
-        return bool((st.row_idx[rows] >= 0).any())
-    if (f.step_id[rows] >= 0).any():
-        return True
-    first, stop, _ = st.joined
-    if not first.size:
-        return False
-    j = np.searchsorted(first, rows, side="right") - 1
-    return bool(((j >= 0) & (rows < stop[np.maximum(j, 0)])).any())
+_INSTANCE_CODES = [LAYER_CODE[x] for x in INSTANCE_LAYERS]
+_FALLBACK_CODES = [LAYER_CODE[x] for x in FALLBACK_LAYERS]
 
 
-def _instances(f: ForestRows) -> np.ndarray:
-    """Rows of operator instances: FE/BE/COMM nodes, else host RT/DRV calls."""
-    codes = [LAYER_CODE[x] for x in INSTANCE_LAYERS]
-    rows = np.flatnonzero(np.isin(f.layer, codes))
-    if not rows.size:
-        rows = np.flatnonzero(np.isin(f.layer, [LAYER_CODE[x] for x in FALLBACK_LAYERS]))
-        rows = rows[~f.is_gpu(rows)]
-    return rows
+def _in_layers(layer: np.ndarray, codes: list[int]) -> np.ndarray:
+    m = layer == codes[0]
+    for c in codes[1:]:
+        m |= layer == c
+    return m
+
+
+class _InstanceRule:
+    """Which rows are operator instances: FE/BE/COMM nodes, else (a run without any) host RT/DRV
+    calls. Asked per block of rows, so a step that holds one is found without a pass over all."""
+
+    def __init__(self, f: ForestRows):
+        self.f = f
+        self.fallback = not _in_layers(f.layer, _INSTANCE_CODES).any()
+        self.codes = _FALLBACK_CODES if self.fallback else _INSTANCE_CODES
+        self.any = bool(self.mask(0, f.n).any()) if self.fallback else True
+
+    def mask(self, a: int, b: int) -> np.ndarray:
+        m = _in_layers(self.f.layer[a:b], self.codes)
+        if self.fallback and m.any():
+            rows = np.flatnonzero(m) + a
+            m[rows[self.f.is_gpu(rows)] - a] = False
+        return m
+
+    def in_blocks(self, first: np.ndarray, stop: np.ndarray, probe: int = 64) -> bool:
+        """Whether an instance lies in any block ``[first, stop)``."""
+        for a, b in zip(first[:probe].tolist(), stop[:probe].tolist(), strict=True):  # usually the first
+            if self.mask(a, b).any():
+                return True
+        if len(first) <= probe:
+            return False
+        count = np.concatenate([[0], np.cumsum(self.mask(0, self.f.n), dtype=np.int64)])
+        return bool((count[stop[probe:]] > count[first[probe:]]).any())
+
+
+def _blocks(f: ForestRows, st: Steps) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The row blocks of the steps' nodes, then of the roots that joined them by time."""
+    srows = st.table.column("step_id").combine_chunks().to_numpy().astype(np.int64)
+    yield srows, srows + f.size[srows]
+    yield st.joined[0], st.joined[1]
 
 
 def _with_rule(cols: dict[str, Any], rule: str) -> pa.Table:
