@@ -166,20 +166,7 @@ class Steps:
         """Step index of the forest rows ``a, a + 1, ...`` whose ``step_id`` column is given."""
         if self.row_idx is not None:
             return self.row_idx[a : a + len(step_id)].astype(np.int64)
-        out = _index_of_steps(self.table.column("step_id").to_numpy(), step_id)
-        first, stop, idx = self.joined
-        if first.size:  # paint the joined blocks overlapping [a, b) where the row is in no STEP
-            b = a + len(step_id)
-            lo, hi = np.searchsorted(stop, a, side="right"), np.searchsorted(first, b)
-            if lo < hi:
-                paint = np.zeros(len(step_id) + 1, np.int64)
-                s, e, g = np.maximum(first[lo:hi], a) - a, np.minimum(stop[lo:hi], b) - a, idx[lo:hi] + 1
-                np.add.at(paint, s, g)
-                np.subtract.at(paint, e, g)
-                paint = np.cumsum(paint[:-1])
-                fill = (out < 0) & (paint > 0)
-                out[fill] = paint[fill] - 1
-        return out
+        return _paint(_index_of_steps(self.table.column("step_id").to_numpy(), step_id), self.joined, a)
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -338,12 +325,18 @@ def _attach_by_time(f: ForestRows, st: Steps) -> int:
     return int(sel.sum())
 
 
-def _paint(row_idx: np.ndarray, joined: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """``row_idx`` with the rows of the joined blocks that are in no step given the block's step."""
+def _paint(row_idx: np.ndarray, joined: tuple[np.ndarray, np.ndarray, np.ndarray], a: int = 0) -> np.ndarray:
+    """``row_idx`` (the step index of forest rows ``a, a + 1, ...``) where a row is in no step:
+    the step of the joined block ``[first, stop)`` holding it (blocks disjoint, in row order)."""
     first, stop, idx = joined
+    b = a + len(row_idx)
+    lo, hi = np.searchsorted(stop, a, side="right"), np.searchsorted(first, b)
+    if lo >= hi:
+        return row_idx
     paint = np.zeros(len(row_idx) + 1, np.int64)
-    paint[first] = idx + 1
-    np.subtract.at(paint, stop, idx + 1)
+    g = idx[lo:hi] + 1
+    np.add.at(paint, np.maximum(first[lo:hi], a) - a, g)
+    np.subtract.at(paint, np.minimum(stop[lo:hi], b) - a, g)
     paint = np.cumsum(paint[:-1])
     fill = (row_idx < 0) & (paint > 0)
     row_idx[fill] = paint[fill] - 1
