@@ -44,8 +44,8 @@ def reconstruct(
     """Rebuild call-chain trees: forest.parquet, steps.parquet, requests.parquet, comm_edges.parquet, log_alignment.parquet."""
     from teller.reconstruct import reconstruct as do_reconstruct
 
-    window_ns = None if window_ms is None else max(int(window_ms * 1e6), 1)
-    summary = do_reconstruct(run, step_patterns=step_pattern or None, window_ns=window_ns)
+    window = {} if window_ms is None else {"window_ns": max(int(window_ms * 1e6), 1)}
+    summary = do_reconstruct(run, step_patterns=step_pattern or None, **window)
     _print_summary("reconstructed", summary)
     if not no_logs:
         from teller.logs import align_run
