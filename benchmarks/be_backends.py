@@ -108,7 +108,7 @@ def main() -> None:
                 res[cfg].append(run(args.steps, cfg))
             else:
                 runtime._default_be_depth = lambda: 1
-                be = tpo.ProfilerBE(tmp / f"r{rep}", period_s=0, defer=True, pid=rep)
+                be = tpo.ProfilerBE(tmp / f"r{rep}", period_s=0, defer=True, pid=rep, runtime=runtime)
                 runtime.set_be_backend(be.enter, be.exit)
                 res[cfg].append(run(args.steps))
                 runtime.set_be_backend(None)

@@ -6,8 +6,8 @@
     python benchmarks/bench_diagnose.py accuracy --cpu        # + a CPU fault-injection campaign
 
 speed: a reference run and a run with planted anomalies (about 1M canonical events each, from
-:mod:`teller.synth` via :mod:`teller.localize.planted`) are generated and reconstructed once (not
-timed). Each measurement is a fresh subprocess pinned to one core (OMP/OPENBLAS/MKL threads 1,
+:mod:`teller.testing.synth` via :mod:`teller.testing.planted`) are generated and reconstructed
+once (not timed). Each measurement is a fresh subprocess pinned to one core (OMP/OPENBLAS/MKL threads 1,
 Arrow pools 1 thread): ``diagnose(RUN, localizer=ARTEFACT, html=True)`` from reading the forest to
 writing diagnosis.json and report.html; then the same with ``reference=[REF]`` (fitting
 included), and ``teller localize fit`` alone. Peak memory is the process's VmHWM (absolute) and
@@ -15,7 +15,7 @@ its growth over the resident size after the imports. Best of the repeats.
 
 accuracy: step-level P/R/F1 and operator-set Macro₊ F1 (DESIGN.md §11) of the numeric stage on
 planted anomalies, never on the labelled dataset: synthetic runs with each mechanism of
-:mod:`teller.localize.planted` at several magnitudes (reference: a fault-free synthetic run of
+:mod:`teller.testing.planted` at several magnitudes (reference: a fault-free synthetic run of
 another seed), and with ``--cpu`` real recordings of the CPU workload with faults injected by
 ``teller inject`` (reference: the campaign's fault-free runs; labels: its step_labels.parquet).
 """
@@ -81,8 +81,8 @@ def _console():
 
 def make_pair(tmp: Path, n_events: int, ranks: int = 1) -> tuple[Path, Path, int, int]:
     """A fault-free reference and a run with ~1% of its steps planted (three mechanisms)."""
-    from teller.localize.planted import Plant, write_planted_run
     from teller.reconstruct import reconstruct
+    from teller.testing.planted import Plant, write_planted_run
 
     ref, bad = tmp / "ref", tmp / "bad"
     # pushpop="none" writes one row per range: ask for more so the run has n_events rows
@@ -113,7 +113,7 @@ def speed(args: argparse.Namespace) -> int:
                 if best is None or r["wall"] < best["wall"]:
                     best = r
             results[mode] = best
-        from teller.localize.planted import evaluate_run
+        from teller.evaluate.metrics import evaluate_run
 
         acc = evaluate_run(bad, json.loads((out / "diagnosis.json").read_text()))
     row = {"events": events, "nodes": nodes, "results": results,
@@ -140,7 +140,7 @@ def _pool(rows: list[dict]) -> dict:
     """Metrics over the union of the steps of several evaluations."""
     import numpy as np
 
-    from teller.localize.planted import operator_metrics, step_metrics
+    from teller.evaluate.metrics import operator_metrics, step_metrics
 
     truth = np.concatenate([np.asarray(r["truth"], bool) for r in rows])
     pred = np.concatenate([np.asarray(r["pred"], bool) for r in rows])
@@ -150,10 +150,11 @@ def _pool(rows: list[dict]) -> dict:
 
 
 def synthetic_accuracy(tmp: Path, n_events: int, con) -> list[dict]:
+    from teller.evaluate.metrics import evaluate_run
     from teller.localize import fit_localizer
-    from teller.localize.planted import Plant, evaluate_run, write_planted_run
     from teller.reconstruct import reconstruct
     from teller.report.diagnose import diagnose
+    from teller.testing.planted import Plant, write_planted_run
 
     write_planted_run(tmp / "ref", n_events, [], seed=1)
     s = reconstruct(tmp / "ref")
@@ -259,9 +260,9 @@ duration_s = 0.3
 
 
 def cpu_accuracy(tmp: Path, reps: int, con) -> list[dict]:
+    from teller.evaluate.metrics import evaluate_run
     from teller.inject.campaign import run_campaign
     from teller.localize import fit_localizer
-    from teller.localize.planted import evaluate_run
     from teller.report.diagnose import diagnose
 
     spec = tmp / "cpu.toml"

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             with console.status(f"generating {n:,} events"):
                 # in a child process, so this process stays small: ru_maxrss of a forked child
                 # starts from its parent's high-water mark
-                gen_cmd = f"from teller.synth import write_synth_run; write_synth_run({str(run)!r}, {n}, ranks={args.ranks})"
+                gen_cmd = f"from teller.testing.synth import write_synth_run; write_synth_run({str(run)!r}, {n}, ranks={args.ranks})"
                 subprocess.run([sys.executable, "-c", gen_cmd], check=True)
             gen = time.perf_counter() - t0
             results = []

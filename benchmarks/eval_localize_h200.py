@@ -28,12 +28,12 @@ Reference variants (``reference_variants`` in the JSON; ``--no-variants`` skips 
 train steps, without the labeller's warm-up steps, outside fault windows, fault-free runs only.
 
 Predictions per step: flagged or not (the step score reaches ``step_threshold``) and, when
-flagged, its candidate families (at most 5), as ``teller.localize.planted.evaluate`` reads a
+flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evaluate`` reads a
 diagnosis. Labels: ``is_anomaly`` and ``operator_labels``. Both sides name families with
 ``teller.localize.features.family_names`` (``LAYER name`` with key=value words removed and numbers
 replaced by ``#``): the labeller builds its locator from it, and the script re-applies it to the
 labels (a no-op, checked) so that the two sides cannot drift. Metrics: DESIGN.md §11 through
-``step_metrics`` and ``operator_metrics`` of :mod:`teller.localize.planted`; ``operator_lifted``
+``step_metrics`` and ``operator_metrics`` of :mod:`teller.evaluate.metrics`; ``operator_lifted``
 also compares, as a reading aid, the suspects with each BE op replaced by its enclosing FE module
 (the labels name modules).
 """
@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.dataset.codec import read_subtrees
+from teller.evaluate.metrics import operator_metrics, step_metrics
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
@@ -62,7 +63,6 @@ from teller.localize.features import (
     family_names,
     instance_features,
 )
-from teller.localize.planted import operator_metrics, step_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("communication", "kernel", "memory", "runtime", "scheduling")

@@ -12,7 +12,7 @@ from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-from teller.errors import TellerError
+from teller.cliutil import run_app
 
 app = typer.Typer(
     add_completion=False,
@@ -85,39 +85,16 @@ def _print_summary(what: str, summary: dict) -> None:
 
 
 def _register_optional() -> None:
-    """Attach the command groups that live in their stage packages (record, workload, logs)."""
+    """Attach the commands that live in their stage packages (record, workload, logs, inject,
+    dataset, tpe, localize, diagnose)."""
     import importlib
 
     for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
-                "teller.dataset.cli", "teller.tpe.cli", "teller.report.cli"):
+                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli"):
         importlib.import_module(mod).register(app)
 
 
 _register_optional()
-
-
-def run_app(typer_app: typer.Typer, argv: list[str] | None = None) -> int:
-    """Run a typer app the way every TELLER entry point does: the command's exit code passes
-    through, a :class:`TellerError` is one line on stderr (exit 2), a usage error is click's own
-    message (never a traceback)."""
-    try:
-        rc = typer_app(args=argv, standalone_mode=False)
-    except TellerError as e:
-        print(f"teller: error: {e}", file=sys.stderr)
-        return 2
-    except (typer.Abort, KeyboardInterrupt):
-        print("teller: aborted", file=sys.stderr)
-        return 130
-    except SystemExit as e:  # a command calling sys.exit (teller record passes the child's code on)
-        return int(e.code or 0) if not isinstance(e.code, str) else 2
-    except Exception as e:
-        # usage errors: typer ships its own copy of click, so match click's exception by shape
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            return e.exit_code
-        raise
-    # without standalone mode, `raise typer.Exit(n)` comes back as the return value
-    return rc if isinstance(rc, int) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,15 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from teller.record import clock
+from teller.record.clock import ClockMap, take_anchor
 from teller.record.collectors.base import Collector
 from teller.record.collectors.cupti import (
     DEFAULT_KIND_VALUES,
-    ClockMap,
     CuptiCollector,
     RecordDecoder,
     demangle,
     strip_version,
-    take_anchor,
 )
 from teller.record.sink import EventSink
 from teller.rundir import FLAG_REPAIRED, FLAG_TRUNCATED, RunDir

@@ -12,16 +12,12 @@ import typer
 from typer.testing import CliRunner
 
 from teller.errors import TellerError
+from teller.evaluate.metrics import evaluate, operator_metrics, step_metrics
 from teller.ingest import ingest
-from teller.localize.planted import (
-    Plant,
-    evaluate,
-    operator_metrics,
-    step_metrics,
-    write_planted_run,
-)
+from teller.localize.cli import register as register_localize
 from teller.report.cli import register
 from teller.report.diagnose import diagnose, evidence_text, print_summary
+from teller.testing.planted import Plant, write_planted_run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "h200_llama8l_cupti"
@@ -103,6 +99,7 @@ def test_no_reference_names_the_commands(example, tmp_path):
 
 def test_cli_fit_then_diagnose(example, tmp_path):
     app = typer.Typer()
+    register_localize(app)
     register(app)
     runner = CliRunner()
     art = tmp_path / "loc.npz"
@@ -138,7 +135,7 @@ def test_foreign_traces(tmp_path, name, rule, layers):
 def test_diagnose_reconstructs_once_and_reads_the_same_steps(tmp_path):
     """A run without a forest (or with one written before reconstruct decided the steps) is
     reconstructed by the public call, once; its steps are then those of steps.parquet."""
-    from teller.report.diagnose import ensure_reconstructed
+    from teller.reconstruct.ensure import ensure_reconstructed
 
     run = tmp_path / "run"
     ingest(EXT / "nsys" / "cupy_report3.sqlite", run)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from teller.errors import InputError
-from teller.record import ranges
+from teller.record import ranges, runtime
 from teller.record.instrument.generic import GenericInstrumentor, RequestPath, load_hooks
 from teller.record.instrument.sglang import SGLangInstrumentor
 from teller.record.instrument.vllm import VLLMInstrumentor
@@ -131,7 +131,7 @@ def names() -> list[str]:
 def test_vllm_engine_steps_carry_scheduled_request_ids(fake_engine, batch_queue):
     fake_engine(VLLM_FILES, "0.11.0")
     inst = VLLMInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         from vllm.v1.engine.core import EngineCore  # imported after instrument(): hooked on import
 
@@ -154,7 +154,7 @@ def test_vllm_engine_steps_carry_scheduled_request_ids(fake_engine, batch_queue)
 def test_vllm_worker_thread_opens_its_own_step_and_comm(fake_engine):
     fake_engine(VLLM_FILES, "0.11.0")
     inst = VLLMInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         from vllm.distributed.parallel_state import GroupCoordinator
         from vllm.v1.core.sched.scheduler import SchedulerOutput
@@ -186,7 +186,7 @@ def test_vllm_worker_thread_opens_its_own_step_and_comm(fake_engine):
 def test_version_mismatch_is_a_logged_no_op(fake_engine, capsys):
     fake_engine(VLLM_FILES, "0.3.1")
     inst = VLLMInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         from vllm.v1.engine.core import EngineCore
 
@@ -204,7 +204,7 @@ def test_version_mismatch_is_a_logged_no_op(fake_engine, capsys):
 def test_sglang_run_batch_is_a_step(fake_engine):
     fake_engine(SGLANG_FILES, "0.5.2")
     inst = SGLangInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         from sglang.srt.managers.scheduler import ScheduleBatch, Scheduler
 
@@ -221,7 +221,7 @@ def test_missing_hook_point_is_logged_and_skipped(fake_engine, capsys):
     files["sglang/srt/managers/scheduler.py"] = "class Scheduler:\n    pass\n"
     fake_engine(files, "0.5.2")
     inst = SGLangInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         import sglang.srt.managers.scheduler  # noqa: F401
 
@@ -256,7 +256,7 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
     sys.path.insert(0, str(tmp_path))
     ranges.RECORDER.drain(final=True)
     inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         import tinyeng
 
@@ -312,7 +312,7 @@ def test_transformers_instrumentor_wraps_and_restores():
 
     original = continuous_api.ContinuousBatchProcessor.__dict__["prepare_next_batch"]
     inst = TransformersCBInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     try:
         assert inst.status == "patched" and not inst.missing
         assert getattr(continuous_api.ContinuousBatchProcessor.__dict__["prepare_next_batch"], "_self_teller", False)

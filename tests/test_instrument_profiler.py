@@ -79,7 +79,7 @@ def steps_on_a_thread(n: int, between=None) -> int:
 @pytest.mark.parametrize("depth", [1, 2])
 def test_profiler_backend_records_nested_aten_ops_on_the_step_thread(tmp_path: Path, depth: int):
     sink = Sink()
-    be = tpo.ProfilerBE(tmp_path, period_s=0, defer=False, fallback="dispatch", sink=sink)
+    be = tpo.ProfilerBE(tmp_path, period_s=0, defer=False, fallback="dispatch", sink=sink, runtime=runtime)
     runtime.set_be_backend(be.enter, be.exit)
     old = runtime._default_be_depth
     runtime._default_be_depth = lambda: depth
@@ -115,7 +115,7 @@ def test_profiler_backend_records_nested_aten_ops_on_the_step_thread(tmp_path: P
 
 def test_session_cycles_at_step_ends_and_segments_convert(tmp_path: Path):
     sink = Sink()
-    be = tpo.ProfilerBE(tmp_path, period_s=1e-9, defer=True, sink=sink)  # cycle after every step
+    be = tpo.ProfilerBE(tmp_path, period_s=1e-9, defer=True, sink=sink, runtime=runtime)  # cycle after every step
     runtime.set_be_backend(be.enter, be.exit)
     steps_on_a_thread(3)
     be.stop()
@@ -137,7 +137,7 @@ def test_profiler_that_cannot_start_degrades(tmp_path: Path, monkeypatch, capsys
 
     monkeypatch.setattr(tpo, "experimental_config", broken)
     monkeypatch.setattr(runtime, "_logged", set())
-    be = tpo.ProfilerBE(tmp_path, fallback=fallback, sink=Sink())
+    be = tpo.ProfilerBE(tmp_path, fallback=fallback, sink=Sink(), runtime=runtime)
     runtime.set_be_backend(be.enter, be.exit)
     steps_on_a_thread(2)
     be.stop()

@@ -73,8 +73,8 @@ def test_fe_hooks_follow_the_module_tree_and_come_off():
     m = ToyLM().eval()
     ids = torch.tensor([[1, 2, 3]])
     ref = m(ids)
-    assert torch_ops.attach_module_ranges(m) == 8  # embedding, 2 × (layer, attention, mlp), lm head
-    assert torch_ops.attach_module_ranges(m) == 0  # once per model
+    assert torch_ops.attach_module_ranges(runtime, m) == 8  # embedding, 2 × (layer, attention, mlp), lm head
+    assert torch_ops.attach_module_ranges(runtime, m) == 0  # once per model
     out = m(ids)
     assert torch.equal(out, ref)
     got = recorded()
@@ -89,7 +89,7 @@ def test_fe_hooks_follow_the_module_tree_and_come_off():
 
 def test_fe_range_closes_when_forward_raises():
     m = ToyLM()
-    torch_ops.attach_module_ranges(m)
+    torch_ops.attach_module_ranges(runtime, m)
     try:
         with pytest.raises(IndexError):
             m(torch.tensor([[99]]))  # out of the embedding's range
@@ -106,7 +106,7 @@ def test_be_ranges_record_aten_ops_without_changing_results(depth):
     x = torch.randn(4, 16)
     with torch.inference_mode():
         ref = torch.softmax(lin(x), -1)
-        torch_ops.be_enter(depth)
+        torch_ops.be_enter(runtime, depth)
         try:
             out = torch.softmax(lin(x), -1)
         finally:
@@ -154,7 +154,7 @@ def test_comm_ranges_for_torch_distributed(tmp_path: Path):
     if not dist.is_available():
         pytest.skip("torch.distributed not available")
     inst = torch_ops.TorchDistributedInstrumentor()
-    inst.instrument()
+    inst.instrument(runtime)
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
@@ -166,7 +166,7 @@ def test_comm_ranges_for_torch_distributed(tmp_path: Path):
         dist.broadcast(t, src=0)
         sub = dist.new_group([0], group_desc="tp")
         dist.all_reduce(t, group=sub)
-        with torch_ops.comm_range("all_reduce", 8, "outer"):
+        with torch_ops.comm_range(runtime, "all_reduce", 8, "outer"):
             dist.all_reduce(t)  # nested: recorded once, by the outer range
         got = [n for _, _, n in recorded()]
         assert got[:4] == ["COMM all_reduce bytes=4096 group=default seq=0",

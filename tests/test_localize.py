@@ -346,8 +346,8 @@ def test_a_module_slow_because_of_its_op_is_explained_away():
 
 
 def test_fit_localizer_on_runs(tmp_path):
-    from teller.localize.planted import Plant, write_planted_run
     from teller.reconstruct import reconstruct
+    from teller.testing.planted import Plant, write_planted_run
 
     write_planted_run(tmp_path / "ref", 30_000, [], seed=1)
     reconstruct(tmp_path / "ref")

@@ -9,7 +9,7 @@ from test_reconstruct_helpers import check_forest, reconciles
 
 from teller.reconstruct import reconstruct
 from teller.rundir import EVENT_SCHEMA, KINDS
-from teller.synth import synth_run, write_synth_run
+from teller.testing.synth import synth_run, write_synth_run
 
 
 def test_synth_table_shape():

@@ -288,3 +288,36 @@ def test_requested_engine_that_never_loads_is_reported(tmp_path: Path):
     assert b"[teller] --engine vllm: no recorded process imported its modules" in p.stderr
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert any("--engine vllm" in n for n in info["notes"]) and info["counts"]["processes"] == 0
+
+
+def test_extensions_get_the_runtime_and_fault_plans_alone_load_nothing(tmp_path: Path, monkeypatch):
+    """The bootstrap calls TELLER_EXTENSIONS' entries with the runtime once its hooks are in; a
+    failing entry is one [teller] line; a fault plan without the extension loads no fault code."""
+    import io
+
+    from teller.record.launcher import record
+
+    (tmp_path / "myext.py").write_text(textwrap.dedent("""
+        import os
+        def install(runtime):
+            rt = runtime.RUNTIME
+            with open(os.environ["EXT_OUT"], "a") as f:
+                f.write(f"{runtime.__name__} {rt.pid == os.getpid()} {len(rt.instrumentors) > 0}\\n")
+        def broken(runtime):
+            raise RuntimeError("boom")
+    """))
+    out = tmp_path / "ext.txt"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("EXT_OUT", str(out))
+    monkeypatch.setenv("TELLER_FAULTS", json.dumps({"run_id": "x", "faults": []}))
+    prog = "import sys; print('inject' if any(m.startswith('teller.inject') for m in sys.modules) else 'clean')"
+    o, e = io.BytesIO(), io.BytesIO()
+    s = record(tmp_path / "run", [sys.executable, "-c", prog], collector="cpu",
+               extensions=["myext:install", "myext:broken"], stdout=o, stderr=e)
+    assert s["exit_code"] == 0 and o.getvalue() == b"clean\n", e.getvalue()
+    assert out.read_text() == "teller.record.runtime True True\n"
+    assert b"[teller] extension myext:broken not loaded (RuntimeError: boom)" in e.getvalue()
+    o, e = io.BytesIO(), io.BytesIO()  # the plan alone: the recorder does not apply it
+    s = record(tmp_path / "run2", [sys.executable, "-c", prog], collector="cpu", stdout=o, stderr=e)
+    assert s["exit_code"] == 0 and o.getvalue() == b"clean\n", e.getvalue()
+    assert not (tmp_path / "run2" / "inject").exists()

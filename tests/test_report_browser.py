@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from teller.localize.planted import Plant, write_planted_run
 from teller.report.diagnose import diagnose
+from teller.testing.planted import Plant, write_planted_run
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on this machine")

@@ -40,7 +40,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from teller.dataset.codec import write_subtree_parts
+from teller.dataset.datasheet import write_datasheet
+from teller.dataset.splits import split_table
 from teller.errors import TellerError
+from teller.inject.labels import STEP_LABELS_SCHEMA
 from teller.rundir import RunDir
 
 TPE_FIELDS = ("input_ids", "parent_idx", "duration", "depth")
@@ -92,8 +96,6 @@ def sample_steps(v: pa.Table, normal_every: int, max_normal: int | None = None) 
 
 def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1,
                  max_normal: int | None = None) -> dict[str, Any] | None:
-    from teller.inject.labels import STEP_LABELS_SCHEMA
-
     rd = RunDir(run)
     if not (rd.has_table("steps") and rd.has_table("forest")):
         return None
@@ -282,10 +284,6 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         raise TellerError(f"--normal-every {normal_every}: expected 1 (keep every step) or more")
     if max_normal is not None and max_normal < 1:
         raise TellerError(f"--max-normal {max_normal}: expected a number of step numbers ≥ 1 per run")
-    from teller.dataset.codec import write_subtree_parts
-    from teller.dataset.datasheet import write_datasheet
-    from teller.dataset.splits import split_table
-
     paths = find_runs(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from teller.errors import InputError, TellerError
+from teller.ingest.canonical import ingest_canonical
+from teller.ingest.kineto import ingest_kineto
+from teller.ingest.nsys import ingest_nsys
 
 FORMATS = ("kineto", "nsys", "canonical")
 
@@ -50,11 +53,11 @@ def ingest(src: str | os.PathLike, out: str | os.PathLike, fmt: str = "auto", **
     src, out = Path(src), Path(out)
     fmt = detect_format(src) if fmt == "auto" else fmt
     if fmt == "kineto":
-        from teller.ingest.kineto import ingest_kineto as reader
+        reader = ingest_kineto
     elif fmt == "nsys":
-        from teller.ingest.nsys import ingest_nsys as reader
+        reader = ingest_nsys
     elif fmt == "canonical":
-        from teller.ingest.canonical import ingest_canonical as reader
+        reader = ingest_canonical
     else:
         raise TellerError(f"unknown format {fmt!r}; use one of auto, {', '.join(FORMATS)}")
     return reader(src, out, **options)

@@ -3,8 +3,8 @@
 - :mod:`.spec` parses and validates a campaign spec (TOML);
 - :mod:`.mechanisms` holds one class per mechanism in a registry (category, magnitude knob,
   targeted operators, what it needs to run);
-- :mod:`.agent` runs inside the recorded engine process when ``TELLER_FAULTS`` is set (loaded by
-  :mod:`teller.record.runtime`) and applies the plan through post-import hooks, or starts the
+- :mod:`.agent` runs inside the recorded engine process (the campaign names it in the recording's
+  extensions, :data:`AGENT_EXTENSION`, and passes the plan in ``TELLER_FAULTS``) and applies the plan through post-import hooks, or starts the
   co-located processes of :mod:`.hogs` beside the engine; it writes the windows it actually
   applied, on the run's time base τ, to ``RUN/inject/<pid>.json``;
 - :mod:`.campaign` records each run with ``teller record`` and writes ``labels.json``;
@@ -23,3 +23,6 @@ CATEGORY_TITLES = {
     "scheduling": "scheduling/software",
 }
 ENV_FAULTS = "TELLER_FAULTS"
+#: what the recording bootstrap calls in each recorded process of a campaign run (its runtime as
+#: argument): the fault agent's installer (``teller.record.launcher.record(extensions=...)``)
+AGENT_EXTENSION = "teller.inject.agent:install"

@@ -1,8 +1,10 @@
-"""The fault agent inside a recorded engine process (loaded when ``TELLER_FAULTS`` is set).
+"""The fault agent inside a recorded engine process (the plan comes in ``TELLER_FAULTS``).
 
-:mod:`teller.record.runtime` calls :func:`install` right after its own hooks are registered, so
-the agent's wrappers sit outside the recorder's (a delay added "before a collective" is then
-outside that collective's COMM range, as a straggler's is). The plan is JSON::
+The campaign names :func:`install` in ``TELLER_EXTENSIONS``; the recording bootstrap
+(``teller/record/bootstrap/sitecustomize.py``) calls it with the runtime right after the
+recorder's own hooks are registered, so the agent's wrappers sit outside the recorder's (a delay
+added "before a collective" is then outside that collective's COMM range, as a straggler's is).
+The plan is JSON::
 
     {"run_id": "...", "faults": [{"id": "f0", "mechanism": "targeted_op_delay", "category": "kernel",
       "magnitude": 2000, "start_s": 0.2, "duration_s": 1.0, "targets": ["MLP"], "rank": null}, ...]}
@@ -29,7 +31,12 @@ import threading
 import time
 from typing import Any, Callable
 
+import wrapt
+
 from teller.inject import ENV_FAULTS
+from teller.inject.mechanisms import registry
+from teller.record import clock
+from teller.record.instrument.base import register_post_import
 
 AGENT: "Agent | None" = None
 
@@ -38,8 +45,6 @@ class Agent:
     """Applies one process's share of a fault plan."""
 
     def __init__(self, plan: dict[str, Any], runtime_mod: Any):
-        from teller.inject.mechanisms import registry
-
         self.rt = runtime_mod
         self.plan = plan
         self.run_dir = os.environ.get("TELLER_RUN_DIR", "")
@@ -90,8 +95,6 @@ class Agent:
         return self._active.get(fault["id"], False)
 
     def tau(self) -> int:
-        from teller.record import clock
-
         return clock.tau_now()
 
     def count(self, fault: dict[str, Any], n: int = 1, target: str | None = None) -> None:
@@ -116,20 +119,15 @@ class Agent:
         self._module_hooks.append((tuple(suffixes), fn))
         if not self._module_hook_installed:
             self._module_hook_installed = True
-            from teller.record.instrument import register_post_import
-
-            register_post_import("torch.nn.modules.module", self._install_global_hook)
+            register_post_import("torch.nn.modules.module", self._install_global_hook, self.rt.hook_failed)
 
     def wrap(self, module_name: str, path: str, wrapper: Callable) -> None:
         """wrapt-wrap ``module_name:path`` when the module is imported."""
-        from teller.record.instrument import register_post_import
 
         def patch(mod: Any) -> None:
-            import wrapt
-
             wrapt.wrap_function_wrapper(mod, path, wrapper)
 
-        register_post_import(module_name, patch)
+        register_post_import(module_name, patch, self.rt.hook_failed)
 
     def spawn(self, fault: dict[str, Any], argv: list[str]) -> None:
         """Start a co-located process beside the engine (not recorded; killed at window end)."""
@@ -325,7 +323,8 @@ def _int(v: str | None, default: int) -> int:
 
 
 def install(runtime_mod: Any) -> "Agent | None":
-    """Read ``TELLER_FAULTS`` and apply this process's share of the plan (idempotent per pid)."""
+    """Read ``TELLER_FAULTS`` and apply this process's share of the plan through the recording
+    runtime ``runtime_mod`` (idempotent per pid; nothing without a plan)."""
     global AGENT
     if AGENT is not None and AGENT.pid == os.getpid():
         return AGENT

@@ -34,8 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from teller.errors import TellerError
-from teller.inject import ENV_FAULTS
+from teller.inject import AGENT_EXTENSION, ENV_FAULTS
+from teller.inject.labels import label_run
+from teller.inject.mechanisms import registry
 from teller.inject.spec import Campaign, RunSpec, load_spec
+from teller.logs import align_run
+from teller.reconstruct import reconstruct
+from teller.record.launcher import gpu_present, record
+from teller.rundir import RunDir
 
 
 def workload_command(w: dict[str, Any], extra: list[str], seed_offset: int) -> list[str]:
@@ -60,8 +66,6 @@ def _cpus() -> list[int]:
 
 def machine_context(w: dict[str, Any]) -> dict[str, Any]:
     """What the mechanisms' availability checks need to know about this machine and workload."""
-    from teller.record.launcher import gpu_present
-
     gpu = gpu_present()
     device = str(w.get("device", "auto"))
     return {"gpu": gpu, "gpu_device": gpu and device in ("auto", "cuda"), "device": device, "cpus": _cpus(),
@@ -80,8 +84,6 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
 
     ``parallel`` > 1 records that many runs at a time (module docstring). ``refs`` (workload key
     → run path) and ``lane`` are for lane processes: known references, and no campaign files."""
-    from teller.inject.mechanisms import registry
-
     camp = spec if isinstance(spec, Campaign) else load_spec(spec)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,8 +133,6 @@ def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, forc
                quiet: bool) -> list[dict[str, Any]]:
     """Record ``order`` ``lanes`` runs at a time (module docstring); returns the run results."""
     import subprocess
-
-    from teller.inject.mechanisms import registry
 
     if not camp.path:
         raise TellerError("--parallel needs the campaign spec as a file (lanes load it by path)")
@@ -197,10 +197,6 @@ def _wl_key(w: dict[str, Any]) -> str:
 def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, str],
             force: bool = False, quiet: bool = True) -> dict[str, Any]:
     """Record and label one repetition of one run."""
-    from teller.inject.mechanisms import registry
-    from teller.record.launcher import record
-    from teller.rundir import RunDir
-
     reg = registry()
     run_id = f"{run.name}-r{rep}"
     path = out / run_id
@@ -237,7 +233,7 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     sink = io.BytesIO() if quiet else None
     try:
         summary = record(path, cmd, collector=camp.collector, be_depth=camp.be_depth, force=force,
-                         hooks=hooks, stdout=sink, stderr=sink)
+                         hooks=hooks, stdout=sink, stderr=sink, extensions=[AGENT_EXTENSION])
     finally:
         if env_before is None:
             os.environ.pop(ENV_FAULTS, None)
@@ -248,9 +244,6 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     labels["windows"] = gather_windows(path)
     rec_err = None
     try:
-        from teller.logs import align_run
-        from teller.reconstruct import reconstruct
-
         reconstruct(path)
         align_run(path)
     except Exception as e:  # a crashed run may not reconstruct; keep it, marked
@@ -259,8 +252,6 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     res = {"run_id": run_id, "path": str(path), "status": status, "exit_code": summary["exit_code"],
            "skipped": skipped}
     if rec_err is None:
-        from teller.inject.labels import label_run
-
         ref = refs.get(_wl_key(run.workload)) if run.faults else None
         lsum = label_run(path, labels, reference=ref)
         labels["label_summary"] = lsum

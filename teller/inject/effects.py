@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from teller.inject.labels import StepMeasures, window_cover
+from teller.inject.mechanisms import registry
 
 
 def _q(x: np.ndarray, q: float) -> float:
@@ -37,8 +38,6 @@ def window_effects(run: str | Path, reference: str | Path | None = None) -> list
     steps left out: :func:`teller.inject.labels.warmup_steps`) unless
     ``reference`` (a fault-free run directory) is given or the window spans the whole run.
     """
-    from teller.inject.mechanisms import registry
-
     reg = registry()
     labels = json.loads((Path(run) / "labels.json").read_text())
     sm = StepMeasures(run)

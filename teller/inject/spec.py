@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from teller.errors import InputError
+from teller.inject.mechanisms import registry
+from teller.record.launcher import COLLECTOR_CHOICES
 
 WORKLOAD_KINDS = ("serve", "serve-tp")
 #: workload keys accepted per kind (mapped to ``--key-with-dashes`` of `teller workload ...`)
@@ -118,8 +120,6 @@ def _unknown(path: Any, where: str, d: dict[str, Any], allowed: set[str]) -> Non
 
 def parse_spec(text: str, path: str | Path = "<spec>") -> Campaign:
     """Parse and validate a campaign spec; raises :class:`InputError` naming the bad field."""
-    from teller.inject.mechanisms import registry
-
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -134,8 +134,6 @@ def parse_spec(text: str, path: str | Path = "<spec>") -> Campaign:
     if reps < 1:
         raise _err(path, "campaign.repetitions", f"{reps} < 1", "set it to 1 or more")
     coll = _typed(path, "campaign.collector", c.get("collector", "auto"), (str,), "a collector name")
-    from teller.record.launcher import COLLECTOR_CHOICES
-
     if coll not in COLLECTOR_CHOICES:
         raise _err(path, "campaign.collector", f"unknown collector {coll!r}", f"use one of {', '.join(COLLECTOR_CHOICES)}")
     be_depth = _typed(path, "campaign.be_depth", c.get("be_depth", 1), (int,), "an integer ≥ 0")

@@ -37,7 +37,7 @@ import pyarrow.json as pj
 
 from teller.errors import InputError
 from teller.logs.align import segment_cummax
-from teller.logs.formats import ANSI_RE, Preset, detect, parse_timestamps
+from teller.logs.formats import ANSI_RE, Preset, detect, local_utc_offset_s, parse_timestamps
 
 FLAG_NON_UTF8 = 1
 FLAG_NO_TIMESTAMP = 2
@@ -216,8 +216,6 @@ def _ref_ns(path: Path, ctx: ParseContext) -> int:
 def _utc_offset(ref_ns: int, ctx: ParseContext) -> int:
     if ctx.utc_offset_s is not None:
         return int(ctx.utc_offset_s)
-    from teller.logs.formats import local_utc_offset_s
-
     return local_utc_offset_s(ref_ns / 1e9)
 
 

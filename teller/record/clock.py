@@ -1,15 +1,20 @@
-"""The run's time base τ inside a recorded process.
+"""The run's time base τ inside a recorded process, and the anchors that map other clocks onto it.
 
 The launcher fixes τ = 0 at its own start and passes the wall-clock instant in ``TELLER_T0_NS``.
 Inside a process, ranges are timed with ``time.perf_counter_ns`` (monotonic, cheap) and mapped to
-τ through one anchor pair taken at import; other clocks (CUPTI's) are mapped with anchors of their
-own taken against the same pair (:func:`anchor`).
+τ through one anchor pair taken at import. Other clocks (CUPTI's timestamps, the wall clock
+Kineto writes, the profiler's) are mapped with anchors of their own taken against τ
+(:func:`take_anchor`) and interpolated between them (:class:`ClockMap`), which corrects drift.
+
+Only the standard library is imported at load (this module is imported from ``sitecustomize``);
+numpy loads when a :class:`ClockMap` first maps an array.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 T0_ENV = "TELLER_T0_NS"
 
@@ -48,3 +53,77 @@ def wall_to_tau(wall_ns):
 def anchor(other_clock_ns: int) -> int:
     """Offset that maps another clock onto τ, given a reading of it taken just now."""
     return tau_now() - other_clock_ns
+
+
+class ClockMap:
+    """Piecewise-linear map from another clock (CUPTI's, the wall clock) onto τ.
+
+    Anchors are (source ns, τ ns) pairs taken back to back. Between anchors the offset
+    τ − source is interpolated linearly, so a constant rate difference (drift) between the clocks
+    is corrected; before the first and after the last anchor the nearest anchor's offset holds.
+    Arithmetic is done on offsets relative to the first anchor, so float64 loses no precision on
+    epoch-sized timestamps.
+    """
+
+    def __init__(self) -> None:
+        self.src: list[int] = []
+        self.tau: list[int] = []
+        self.err: list[int] = []
+
+    def add(self, src_ns: int, tau_ns: int, err_ns: int = 0) -> bool:
+        """Add an anchor; ignored (False) unless its source time is after the last one."""
+        src_ns, tau_ns = int(src_ns), int(tau_ns)
+        if self.src and src_ns <= self.src[-1]:
+            return False
+        self.src.append(src_ns)
+        self.tau.append(tau_ns)
+        self.err.append(int(err_ns))
+        return True
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def map(self, src_ns: Any) -> Any:
+        """Map source-clock ns (array) to τ ns (int64 array)."""
+        import numpy as np  # not at module load: this module is imported at interpreter start
+
+        x = np.asarray(src_ns, dtype=np.int64)
+        if not self.src:
+            raise ValueError("ClockMap has no anchors")
+        src0 = self.src[0]
+        off0 = self.tau[0] - src0
+        if len(self.src) == 1:
+            return x + off0
+        xs = np.array([s - src0 for s in self.src], dtype=np.float64)
+        drift = np.array([(t - s) - off0 for s, t in zip(self.src, self.tau, strict=True)], dtype=np.float64)
+        d = np.interp((x - src0).astype(np.float64), xs, drift)
+        return x + off0 + np.rint(d).astype(np.int64)
+
+    def drift_ppm(self) -> float | None:
+        """Rate difference between the clocks over the whole anchor span, in parts per million."""
+        if len(self.src) < 2 or self.src[-1] == self.src[0]:
+            return None
+        d_off = (self.tau[-1] - self.src[-1]) - (self.tau[0] - self.src[0])
+        return 1e6 * d_off / (self.src[-1] - self.src[0])
+
+    def summary(self, keep: int = 4) -> dict[str, Any]:
+        """Anchors for run.json: the first and last few, their count and the drift."""
+        pairs = [[s, t, e] for s, t, e in zip(self.src, self.tau, self.err, strict=True)]
+        kept = pairs if len(pairs) <= 2 * keep else pairs[:keep] + pairs[-keep:]
+        return {"count": len(pairs), "pairs_src_tau_err_ns": kept, "drift_ppm": self.drift_ppm(),
+                "max_err_ns": max(self.err) if self.err else None}
+
+
+def take_anchor(read_src: Callable[[], int], tries: int = 3) -> tuple[int, int, int]:
+    """Read the other clock between two τ readings; keep the tightest of ``tries`` pairs.
+
+    Returns (source ns, τ ns at the midpoint, half-width of the bracket in ns).
+    """
+    best = None
+    for _ in range(tries):
+        a = tau_now()
+        s = int(read_src())
+        b = tau_now()
+        if best is None or b - a < best[2] * 2:
+            best = (s, (a + b) // 2, (b - a + 1) // 2)
+    return best

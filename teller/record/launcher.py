@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from teller.errors import TellerError
+from teller.record.instrument import ENGINE_CHOICES
+from teller.record.instrument.generic import load_hooks
+from teller.record.instrument.torch_profiler_ops import convert_run
+from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND, ENV_EXTENSIONS
 from teller.rundir import RunDir, RunInfo
 
 COLLECTOR_CHOICES = ("auto", "cupti", "kineto", "cpu", "none")
@@ -249,14 +253,15 @@ def record(
     stdout: IO[bytes] | None = None,
     stderr: IO[bytes] | None = None,
     drain_timeout_s: float = 5.0,
+    extensions: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``command`` under recording into ``out``; returns a summary with ``exit_code``.
 
     ``stdout``/``stderr`` are where the child's output is passed through (default: this
-    process's own, as bytes).
+    process's own, as bytes). ``extensions``: ``module:function`` entries each recorded process
+    calls with its runtime once recording is active (``TELLER_EXTENSIONS``; e.g. the fault
+    campaign's ``teller.inject.agent:install``).
     """
-    from teller.record.instrument import ENGINE_CHOICES
-
     command = list(command)
     if not command:
         raise TellerError("no command to record; usage: teller record -o RUN -- CMD ARGS...")
@@ -267,15 +272,11 @@ def record(
         raise TellerError(f"--collector {collector!r}: expected one of {', '.join(COLLECTOR_CHOICES)}")
     if be_depth < 0:
         raise TellerError(f"--be-depth {be_depth}: expected 0 (off) or a positive depth")
-    from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND
-
     be_backend = (be_backend or DEFAULT_BE_BACKEND).lower()
     if be_backend not in BE_BACKENDS:
         raise TellerError(f"--be-backend {be_backend!r}: expected one of {', '.join(BE_BACKENDS)}")
     hooks_path = None
     if hooks is not None:
-        from teller.record.instrument.generic import load_hooks
-
         hooks_path = str(Path(hooks).resolve())
         load_hooks(hooks_path)  # bad hooks files fail here, before anything runs
     elif engine == "generic":
@@ -305,6 +306,8 @@ def record(
         })
         if hooks_path:
             env["TELLER_HOOKS"] = hooks_path
+        if extensions:
+            env[ENV_EXTENSIONS] = ",".join(extensions)
         if resolved == "cupti" and cupti_lib and not env.get("NVTX_INJECTION64_PATH"):
             env["NVTX_INJECTION64_PATH"] = cupti_lib
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -391,8 +394,6 @@ def _convert_be_segments(run: RunDir) -> dict[str, Any] | None:
     if not (run.path / "be").is_dir():
         return None
     try:
-        from teller.record.instrument.torch_profiler_ops import convert_run
-
         out = convert_run(run.path)
     except Exception as e:
         out = {"failed": 1, "errors": [f"{type(e).__name__}: {e}"]}

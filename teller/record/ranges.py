@@ -15,8 +15,9 @@ are emitted when they close; at process exit (``final=True``) they are emitted w
 of the exit and :data:`~teller.rundir.FLAG_TRUNCATED`. A pop without a matching push is ignored
 and counted (``unbalanced_pops``).
 
-Only the standard library is imported here; numpy/pyarrow load when the first drain happens, so
-this module is safe to import from ``sitecustomize``.
+Only the standard library (and :mod:`teller.record.clock`, which is standard library only) is
+imported here; numpy/pyarrow load when the first drain happens, so this module is safe to import
+from ``sitecustomize``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import time
 from array import array
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+from teller.record import clock
 
 _perf = time.perf_counter_ns
 
@@ -149,9 +152,7 @@ class RangeRecorder:
         With ``final`` the ranges still open are emitted too, ending now, flagged truncated, and
         removed from their stacks (used at process exit only).
         """
-        import numpy as np
-
-        from teller.record import clock
+        import numpy as np  # at the first drain, not at interpreter start (module docstring)
 
         with self._lock:
             threads = list(self._threads)

@@ -23,6 +23,12 @@ gathers into ``run.json``.
 
 Hook code calls :func:`push` / :func:`pop` (module attributes, so a collector can swap the
 backend with :func:`set_range_backend`, e.g. to emit NVTX instead of CPU buffers).
+
+This module is the handle everything recording in the process is given (the instrumentors'
+``instrument(runtime)``, the CUPTI collector, the BE backends, the extensions the bootstrap
+loads): they read its attributes at call time and never import it, so imports flow one way,
+from here down to :mod:`~teller.record.instrument`, :mod:`~teller.record.collectors`,
+:mod:`~teller.record.ranges` and :mod:`~teller.record.clock`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 from teller.record import ranges as _ranges
+from teller.record.instrument import instrumentors_for, torch_ops
+from teller.record.instrument.base import register_post_import
+
+#: this module, the runtime handle passed to what records through it
+_HANDLE = sys.modules[__name__]
 
 ENV_RUN_DIR = "TELLER_RUN_DIR"
 ENV_COLLECTOR = "TELLER_COLLECTOR"
@@ -49,6 +60,9 @@ ENV_BE_BACKEND = "TELLER_BE_BACKEND"
 ENV_FLUSH_S = "TELLER_FLUSH_S"
 ENV_NODE = "TELLER_NODE"
 ENV_COMM = "TELLER_COMM"
+#: ``module:function`` entries, comma-separated, that the bootstrap calls with this module once
+#: recording is active (the fault campaign names its in-engine applier here)
+ENV_EXTENSIONS = "TELLER_EXTENSIONS"
 
 COLLECTORS = ("cpu", "cupti", "kineto")
 #: how aten ops (BE ranges) are recorded: PyTorch's profiler (C++ RecordFunction callbacks) or a
@@ -139,12 +153,14 @@ def set_be_backend(enter_fn: Callable[[int], None] | None, exit_fn: Callable[[],
     _be_backend = None if enter_fn is None else (enter_fn, exit_fn or (lambda: None))
 
 
+def _dispatch_be_enter(depth: int) -> None:
+    torch_ops.be_enter(_HANDLE, depth)
+
+
 def _be_functions() -> tuple[Callable[[int], None], Callable[[], None]]:
     if _be_backend is not None:
         return _be_backend
-    from teller.record.instrument import torch_ops
-
-    return torch_ops.be_enter, torch_ops.be_exit
+    return _dispatch_be_enter, torch_ops.be_exit
 
 
 def push_step(msg: str) -> None:
@@ -262,22 +278,18 @@ class Runtime:
     # ---- activation (sitecustomize time: light) -------------------------------------------
     def install(self) -> None:
         """Register post-import hooks and exit/signal/fork handlers."""
-        from teller.record.instrument import instrumentors_for, register_post_import
-
-        register_post_import("torch", self._on_torch)
+        register_post_import("torch", self._on_torch, hook_failed)
         insts = []
         if self.comm:
-            from teller.record.instrument.torch_ops import TorchDistributedInstrumentor
-
-            insts.append(TorchDistributedInstrumentor())
+            insts.append(torch_ops.TorchDistributedInstrumentor())
         try:
-            insts += instrumentors_for(self.engine, self.hooks_file)
+            insts += instrumentors_for(self.engine, self.hooks_file, log)
         except Exception as e:
             log(f"engine hooks could not be loaded ({type(e).__name__}: {e}); recording without them")
         for inst in insts:
             self.instrumentors.append(inst)
             try:
-                inst.instrument()
+                inst.instrument(_HANDLE)
             except Exception as e:
                 log(f"instrumentor {inst.name} could not be installed ({type(e).__name__}: {e})")
         atexit.register(self.at_exit)
@@ -296,6 +308,8 @@ class Runtime:
             if self._started:
                 return
             try:
+                # the sink writes Parquet: pyarrow and numpy load here, once the engine imports
+                # torch, never at interpreter start
                 from teller.record.collectors.cpu import CpuCollector
                 from teller.record.sink import EventSink
 
@@ -333,9 +347,10 @@ class Runtime:
         if self.collector_name == "kineto":
             self.be_note = "the kineto collector holds the profiler; BE ranges use the dispatch backend"
             return
+        # only with --be-backend profiler (it loads ctypes and, at conversion, pyarrow)
         from teller.record.instrument.torch_profiler_ops import ProfilerBE
 
-        self.be = ProfilerBE(self.run_dir, sink=self.sink, pid=self.pid)
+        self.be = ProfilerBE(self.run_dir, sink=self.sink, pid=self.pid, runtime=_HANDLE)
         self.be_backend = "profiler"
         set_be_backend(self.be.enter, self.be.exit)
 
@@ -345,13 +360,17 @@ class Runtime:
             return
         c = None
         try:
+            # GPU collectors load numpy, pyarrow and CUPTI or torch.profiler: only when asked for
             if name == "cupti":
-                from teller.record.collectors.cupti import CuptiCollector as factory
+                from teller.record.collectors.cupti import CuptiCollector
+
+                c = CuptiCollector(runtime=_HANDLE)
             elif name == "kineto":
-                from teller.record.collectors.kineto import KinetoCollector as factory
+                from teller.record.collectors.kineto import KinetoCollector
+
+                c = KinetoCollector()
             else:
                 raise ValueError(f"unknown collector {name!r} (expected one of {', '.join(COLLECTORS)})")
-            c = factory()
             c.start(self.sink)
             if getattr(c, "available", True) is False:  # collectors degrade instead of raising
                 raise RuntimeError(getattr(c, "reason", "") or "collector reports itself unavailable")
@@ -660,26 +679,7 @@ def activate() -> Runtime | None:
     rt = Runtime()
     RUNTIME = rt
     rt.install()
-    _load_fault_agent()
     return rt
-
-
-def _load_fault_agent() -> None:
-    """Fault-injection hook point: only when a campaign set ``TELLER_FAULTS`` (teller.inject).
-
-    Loaded after the recorder's hooks so the agent's wrappers sit outside them; it never raises
-    into the engine.
-    """
-    if not os.environ.get("TELLER_FAULTS"):
-        return
-    try:
-        import sys as _sys
-
-        from teller.inject import agent
-
-        agent.install(_sys.modules[__name__])
-    except Exception as e:
-        log(f"fault plan not applied ({type(e).__name__}: {e})")
 
 
 def note_model(model: Any) -> None:

@@ -1,4 +1,5 @@
-"""``teller diagnose`` and ``teller localize fit``: the numeric stage from the command line."""
+"""``teller diagnose``: the numeric stage end to end from the command line (``teller localize fit``,
+which fits the localizer it can reuse, is :mod:`teller.localize.cli`)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,11 @@ from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-
-def _window_ns(window_ms: Optional[float]) -> Optional[int]:
-    return None if window_ms is None else max(int(window_ms * 1e6), 1)
+from teller.localize.cli import window_ns
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``diagnose`` and the ``localize`` group to the ``teller`` app."""
+    """Add ``diagnose`` to the ``teller`` app."""
 
     @app.command("diagnose")
     def diagnose_cmd(
@@ -27,43 +26,32 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the paths written."),
     ) -> None:
         """Find abnormal steps and the operators behind them: diagnosis.json (+ --html report)."""
+        # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
         from rich.console import Console
 
         from teller.report.diagnose import diagnose, print_summary
 
         err = Console(stderr=True)
         diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
-                        window_ns=_window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {m}"))
+                        window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {m}"))
         if not quiet:
             print_summary(diag, Console(), top=top)
         for kind, p in diag["paths"].items():
             err.print(f"[green]wrote[/] {kind}: {p}")
 
-    loc_app = typer.Typer(no_args_is_help=True, help="The numeric localizer: fit it once on reference runs and reuse it.")
-
-    @loc_app.command("fit")
-    def fit_cmd(
-        reference: List[Path] = typer.Argument(..., help="Run(s) of normal operation (reconstructed first if needed)."),
-        out: Path = typer.Option(..., "-o", "--out", help="Artefact to write (.npz)."),
-        window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps."),
-        max_components: int = typer.Option(4, "--max-components", help="Most Gaussian components per operator family (chosen by BIC)."),
-        tail: float = typer.Option(1e-4, "--tail", help="Share of normal instances allowed beyond the outlier radius."),
+    @app.command("export")
+    def export_cmd(
+        run: Path = typer.Argument(..., help="Run directory (reconstructed)."),
+        out: Path = typer.Option(..., "-o", "--out", help="Trace file to write (.pftrace for perfetto, .json for chrome)."),
+        fmt: str = typer.Option("perfetto", "--format", help="perfetto (protobuf, for the Perfetto UI) | chrome (JSON, for chrome://tracing and Perfetto)."),
+        diagnosis: Optional[Path] = typer.Option(None, "--diagnosis", help="A diagnosis.json to mark on the trace (default: RUN/diagnosis.json when it exists)."),
     ) -> None:
-        """Fit the per-family Gaussian mixtures on reference runs and save them as one artefact."""
+        """Write the run as a trace the Perfetto UI or chrome://tracing opens: threads, GPU streams, launch flows, steps, diagnosis."""
         from rich.console import Console
 
-        from teller.localize import fit_localizer
-        from teller.report.diagnose import ensure_reconstructed
+        from teller.report.export import export_trace
 
-        err = Console(stderr=True)
-        for r in reference:
-            ensure_reconstructed(r, lambda m: err.print(f"[yellow]note[/]: {m}"), _window_ns(window_ms))
-        est = fit_localizer(list(reference), window_ns=_window_ns(window_ms), max_components=max_components, tail=tail)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        est.save(out)
-        x = est.extra_
-        err.print(f"[green]localizer[/]: {len(est.families_)} families from {x['reference_instances']} instances in "
-                  f"{x['reference_steps']} steps ({', '.join(x['step_rules'])}); reference steps it flags: "
-                  f"{x['reference_steps_flagged']}; wrote {out}")
-
-    app.add_typer(loc_app, name="localize")
+        s = export_trace(run, out, fmt=fmt, diagnosis=diagnosis)
+        extra = f", {s['annotated_steps']} flagged steps marked" if s["annotated_steps"] else ""
+        Console(stderr=True).print(f"[green]wrote[/] {s['output']} ({s['format']}, {s['bytes'] / 1e6:.1f} MB): "
+                                   f"{s['slices']} slices on {s['tracks']} tracks, {s['flows']} launch flows{extra}")

@@ -36,35 +36,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from teller import __version__
-from teller.localize import GMMLocalizer, Localization, evidence, load_or_fit, localize
+from teller.inspect.tree import fmt_ns
+from teller.localize import (
+    GMMLocalizer,
+    Localization,
+    evidence,
+    load_or_fit,
+    localize,
+    no_reference_error,
+)
 from teller.localize.features import RunFeatures, run_features
-from teller.reconstruct import reconstruct
+from teller.reconstruct.ensure import ensure_reconstructed
+from teller.report.html import write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
 FORMAT = "teller.diagnosis"
 FORMAT_VERSION = 1
-
-
-def ensure_reconstructed(run: str | os.PathLike, note: Any = None, window_ns: int | None = None) -> Path:
-    """The directory of ``run``, reconstructed first when it has no forest yet, or one written
-    before reconstruction decided the steps (no ``step_idx`` column); ``note`` is told so.
-
-    Reconstruction is the public call behind ``teller reconstruct RUN`` (with ``window_ns`` for
-    the fixed-window steps), made once per run: a run already reconstructed is used as it is, so
-    its steps are those ``teller reconstruct`` decided (re-run it to change them)."""
-    rd = RunDir(run).require()
-    forest = rd.path / "forest.parquet"
-    stale = forest.is_file() and "step_idx" not in pq.read_schema(forest).names
-    if not forest.is_file() or stale or not rd.has_table("steps"):
-        if note is not None:
-            why = "its forest.parquet predates steps decided in reconstruction" if stale else "no forest.parquet yet"
-            note(f"{rd.path}: {why}; running `teller reconstruct {rd.path}` first")
-        reconstruct(rd.path, window_ns=window_ns)
-    return rd.path
 
 
 def _f(x: float, nd: int = 4) -> float | None:
@@ -208,8 +198,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     t0 = time.perf_counter()
     c0 = time.process_time()
     if localizer is None and not reference:
-        from teller.localize import no_reference_error
-
         raise no_reference_error(run)
     run = ensure_reconstructed(run, note, window_ns)
     for r in reference or []:
@@ -236,8 +224,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     tmp.replace(json_path)
     paths = {"json": str(json_path)}
     if html:
-        from teller.report.html import write_html
-
         paths["html"] = str(write_html(diag, out_dir / "report.html"))
     diag["summary"]["seconds"]["total"] = round(time.perf_counter() - t0, 3)
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
@@ -250,8 +236,6 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 
 
 def _fmt_value(feature: str, v: float | None) -> str:
-    from teller.inspect.tree import fmt_ns
-
     if v is None:
         return "?"
     if feature.endswith("_ns"):
@@ -279,8 +263,6 @@ def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, deta
     """Readable summary: the worst steps, their suspects and the evidence."""
     from rich.console import Console
     from rich.table import Table
-
-    from teller.inspect.tree import fmt_ns
 
     con = console or Console()
     s = diag["summary"]

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from teller.cliutil import run_app
+
 workload_app = typer.Typer(add_completion=False, no_args_is_help=True,
                            help="Workloads to record: a real serving engine with a request arrival process.")
 
@@ -81,6 +83,4 @@ def register(app: typer.Typer) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m teller.workload``."""
-    from teller.cli import run_app
-
     return run_app(workload_app, argv)

@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from teller.workload.serve import parse_length
+
 log = logging.getLogger("teller.workload.tp")
 
 
@@ -173,8 +175,6 @@ def placement(device: str, backend: str, rank: int, world: int) -> tuple[Any, st
 def worker(a: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
-
-    from teller.workload.serve import parse_length
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -7,7 +7,11 @@ Python imports it as ``sitecustomize``; it then
    ``sys.path``), so a site's own customisation still happens, and leaves that module in
    ``sys.modules["sitecustomize"]``;
 2. when ``TELLER_RUN_DIR`` is set, activates :mod:`teller.record.runtime`, which only registers
-   post-import hooks: nothing heavy is imported, torch is not imported and CUDA is not touched.
+   post-import hooks: nothing heavy is imported, torch is not imported and CUDA is not touched;
+3. then calls the extensions named in ``TELLER_EXTENSIONS`` (``module:function`` entries,
+   comma-separated; a fault campaign names its in-engine applier, ``teller.inject.agent:install``,
+   there) with the runtime, after the recorder's own hooks so their wrappers sit outside the
+   recorder's. The recorder itself knows nothing of them.
 
 It runs once per process (idempotent per pid) and never raises: a failure prints one
 ``[teller]`` line and the program runs unrecorded.
@@ -47,7 +51,7 @@ def _chain_load(here):
 def _activate():
     if not os.environ.get("TELLER_RUN_DIR"):
         return
-    try:
+    try:  # teller is imported only into processes that are recorded
         from teller.record import runtime
     except ImportError:
         home = os.environ.get("TELLER_HOME")
@@ -55,7 +59,24 @@ def _activate():
             raise
         sys.path.append(home)  # at the end: never shadows the program's own modules
         from teller.record import runtime
-    runtime.activate()
+    if runtime.activate() is not None:
+        _load_extensions(runtime)
+
+
+def _load_extensions(runtime):
+    """Call each ``module:function`` of ``TELLER_EXTENSIONS`` with the runtime; a failing one is
+    one ``[teller]`` line and the others still load."""
+    import importlib
+
+    for entry in os.environ.get(runtime.ENV_EXTENSIONS, "").split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        try:
+            mod_name, _, fn_name = entry.partition(":")
+            getattr(importlib.import_module(mod_name), fn_name or "install")(runtime)
+        except Exception as e:
+            runtime.log(f"extension {entry} not loaded ({type(e).__name__}: {e})")
 
 
 def _main():

@@ -10,8 +10,8 @@ built once per distinct launch configuration).
 
 CUPTI's clock is not τ. The collector takes (CUPTI timestamp, τ) anchor pairs at start, at every
 completed buffer and at every flush, and maps record times piecewise-linearly between anchors
-(:class:`ClockMap`), so drift between the two clocks is corrected; the anchors are reported in
-``info()``.
+(:class:`~teller.record.clock.ClockMap`), so drift between the two clocks is corrected; the
+anchors are reported in ``info()``.
 
 NVTX ranges arrive as MARKER records when ``NVTX_INJECTION64_PATH`` points at libcupti (the
 launcher sets it): a start record (flags 2) carries the message, an end record (flags 4) the same
@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from teller.record import clock
+from teller.record.clock import ClockMap, take_anchor
 from teller.rundir import FLAG_REPAIRED, FLAG_TRUNCATED
 
 # ----------------------------------------------------------------------------------------------
@@ -123,82 +123,6 @@ def demangle(name: str) -> str:
         return name
     fn = _cxa_demangle()
     return fn(name) if fn is not None else name
-
-
-# ----------------------------------------------------------------------------------------------
-# clock mapping
-
-
-class ClockMap:
-    """Piecewise-linear map from another clock (CUPTI's, the wall clock) onto τ.
-
-    Anchors are (source ns, τ ns) pairs taken back to back. Between anchors the offset
-    τ − source is interpolated linearly, so a constant rate difference (drift) between the clocks
-    is corrected; before the first and after the last anchor the nearest anchor's offset holds.
-    Arithmetic is done on offsets relative to the first anchor, so float64 loses no precision on
-    epoch-sized timestamps.
-    """
-
-    def __init__(self) -> None:
-        self.src: list[int] = []
-        self.tau: list[int] = []
-        self.err: list[int] = []
-
-    def add(self, src_ns: int, tau_ns: int, err_ns: int = 0) -> bool:
-        """Add an anchor; ignored (False) unless its source time is after the last one."""
-        src_ns, tau_ns = int(src_ns), int(tau_ns)
-        if self.src and src_ns <= self.src[-1]:
-            return False
-        self.src.append(src_ns)
-        self.tau.append(tau_ns)
-        self.err.append(int(err_ns))
-        return True
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def map(self, src_ns: np.ndarray) -> np.ndarray:
-        """Map source-clock ns (array) to τ ns (int64)."""
-        x = np.asarray(src_ns, dtype=np.int64)
-        if not self.src:
-            raise ValueError("ClockMap has no anchors")
-        src0 = self.src[0]
-        off0 = self.tau[0] - src0
-        if len(self.src) == 1:
-            return x + off0
-        xs = np.array([s - src0 for s in self.src], dtype=np.float64)
-        drift = np.array([(t - s) - off0 for s, t in zip(self.src, self.tau, strict=True)], dtype=np.float64)
-        d = np.interp((x - src0).astype(np.float64), xs, drift)
-        return x + off0 + np.rint(d).astype(np.int64)
-
-    def drift_ppm(self) -> float | None:
-        """Rate difference between the clocks over the whole anchor span, in parts per million."""
-        if len(self.src) < 2 or self.src[-1] == self.src[0]:
-            return None
-        d_off = (self.tau[-1] - self.src[-1]) - (self.tau[0] - self.src[0])
-        return 1e6 * d_off / (self.src[-1] - self.src[0])
-
-    def summary(self, keep: int = 4) -> dict[str, Any]:
-        """Anchors for run.json: the first and last few, their count and the drift."""
-        pairs = [[s, t, e] for s, t, e in zip(self.src, self.tau, self.err, strict=True)]
-        kept = pairs if len(pairs) <= 2 * keep else pairs[:keep] + pairs[-keep:]
-        return {"count": len(pairs), "pairs_src_tau_err_ns": kept, "drift_ppm": self.drift_ppm(),
-                "max_err_ns": max(self.err) if self.err else None}
-
-
-def take_anchor(read_src: Callable[[], int], tries: int = 3) -> tuple[int, int, int]:
-    """Read the other clock between two τ readings; keep the tightest of ``tries`` pairs.
-
-    Returns (source ns, τ ns at the midpoint, half-width of the bracket in ns).
-    """
-    best = None
-    for _ in range(tries):
-        a = clock.tau_now()
-        s = int(read_src())
-        b = clock.tau_now()
-        if best is None or b - a < best[2] * 2:
-            best = (s, (a + b) // 2, (b - a + 1) // 2)
-    return best
 
 
 # ----------------------------------------------------------------------------------------------
@@ -801,13 +725,15 @@ class CuptiCollector:
     ``decode``: ``raw`` reads records straight from CUPTI's buffers (default), ``objects`` takes
     the Python objects cupti-python builds per record (slower; also the fallback when raw setup
     fails) (``TELLER_CUPTI_DECODE``); ``api_filter``: leave out the query calls of
-    :data:`QUIET_APIS` (``TELLER_CUPTI_API_FILTER=0`` records them).
+    :data:`QUIET_APIS` (``TELLER_CUPTI_API_FILTER=0`` records them); ``runtime``: the recording
+    runtime, whose range backend becomes NVTX with ``TELLER_CUPTI_RANGES=nvtx``.
     """
 
     name = "cupti"
 
     def __init__(self, kinds: Iterable[str] | None = None, buffer_bytes: int | None = None,
-                 decode: str | None = None, api_filter: bool | None = None) -> None:
+                 decode: str | None = None, api_filter: bool | None = None, runtime: Any = None) -> None:
+        self.rt = runtime
         self.kinds = tuple(k.upper() for k in kinds) if kinds is not None else _env_kinds()
         mb = os.environ.get("TELLER_CUPTI_BUFFER_MB")
         self.buffer_bytes = int(buffer_bytes or (float(mb) * 2**20 if mb else 4 * 2**20))
@@ -1000,10 +926,12 @@ class CuptiCollector:
             self._error("TELLER_CUPTI_RANGES=nvtx needs NVTX_INJECTION64_PATH=<libcupti>; ranges stay on the cpu recorder")
             self.ranges = "cpu"
             return
+        if self.rt is None:
+            self._error("TELLER_CUPTI_RANGES=nvtx needs the recording runtime; ranges stay on the cpu recorder")
+            self.ranges = "cpu"
+            return
         try:
             import torch.cuda.nvtx as nvtx
-
-            from teller.record import runtime
 
             push, pop = nvtx.range_push, nvtx.range_pop
 
@@ -1013,7 +941,7 @@ class CuptiCollector:
             def nvtx_pop() -> None:
                 pop()
 
-            runtime.set_range_backend(nvtx_push, nvtx_pop, name="nvtx")
+            self.rt.set_range_backend(nvtx_push, nvtx_pop, name="nvtx")
         except Exception as e:
             self.ranges = "cpu"
             self._error(f"NVTX range backend: {type(e).__name__}: {e}; ranges stay on the cpu recorder")

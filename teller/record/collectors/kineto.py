@@ -7,7 +7,7 @@ trace to ``RUN/kineto/<pid>.json`` and converts it with the Kineto reader
 
 Time base: a Kineto event's absolute time is ``ts·1000 + baseTimeNanoseconds`` ns on the wall
 clock (checked: the recorded window contains the events). Wall-clock/τ anchor pairs taken at start
-and stop map it onto τ (:class:`~teller.record.collectors.cupti.ClockMap`).
+and stop map it onto τ (:class:`~teller.record.clock.ClockMap`).
 
 Blind spot: the profiler's CPU-op callbacks are thread-local to the thread that started it. The
 transformers continuous-batching loop runs on a background thread, where it records no ``cpu_op``
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from teller.record.collectors.cupti import ClockMap, take_anchor
+from teller.record.clock import ClockMap, take_anchor
 from teller.rundir import EVENT_COLUMNS
 
 
@@ -154,7 +154,7 @@ class KinetoCollector:
         return base / "kineto" / f"{pid}.json"
 
     def _convert(self, path: Path) -> None:
-        try:
+        try:  # at stop only; when the reader cannot load, the raw trace is kept for `teller ingest`
             from teller.ingest.kineto import read_kineto
         except ImportError as e:
             self.keep_raw = True

@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teller.errors import InputError
-from teller.record import runtime as rt
-from teller.record.instrument import Instrumentor
+from teller.record.instrument.base import Instrumentor
 
 TAGS = ("STEP", "FE", "BE", "COMM", "OTHER")
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -167,7 +166,7 @@ class GenericInstrumentor(Instrumentor):
                 self.wrap(module, qual, self._wrapper(tag, qual, self.spec.requests.get(target)))
 
     def _wrapper(self, tag: str, qual: str, req: RequestPath | None) -> Callable:
-        inst, label = self, f"{tag} {qual}"
+        inst, label, rt = self, f"{tag} {qual}", self.rt
         is_step = tag == "STEP"
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

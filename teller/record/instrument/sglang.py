@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from teller.record.instrument import EngineInstrumentor
+from teller.record.instrument import torch_ops
+from teller.record.instrument.engine import EngineInstrumentor
 
 
 class SGLangInstrumentor(EngineInstrumentor):
@@ -41,8 +42,6 @@ class SGLangInstrumentor(EngineInstrumentor):
             if "sample" in vars(getattr(module, "ModelRunner", object)):
                 self.wrap(module, "ModelRunner.sample", self.ranged("FE Sampling"))
         elif name == "sglang.srt.distributed.parallel_state":
-            from teller.record.instrument import torch_ops
-
             torch_ops.wrap_group_coordinator(self, module)
 
     def _run_batch(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:

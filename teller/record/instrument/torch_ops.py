@@ -21,7 +21,10 @@
   matched across ranks. Functional collectives (``_c10d_functional``) seen by the BE mode get
   the same COMM message. Nested COMM (an engine wrapper calling torch.distributed) records once.
 
-Imports torch only inside functions: the module itself loads from ``sitecustomize``.
+Every hook records through the runtime handle it is given (``rt``, the
+:class:`~teller.record.instrument.base.RecordingRuntime` its instrumentor received), never by
+importing the runtime. Imports torch only inside functions: the module itself loads from
+``sitecustomize``.
 """
 
 from __future__ import annotations
@@ -32,8 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from teller.record import runtime as rt
-from teller.record.instrument import Instrumentor
+from teller.record.instrument.base import Instrumentor, RecordingRuntime
 
 _tls = threading.local()
 
@@ -63,11 +65,12 @@ def classify_module(name: str, module: Any, in_emb: Any = None, out_emb: Any = N
     return None
 
 
-def attach_module_ranges(model: Any) -> int:
-    """Register FE range hooks on ``model``'s interesting submodules (once per model)."""
+def attach_module_ranges(rt: RecordingRuntime, model: Any) -> int:
+    """Register FE range hooks on ``model``'s interesting submodules (once per model), recording
+    through ``rt``."""
     if model is None or model in _attached:
         return 0
-    import torch
+    import torch  # the engine has imported it by now (it hands us a model)
 
     is_compiling = torch.compiler.is_compiling
 
@@ -83,8 +86,8 @@ def attach_module_ranges(model: Any) -> int:
         msg = classify_module(name, mod, in_emb, out_emb)
         if msg is None:
             continue
-        handles.append(mod.register_forward_pre_hook(_fe_pre(msg, is_compiling)))
-        handles.append(mod.register_forward_hook(_fe_post(is_compiling), always_call=True))
+        handles.append(mod.register_forward_pre_hook(_fe_pre(rt, msg, is_compiling)))
+        handles.append(mod.register_forward_hook(_fe_post(rt, is_compiling), always_call=True))
     _attached[model] = handles
     return len(handles) // 2
 
@@ -100,7 +103,7 @@ def detach_module_ranges(model: Any = None) -> None:
                 pass
 
 
-def _fe_pre(msg: str, is_compiling: Any):
+def _fe_pre(rt: RecordingRuntime, msg: str, is_compiling: Any):
     def pre(module: Any, args: Any) -> None:
         try:
             if not is_compiling():
@@ -111,7 +114,7 @@ def _fe_pre(msg: str, is_compiling: Any):
     return pre
 
 
-def _fe_post(is_compiling: Any):
+def _fe_post(rt: RecordingRuntime, is_compiling: Any):
     def post(module: Any, args: Any, output: Any) -> None:
         try:
             if not is_compiling():
@@ -153,16 +156,18 @@ def _mode_class() -> Any:
     class BEMode(TorchDispatchMode):
         """Records each aten op as a BE range (COMM for functional collectives)."""
 
-        def __init__(self, depth: int):
+        def __init__(self, depth: int, rt: RecordingRuntime):
             super().__init__()
             self.depth = depth
             self.level = 0
+            self.rt = rt
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             msg = _op_msgs.get(func) or _op_message(func)
             if msg.startswith("BE _c10d_functional::"):
                 msg = _functional_comm_message(func, args, kwargs) or msg
+            rt = self.rt
             rt.push(msg)
             try:
                 if self.level + 1 < self.depth:
@@ -182,15 +187,15 @@ def _mode_class() -> Any:
     return BEMode
 
 
-def be_enter(depth: int) -> None:
-    """Start recording aten ops on this thread (nested calls stack)."""
+def be_enter(rt: RecordingRuntime, depth: int) -> None:
+    """Start recording aten ops on this thread through ``rt`` (nested calls stack)."""
     stack = getattr(_tls, "modes", None)
     if stack is None:
         stack = _tls.modes = []
     if depth <= 0 or rt.is_compiling():
         stack.append(None)
         return
-    mode = _mode_class()(depth)
+    mode = _mode_class()(depth, rt)
     mode.__enter__()
     stack.append(mode)
 
@@ -259,11 +264,13 @@ def group_label(group: Any) -> str:
 
 
 class comm_range:
-    """``with comm_range("all_reduce", nbytes, group): ...`` records one COMM range (outermost only)."""
+    """``with comm_range(rt, "all_reduce", nbytes, group): ...`` records one COMM range through
+    ``rt`` (outermost only)."""
 
-    __slots__ = ("msg",)
+    __slots__ = ("msg", "rt")
 
-    def __init__(self, op: str, nbytes: int, group: str, peer: tuple | None = None):
+    def __init__(self, rt: RecordingRuntime, op: str, nbytes: int, group: str, peer: tuple | None = None):
+        self.rt = rt
         if _comm_depth() > 0:
             self.msg = None
             return
@@ -278,12 +285,12 @@ class comm_range:
     def __enter__(self) -> None:
         _tls.comm = _comm_depth() + 1
         if self.msg is not None:
-            rt.push(self.msg)
+            self.rt.push(self.msg)
 
     def __exit__(self, *exc: Any) -> None:
         _tls.comm = _comm_depth() - 1
         if self.msg is not None:
-            rt.pop()
+            self.rt.pop()
 
 
 #: torch.distributed function → name of its main tensor argument
@@ -350,6 +357,7 @@ def _comm_wrapper(inst: Instrumentor, op: str, describe: Callable[[Any, Any, Any
     """A wrapt wrapper recording one COMM range per call; ``describe(instance, args, kwargs)``
     gives (bytes, group, peer), or None for a call not worth a range. Nested collectives (an
     engine's wrapper calling torch.distributed) are recorded once, at the outermost call."""
+    rt = inst.rt
 
     def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if _comm_depth() > 0 or rt.is_compiling():
@@ -358,7 +366,7 @@ def _comm_wrapper(inst: Instrumentor, op: str, describe: Callable[[Any, Any, Any
             what = describe(instance, args, kwargs)
             if what is None:
                 return wrapped(*args, **kwargs)
-            cm = comm_range(op, *what)
+            cm = comm_range(rt, op, *what)
         except Exception as e:
             inst.failed(f"COMM {op}", e)
             return wrapped(*args, **kwargs)

@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from teller.record import clock
-from teller.record import runtime as rt
+from teller.record.instrument import torch_ops
+from teller.record.instrument.base import RecordingRuntime
 
 #: name prefix of the per-step RecordFunction bracket (followed by the window number)
 STEP_MARK = "teller.step#"
@@ -111,8 +112,11 @@ class ProfilerBE:
 
     def __init__(self, run_dir: str | os.PathLike | None, period_s: float | None = None,
                  defer: bool | None = None, fallback: str | None = None, sink: Any = None,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, *, runtime: RecordingRuntime) -> None:
         env = os.environ
+        #: the recording runtime: messages, torch.compile check, the dispatch fallback's ranges,
+        #: and (``runtime.RUNTIME``) the process's CUPTI collector to hand CUPTI back to
+        self.rt = runtime
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.period_s = float(env.get(ENV_PERIOD) or DEFAULT_PERIOD_S) if period_s is None else float(period_s)
         self.defer = (env.get(ENV_DEFER, "") not in ("", "0")) if defer is None else defer
@@ -147,7 +151,7 @@ class ProfilerBE:
         stack = getattr(self._tls, "stack", None)
         if stack is None:
             stack = self._tls.stack = []
-        if depth <= 0 or rt.is_compiling():
+        if depth <= 0 or self.rt.is_compiling():
             stack.append(_Window(-1, None, 0, 0, depth, fallback="off"))
             return
         if not self.started and not self.failed:
@@ -173,8 +177,6 @@ class ProfilerBE:
         w = stack.pop()
         if w.fallback is not None:
             if w.fallback == "dispatch":
-                from teller.record.instrument import torch_ops
-
                 torch_ops.be_exit()
             return
         c = clock.tau_now()
@@ -307,13 +309,11 @@ class ProfilerBE:
         self.reason = reason
         self.prof = None
         to = "the dispatch backend" if self.fallback == "dispatch" else "no BE ranges"
-        rt.log(f"BE backend profiler unavailable ({reason}); recording aten ops with {to}", key="be-profiler")
+        self.rt.log(f"BE backend profiler unavailable ({reason}); recording aten ops with {to}", key="be-profiler")
 
     def _fallback_enter(self, depth: int) -> _Window:
         if self.fallback == "dispatch":
-            from teller.record.instrument import torch_ops
-
-            torch_ops.be_enter(depth)
+            torch_ops.be_enter(self.rt, depth)
             return _Window(-1, None, 0, 0, depth, fallback="dispatch")
         return _Window(-1, None, 0, 0, depth, fallback="off")
 
@@ -327,7 +327,7 @@ class ProfilerBE:
 
     # ---- CUPTI coordination ---------------------------------------------------------------------
     def _cupti_collector(self) -> Any:
-        r = rt.RUNTIME
+        r = getattr(self.rt, "RUNTIME", None)
         c = getattr(r, "collector", None) if r is not None else None
         if getattr(c, "name", "") == "cupti" and getattr(c, "_active", False):
             return c
@@ -434,12 +434,13 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
     summary reconciles: ``cpu_ops = kept + outside_steps + too_deep`` over the aten rows, plus
     the non-aten rows and the step brackets seen/matched.
     """
+    # numpy, pyarrow and the Kineto reader load here, at conversion, never in the recorded
+    # process's start-up (this module is imported when the runtime installs the BE backend)
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from teller.ingest.kineto import read_kineto
-    from teller.record.collectors.cupti import ClockMap
 
     t_conv = time.perf_counter()
     trace = str(trace)
@@ -490,7 +491,7 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         src, tau, err = src[tight], tau[tight], err[tight]
     summ["anchors_dropped"] = int(len(tight) - len(src))
     order = np.argsort(src, kind="stable")
-    cm = ClockMap()
+    cm = clock.ClockMap()
     for s, t, e in zip(src[order].tolist(), tau[order].tolist(), err[order].tolist(), strict=True):
         cm.add(s, t, e)
     # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
@@ -593,7 +594,7 @@ def convert_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     Returns counts summed over segments, plus ``segments`` and ``failed`` (segments whose
     conversion raised stay on disk and are named in ``errors``).
     """
-    from teller.rundir import RunDir, events_table
+    from teller.rundir import RunDir, events_table  # pyarrow: only in the launcher, after the run
 
     run = RunDir(run_dir)
     d = run.path / SEGMENT_DIR

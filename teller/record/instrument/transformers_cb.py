@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from teller.record import runtime as rt
-from teller.record.instrument import EngineInstrumentor
+from teller.record.instrument.engine import EngineInstrumentor
 
 CB = "transformers.generation.continuous_batching"
 
@@ -50,11 +49,11 @@ class TransformersCBInstrumentor(EngineInstrumentor):
     def _prepare(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if _idle(instance):  # the loop polls every 0.1 s when idle: no range for empty polls
             return wrapped(*args, **kwargs)
-        rt.push("OTHER schedule")
+        self.rt.push("OTHER schedule")
         try:
             ready = wrapped(*args, **kwargs)
         finally:
-            rt.pop()
+            self.rt.pop()
         if ready:  # the ids are read inside open_step, which never lets an error reach the engine
             self.open_step(lambda: ",".join(
                 str(fs.state.request_id) for fs in instance.inputs_and_outputs.requests_in_batch))

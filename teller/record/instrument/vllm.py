@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from teller.record import runtime as rt
-from teller.record.instrument import EngineInstrumentor
+from teller.record.instrument import torch_ops
+from teller.record.instrument.engine import EngineInstrumentor
 
 
 def _scheduled_ids(scheduler_output: Any) -> str:
@@ -67,24 +67,22 @@ class VLLMInstrumentor(EngineInstrumentor):
         elif name == "vllm.v1.worker.gpu_model_runner":
             self.wrap(module, "GPUModelRunner.load_model", self.attach_model)
         elif name == "vllm.distributed.parallel_state":
-            from teller.record.instrument import torch_ops
-
             torch_ops.wrap_group_coordinator(self, module)
 
     # ---- engine core -------------------------------------------------------------------------
     def _schedule(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        rt.push("OTHER schedule")
+        self.rt.push("OTHER schedule")
         try:
             out = wrapped(*args, **kwargs)
         finally:
-            rt.pop()
+            self.rt.pop()
         if getattr(out, "total_num_scheduled_tokens", 1):
             self.open_step(lambda: _scheduled_ids(out))
         return out
 
     # ---- worker --------------------------------------------------------------------------------
     def _execute_model(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        tls = self.tls
+        tls, rt = self.tls, self.rt
         if getattr(tls, "worker_step", False):
             self._end_worker_step()  # the previous step's sampling never came
         if getattr(tls, "step_open", False) or rt.is_compiling():
@@ -110,14 +108,14 @@ class VLLMInstrumentor(EngineInstrumentor):
         if getattr(tls, "worker_step", False):
             tls.worker_step = False
             try:
-                rt.pop_step()
+                self.rt.pop_step()
             except Exception as e:
                 self.failed("worker STEP end", e)
 
     def _sample_tokens(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        rt.push("FE Sampling")
+        self.rt.push("FE Sampling")
         try:
             return wrapped(*args, **kwargs)
         finally:
-            rt.pop()
+            self.rt.pop()
             self._end_worker_step()

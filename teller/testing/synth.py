@@ -480,7 +480,7 @@ def write_synth_run(path: str | os.PathLike, n_events: int, **kwargs: Any) -> Ru
     rd.write_info(
         RunInfo(
             source="synth",
-            command=["teller.synth.synth_run", str(n_events)],
+            command=["teller.testing.synth.synth_run", str(n_events)],
             ranks=[{"node": 0, "rank": r, "pid": 4000 + r} for r in ranks],
             counts={"events": rows},
             extra={"synth": {k: v for k, v in kwargs.items()}},

@@ -1,7 +1,7 @@
-"""Planted anomalies and the numeric stage's accuracy metrics (DESIGN.md §11), for evaluating the
-localizer before a labelled dataset exists.
+"""Planted anomalies (DESIGN.md §11): synthetic runs with known abnormal steps and operators, for
+evaluating the localizer before a labelled dataset exists (a test and benchmark fixture).
 
-:func:`plant` edits a canonical events table of a synthetic run (:mod:`teller.synth`, written
+:func:`plant` edits a canonical events table of a synthetic run (:mod:`teller.testing.synth`, written
 with ``pushpop="none"`` so every range is one RANGE row) so that, in chosen steps, every instance
 of one operator is slowed by one of three mechanisms:
 
@@ -16,15 +16,11 @@ nesting, binding and every other thread stay intact. The ground truth goes to ``
 one window per planted instance (start/end on τ after the warp, mechanism, magnitude, operator
 family).
 
-:func:`step_metrics` and :func:`operator_metrics` implement the §11 definitions: step-level
-accuracy/precision/recall/F1 on the abnormal flag; operator-set precision/recall/F1/Jaccard per
-step, averaged, with f = j = 1 and p = r = 0 when both sets are empty, and Macro₊ over the steps
-whose true operator set is non-empty.
+The metrics that score a diagnosis against this truth are in :mod:`teller.evaluate.metrics`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -34,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from teller.rundir import KIND_CODE, KINDS, RunDir, RunInfo, events_table, kind_codes
+from teller.testing.synth import synth_tables
 
 MECHANISMS = ("host", "kernel", "churn")
 _CATEGORY = {"host": "scheduling/software", "kernel": "CUDA/kernel", "churn": "runtime/driver"}
@@ -157,8 +154,6 @@ def plant(events: pa.Table, plants: Iterable[Plant]) -> tuple[pa.Table, list[dic
 def write_planted_run(path: str | os.PathLike, n_events: int, plants: list[Plant], seed: int = 0,
                       **synth_kwargs: Any) -> RunDir:
     """A synthetic run with ``plants`` applied to rank 0 and the truth in ``labels.json``."""
-    from teller.synth import synth_tables
-
     rd = RunDir(path)
     windows: list[dict[str, Any]] = []
     rows = 0
@@ -168,112 +163,7 @@ def write_planted_run(path: str | os.PathLike, n_events: int, plants: list[Plant
             table, windows = plant(table, plants)
         rd.write_events(table, name=f"rank{r}")
         rows += table.num_rows
-    rd.write_info(RunInfo(source="synth+planted", command=["teller.localize.planted", str(n_events)],
+    rd.write_info(RunInfo(source="synth+planted", command=["teller.testing.planted", str(n_events)],
                           counts={"events": rows}, extra={"synth": {"seed": seed, **synth_kwargs}}))
     rd.write_labels({"source": "planted", "windows": windows})
     return rd
-
-
-# ------------------------------------------------------------------------------------------------
-# metrics (DESIGN.md §11)
-
-
-def truth_for_steps(steps: list[dict[str, Any]], labels: dict[str, Any] | None) -> tuple[np.ndarray, list[set[str]]]:
-    """Per diagnosis step: abnormal (overlaps a label window of its rank) and the true operators.
-
-    Windows are ``{start_ns, end_ns, operators}`` (:func:`plant`) or, as ``teller inject`` writes
-    them, ``{start_tau_ns, end_tau_ns, targets_hit}``."""
-    wins = (labels or {}).get("windows", [])
-    ab = np.zeros(len(steps), bool)
-    ops: list[set[str]] = [set() for _ in steps]
-    if not wins:
-        return ab, ops
-    ws = np.array([w.get("start_ns", w.get("start_tau_ns", 0)) for w in wins], np.int64)
-    we = np.array([w.get("end_ns", w.get("end_tau_ns", 0)) for w in wins], np.int64)
-    wr = np.array([w.get("rank", -1) if w.get("rank") is not None else -1 for w in wins], np.int64)
-    for i, s in enumerate(steps):  # steps: thousands at most
-        hit = (ws < s["end_ns"]) & (we > s["start_ns"]) & ((wr < 0) | (wr == s.get("rank", 0)))
-        if hit.any():
-            ab[i] = True
-            for j in np.flatnonzero(hit).tolist():
-                ops[i].update(wins[j].get("operators", wins[j].get("targets_hit", [])))
-    return ab, ops
-
-
-def truth_from_step_labels(steps: list[dict[str, Any]], table: Any) -> tuple[np.ndarray, list[set[str]]]:
-    """Per diagnosis step: ``is_anomaly`` and ``operator_labels`` from ``step_labels.parquet``
-    (``teller inject``), matched on the STEP node id; steps it does not list are normal."""
-    ids = table.column("step_id").to_pylist()
-    lab = dict(zip(ids, table.column("is_anomaly").to_pylist(), strict=True))
-    opl = dict(zip(ids, table.column("operator_labels").to_pylist(), strict=True))
-    ab = np.array([bool(lab.get(s["node_id"], False)) for s in steps], bool)
-    ops = [set(opl.get(s["node_id"]) or []) if a else set() for s, a in zip(steps, ab, strict=True)]
-    return ab, ops
-
-
-def step_metrics(truth: np.ndarray, pred: np.ndarray) -> dict[str, float]:
-    """Step-level accuracy, precision, recall and F1 of the abnormal flag."""
-    truth, pred = np.asarray(truth, bool), np.asarray(pred, bool)
-    tp = int((truth & pred).sum())
-    fp = int((~truth & pred).sum())
-    fn = int((truth & ~pred).sum())
-    p = tp / (tp + fp) if tp + fp else 0.0
-    r = tp / (tp + fn) if tp + fn else 0.0
-    f = 2 * p * r / (p + r) if p + r else 0.0
-    acc = float((truth == pred).mean()) if len(truth) else 0.0
-    return {"accuracy": acc, "precision": p, "recall": r, "f1": f, "tp": tp, "fp": fp, "fn": fn,
-            "steps": int(len(truth)), "abnormal": int(truth.sum())}
-
-
-def _op_prf(t: set[str], p: set[str]) -> tuple[float, float, float, float]:
-    if not t and not p:
-        return 0.0, 0.0, 1.0, 1.0
-    inter = len(t & p)
-    prec = inter / len(p) if p else 0.0
-    rec = inter / len(t) if t else 0.0
-    f = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
-    j = inter / len(t | p)
-    return prec, rec, f, j
-
-
-def operator_metrics(truth: list[set[str]], pred: list[set[str]]) -> dict[str, float]:
-    """Operator-set P/R/F1/Jaccard averaged per step (f = j = 1, p = r = 0 when both sets are
-    empty) and the same averaged over operator-positive steps only (Macro₊)."""
-    vals = np.array([_op_prf(set(t), set(p)) for t, p in zip(truth, pred, strict=True)]).reshape(-1, 4)
-    pos = np.array([bool(t) for t in truth], bool)
-    out: dict[str, float] = {"steps": int(len(truth)), "operator_positive_steps": int(pos.sum())}
-    for i, k in enumerate(("precision", "recall", "f1", "jaccard")):
-        out[k] = float(vals[:, i].mean()) if len(vals) else 0.0
-        out[f"macro_plus_{k}"] = float(vals[pos, i].mean()) if pos.any() else 0.0
-    return out
-
-
-def evaluate(diagnosis: dict[str, Any], labels: dict[str, Any] | None = None,
-             step_labels: Any = None) -> dict[str, Any]:
-    """Step and operator metrics of a diagnosis against ``step_labels`` (a ``step_labels.parquet``
-    table) or, without one, the windows of ``labels``. Predicted operators of a flagged step are
-    its candidate families."""
-    steps = diagnosis["steps"]
-    if step_labels is not None:
-        ab, ops = truth_from_step_labels(steps, step_labels)
-    else:
-        ab, ops = truth_for_steps(steps, labels)
-    pred = np.array([bool(s["flag"]) for s in steps], bool)
-    pops = [{c["family"] for c in s.get("candidates", [])} if s["flag"] else set() for s in steps]
-    return {"step": step_metrics(ab, pred), "operator": operator_metrics(ops, pops),
-            "truth": ab.tolist(), "pred": pred.tolist(), "true_ops": [sorted(o) for o in ops],
-            "pred_ops": [sorted(o) for o in pops]}
-
-
-def evaluate_run(run: str | os.PathLike, diagnosis: dict[str, Any]) -> dict[str, Any]:
-    """:func:`evaluate` with the labels found in ``run`` (step_labels.parquet, else labels.json)."""
-    rd = RunDir(run)
-    table = None
-    if rd.has_table("step_labels"):
-        table = rd.read_table("step_labels")
-    return evaluate(diagnosis, rd.read_labels(), table)
-
-
-def save_json(obj: Any, path: str | os.PathLike) -> None:
-    with open(path, "w") as fh:
-        json.dump(obj, fh, indent=2)

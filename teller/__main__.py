@@ -1,0 +1,5 @@
+"""`python -m teller`: the same command as `teller`."""
+
+from teller.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Evaluation (DESIGN.md §11): metrics that score diagnoses against ground truth."""

@@ -1,0 +1,48 @@
+"""``teller localize fit``: the numeric localizer, fitted once on reference runs and reused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
+
+import typer
+
+localize_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                           help="The numeric localizer: fit it once on reference runs and reuse it.")
+
+
+def window_ns(window_ms: Optional[float]) -> Optional[int]:
+    """``--window-ms`` as ns (None: the default window); shared with ``teller diagnose``."""
+    return None if window_ms is None else max(int(window_ms * 1e6), 1)
+
+
+@localize_app.command("fit")
+def fit_cmd(
+    reference: List[Path] = typer.Argument(..., help="Run(s) of normal operation (reconstructed first if needed)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Artefact to write (.npz)."),
+    window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps."),
+    max_components: int = typer.Option(4, "--max-components", help="Most Gaussian components per operator family (chosen by BIC)."),
+    tail: float = typer.Option(1e-4, "--tail", help="Share of normal instances allowed beyond the outlier radius."),
+) -> None:
+    """Fit the per-family Gaussian mixtures on reference runs and save them as one artefact."""
+    # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
+    from rich.console import Console
+
+    from teller.localize import fit_localizer
+    from teller.reconstruct.ensure import ensure_reconstructed
+
+    err = Console(stderr=True)
+    for r in reference:
+        ensure_reconstructed(r, lambda m: err.print(f"[yellow]note[/]: {m}"))
+    est = fit_localizer(list(reference), window_ns=window_ns(window_ms), max_components=max_components, tail=tail)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    est.save(out)
+    x = est.extra_
+    err.print(f"[green]localizer[/]: {len(est.families_)} families from {x['reference_instances']} instances in "
+              f"{x['reference_steps']} steps ({', '.join(x['step_rules'])}); reference steps it flags: "
+              f"{x['reference_steps_flagged']}; wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``localize`` group to the ``teller`` app."""
+    app.add_typer(localize_app, name="localize")
