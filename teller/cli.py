@@ -39,11 +39,13 @@ def reconstruct(
     run: Path = typer.Argument(..., help="Run directory."),
     step_pattern: Optional[List[str]] = typer.Option(None, "--step-pattern", help="Extra regex naming STEP ranges in foreign traces (group 'id' = step number, optional group 'reqs')."),
     no_logs: bool = typer.Option(False, "--no-logs", help="Skip log alignment."),
+    window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length of the fixed-window steps of runs without STEP ranges or profiler steps (default 100 ms, a tenth of shorter runs)."),
 ) -> None:
-    """Rebuild call-chain trees: forest.parquet, requests.parquet, comm_edges.parquet, log_alignment.parquet."""
+    """Rebuild call-chain trees: forest.parquet, steps.parquet, requests.parquet, comm_edges.parquet, log_alignment.parquet."""
     from teller.reconstruct import reconstruct as do_reconstruct
 
-    summary = do_reconstruct(run, step_patterns=step_pattern or None)
+    window = {} if window_ms is None else {"window_ns": max(int(window_ms * 1e6), 1)}
+    summary = do_reconstruct(run, step_patterns=step_pattern or None, **window)
     _print_summary("reconstructed", summary)
     if not no_logs:
         from teller.logs import align_run

@@ -55,6 +55,7 @@ FOREST_SCHEMA = pa.schema([
     *(_E.field(c) for c in ("layer", "name", "start_ns", "end_ns", "node", "rank", "pid", "tid", "device", "stream",
                             "corr_id")),
     pa.field("step_id", pa.int64()),  # node id of the innermost enclosing STEP, -1 none
+    pa.field("step_idx", pa.int64()),  # row of the node's step in steps.parquet, -1 none (reconstruct decides)
     _E.field("flags"),
     pa.field("depth", pa.int32()),
     pa.field("size", pa.int64()),

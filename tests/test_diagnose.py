@@ -132,6 +132,28 @@ def test_foreign_traces(tmp_path, name, rule, layers):
     assert (tmp_path / "o" / "diagnosis.json").is_file()
 
 
+def test_diagnose_reconstructs_once_and_reads_the_same_steps(tmp_path):
+    """A run without a forest (or with one written before reconstruct decided the steps) is
+    reconstructed by the public call, once; its steps are then those of steps.parquet."""
+    from teller.reconstruct.ensure import ensure_reconstructed
+
+    run = tmp_path / "run"
+    ingest(EXT / "nsys" / "cupy_report3.sqlite", run)
+    notes = []
+    ensure_reconstructed(run, notes.append, window_ns=2_000_000)
+    assert len(notes) == 1 and "no forest.parquet yet" in notes[0] and f"teller reconstruct {run}" in notes[0]
+    summary = json.loads((run / "reconstruct.json").read_text())
+    assert summary["steps_rule"] == "fixed windows" and "windows of 2 ms" in summary["steps_detail"]
+    stamp = (run / "forest.parquet").stat().st_mtime_ns
+    ensure_reconstructed(run, notes.append)  # reconstructed: used as it is
+    assert len(notes) == 1 and (run / "forest.parquet").stat().st_mtime_ns == stamp
+    old = pq.read_table(run / "forest.parquet").drop_columns(["step_idx"])
+    pq.write_table(old, run / "forest.parquet")
+    ensure_reconstructed(run, notes.append)
+    assert len(notes) == 2 and "predates" in notes[1]
+    assert "step_idx" in pq.read_schema(run / "forest.parquet").names
+
+
 def test_planted_slowdowns_are_found(tmp_path):
     write_planted_run(tmp_path / "ref", 40_000, [], seed=1)
     plants = [Plant("BE aten::mul", [12, 40], "host", 4.0), Plant("BE aten::silu", [70], "churn", 4.0)]

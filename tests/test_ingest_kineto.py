@@ -104,7 +104,12 @@ def test_h200_transformers_counts_match_the_trace(runs):
         (p, c) for k, p, c in zip(d["kind"], d["pid"], d["corr_id"], strict=True) if k == "KERNEL"
     ]
     assert all(x in host for x in kern)
-    assert not any(f & FLAG_UNBOUND for f in d["flags"])
+    # binding is reconstruction's: ingest flags none, reconstruct binds every one of them
+    assert not any(f & FLAG_UNBOUND for f in d["flags"]) and "unbound" not in s["flagged"]
+    from teller.reconstruct import reconstruct
+
+    r = reconstruct(runs["h200_transformers_cb_llama4l.json.gz"][1].path)
+    assert r["gpu_activity"] == 3067 + 311 + 48 and r["gpu_bound"] == r["gpu_activity"] and r["unbound"] == 0
 
 
 def test_nccl_kernels_are_comm_with_collective_args_and_bytes(runs):
@@ -327,10 +332,18 @@ def test_repairs_flags_and_skips_are_counted(tmp_path):
         False,
         True,
     ]  # the later one
-    assert (
-        d["flags"][row["k_orphan"]] & FLAG_UNBOUND and not d["flags"][row["k_bound"]] & FLAG_UNBOUND
-    )
+    # GPU rows take the file's process; which call launched them is reconstruction's to decide
     assert d["pid"][row["k_orphan"]] == d["pid"][row["k_bound"]] == d["pid"][row["region"]] == 100
+    assert not any(f & FLAG_UNBOUND for f in d["flags"]) and "unbound" not in s["flagged"]
+    from teller.reconstruct import reconstruct
+
+    r = reconstruct(tmp_path / "run")
+    f = RunDir(tmp_path / "run").read_table("forest").to_pydict()
+    node = {n: i for i, n in enumerate(f["name"])}
+    assert f["flags"][node["k_orphan"]] & FLAG_UNBOUND and f["parent_id"][node["k_orphan"]] == -1
+    assert not f["flags"][node["k_bound"]] & FLAG_UNBOUND
+    assert f["name"][f["parent_id"][node["k_bound"]]] == "cudaLaunchKernel"
+    assert (r["gpu_activity"], r["gpu_bound"], r["unbound"]) == (2, 1, 1)
     assert (
         d["device"][row["region"]] == 0
         and d["stream"][row["region"]] == 7

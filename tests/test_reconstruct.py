@@ -309,3 +309,15 @@ def test_tag_words_set_layer_and_leave_the_name(tmp_path):
     got = {r["name"]: r["layer"] for r in f}
     assert got == {"STEP id=3 reqs=r1": "STEP", "update_batch": "OTHER",
                    "all_reduce bytes=64 group=tp seq=0": "COMM", "plain range": "OTHER"}
+
+
+def test_range_open_at_thread_end_leaves_phase_times_sane(tmp_path):
+    """A STEP still open at thread end is closed at the thread's last event; the per-phase CPU
+    times in reconstruct.json stay non-negative (the truncation must not disturb the phase clock)."""
+    rows = [push("STEP id=1", 0), rng("FE a", 1, 5), call("cudaLaunchKernel", 2, 3, 1), gpu("k", 4, 6, 1)]
+    s, f, rd = run_and_read(tmp_path / "r", rows)
+    assert by_name(f)["STEP id=1"]["flags"] & FLAG_TRUNCATED and by_name(f)["STEP id=1"]["end_ns"] == 5
+    written = json.loads((tmp_path / "r" / "reconstruct.json").read_text())
+    for t in (s["timings"], written["timings"]):
+        assert t and all(v >= 0 for v in t.values()), t
+    assert 0 <= sum(s["timings"].values()) <= s["cpu_seconds"] + 0.01

@@ -46,7 +46,6 @@ from teller.ingest.common import prepare_out
 from teller.rundir import (
     FLAG_DUPLICATE,
     FLAG_REPAIRED,
-    FLAG_UNBOUND,
     GPU_KINDS,
     KIND_CODE,
     KINDS,
@@ -710,7 +709,7 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         corr[need] = alt
 
     # GPU rows: Kineto puts pid = device and tid = stream; canonical rows keep them in
-    # device/stream and set tid = -1 (pid is rebound to the launching process per file).
+    # device/stream and set tid = -1 (pid becomes the file's main process in _finish_file).
     gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
     is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
     device = np.full(n, -1, np.int32)
@@ -922,7 +921,7 @@ def _names(metadata: list[dict]) -> tuple[dict[str, dict], list[dict]]:
 def _finish_file(
     t: pa.Table | None, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
 ) -> tuple[pa.Table, int, list[int]]:
-    """File-level passes: clock base, API names, layers, GPU pid binding, duplicates, order."""
+    """File-level passes: clock base, API names, layers, the GPU rows' process, duplicates, order."""
     if t is None or t.num_rows == 0:
         return events_table({}, 0), -1, []
     kind = t["kind"].to_numpy()
@@ -956,20 +955,12 @@ def _finish_file(
     host_pids, counts = np.unique(pid[host_rows], return_counts=True)
     main_pid = int(host_pids[np.argmax(counts)]) if len(host_pids) else -1
 
-    # GPU rows get the pid of the process whose runtime/driver call launched them (matched by
-    # correlation id); rows without a match (gpu_user_annotation, lost launches) get main_pid.
+    # GPU rows belong to the profiled process: Kineto records the CUPTI activity of the process
+    # that ran the profiler, whose host rows are the file's main pid (Kineto writes pid = device
+    # on GPU rows). Which call launched each row is decided by reconstruction, by (pid, corr_id).
     hi = np.flatnonzero(np.isin(kind, _HOST_CALL) & (corr >= 0))
-    order = np.argsort(corr[hi], kind="stable")
-    hc, hrow = corr[hi][order], hi[order]
     gi = np.flatnonzero(gpu)
-    launcher = np.full(len(gi), -1, np.int64)
-    if len(hc) and len(gi):
-        p = np.clip(np.searchsorted(hc, corr[gi]), 0, len(hc) - 1)
-        found = (hc[p] == corr[gi]) & (corr[gi] >= 0)
-        launcher = np.where(found, hrow[p], -1)
-    pid[gi] = np.where(launcher >= 0, pid[np.maximum(launcher, 0)], main_pid)
-    unbound = gi[(launcher < 0) & np.isin(kind[gi], _GPU_KINDS)]
-    flags[unbound] |= FLAG_UNBOUND
+    pid[gi] = main_pid
 
     # duplicate correlation ids: a second host call with the same (pid, corr), or a second GPU
     # activity with the same corr unless a graph launch (one corr, many kernels) issued it
@@ -978,8 +969,9 @@ def _finish_file(
     graph_name = np.fromiter(
         (bool(_GRAPH_LAUNCH.search(s)) for s in name_dict), bool, len(name_dict)
     )
+    graph_corr = corr[hi[graph_name[name_codes[hi]]]]
     from_graph = np.zeros(len(kind), bool)
-    from_graph[gi] = (launcher >= 0) & graph_name[name_codes[np.maximum(launcher, 0)]]
+    from_graph[gi] = np.isin(corr[gi], graph_corr) & (corr[gi] >= 0)
     wi = np.flatnonzero(np.isin(kind, _GPU_WORK) & (corr >= 0) & ~from_graph)
     _mark_later_duplicates(dup, wi, np.zeros_like(pid), corr, start)
     if dup.any():
@@ -1086,11 +1078,7 @@ def _counts(files: list[KinetoFile]) -> dict[str, Any]:
         )
         out.update({d["values"]: d["counts"] for d in vc.to_pylist()})
         fl = f.table["flags"].to_numpy() if f.table.num_rows else np.zeros(0, np.int32)
-        for bit, name in (
-            (FLAG_REPAIRED, "repaired"),
-            (FLAG_UNBOUND, "unbound"),
-            (FLAG_DUPLICATE, "duplicate"),
-        ):
+        for bit, name in ((FLAG_REPAIRED, "repaired"), (FLAG_DUPLICATE, "duplicate")):
             flags[name] += int(((fl & bit) != 0).sum())
     return {
         "events_in": sum(cin.values()),

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from teller.evaluate.metrics import operator_metrics, step_metrics
-
 from teller.rca.data import FAULT_TYPES
 
 __all__ = ["step_metrics", "operator_metrics", "macro_f1", "evaluate_predictions"]

@@ -1,4 +1,5 @@
-"""Cross-layer reconstruction (DESIGN.md §4–5): events → call forest, steps, requests, comm edges.
+"""Cross-layer reconstruction (docs/design.md, "Reconstruction"): events → call forest, steps,
+requests, comm edges.
 
 ``reconstruct(RUN)`` reads ``RUN/events/*.parquet`` and writes
 
@@ -6,18 +7,22 @@
   every subtree a contiguous block ``[node_id, node_id + size)``; see :mod:`.forest` for the
   order of roots and siblings). Columns: node_id, parent_id (-1 root), layer, name, start_ns,
   end_ns, node, rank, pid, tid, device, stream, corr_id, step_id (innermost enclosing STEP, -1
-  none; GPU nodes take their launching call's), flags, depth, size, kind, graph_id, bytes, args.
-- ``steps.parquet``, ``requests.parquet`` (:mod:`.steps`), ``comm_edges.parquet`` (:mod:`.comm`),
+  none; GPU nodes take their launching call's), step_idx (the row's step in ``steps.parquet``,
+  -1 none), flags, depth, size, kind, graph_id, bytes, args.
+- ``steps.parquet`` (the steps of the first rule that applies: STEP ranges, profiler steps or
+  fixed windows; :func:`.steps.decide_steps`), ``requests.parquet`` (:mod:`.steps`),
+  ``comm_edges.parquet`` (:mod:`.comm`),
 - ``reconstruct.json``: the returned summary: ``events_in``, ``nodes``, ``pops_consumed``,
   ``repaired_pops_without_push`` and ``reconciled`` (events in = nodes + pops consumed + pops
   without a push); flag counts (``truncated``, ``repaired`` with its causes, ``unbound``,
   ``duplicate``); ``gpu_activity``/``gpu_bound``/``binding_coverage`` (share of kernel, memcpy and
-  memset nodes bound to a host call); ``steps``, ``requests``, ``comm_edges``; per-layer counts;
-  CPU seconds per phase.
+  memset nodes bound to a host call); ``steps``, ``steps_rule``, ``steps_detail``, ``requests``,
+  ``comm_edges``; per-layer counts; CPU seconds per phase (``timings``).
 
-Events in = nodes + pops consumed by pairing + pops without a push (dropped and counted).
-Every step is a vectorized numpy/Arrow pass; Python loops run over threads, files and row groups,
-pointer-jumping rounds and output chunks only.
+The phases (load, pair, layers, nest, bind, preorder, comm, steps, write) are the functions below,
+in that order, each documented as a paragraph of docs/design.md. Every step is a vectorized
+numpy/Arrow pass; Python loops run over threads, files and row groups, pointer-jumping rounds and
+output chunks only.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +46,7 @@ from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts,
 from teller.reconstruct.comm import comm_edges, describe
 from teller.reconstruct.forest import extent, join, nest, preorder
 from teller.reconstruct.ranges import pair
-from teller.reconstruct.steps import steps_tables
+from teller.reconstruct.steps import ForestRows, Steps, decide_steps, steps_tables
 from teller.rundir import (
     FLAG_DUPLICATE,
     FLAG_NAMES,
@@ -61,9 +67,9 @@ CHUNK_ROWS = 1 << 19
 #: Parquet encodings of the forest: dictionary pages for the few-valued columns, delta encoding for
 #: the near-monotone ones (node ids, times); measured 2x faster to write and smaller than defaults.
 DICT_COLS = ["layer", "name", "kind", "node", "rank", "pid", "tid", "device", "stream", "flags", "depth"]
-DELTA_COLS = ["node_id", "parent_id", "start_ns", "end_ns", "corr_id", "step_id", "size"]
+DELTA_COLS = ["node_id", "parent_id", "start_ns", "end_ns", "corr_id", "step_id", "step_idx", "size"]
 #: Row-group min/max only where readers filter (string statistics alone cost a third of the write).
-STATS_COLS = ["node_id", "parent_id", "step_id", "start_ns", "end_ns", "rank", "depth"]
+STATS_COLS = ["node_id", "parent_id", "step_id", "step_idx", "start_ns", "end_ns", "rank", "depth"]
 
 _PUSH, _POP, _SYNC = KIND_CODE["NVTX_PUSH"], KIND_CODE["NVTX_POP"], KIND_CODE["SYNC"]
 _RANGE_LIKE = L.kind_table({"NVTX_PUSH": True, "RANGE": True, "MARKER": True}, False, bool)
@@ -204,6 +210,214 @@ def _write_chunks(rd: RunDir, name: str, schema: pa.Schema, n: int, make) -> Pat
     return out
 
 
+class _PhaseClock:
+    """CPU seconds per phase (wall time is noisy on shared machines)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.c0 = self._mark = time.process_time()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = time.process_time()
+        self.timings[phase] = round(now - self._mark, 3)
+        self._mark = now
+
+
+# ------------------------------------------------------------------------------------------------
+# the phases, in order (docs/design.md, "Reconstruction"). Each takes what earlier phases left and
+# returns what later ones need; a field a later phase is the last to read is set to None there
+# ("consumed"), so the big arrays are freed at the same points as in one long function.
+
+
+@dataclass
+class Events:
+    """Input columns, one entry per event, and the thread lanes.
+
+    The six wide thread columns (node, rank, pid, tid, device, stream) are coded once as an int32
+    ``lane`` per event, with the lane's values in ``lane_*`` and its process (node, rank, pid) and
+    (node, rank) codes. ``end`` and ``flags`` are repaired in place by :func:`pair_ranges` and
+    :func:`nest_threads`; ``is_pop`` (set by pairing: pops make no node) is consumed by nesting."""
+
+    rd: RunDir
+    cols: _Numeric
+    lane: np.ndarray
+    lane_node: np.ndarray
+    lane_rank: np.ndarray
+    lane_pid: np.ndarray
+    lane_tid: np.ndarray
+    lane_dev: np.ndarray
+    lane_stream: np.ndarray
+    proc_of_lane: np.ndarray
+    nr_of_lane: np.ndarray
+    kind: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    flags: np.ndarray
+    is_pop: np.ndarray | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+    @property
+    def it(self) -> type:
+        return index_dtype(self.n)
+
+
+def load_events(rd: RunDir) -> Events:
+    """Read the event columns every phase needs (the rest are read where they are used)."""
+    cols = _Numeric(rd)
+    lane, lanes = factorize([cols(c) for c in LANE_COLS])
+    proc_of_lane, _ = factorize([lanes[0], lanes[1], lanes[2]])
+    nr_of_lane, _ = factorize([lanes[0], lanes[1]])
+    kind = kind_codes(rd.read_events(columns=["kind"]))
+    if len(kind) != cols.n:
+        raise TellerError(f"{rd.events_dir}: the event files changed while being read; run again")
+    return Events(rd, cols, lane, *lanes, proc_of_lane, nr_of_lane, kind, cols("start_ns"), cols("end_ns"), cols("flags"))
+
+
+@dataclass
+class Paired:
+    """Counts of the pairing phase (the pairs themselves are written into ``Events.end``)."""
+
+    pops: int
+    pops_consumed: int
+    pops_without_push: int
+    negative_repaired: int
+
+
+def pair_ranges(ev: Events) -> Paired:
+    """Pushes meet their pops (:func:`.ranges.pair`): a push's end becomes its pop's time; a push
+    still open when its thread ends is closed at the thread's last event (FLAG_TRUNCATED); a push
+    whose range id was pushed again is flagged FLAG_DUPLICATE; pops without a push are counted
+    and dropped. Negative durations become instants (FLAG_REPAIRED, except markers)."""
+    it, start, end, flags, lane = ev.it, ev.start, ev.end, ev.flags, ev.lane
+    push = np.flatnonzero(ev.kind == _PUSH).astype(it)
+    pop = np.flatnonzero(ev.kind == _POP).astype(it)
+    ev.is_pop = np.zeros(ev.n, dtype=bool)
+    ev.is_pop[pop] = True
+    pr = pair(push, pop, lane, ev.proc_of_lane[lane], start, _range_ids(ev.cols))
+    popped = pr.pop_of_push >= 0
+    end[push[popped]] = start[pr.pop_of_push[popped]]
+    open_push = push[~popped]
+    if open_push.size:
+        thread_end = np.full(len(ev.lane_tid), np.iinfo(np.int64).min, dtype=np.int64)
+        np.maximum.at(thread_end, lane, np.maximum(start, end))
+        end[open_push] = np.maximum(thread_end[lane[open_push]], start[open_push])
+        flags[open_push] |= FLAG_TRUNCATED
+    flags[push[pr.duplicate]] |= FLAG_DUPLICATE
+    # negative durations (instants: markers are points, not repairs)
+    bad = np.flatnonzero((end < start) & ~ev.is_pop)
+    is_marker = ev.kind[bad] == KIND_CODE["MARKER"]
+    flags[bad[~is_marker]] |= FLAG_REPAIRED
+    end[bad] = start[bad]
+    return Paired(len(pop), int(pr.pops_consumed), len(pr.pops_unmatched), int((~is_marker).sum()))
+
+
+def _range_ids(cols: _Numeric) -> np.ndarray | None:
+    return None if cols.constant("range_id") == -1 else cols("range_id")
+
+
+@dataclass
+class Named:
+    """Layer and output name of every event, decided on the name dictionary (:mod:`.layers`)."""
+
+    rules: L.NameRules
+    layer: np.ndarray | None  # int8 code into LAYERS, per event (consumed by the preorder phase)
+    name: np.ndarray  # int32 code into rules.names, per event
+    step_ev: np.ndarray  # STEP events, ascending
+    step_name_in: np.ndarray  # their input name codes (for step numbers and request lists)
+
+
+def name_layers(ev: Events, step_patterns: list[str] | None) -> Named:
+    """Tag words, step patterns and the reader's layer column give each event its layer and name
+    (:func:`.layers.assign`); the STEP events are remembered for the step table."""
+    name_in, name_dict = ev.cols.strings("name")
+    rules = L.name_rules(name_dict, step_patterns)
+    layer, name = L.assign(ev.kind, _input_layers(ev.cols), name_in, rules)
+    step_ev = np.flatnonzero((layer == L.STEP) & ~ev.is_pop)
+    return Named(rules, layer, name, step_ev, name_in[step_ev])
+
+
+def _input_layers(cols: _Numeric) -> np.ndarray:
+    codes, dictionary = cols.strings("layer")
+    return L.layer_codes(dictionary)[codes]
+
+
+@dataclass
+class Nested:
+    """Host events in thread order (``hs``; position i is host node i) with each one's parent
+    position (-1 root) and ``stop`` (the position right after its subtree), and the GPU events."""
+
+    hs: np.ndarray | None
+    gpu_ev: np.ndarray | None
+    parent: np.ndarray | None
+    stop: np.ndarray | None
+    clipped: int
+    rounds: int
+
+
+def nest_threads(ev: Events) -> Nested:
+    """Host events (everything but GPU activity and pops) are sorted per thread by (start, end
+    descending, kind rank, input order) and nested by :func:`.forest.nest`: the parent is the
+    innermost open event; children sticking out of their parent are clipped to it (FLAG_REPAIRED)."""
+    host, gpu_ev = _host_and_gpu(ev)
+    hs = _thread_order(ev, host)
+    del host  # before the nesting's own arrays
+    first = segment_starts(ev.lane[hs])
+    hstart = ev.start[hs]
+    hleaf = L.IS_LEAF_KIND[ev.kind[hs]]
+    parent, e_eff, clipped, rounds = nest(first, hstart, ev.end[hs], hleaf)
+    stop = extent(first, hstart, e_eff, hleaf)
+    ev.end[hs] = e_eff
+    ev.flags[hs[clipped]] |= FLAG_REPAIRED
+    return Nested(hs, gpu_ev, parent, stop, int(clipped.sum()), rounds)
+
+
+def _host_and_gpu(ev: Events) -> tuple[np.ndarray, np.ndarray]:
+    """Host events (neither GPU activity nor pops) and GPU events; consumes ``ev.is_pop``."""
+    gpu = L.IS_GPU_KIND[ev.kind] | ((ev.kind == _SYNC) & (ev.lane_tid[ev.lane] < 0))
+    host = np.flatnonzero(~gpu & ~ev.is_pop).astype(ev.it)
+    ev.is_pop = None  # consumed
+    return host, np.flatnonzero(gpu).astype(ev.it)
+
+
+def _thread_order(ev: Events, host: np.ndarray) -> np.ndarray:
+    end, kind = ev.end, ev.kind
+
+    def tie_keys(rows: np.ndarray) -> list[np.ndarray]:
+        e = host[rows]
+        return [-end[e], L.TIE_RANK[kind[e]], e]
+
+    return host[sort_with_ties([ev.lane[host], ev.start[host]], tie_keys)]
+
+
+@dataclass
+class Bound:
+    """The launching host call of each GPU event (``launch``: a position in ``Nested.hs``, -1
+    unbound), the correlation ids, and the binding counts of kernels, copies and sets."""
+
+    corr: np.ndarray
+    launch: np.ndarray | None
+    gpu_activity: int
+    gpu_bound: int
+
+
+def bind_gpu(ev: Events, nested: Nested) -> Bound:
+    """Kernels, copies, sets and GPU-side syncs bind to the runtime or driver call that launched
+    them, by (process, corr_id), a runtime call before the driver call it issued; GPU rows whose
+    process made no host call at all (a reader put the device number in ``pid``) get a second
+    chance by (node, rank, corr_id). The rest are unbound roots (FLAG_UNBOUND). This is the only
+    place where GPU activity meets its launch."""
+    corr = ev.cols("corr_id", narrow=True)
+    launch = _bind(nested.hs, nested.gpu_ev, ev.kind, ev.lane, corr, ev.proc_of_lane, ev.nr_of_lane)
+    bound = launch >= 0
+    ev.flags[nested.gpu_ev[~bound]] |= FLAG_UNBOUND
+    km = L.IS_GPU_KIND[ev.kind[nested.gpu_ev]]
+    return Bound(corr, launch, int(km.sum()), int((km & bound).sum()))
+
+
 def _bind(hs: np.ndarray, gpu_ev: np.ndarray, kind: np.ndarray, lane: np.ndarray, corr: np.ndarray, proc_of_lane: np.ndarray, nr_of_lane: np.ndarray) -> np.ndarray:
     """Position (in ``hs``) of the host call that launched each GPU row, -1 if none.
 
@@ -237,152 +451,80 @@ def _bind(hs: np.ndarray, gpu_ev: np.ndarray, kind: np.ndarray, lane: np.ndarray
     return bound_pos
 
 
-def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) -> dict[str, Any]:
-    """Rebuild the call forest of ``run`` and write its tables; returns the summary dict."""
-    t0 = time.perf_counter()
-    c0 = time.process_time()
-    timings: dict[str, float] = {}
-    last = [c0]
+@dataclass
+class Layout:
+    """The forest's rows in depth-first preorder: the input event of each row and, per row, its
+    parent row, depth, subtree size, layer and innermost enclosing STEP (``step``, -1 none)."""
 
-    def lap(phase: str) -> None:  # CPU seconds per phase (wall time is noisy on shared machines)
-        now = time.process_time()
-        timings[phase] = round(now - last[0], 3)
-        last[0] = now
+    event: np.ndarray
+    parent: np.ndarray
+    depth: np.ndarray
+    size: np.ndarray
+    step: np.ndarray
+    layer: np.ndarray
 
-    rd = RunDir(run).require()
-    _ints = _Numeric(rd)
+    @property
+    def m(self) -> int:
+        return len(self.event)
 
-    # ---- load: thread lanes first (six wide columns → one int32 code), then the rest ----------
-    lane, lanes = factorize([_ints(c) for c in LANE_COLS])
-    lane_node, lane_rank, lane_pid, lane_tid, lane_dev, lane_stream = lanes
-    n_lanes = len(lane_tid)
-    proc_of_lane, _ = factorize([lane_node, lane_rank, lane_pid])
-    nr_of_lane, _ = factorize([lane_node, lane_rank])
-    kind = kind_codes(rd.read_events(columns=["kind"]))
-    n = len(kind)
-    it = index_dtype(n)
-    if len(kind) != _ints.n:
-        raise TellerError(f"{rd.events_dir}: the event files changed while being read; run again")
-    start = _ints("start_ns")
-    end = _ints("end_ns")
-    flags = _ints("flags")
 
-    lap("load")
-    # ---- 1. push/pop pairing ------------------------------------------------------------------
-    push = np.flatnonzero(kind == _PUSH).astype(it)
-    pop = np.flatnonzero(kind == _POP).astype(it)
-    is_pop = np.zeros(n, dtype=bool)
-    is_pop[pop] = True
-    rid = None if _ints.constant("range_id") == -1 else _ints("range_id")
-    proc = proc_of_lane[lane]
-    pr = pair(push, pop, lane, proc, start, rid)
-    del rid, proc
-    n_pops = len(pop)
-    popped = pr.pop_of_push >= 0
-    end[push[popped]] = start[pr.pop_of_push[popped]]
-    open_push = push[~popped]
-    if open_push.size:
-        last = np.full(n_lanes, np.iinfo(np.int64).min, dtype=np.int64)
-        np.maximum.at(last, lane, np.maximum(start, end))
-        end[open_push] = np.maximum(last[lane[open_push]], start[open_push])
-        flags[open_push] |= FLAG_TRUNCATED
-    flags[push[pr.duplicate]] |= FLAG_DUPLICATE
-    del push, pop, popped, open_push
+def preorder_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> Layout:
+    """Rows in depth-first preorder (:func:`.forest.preorder`): roots by thread, then start; a
+    node's host children in start order, then the GPU activity it launched. Every subtree is the
+    block ``[row, row + size)``; depth, size and the innermost STEP come from counting."""
+    event, parent, depth, size, step = _place_rows(ev, named, nested, bound)
+    layer, named.layer = named.layer[event], None  # consumed: rows carry their layer from here on
+    return Layout(event, parent, depth, size, step, layer)
 
-    # negative durations (instants: markers are points, not repairs)
-    bad = np.flatnonzero((end < start) & ~is_pop)
-    is_marker = kind[bad] == KIND_CODE["MARKER"]
-    flags[bad[~is_marker]] |= FLAG_REPAIRED
-    end[bad] = start[bad]
-    neg_repaired = int((~is_marker).sum())
 
-    lap("pair")
-    # ---- 4. layers and names (on the dictionary) ----------------------------------------------
-    name_in, name_dict = _ints.strings("name")
-    rules = L.name_rules(name_dict, step_patterns)
-    lcodes, ldict = _ints.strings("layer")
-    layer_in = L.layer_codes(ldict)[lcodes]
-    del lcodes
-    layer, name = L.assign(kind, layer_in, name_in, rules)
-    del layer_in
-    step_ev = np.flatnonzero((layer == L.STEP) & ~is_pop)
-    step_name_in = name_in[step_ev]
-    del name_in
-
-    lap("layers")
-    # ---- 2./3. nesting of host events per thread ------------------------------------------------
-    gpu = L.IS_GPU_KIND[kind] | ((kind == _SYNC) & (lane_tid[lane] < 0))
-    host = np.flatnonzero(~gpu & ~is_pop).astype(it)
-    del is_pop
-    gpu_ev = np.flatnonzero(gpu).astype(it)
-    del gpu
-    def tie_keys(rows: np.ndarray, host: np.ndarray = host) -> list[np.ndarray]:
-        ev = host[rows]
-        return [-end[ev], L.TIE_RANK[kind[ev]], ev]
-
-    order = sort_with_ties([lane[host], start[host]], tie_keys)
-    hs = host[order]
-    del order, host, tie_keys
-    hlane = lane[hs]
-    first = segment_starts(hlane)
-    del hlane
-    hstart = start[hs]
-    hleaf = L.IS_LEAF_KIND[kind[hs]]
-    parent_h, e_eff, clipped, rounds = nest(first, hstart, end[hs], hleaf)
-    pop_h = extent(first, hstart, e_eff, hleaf)
-    del first, hleaf, hstart
-    end[hs] = e_eff
-    del e_eff
-    flags[hs[clipped]] |= FLAG_REPAIRED
-    n_clipped = int(clipped.sum())
-    del clipped
-    h = len(hs)
-
-    lap("nest")
-    # ---- 3. GPU activity → launching host call by (process, corr_id) -----------------------------
-    corr = _ints("corr_id", narrow=True)
-    bound_pos = _bind(hs, gpu_ev, kind, lane, corr, proc_of_lane, nr_of_lane)
-    bound = bound_pos >= 0
-    flags[gpu_ev[~bound]] |= FLAG_UNBOUND
-    kinds_g = kind[gpu_ev]
-    km = L.IS_GPU_KIND[kinds_g]
-    n_km, n_km_bound = int(km.sum()), int((km & bound).sum())
-    del kinds_g, km
-    del bound
-
-    lap("bind")
-    # ---- layout: depth-first preorder ---------------------------------------------------------
-    lay = preorder(pop_h, parent_h, layer[hs] == L.STEP, bound_pos, lane[gpu_ev], start[gpu_ev])
-    del pop_h, parent_h, bound_pos
+def _place_rows(ev: Events, named: Named, nested: Nested, bound: Bound) -> tuple[np.ndarray, ...]:
+    """Per row: input event, parent row, depth, size, innermost STEP; consumes the nesting and
+    binding arrays."""
+    hs, gpu_ev = nested.hs, nested.gpu_ev
+    lay = preorder(nested.stop, nested.parent, named.layer[hs] == L.STEP, bound.launch, ev.lane[gpu_ev], ev.start[gpu_ev])
+    nested.hs = nested.gpu_ev = nested.parent = nested.stop = bound.launch = None  # consumed
     gpu_ev = gpu_ev[lay["order"]]
-    m = h + len(gpu_ev)
-    fin_in = np.empty(m, dtype=it)
-    par_fin = np.empty(m, dtype=it)
+    m, it = len(hs) + len(gpu_ev), ev.it
+    event = np.empty(m, dtype=it)
+    parent = np.empty(m, dtype=it)
     depth = np.empty(m, dtype=np.int32)
     size = np.ones(m, dtype=it)
     step = np.empty(m, dtype=it)
     hpos, gpos = lay["hpos"], lay["gpos"]
-    fin_in[hpos], fin_in[gpos] = hs, gpu_ev
-    par_fin[hpos], par_fin[gpos] = lay["hparent"], lay["gparent"]
+    event[hpos], event[gpos] = hs, gpu_ev
+    parent[hpos], parent[gpos] = lay["hparent"], lay["gparent"]
     depth[hpos], depth[gpos] = lay["hdepth"], lay["gdepth"]
     size[hpos] = lay["hsize"]
     step[hpos], step[gpos] = lay["hstep"], lay["gstep"]
-    del lay, hpos, gpos, hs, gpu_ev
+    return event, parent, depth, size, step
 
-    lap("layout")
-    # ---- remaining payload columns ------------------------------------------------------------
-    graph = _ints("graph_id", narrow=True)
-    nbytes = _ints("bytes", narrow=True)
-    args = None if _ints.all_null("args") else _column(rd, "args")
+
+@dataclass
+class Payload:
+    """The remaining per-event columns the forest carries (``bytes`` completed for COMM nodes),
+    and the communication edges."""
+
+    graph: np.ndarray
+    nbytes: np.ndarray
+    args: pa.Array | None
+    comm_nodes: int
+    edges: pa.Table
+
+
+def match_comm(ev: Events, named: Named, lay: Layout) -> Payload:
+    """COMM nodes are described from their names and args (collective, group, sequence number,
+    bytes: :func:`.comm.describe`) and the same collective is matched across ranks
+    (:func:`.comm.comm_edges`)."""
+    cols, kind = ev.cols, ev.kind
+    graph = cols("graph_id", narrow=True)
+    nbytes = cols("bytes", narrow=True)
+    args = None if cols.all_null("args") else _column(ev.rd, "args")
     if args is not None and not pa.types.is_string(args.type):
         args = args.cast(pa.string())
-
-    # ---- COMM: describe nodes (fills bytes), match across ranks -----------------------------------
-    layer_fin = layer[fin_in]
-    comm_ids = np.flatnonzero(layer_fin == L.COMM)
-    comm_ev = fin_in[comm_ids]
+    comm_ids = np.flatnonzero(lay.layer == L.COMM)
+    comm_ev = lay.event[comm_ids]
     desc = describe(
-        rules.names.take(pa.array(name[comm_ev])) if comm_ev.size else pa.array([], pa.string()),
+        named.rules.names.take(pa.array(named.name[comm_ev])) if comm_ev.size else pa.array([], pa.string()),
         args.take(pa.array(comm_ev)) if comm_ev.size and args is not None else pa.nulls(len(comm_ev), pa.string()),
         _RANGE_LIKE[kind[comm_ev]],
         nbytes[comm_ev].astype(np.int64),
@@ -391,39 +533,51 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
         nbytes = nbytes.astype(np.int64)
     nbytes[comm_ev] = desc["bytes"]
     source = np.where(_RANGE_LIKE[kind[comm_ev]], 0, np.where(L.IS_GPU_KIND[kind[comm_ev]], 1, 2))
-    edges = comm_edges(comm_ids, lane_rank[lane[comm_ev]], start[comm_ev], source, desc)
+    edges = comm_edges(comm_ids, ev.lane_rank[ev.lane[comm_ev]], ev.start[comm_ev], source, desc)
+    return Payload(graph, nbytes, args, len(comm_ids), edges)
 
-    lap("comm")
-    # ---- steps and requests -------------------------------------------------------------------
-    step_ids = np.flatnonzero(layer_fin == L.STEP)
-    sev = fin_in[step_ids]
+
+def make_steps(ev: Events, named: Named, lay: Layout, window_ns: int | None) -> tuple[Steps, pa.Table]:
+    """The STEP ranges with their step numbers and request lists (:func:`.steps.steps_tables`:
+    the request → step index), then the run's steps by the first rule that applies
+    (:func:`.steps.decide_steps`: STEP ranges, profiler steps, fixed windows)."""
+    rules = named.rules
+    step_ids = np.flatnonzero(lay.layer == L.STEP)
+    sev = lay.event[step_ids]
     # step_ev (ascending input indices) → position of each STEP event's input name
-    pos_in = np.searchsorted(step_ev, sev)
-    sname_in = step_name_in[pos_in]
-    sl = lane[sev]
-    steps, requests = steps_tables(
+    sname_in = named.step_name_in[np.searchsorted(named.step_ev, sev)]
+    sl = ev.lane[sev]
+    step_ranges, requests = steps_tables(
         {
             "step_id": step_ids,
             "step_num": rules.step_num[sname_in],
-            "node": lane_node[sl],
-            "rank": lane_rank[sl],
-            "pid": lane_pid[sl],
-            "tid": lane_tid[sl],
-            "start_ns": start[sev],
-            "end_ns": end[sev],
-            "name": rules.names.take(pa.array(name[sev])) if sev.size else pa.array([], pa.string()),
-            "size": size[step_ids],
+            "node": ev.lane_node[sl],
+            "rank": ev.lane_rank[sl],
+            "pid": ev.lane_pid[sl],
+            "tid": ev.lane_tid[sl],
+            "start_ns": ev.start[sev],
+            "end_ns": ev.end[sev],
+            "name": rules.names.take(pa.array(named.name[sev])) if sev.size else pa.array([], pa.string()),
+            "size": lay.size[step_ids],
             "reqs": rules.reqs.take(pa.array(sname_in)) if sev.size else pa.array([], pa.string()),
         }
     )
+    rows = ForestRows(lay.parent, lay.size, lay.layer, lay.step, lay.event, ev.kind, named.name, rules.names, ev.start,
+                      ev.end, ev.lane, ev.lane_node, ev.lane_rank, ev.lane_pid, ev.lane_tid, ev.lane_dev, ev.proc_of_lane)
+    return decide_steps(rows, step_ranges, window_ns), requests
 
-    lap("steps")
-    # ---- write the forest in row chunks --------------------------------------------------------
-    lane_node, lane_rank, lane_dev = (x.astype(np.int32) for x in (lane_node, lane_rank, lane_dev))
-    lane_pid, lane_tid, lane_stream = (x.astype(np.int64) for x in (lane_pid, lane_tid, lane_stream))
+
+def write_forest(ev: Events, named: Named, lay: Layout, bound: Bound, pay: Payload, steps: Steps) -> Path:
+    """``forest.parquet`` in row chunks of ``CHUNK_ROWS`` (bounded memory), each chunk's names with
+    a dictionary of only the entries it uses."""
+    lane, kind, start, end, flags, name, corr = ev.lane, ev.kind, ev.start, ev.end, ev.flags, named.name, bound.corr
+    lane_node, lane_rank, lane_dev = (x.astype(np.int32) for x in (ev.lane_node, ev.lane_rank, ev.lane_dev))
+    lane_pid, lane_tid, lane_stream = (x.astype(np.int64) for x in (ev.lane_pid, ev.lane_tid, ev.lane_stream))
     layer_dict = pa.array(LAYERS)
     kind_dict = pa.array(KINDS)
-    names = rules.names
+    names = named.rules.names
+    fin_in, layer_fin, par_fin, depth, size, step = lay.event, lay.layer, lay.parent, lay.depth, lay.size, lay.step
+    graph, nbytes, args = pay.graph, pay.nbytes, pay.args
 
     def used_names(codes: np.ndarray) -> pa.DictionaryArray:
         """The chunk's names with a dictionary of the entries it uses: Parquet stores the
@@ -438,68 +592,104 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None) 
     def chunk(a: int, b: int) -> list[pa.Array]:
         ii = fin_in[a:b]
         ln = lane[ii]
-        return [
-            pa.array(np.arange(a, b, dtype=np.int64)),
-            pa.array(par_fin[a:b].astype(np.int64)),
-            pa.DictionaryArray.from_arrays(pa.array(layer_fin[a:b]), layer_dict),
-            used_names(name[ii]),
-            pa.array(start[ii]),
-            pa.array(end[ii]),
-            pa.array(lane_node[ln]),
-            pa.array(lane_rank[ln]),
-            pa.array(lane_pid[ln]),
-            pa.array(lane_tid[ln]),
-            pa.array(lane_dev[ln]),
-            pa.array(lane_stream[ln]),
-            pa.array(corr[ii].astype(np.int64)),
-            pa.array(step[a:b].astype(np.int64)),
-            pa.array(flags[ii]),
-            pa.array(depth[a:b].astype(np.int32)),
-            pa.array(size[a:b].astype(np.int64)),
-            pa.DictionaryArray.from_arrays(pa.array(kind[ii]), kind_dict),
-            pa.array(graph[ii].astype(np.int64)),
-            pa.array(nbytes[ii].astype(np.int64)),
-            args.take(pa.array(ii)) if args is not None else pa.nulls(b - a, pa.string()),
-        ]
+        cols = {
+            "node_id": pa.array(np.arange(a, b, dtype=np.int64)),
+            "parent_id": pa.array(par_fin[a:b].astype(np.int64)),
+            "layer": pa.DictionaryArray.from_arrays(pa.array(layer_fin[a:b]), layer_dict),
+            "name": used_names(name[ii]),
+            "start_ns": pa.array(start[ii]),
+            "end_ns": pa.array(end[ii]),
+            "node": pa.array(lane_node[ln]),
+            "rank": pa.array(lane_rank[ln]),
+            "pid": pa.array(lane_pid[ln]),
+            "tid": pa.array(lane_tid[ln]),
+            "device": pa.array(lane_dev[ln]),
+            "stream": pa.array(lane_stream[ln]),
+            "corr_id": pa.array(corr[ii].astype(np.int64)),
+            "step_id": pa.array(step[a:b].astype(np.int64)),
+            "step_idx": pa.array(steps.step_idx(step[a:b], a)),
+            "flags": pa.array(flags[ii]),
+            "depth": pa.array(depth[a:b].astype(np.int32)),
+            "size": pa.array(size[a:b].astype(np.int64)),
+            "kind": pa.DictionaryArray.from_arrays(pa.array(kind[ii]), kind_dict),
+            "graph_id": pa.array(graph[ii].astype(np.int64)),
+            "bytes": pa.array(nbytes[ii].astype(np.int64)),
+            "args": args.take(pa.array(ii)) if args is not None else pa.nulls(b - a, pa.string()),
+        }
+        return [cols[c] for c in FOREST_SCHEMA.names]
 
-    _write_chunks(rd, "forest", FOREST_SCHEMA, m, chunk)
-    rd.write_table(steps, "steps")
+    return _write_chunks(ev.rd, "forest", FOREST_SCHEMA, lay.m, chunk)
+
+
+def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, window_ns: int | None = None) -> dict[str, Any]:
+    """Rebuild the call forest of ``run`` and write its tables; returns the summary dict.
+
+    ``step_patterns``: extra regexes naming STEP ranges (:func:`.layers.name_rules`);
+    ``window_ns``: the window of the fixed-window step rule (:func:`.steps.decide_steps`)."""
+    clock = _PhaseClock()
+    rd = RunDir(run).require()
+    ev = load_events(rd)
+    clock.lap("load")
+    paired = pair_ranges(ev)
+    clock.lap("pair")
+    named = name_layers(ev, step_patterns)
+    clock.lap("layers")
+    nested = nest_threads(ev)
+    clock.lap("nest")
+    bound = bind_gpu(ev, nested)
+    clock.lap("bind")
+    lay = preorder_rows(ev, named, nested, bound)
+    clock.lap("preorder")
+    pay = match_comm(ev, named, lay)
+    clock.lap("comm")
+    steps, requests = make_steps(ev, named, lay, window_ns)
+    clock.lap("steps")
+    write_forest(ev, named, lay, bound, pay, steps)
+    rd.write_table(steps.table, "steps")
     rd.write_table(requests, "requests")
-    rd.write_table(edges, "comm_edges")
+    rd.write_table(pay.edges, "comm_edges")
+    clock.lap("write")
+    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, clock)
+    (rd.path / "reconstruct.json").write_text(json.dumps(summary, indent=2))
+    return summary
 
-    lap("write")
-    # ---- summary ------------------------------------------------------------------------------
-    node_flags = flags[fin_in]
-    layer_counts = np.bincount(layer_fin, minlength=len(LAYERS))
-    n_dropped = len(pr.pops_unmatched)
-    summary: dict[str, Any] = {
+
+def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layout, pay: Payload, steps: Steps,
+             requests: pa.Table, clock: _PhaseClock) -> dict[str, Any]:
+    """``reconstruct.json``: counts that reconcile, repairs, binding coverage, steps, timings."""
+    n, m = ev.n, lay.m
+    node_flags = ev.flags[lay.event]
+    layer_counts = np.bincount(lay.layer, minlength=len(LAYERS))
+    n_km, n_bound = bound.gpu_activity, bound.gpu_bound
+    return {
         "events_in": int(n),
         "nodes": int(m),
-        "pops_consumed": int(pr.pops_consumed),
-        "repaired_pops_without_push": int(n_dropped),
-        "reconciled": bool(n == m + pr.pops_consumed + n_dropped and n_pops == pr.pops_consumed + n_dropped),
+        "pops_consumed": paired.pops_consumed,
+        "repaired_pops_without_push": paired.pops_without_push,
+        "reconciled": bool(n == m + paired.pops_consumed + paired.pops_without_push
+                           and paired.pops == paired.pops_consumed + paired.pops_without_push),
         "truncated": int(((node_flags & FLAG_TRUNCATED) != 0).sum()),
         "repaired": int(((node_flags & FLAG_REPAIRED) != 0).sum()),
-        "repaired_negative_duration": neg_repaired,
-        "repaired_partial_overlap": n_clipped,
+        "repaired_negative_duration": paired.negative_repaired,
+        "repaired_partial_overlap": nested.clipped,
         "unbound": int(((node_flags & FLAG_UNBOUND) != 0).sum()),
         "duplicate": int(((node_flags & FLAG_DUPLICATE) != 0).sum()),
         "gpu_activity": n_km,
-        "gpu_bound": n_km_bound,
-        "binding_coverage": round(n_km_bound / n_km, 6) if n_km else None,
-        "steps": int(steps.num_rows),
+        "gpu_bound": n_bound,
+        "binding_coverage": round(n_bound / n_km, 6) if n_km else None,
+        "steps": int(steps.table.num_rows),
+        "steps_rule": steps.rule,
+        "steps_detail": steps.detail,
         "requests": len(pc.unique(requests.column("request_id"))),
         "request_step_pairs": int(requests.num_rows),
-        "comm_nodes": int(len(comm_ids)),
-        "comm_edges": int(edges.num_rows),
-        "threads": int(n_lanes),
-        "nesting_rounds": int(rounds),
-        "max_depth": int(depth.max(initial=-1)) if m else 0,
-        "layers": {lay: int(c) for lay, c in zip(LAYERS, layer_counts, strict=True)},
+        "comm_nodes": pay.comm_nodes,
+        "comm_edges": int(pay.edges.num_rows),
+        "threads": int(len(ev.lane_tid)),
+        "nesting_rounds": int(nested.rounds),
+        "max_depth": int(lay.depth.max(initial=-1)) if m else 0,
+        "layers": {name: int(c) for name, c in zip(LAYERS, layer_counts, strict=True)},
         "flags": {FLAG_NAMES[b]: int(((node_flags & b) != 0).sum()) for b in FLAG_NAMES},
-        "seconds": round(time.perf_counter() - t0, 3),
-        "cpu_seconds": round(time.process_time() - c0, 3),
-        "timings": timings,
+        "seconds": round(time.perf_counter() - clock.t0, 3),
+        "cpu_seconds": round(time.process_time() - clock.c0, 3),
+        "timings": clock.timings,
     }
-    (rd.path / "reconstruct.json").write_text(json.dumps(summary, indent=2))
-    return summary

@@ -1,4 +1,4 @@
-"""Reconstruct a run once, when a later stage is handed one that has events but no forest yet."""
+"""Reconstruct a run once, when a later stage is handed one that was not reconstructed yet."""
 
 from __future__ import annotations
 
@@ -6,15 +6,26 @@ import os
 from pathlib import Path
 from typing import Callable
 
+import pyarrow.parquet as pq
+
 from teller.reconstruct import reconstruct
 from teller.rundir import RunDir
 
 
-def ensure_reconstructed(run: str | os.PathLike, note: Callable[[str], None] | None = None) -> Path:
-    """Reconstruct ``run`` first when it has events but no forest yet (``note`` is told so)."""
+def ensure_reconstructed(run: str | os.PathLike, note: Callable[[str], None] | None = None,
+                         window_ns: int | None = None) -> Path:
+    """The directory of ``run``, reconstructed first when it has no forest yet, or one written
+    before reconstruction decided the steps (no ``step_idx`` column); ``note`` is told so.
+
+    Reconstruction is the public call behind ``teller reconstruct RUN`` (with ``window_ns`` for
+    the fixed-window steps), made once per run: a run already reconstructed is used as it is, so
+    its steps are those ``teller reconstruct`` decided (re-run it to change them)."""
     rd = RunDir(run).require()
-    if not rd.has_table("forest"):
+    forest = rd.path / "forest.parquet"
+    stale = forest.is_file() and "step_idx" not in pq.read_schema(forest).names
+    if not forest.is_file() or stale or not rd.has_table("steps"):
         if note is not None:
-            note(f"{rd.path}: no forest.parquet yet; running `teller reconstruct {rd.path}` first")
-        reconstruct(rd.path)
+            why = "its forest.parquet predates steps decided in reconstruction" if stale else "no forest.parquet yet"
+            note(f"{rd.path}: {why}; running `teller reconstruct {rd.path}` first")
+        reconstruct(rd.path, window_ns=window_ns)
     return rd.path

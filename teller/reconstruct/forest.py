@@ -196,6 +196,37 @@ def extent(first: np.ndarray, s: np.ndarray, e: np.ndarray, leaf: np.ndarray) ->
     return out
 
 
+def innermost(sp: np.ndarray, stop: np.ndarray, n: int) -> np.ndarray:
+    """For marked positions ``sp`` (ascending) owning the blocks ``[sp, stop)`` of a preorder (two
+    blocks are disjoint or nested): the index into ``sp`` of the innermost block holding each
+    position ``0..n-1`` (-1 in none). Disjoint blocks (the usual case) are painted by a running
+    sum; nested ones walk up the enclosing blocks of the last mark at or before each position."""
+    it = np.int32 if n < 2**31 - 2 else np.int64
+    out = np.full(n, -1, dtype=it)
+    if not sp.size:
+        return out
+    sp64, stop64 = sp.astype(np.int64), stop.astype(np.int64)
+    sparent = _search_parents(np.r_[True, np.zeros(len(sp) - 1, bool)], sp64, stop64, np.zeros(len(sp), bool))
+    k_of = np.arange(len(sp), dtype=np.int64)
+    if (sparent < 0).all():
+        mark = np.zeros(n + 1, dtype=np.int64)
+        mark[sp64] = k_of + 1
+        np.subtract.at(mark, stop64, k_of + 1)
+        np.cumsum(mark[:n], out=mark[:n])
+        mark[:n] -= 1
+        return mark[:n].astype(it)
+    cand = np.cumsum(np.bincount(sp64, minlength=n)[:n]) - 1  # the last mark at or before i
+    act = np.flatnonzero(cand >= 0).astype(it)
+    k = cand[act]
+    while act.size:
+        inside = act < stop64[k]
+        out[act[inside]] = k[inside]
+        act, k = act[~inside], sparent[k[~inside]]
+        keep = k >= 0
+        act, k = act[keep], k[keep]
+    return out
+
+
 def preorder(pop: np.ndarray, parent: np.ndarray, is_step: np.ndarray, gpu_parent: np.ndarray, gpu_lane: np.ndarray, gpu_start: np.ndarray) -> dict[str, np.ndarray]:
     """Depth-first preorder of the forest: host nodes (sorted order, with ``pop`` from :func:`extent`
     and ``parent`` from :func:`nest`) plus GPU leaves hanging under host nodes (``gpu_parent``,
@@ -236,25 +267,8 @@ def preorder(pop: np.ndarray, parent: np.ndarray, is_step: np.ndarray, gpu_paren
     del under
     # innermost STEP at or above each host node
     sp = np.flatnonzero(is_step)
-    hstep = np.full(h, -1, dtype=it)
-    if sp.size:
-        sparent = _search_parents(np.r_[True, np.zeros(len(sp) - 1, bool)], sp.astype(np.int64), pop[sp].astype(np.int64), np.zeros(len(sp), bool))
-        if (sparent < 0).all():  # disjoint steps (the usual case): paint [sp, pop[sp]) by a running sum
-            mark = np.zeros(h + 1, dtype=np.int64)
-            mark[sp] = sp + 1
-            np.subtract.at(mark, pop[sp], sp + 1)
-            hstep = (np.cumsum(mark[:h]) - 1).astype(it)
-        else:  # nested steps: the last STEP at or before i, else that STEP's enclosing STEPs
-            cand = np.cumsum(is_step) - 1
-            act = np.flatnonzero(cand >= 0).astype(it)
-            k = cand[act]
-            while act.size:
-                inside = act < pop[sp[k]]
-                hstep[act[inside]] = sp[k[inside]]
-                act, k = act[~inside], sparent[k[~inside]]
-                keep = k >= 0
-                act, k = act[keep], k[keep]
-        hstep = np.where(hstep >= 0, hpos[np.maximum(hstep, 0)], -1).astype(it)
+    k = innermost(sp, pop[sp], h)
+    hstep = np.where(k >= 0, hpos[sp[np.maximum(k, 0)]] if sp.size else -1, -1).astype(it)
     return {
         "hpos": hpos,
         "gpos": gpos,

@@ -191,14 +191,17 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
              params: dict[str, Any] | None = None, note: Any = None) -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
 
+    ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
+    not reconstructed yet is reconstructed here, once, through the same public call
+    (:func:`ensure_reconstructed`), so its steps are decided by the same rule either way.
     Returns the diagnosis dict with ``"paths"`` added (the files written)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
     if localizer is None and not reference:
         raise no_reference_error(run)
-    run = ensure_reconstructed(run, note)
+    run = ensure_reconstructed(run, note, window_ns)
     for r in reference or []:
-        ensure_reconstructed(r, note)
+        ensure_reconstructed(r, note, window_ns)
     est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, **(params or {}))
     t_fit = time.perf_counter() - t0
     layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
