@@ -72,7 +72,7 @@ def test_schema_is_the_event_schema_plus_the_forest_columns(table):
     for f in FOREST_SCHEMA:
         if f.name in EVENT_SCHEMA.names:
             assert EVENT_SCHEMA.field(f.name).type == f.type
-    assert set(FOREST_SCHEMA.names) - set(EVENT_SCHEMA.names) == {"node_id", "parent_id", "step_id", "depth", "size"}
+    assert set(FOREST_SCHEMA.names) - set(EVENT_SCHEMA.names) == {"node_id", "parent_id", "step_id", "step_idx", "depth", "size"}
 
 
 def test_structure_and_times_match_a_python_walk(run, table):

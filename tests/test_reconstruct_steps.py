@@ -152,7 +152,8 @@ def test_same_steps_as_the_numeric_stage(tmp_path, src):
     row → step assignment, the step numbers, ranks, intervals, names and details that
     ``teller.localize.features.assign_steps`` computes from the forest."""
     from teller.ingest import ingest
-    from teller.localize.features import ForestArrays, assign_steps, read_forest
+    from teller.forest import Forest
+    from teller.localize.features import assign_steps
 
     if not src.exists():
         pytest.skip(f"{src} not present")
@@ -161,7 +162,7 @@ def test_same_steps_as_the_numeric_stage(tmp_path, src):
         s = reconstruct(tmp_path / "run", window_ns=window_ns)
         rd = RunDir(tmp_path / "run")
         steps = rd.read_table("steps")
-        fa = ForestArrays.from_table(read_forest(rd.path))
+        fa = Forest.read(rd.path)
         st = assign_steps(fa, steps if s["steps_rule"] == "STEP ranges" else None, window_ns)
         assert (st.rule, st.detail, st.n) == (s["steps_rule"], s["steps_detail"], s["steps"])
         np.testing.assert_array_equal(st.step_of_row, rd.read_table("forest", columns=["step_idx"]).column(0).to_numpy())
