@@ -271,22 +271,59 @@ def main() -> int:
     return 0
 
 
-def salvage_timing(timeout: float) -> int:
-    """Ingest time of an intact multi-MB trace and of the same trace with one byte flipped in
-    the compressed stream (the hang of issue 15), each in a child process under ``timeout``."""
-    src = damage.EXTERNAL / "kineto" / "hta_ns_resolution_rank0.json.gz"
-    text = damage.kineto_text(src)
-    doc = json.loads(text)
+def _big_trace() -> bytes:
+    """About 30 MB of Kineto JSON: the ns-resolution sample twice, the copy shifted in time
+    (and its ids offset) so that nothing in it is a duplicate."""
+    doc = json.loads(damage.kineto_text(damage.EXTERNAL / "kineto" / "hta_ns_resolution_rank0.json.gz"))
     evs = doc["traceEvents"]
-    doc["traceEvents"] = evs * 2  # ~30 MB of JSON, ~3 MB compressed
-    text = json.dumps(doc, indent=1).encode()
+    ts = [e["ts"] for e in evs if isinstance(e.get("ts"), (int, float))]
+    shift = (max(ts) - min(ts)) + 1000
+    copy = []
+    for e in json.loads(json.dumps(evs)):
+        if e.get("ph") == "M":
+            continue
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] += shift
+        a = e.get("args")
+        if isinstance(a, dict):
+            for k in ("correlation", "External id"):
+                if isinstance(a.get(k), int):
+                    a[k] += 10**7
+        copy.append(e)
+    doc["traceEvents"] = evs + copy
+    return json.dumps(doc, indent=1).encode()
+
+
+def _garble(text: bytes, every: int = 2, start: float = 0.1) -> bytes:
+    """From ``start`` on, one byte of every ``every``-th event replaced by ``#``: thousands of
+    unreadable objects in a row, as a mid-stream gzip corruption that zlib does not catch
+    leaves them (issue 15's hang)."""
+    import re
+
+    rng = random.Random(0)
+    i0 = int(len(text) * start)
+    out = bytearray(text[:i0])
+    for k, piece in enumerate(re.split(rb"(?<=\}),\s*(?=\{)", text[i0:])):
+        marks = [m.start() for m in re.finditer(rb'[":,]', piece)] if k % every == 0 else []
+        if marks:  # a quote, colon or comma: the object no longer parses
+            j = rng.choice(marks)
+            piece = piece[:j] + b"#" + piece[j + 1 :]
+        out += piece + b",\n"
+    return bytes(out)
+
+
+def salvage_timing(timeout: float) -> int:
+    """Ingest time of an intact ~30 MB trace and of damaged copies (one byte flipped in the
+    compressed stream or in the text; every other event garbled from 10% on), each in a child
+    process under ``timeout``; the damaged ones must stay within a small multiple of intact."""
+    text = _big_trace()
     with tempfile.TemporaryDirectory(prefix="salvage_") as tmp_s:
         tmp = Path(tmp_s)
         intact = tmp / "big.json.gz"
         data = gzip.compress(text, 6)
         intact.write_bytes(data)
         rows = [("intact", intact)]
-        for frac in (0.3, 0.5, 0.7):
+        for frac in (0.3, 0.7):
             b = bytearray(data)
             b[int(len(b) * frac)] ^= 0x10
             p = tmp / f"flip_{int(frac * 100)}.json.gz"
@@ -297,6 +334,9 @@ def salvage_timing(timeout: float) -> int:
         p = tmp / "flip_text.json.gz"
         p.write_bytes(gzip.compress(bytes(b), 6))
         rows.append(("JSON byte flipped at 50%", p))
+        p = tmp / "garbled.json.gz"
+        p.write_bytes(gzip.compress(_garble(text), 6))
+        rows.append(("every 2nd event garbled", p))
         print(f"{len(text) / 1e6:.1f} MB of JSON, {len(data) / 1e6:.1f} MB gzip")
         base = None
         for label, p in rows:
@@ -306,10 +346,10 @@ def salvage_timing(timeout: float) -> int:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
                 dt = time.time() - t
                 base = base or dt
-                last = (r.stderr.strip().splitlines() or [""])[-1][:160]
-                print(f"{label:28s} {dt:7.1f} s  ({dt / base:4.1f}x intact)  rc={r.returncode}  {last}")
+                last = (r.stderr.strip().splitlines() or [""])[-1][:120]
+                print(f"{label:26s} {dt:7.1f} s  ({dt / base:4.1f}x intact)  rc={r.returncode}  {last}")
             except subprocess.TimeoutExpired:
-                print(f"{label:28s} > {timeout:.0f} s  (hang)")
+                print(f"{label:26s} > {timeout:.0f} s  (hang)")
     return 0
 
 

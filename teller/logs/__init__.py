@@ -220,6 +220,7 @@ def build_alignment(
         tables.append(r.table)
         formats[_label(p, rd.path)] = r.format
         blank += r.blank
+        notes.extend(r.notes)
     naive_plain = False
     for p in plain:
         r = read_plain(p, ctx, _label(p, rd.path))
