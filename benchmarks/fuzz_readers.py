@@ -343,7 +343,7 @@ def salvage_timing(timeout: float) -> int:
             t = time.time()
             cmd = [sys.executable, "-m", "teller.cli", "ingest", str(p), "-o", str(tmp / ("run_" + p.stem))]
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
                 dt = time.time() - t
                 base = base or dt
                 last = (r.stderr.strip().splitlines() or [""])[-1][:120]

@@ -629,7 +629,7 @@ def _to_int(v: Any) -> int | None:
         return v if -(2**63) <= v < 2**63 else None
     if isinstance(v, (float, Decimal)):
         try:
-            return int(v) if v == int(v) else None
+            return int(v) if v == int(v) and -(2**63) <= v < 2**63 else None
         except (ValueError, OverflowError, InvalidOperation):
             return None
     if isinstance(v, str):
@@ -676,7 +676,7 @@ def _exact_ns(v: Any) -> int | None:
 
 def _to_float(v: Any) -> float:
     try:
-        return float(v)
+        return float(v) if not isinstance(v, str) or len(v) < 64 else float("nan")
     except (TypeError, ValueError, OverflowError):
         return float("nan")
 
@@ -705,6 +705,8 @@ def _us_to_ns(vals: list, exact: bool) -> tuple[np.ndarray, np.ndarray]:
         return out, ok
     try:
         f = np.asarray(vals, dtype=np.float64)
+        if f.shape != (len(vals),):  # every value a list of the same length: not times
+            raise ValueError("not one number per event")
     except (TypeError, ValueError, OverflowError):
         f = np.fromiter((_to_float(v) for v in vals), np.float64, len(vals))
     ok = np.isfinite(f) & (np.abs(f) < _MAX_NS / 1000)
@@ -761,7 +763,7 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         if skipped[c]:
             stats.skipped[reason] += int(skipped[c])
     if skipped[_OTHER]:
-        odd = Counter(ph[i] for i in np.flatnonzero(cls == _OTHER))
+        odd = Counter(p if type(p) is str else repr(p) for p in (ph[i] for i in np.flatnonzero(cls == _OTHER)))
         for p, k in odd.items():
             stats.skipped[f"phase_{p}"] += k
 
@@ -782,7 +784,13 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
     miss = is_x & ~dur_ok
     neg = is_x & dur_ok & (dur < 0)
     if miss.any():
-        stats.repaired["missing_duration"] += int((miss & ok).sum())
+        # a number too large (or infinite) to be a duration is absurd, not missing
+        mi = np.flatnonzero(miss & ok)
+        huge = sum(1 for i in mi if type(evs[i].get("dur")) in (int, float, Decimal))
+        if huge:
+            stats.repaired["absurd_duration"] += huge
+        if len(mi) - huge:
+            stats.repaired["missing_duration"] += len(mi) - huge
     if neg.any():
         stats.repaired["negative_duration"] += int((neg & ok).sum())
     flags[miss | neg] |= FLAG_REPAIRED
