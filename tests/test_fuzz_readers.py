@@ -526,6 +526,18 @@ def test_each_bad_log_line_is_kept_as_text_and_named(tmp_path):
     assert "lone \ufffd surrogate" in r.table.column("text").to_pylist()
 
 
+@pytest.mark.parametrize("t0", [10**30, 1e300, float("inf"), float("nan"), "soon", -5])
+def test_garbage_wall_clock_in_run_json_does_not_break_log_alignment(tmp_path, t0):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    RunDir(run).write_info(RunInfo(clock={"t0_unix_ns": t0, "utc_offset_s": 1e300}, start_wall=1e300))
+    (run / "logs" / "l.jsonl").write_bytes(b'{"ts_ns": 1700000000000000000, "pid": 1, "text": "x"}\n')
+    with bounded():
+        table, summary = build_alignment(run)
+    assert summary["lines"] == 1 and table.column("ts_ns").to_pylist() == [-1]
+    assert any("t0_unix_ns" in n for n in summary["notes"])
+
+
 # --------------------------------------------------------------------------------------------
 # run directory files
 

@@ -21,6 +21,20 @@ Parsing is the stdlib ``json`` (C scanner) on chunks of the ``traceEvents`` arra
 chunk of Python dicts is alive; columns are built with comprehensions and numpy/Arrow. A damaged
 file (cut gzip, cut or corrupt JSON) yields every complete event that can be read, flagged
 ``FLAG_REPAIRED`` and reported; a file with nothing readable raises :class:`InputError`.
+
+Hostile values, decided here (each counted, each reason a warning in run.json):
+
+- times: a ``ts``/``dur`` that is not a finite number within ±2^62 ns is unusable (``ts``: the
+  row is skipped as ``bad_timestamp``; ``dur``: an absurd duration, set to 0), so no later sum
+  overflows int64; a ``baseTimeNanoseconds`` outside that range is ignored;
+- absurd durations: an event ending more than ``max(span, 1 h)`` after the file's last event start
+  (``span``: first to last start) keeps its start with duration 0, flagged repaired
+  (``absurd_duration``), like a missing duration;
+- exact duplicates: a row equal to an earlier one in kind, category, name, process, thread,
+  device, stream, start, duration and args is a copied record: dropped and counted in
+  ``skipped`` (``exact_duplicate``), so the counts still balance;
+- lone surrogates (``"\\ud800"`` escapes, not encodable as UTF-8) in names, categories or args
+  become U+FFFD, flagged repaired (``invalid_unicode``).
 """
 
 from __future__ import annotations

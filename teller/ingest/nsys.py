@@ -33,6 +33,11 @@ Decisions written down here:
   calls of one process, and among kernels of one process that were not launched by a CUDA
   graph (one graph launch legitimately yields many kernels with one id; one memcpy call may yield
   several copy records).
+- Text or blobs in integer columns (SQLite's CAST would read them as 0 and move t0): rows whose
+  ``start``/``end`` is not a number are left out and counted in ``skipped``
+  (``TABLE: start/end not an integer``); in id/device/stream columns the value reads as unknown
+  and the row is flagged FLAG_REPAIRED. One extra scan per table finds them. A ``utcEpochNs``
+  outside 2000..2100 is ignored with a warning (the run then has no wall clock).
 - ``node`` and ``rank`` come from the caller (0 for a single file); a folder of ``*.sqlite``
   gives one rank per file in name order, on a common time base when every file has the
   session start time.

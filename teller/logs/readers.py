@@ -16,8 +16,10 @@ Repairs, each flagged in ``flags`` (never a dropped line):
   takes the time of the previous line that had one, and in plain logs also its level, logger
   and pid → :data:`FLAG_NO_TIMESTAMP` (time stays unknown, −1, when no earlier line had one);
 - a time earlier than an earlier line of the same file and pid is kept → :data:`FLAG_BACKWARDS`;
-- a JSONL line that is not a JSON object, or has an unusable ``ts_ns``, is kept as text
-  → :data:`FLAG_BAD_RECORD`; a plain-log timestamp that fails to parse (month 13) likewise.
+- a JSONL line that is not a JSON object (or nests too deeply to parse), or whose ``ts_ns``,
+  ``pid`` or ``node`` is not a usable integer (huge, infinite, NaN, text), is kept as text
+  → :data:`FLAG_BAD_RECORD`, and the file's note names its line numbers; a plain-log
+  timestamp that fails to parse (month 13) likewise.
 
 Whitespace-only lines are skipped and counted (``blank``); ANSI colour codes are removed from
 ``text``. Everything is columnar: one RE2 pass per format over a file's column of lines.
