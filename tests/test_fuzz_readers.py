@@ -237,6 +237,7 @@ def test_huge_and_nonfinite_times_in_exact_files_are_skipped_not_overflowed(tmp_
         '{"ph": "X", "cat": "cpu_op", "name": "inf_ts", "pid": 1, "tid": 1, "ts": Infinity, "dur": 1}',
         '{"ph": "X", "cat": "cpu_op", "name": "int_ts", "pid": 1, "tid": 1, "ts": 100000000000000000000000000, "dur": 1}',
         '{"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1, "tid": 1, "ts": "1e999999999", "dur": 1}',
+        '{"ph": "X", "cat": "cpu_op", "name": "long_ts", "pid": 1, "tid": 1, "ts": 1' + "0" * 5000 + '.5, "dur": 1}',
     ]
     f = tmp_path / "ns.json"
     f.write_text('{"displayTimeUnit": "ns", "traceEvents": [' + ",".join(rows) + "]}")
@@ -245,7 +246,7 @@ def test_huge_and_nonfinite_times_in_exact_files_are_skipped_not_overflowed(tmp_
     assert pf.meta["exact_decimal_ts"]
     d = pf.table.to_pydict()
     assert sorted(d["name"]) == ["big_dur", "ok"]
-    assert pf.stats.skipped["bad_timestamp"] == 4
+    assert pf.stats.skipped["bad_timestamp"] == 5
     assert pf.stats.repaired["absurd_duration"] == 1  # dur 1e25 µs: no duration can be that long
     ok = d["name"].index("ok")
     assert d["end_ns"][ok] - d["start_ns"][ok] == 2500

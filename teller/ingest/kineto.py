@@ -471,7 +471,8 @@ class _EventStream:
     def _needs_exact(self) -> bool:
         """True when ``ts`` has a fraction at magnitudes where float64 loses nanoseconds."""
         for k, m in enumerate(_TS_SAMPLE.finditer(self.buf, self.start, self.start + (1 << 20))):
-            if m.group(2) and len(m.group(2)) > 1 and abs(int(m.group(1))) >= _EXACT_US:
+            whole = m.group(1).lstrip(b"-")
+            if m.group(2) and len(m.group(2)) > 1 and (len(whole) > 15 or int(whole) >= _EXACT_US):
                 return True
             if k > 2000:
                 break
