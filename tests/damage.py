@@ -317,19 +317,25 @@ _BAD_LOG_LINES: list[bytes] = [
     b'{"ts_ns": [1], "node": {}, "pid": [], "stream": 5, "text": 7}',
     b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
     b"[" * 100_000,
-    b'{"ts_ns": 1, "text": "bad \xff\xfe bytes"}',
     b"\xff\xfe\xfd not json at all",
-    b'{"ts_ns": 1, "text": "lone \\ud800 surrogate"}',
     b"null",
     b'"just a string"',
 ]
 
 
+#: Usable records with odd text: kept, their text repaired (not bad records).
+_ODD_LOG_LINES: list[bytes] = [
+    b'{"ts_ns": 1, "text": "bad \xff\xfe bytes"}',
+    b'{"ts_ns": 1, "text": "lone \\ud800 surrogate"}',
+]
+
+
 def log_lines(rng: random.Random, t0_ns: int, n_good: int = 20, n_bad: int = 6) -> tuple[bytes, int]:
-    """A JSONL log body mixing good recorder lines with bad ones; returns (bytes, bad count)."""
+    """A JSONL log body mixing good recorder lines, odd but usable ones and unusable ones;
+    returns (bytes, number of unusable lines)."""
     good = [json.dumps({"ts_ns": t0_ns + i * 1_000_000, "node": 0, "pid": 1, "stream": "stdout",
                         "text": f"INFO line {i}"}).encode() for i in range(n_good)]
     bad = rng.sample(_BAD_LOG_LINES, min(n_bad, len(_BAD_LOG_LINES)))
-    lines = good + bad
+    lines = good + bad + _ODD_LOG_LINES
     rng.shuffle(lines)
     return b"\n".join(lines) + b"\n", len(bad)

@@ -41,7 +41,7 @@ from teller.ingest.kineto import ingest_kineto, parse_kineto_file
 from teller.ingest.nsys import ingest_nsys
 from teller.logs import build_alignment
 from teller.logs.formats import all_presets
-from teller.logs.readers import FLAG_BAD_RECORD, ParseContext, read_jsonl
+from teller.logs.readers import FLAG_BAD_RECORD, FLAG_NON_UTF8, ParseContext, read_jsonl
 from teller.rundir import FLAG_REPAIRED, RunDir, RunInfo
 
 BOUND_S = 60  # per case; the intact inputs here read in well under a second
@@ -471,7 +471,7 @@ _GOOD_LINE = st.builds(
     st.integers(0, 10**9),
 )
 _BAD_LINE = st.one_of(
-    st.sampled_from(damage._BAD_LOG_LINES),
+    st.sampled_from(damage._BAD_LOG_LINES + damage._ODD_LOG_LINES),
     st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b.strip()),
     st.builds(lambda v: json.dumps({"ts_ns": v, "text": "t"}, default=str).encode(),
               st.one_of(st.floats(), st.integers(), st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2))),
@@ -512,19 +512,36 @@ def _good_lines(lines: list[bytes]) -> list[bytes]:
 
 
 def test_each_bad_log_line_is_kept_as_text_and_named(tmp_path):
-    body = b"\n".join([b'{"ts_ns": 5, "pid": 1, "text": "ok"}'] + damage._BAD_LOG_LINES) + b"\n"
+    body = b"\n".join([b'{"ts_ns": 5, "pid": 1, "text": "ok"}'] + damage._BAD_LOG_LINES
+                      + damage._ODD_LOG_LINES) + b"\n"
     f = tmp_path / "bad.jsonl"
     f.write_bytes(body)
     with bounded():
         r = read_jsonl(f, ParseContext(all_presets(), ref_unix_ns=0, utc_offset_s=0))
     flags = r.table.column("flags").to_pylist()
-    assert len(flags) == 1 + len(damage._BAD_LOG_LINES)
+    n_bad = len(damage._BAD_LOG_LINES)
+    assert len(flags) == 1 + n_bad + len(damage._ODD_LOG_LINES)
     assert flags[0] & FLAG_BAD_RECORD == 0
-    # every planted line is bad except two usable records with odd text (bytes that are not
-    # UTF-8, a lone surrogate): those are kept with their text repaired
-    assert sum(1 for x in flags[1:] if x & FLAG_BAD_RECORD) == len(damage._BAD_LOG_LINES) - 2
+    assert all(x & FLAG_BAD_RECORD for x in flags[1 : 1 + n_bad])
+    # usable records with odd text (bytes that are not UTF-8, a lone surrogate): kept, repaired
+    assert not any(x & FLAG_BAD_RECORD for x in flags[1 + n_bad :])
+    assert all(x & FLAG_NON_UTF8 for x in flags[1 + n_bad :])
     assert r.notes and str(f) in r.notes[0] and "line" in r.notes[0]
     assert "lone \ufffd surrogate" in r.table.column("text").to_pylist()
+
+
+def test_log_lines_in_a_run_without_steps(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    RunDir(run).write_info(RunInfo(clock={"t0_unix_ns": 1_700_000_000_000_000_000}))
+    RunDir(run).write_table(pa.table({c: pa.array([], pa.int64()) for c in
+                                      ("step_id", "step_num", "rank", "pid", "start_ns", "end_ns")}), "steps")
+    body, k = damage.log_lines(random.Random(3), 1_700_000_000_000_000_000)
+    (run / "logs" / "l.jsonl").write_bytes(body)
+    with bounded():
+        table, summary = build_alignment(run)
+    assert summary["lines"] == 20 + k + len(damage._ODD_LOG_LINES) and summary["bad_records"] == k
+    assert set(table.column("rule").to_pylist()) == {"unaligned"}
 
 
 @pytest.mark.parametrize("t0", [10**30, 1e300, float("inf"), float("nan"), "soon", -5])

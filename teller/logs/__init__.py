@@ -292,7 +292,7 @@ def build_alignment(
     tid, tmpl = mine_templates(lines.column("message").combine_chunks() if n else pa.array([], pa.string()))
 
     aligned = step_idx >= 0
-    if steps is not None:
+    if steps is not None and len(steps["step_id"]):
         sid = np.where(aligned, steps["step_id"][np.maximum(step_idx, 0)], -1)
         snum = np.where(aligned, steps["step_num"][np.maximum(step_idx, 0)], -1)
     else:
