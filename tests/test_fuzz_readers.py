@@ -279,7 +279,8 @@ def _garbled_text(n: int) -> tuple[str, int]:
     lines, ok = [], 0
     for i in range(n):
         e = json.dumps({"ph": "X", "cat": "cpu_op", "name": f"ev{i}", "pid": 1, "tid": 1,
-                        "ts": 1000 + i, "dur": 1, "args": {"Input Dims": [[i, 2]], "n": [{"a": i}]}})
+                        "ts": 1000 + i, "dur": 1, "args": {"Input Dims": [[i, 2]], "n": [{"a": i}], "unit": "µs"}},
+                       ensure_ascii=False)  # non-ASCII text: byte offsets differ from indices
         if i >= 10 and i % 2:
             e = e.replace('"name"', '#name"', 1)
         else:

@@ -372,7 +372,7 @@ class _ByteOffsets:
     def __call__(self, k: int) -> int:
         if self.ascii:
             return self.base + k
-        if k < self.k:
+        if k < self.k:  # a step back: from the start again (callers ask in ascending order)
             self.k = self.b = 0
         self.b += len(self.text[self.k : k].encode("utf-8"))
         self.k = k
@@ -557,13 +557,12 @@ class _EventStream:
                 obj, j = _parse_one(dec, text, i)
             if obj is not None and (trusted or (isinstance(obj, dict) and "ph" in obj)):
                 if bad_at >= 0:
-                    lost = offset(good_from) - offset(bad_at)
+                    at = offset(bad_at)  # ascending indices: the offsets stay incremental
+                    lost = offset(good_from) - at
                     stretches += 1
                     skipped_bytes += lost
                     if stretches <= _MAX_DAMAGE_NOTES:
-                        self.damage.append(
-                            f"skipped {lost} unreadable bytes at byte {offset(bad_at)}"
-                        )
+                        self.damage.append(f"skipped {lost} unreadable bytes at byte {at}")
                     bad_at = -1
                 trusted = True
                 batch.append(obj)
