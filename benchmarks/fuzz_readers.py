@@ -224,7 +224,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fuzz_readers_") as tmp_s:
         tmp = Path(tmp_s)
         jobs: list[tuple[str, Path, dict, bool]] = []  # (label, src or run, planted, skip_ingest)
-        pick = (lambda files: [f for f in files if not a.traces or any(s in f.name for s in a.traces)])
+        def pick(files: list[Path]) -> list[Path]:
+            return [f for f in files if not a.traces or any(s in f.name for s in a.traces)]
+
         if "kineto" in only:
             for f in pick(damage.KINETO_FILES):
                 for fam, build in damage.KINETO_DAMAGE.items():

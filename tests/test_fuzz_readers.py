@@ -26,6 +26,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
+import damage
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,7 +34,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import damage
 from teller.cli import main
 from teller.errors import InputError, TellerError
 from teller.ingest import ingest
