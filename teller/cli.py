@@ -32,6 +32,7 @@ def ingest(
 
     summary = do_ingest(src, out, fmt=fmt)
     _print_summary("ingested", summary)
+    _print_warnings(summary.get("warnings") or [], out)
 
 
 @app.command()
@@ -82,6 +83,20 @@ def _print_summary(what: str, summary: dict) -> None:
 
     parts = ", ".join(f"{k}={v}" for k, v in summary.items() if not isinstance(v, (dict, list)))
     Console(stderr=True).print(f"[green]{what}[/]: {parts}")
+
+
+def _print_warnings(warnings: list[str], run: Path, limit: int = 6) -> None:
+    """What was damaged, repaired or dropped, in a few plain lines (all of it is in run.json)."""
+    if not warnings:
+        return
+    from rich.console import Console
+    from rich.markup import escape
+
+    con = Console(stderr=True, highlight=False, soft_wrap=True)
+    for w in warnings[:limit]:
+        con.print(f"[yellow]warning[/]: {escape(str(w))}")
+    if len(warnings) > limit:
+        con.print(f"[yellow]warning[/]: ... {len(warnings) - limit} more in {escape(str(run / 'run.json'))} (warnings)")
 
 
 def _register_optional() -> None:

@@ -308,6 +308,9 @@ class RunDir:
             d = json.loads(p.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise TellerError(f"{p}: not valid JSON ({e}); restore it or re-run `teller ingest`") from e
+        if not isinstance(d, dict):
+            what = "an array" if isinstance(d, list) else f"a JSON {type(d).__name__}"
+            raise TellerError(f"{p}: holds {what}, not the run's metadata object; restore it or re-run `teller ingest`/`teller record`")
         v = d.get("schema_version", SCHEMA_VERSION)
         if not isinstance(v, int) or v > SCHEMA_VERSION:
             raise TellerError(f"{p}: schema_version {v!r} is newer than this teller understands ({SCHEMA_VERSION}); upgrade teller")
@@ -334,17 +337,28 @@ class RunDir:
         return sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
 
     def read_events(self, columns: list[str] | None = None) -> pa.Table:
-        """All events of the run as one table (dictionaries unified)."""
+        """All events of the run as one table (dictionaries unified).
+
+        Every file is checked, whichever columns are asked for: the columns of
+        :data:`REQUIRED_EVENT_COLUMNS` must exist (``layer``, ``flags`` and ``args`` are filled
+        with their defaults when absent) and ``kind``, ``start_ns``, ``end_ns`` must hold no
+        nulls (the same rule canonical ingest applies); otherwise a :class:`TellerError` names
+        the file and the fix.
+        """
+        want = list(columns) if columns is not None else list(EVENT_COLUMNS)
         tables = []
         for f in self.event_files():
             try:
-                t = pq.read_table(f, columns=columns)
+                pf = pq.ParquetFile(f)
+                names = set(pf.schema_arrow.names)
+                _check_event_file(f, pf, names)
+                t = pf.read(columns=[c for c in want if c in names])
             except (pa.ArrowInvalid, OSError) as e:
                 raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
-            missing = set(columns or EVENT_COLUMNS) - set(t.column_names)
-            if missing:
-                raise TellerError(f"{f}: not a canonical events file (missing columns {sorted(missing)}); write it with teller.rundir.RunDir.write_events")
-            tables.append(t)
+            for c in want:
+                if c not in names:  # an optional column: its default
+                    t = t.append_column(EVENT_SCHEMA.field(c), events_table({}, t.num_rows).column(c))
+            tables.append(t.select(want))
         if columns is not None:
             if not tables:
                 return EVENT_SCHEMA.empty_table().select(columns)
@@ -385,6 +399,41 @@ class RunDir:
     def read_labels(self) -> dict[str, Any] | None:
         p = self.path / "labels.json"
         return json.loads(p.read_text()) if p.is_file() else None
+
+
+#: Event columns a file must have; the others (``layer``, ``flags``, ``args``) have defaults.
+OPTIONAL_EVENT_COLUMNS = ("layer", "flags", "args")
+REQUIRED_EVENT_COLUMNS = tuple(c for c in EVENT_COLUMNS if c not in OPTIONAL_EVENT_COLUMNS)
+#: Columns whose nulls mean damage rather than "not applicable".
+NO_NULL_EVENT_COLUMNS = ("kind", "start_ns", "end_ns")
+_EVENTS_FIX = "write it with teller.rundir.RunDir.write_events, or delete it and re-run the recording/ingest that wrote it"
+
+
+def _check_event_file(path: Path, pf: pq.ParquetFile, names: set[str]) -> None:
+    """Refuse an events file without the required columns or with nulls where none may be.
+
+    Null counts come from the row-group statistics (no data read); a row group without them
+    has its column read and counted.
+    """
+    missing = [c for c in REQUIRED_EVENT_COLUMNS if c not in names]
+    if missing:
+        raise TellerError(f"{path}: not a canonical events file (missing columns {missing}); {_EVENTS_FIX}")
+    md = pf.metadata
+    for c in NO_NULL_EVENT_COLUMNS:
+        leaf = pf.schema.names.index(c) if c in pf.schema.names else -1
+        nulls, row = 0, None
+        for g in range(md.num_row_groups):
+            st = md.row_group(g).column(leaf).statistics if leaf >= 0 else None
+            k = st.null_count if st is not None and st.has_null_count else None
+            if k is None:
+                k = pf.read_row_group(g, columns=[c]).column(0).null_count
+            if k and row is None:
+                col = pf.read_row_group(g, columns=[c]).column(0).combine_chunks()
+                row = sum(md.row_group(x).num_rows for x in range(g)) + int(
+                    np.flatnonzero(~np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool))[0])
+            nulls += k
+        if nulls:
+            raise TellerError(f"{path}: column {c!r} has {nulls} null values (first at row {row}); {_EVENTS_FIX}")
 
 
 def now_unix_ns() -> int:

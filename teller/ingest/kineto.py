@@ -21,6 +21,20 @@ Parsing is the stdlib ``json`` (C scanner) on chunks of the ``traceEvents`` arra
 chunk of Python dicts is alive; columns are built with comprehensions and numpy/Arrow. A damaged
 file (cut gzip, cut or corrupt JSON) yields every complete event that can be read, flagged
 ``FLAG_REPAIRED`` and reported; a file with nothing readable raises :class:`InputError`.
+
+Hostile values, decided here (each counted, each reason a warning in run.json):
+
+- times: a ``ts``/``dur`` that is not a finite number within ±2^62 ns is unusable (``ts``: the
+  row is skipped as ``bad_timestamp``; ``dur``: an absurd duration, set to 0), so no later sum
+  overflows int64; a ``baseTimeNanoseconds`` outside that range is ignored;
+- absurd durations: an event ending more than ``max(span, 1 h)`` after the file's last event start
+  (``span``: first to last start) keeps its start with duration 0, flagged repaired
+  (``absurd_duration``), like a missing duration;
+- exact duplicates: a row equal to an earlier one in kind, category, name, process, thread,
+  device, stream, start, duration and args is a copied record: dropped and counted in
+  ``skipped`` (``exact_duplicate``), so the counts still balance;
+- lone surrogates (``"\\ud800"`` escapes, not encodable as UTF-8) in names, categories or args
+  become U+FFFD, flagged repaired (``invalid_unicode``).
 """
 
 from __future__ import annotations
@@ -62,6 +76,8 @@ KNOWN_SCHEMA_VERSIONS = (1,)
 CHUNK_BYTES = 4 << 20
 #: Above this many µs a float64 ``ts`` no longer holds whole nanoseconds (ulp > 1 ns).
 _EXACT_US = 2.0**43
+#: Largest |time| in ns a reader keeps (about year 2116): start + base + duration stay in int64.
+_MAX_NS = 2**62
 RULES_PATH = Path(__file__).with_name("layer_rules.toml")
 
 # Kineto category (lower-cased) → canonical kind; any other category of a complete event is RANGE.
@@ -234,6 +250,8 @@ def _gunzip(data: bytes, block: int = 1 << 20) -> tuple[bytearray, list[str]]:
     """Decompress all gzip members; keep the output before any corruption or truncation.
 
     Output grows in one bytearray (no list of pieces joined at the end: half the peak memory).
+    The damage messages name the compressed byte where decompression stopped and how many
+    bytes of text came out before it.
     """
     out = bytearray()
     view = memoryview(data)
@@ -246,22 +264,40 @@ def _gunzip(data: bytes, block: int = 1 << 20) -> tuple[bytearray, list[str]]:
             try:
                 out += d.decompress(chunk)
             except zlib.error as e:
-                d = saved  # replay the block in small pieces to keep what precedes the damage
-                for k in range(0, len(chunk), 1 << 14):
-                    try:
-                        out += d.decompress(chunk[k : k + (1 << 14)])
-                    except zlib.error:
-                        break
-                return out, [f"corrupt gzip data in the 1 MiB block at byte {pos} ({e})"]
+                at = pos + _replay_to_error(saved, chunk, out)
+                return out, [
+                    f"corrupt gzip data at compressed byte {at} ({e}); "
+                    f"{len(out)} bytes of text recovered before it"
+                ]
             pos += len(chunk)
         if not d.eof:
             out += d.flush()
-            return out, ["gzip stream ends early (file cut)"]
+            return out, [
+                f"gzip stream ends early (file cut at compressed byte {len(data)}); "
+                f"{len(out)} bytes of text recovered"
+            ]
         pos -= len(d.unused_data)
         if pos >= len(data):
             return out, []
         if data[pos : pos + 2] != b"\x1f\x8b":
             return out, [f"{len(data) - pos} bytes after the gzip stream ignored"]
+
+
+def _replay_to_error(d: Any, chunk: memoryview, out: bytearray) -> int:
+    """Feed ``chunk`` to the decompressor ``d`` again in ever smaller pieces, appending what
+    decompresses to ``out``; returns the offset in ``chunk`` of the byte that fails."""
+    k = 0
+    for step in (1 << 14, 1 << 8, 1):
+        while k < len(chunk):
+            trial = d.copy()
+            try:
+                got = trial.decompress(chunk[k : k + step])
+            except zlib.error:
+                break  # the bad byte is in chunk[k : k + step]: narrow down with smaller steps
+            out += got
+            d = trial
+            k += step
+    return min(k, len(chunk))
 
 
 def _skip_ws(buf: bytes | bytearray, i: int) -> int:
@@ -316,6 +352,56 @@ def _make_encoder():
 
 
 _encode = _make_encoder()
+
+
+#: Unreadable stretches named one by one in the damage notes; the rest are summed up.
+_MAX_DAMAGE_NOTES = 20
+
+
+class _ByteOffsets:
+    """Byte offset in the file of a character index of the salvaged text (``offset(k)``).
+
+    Indices asked for mostly grow, so the UTF-8 length of the prefix is extended from the last
+    answer instead of re-encoding the text each time (ASCII text: the index itself).
+    """
+
+    def __init__(self, text: str, pos: int, n_raw: int):
+        self.text, self.ascii = text, text.isascii()
+        self.base = pos + n_raw - (len(text) if self.ascii else len(text.encode("utf-8")))
+        self.k = self.b = 0
+
+    def __call__(self, k: int) -> int:
+        if self.ascii:
+            return self.base + k
+        if k < self.k:  # a step back: from the start again (callers ask in ascending order)
+            self.k = self.b = 0
+        self.b += len(self.text[self.k : k].encode("utf-8"))
+        self.k = k
+        return self.base + self.b
+
+
+def _parse_one(dec: json.JSONDecoder, text: str, i: int) -> tuple[Any, int]:
+    """The JSON value starting at ``text[i]`` and the index after it, or (None, i).
+
+    Parses ``text[i:end]`` where ``end`` follows a ``},{`` boundary; a value that runs past the
+    boundary (a nested ``},{`` or one inside a string) is retried up to a boundary at least
+    twice as far, so the work stays proportional to the value's length. A parse that fails
+    inside the slice (not at its end) is unreadable as it stands.
+    """
+    n, span = len(text), 0
+    while True:
+        m = _BOUNDARY_S.search(text, i + span + 1)
+        end = m.start() + 1 if m is not None else n
+        try:
+            obj, k = dec.raw_decode(text[i:end])
+            return obj, i + k
+        except RecursionError:
+            return None, i
+        except ValueError as e:
+            at_end = getattr(e, "pos", 0) >= end - i - 1 or str(e).startswith("Unterminated")
+            if m is None or not at_end:
+                return None, i
+        span = max(2 * (end - i), m.end() - i)
 
 
 class _EventStream:
@@ -386,7 +472,8 @@ class _EventStream:
     def _needs_exact(self) -> bool:
         """True when ``ts`` has a fraction at magnitudes where float64 loses nanoseconds."""
         for k, m in enumerate(_TS_SAMPLE.finditer(self.buf, self.start, self.start + (1 << 20))):
-            if m.group(2) and len(m.group(2)) > 1 and abs(int(m.group(1))) >= _EXACT_US:
+            whole = m.group(1).lstrip(b"-")
+            if m.group(2) and len(m.group(2)) > 1 and (len(whole) > 15 or int(whole) >= _EXACT_US):
                 return True
             if k > 2000:
                 break
@@ -437,6 +524,11 @@ class _EventStream:
         After unreadable bytes it resumes at the next ``},{``; until an object with a ``ph`` key
         is read from there (the boundary may have been inside a nested value or a string), what
         it finds is not trusted: fragments are skipped and a ``]`` does not end the array.
+
+        Linear in the text: each object is parsed from a slice that ends at a ``},{`` boundary
+        (:func:`_parse_one`), so a failed parse costs the slice, never the text before it (the
+        stdlib builds every parse error by counting lines from the start of the string it was
+        given: on a whole garbled file that was quadratic).
         """
         raw = self.buf[pos:]
         text = raw.decode("utf-8", "replace")
@@ -446,9 +538,8 @@ class _EventStream:
         batch: list = []
         trusted = True
         bad_at = -1  # start of the unreadable stretch being skipped
-
-        def offset(k: int) -> int:
-            return pos + len(raw) - len(text[k:].encode("utf-8", "replace"))
+        offset = _ByteOffsets(text, pos, len(raw))
+        stretches = skipped_bytes = 0
 
         while True:
             while i < n and text[i] in " \t\r\n,":
@@ -464,15 +555,15 @@ class _EventStream:
                 break
             obj = None
             if text[i] != "]":
-                try:
-                    obj, j = dec.raw_decode(text, i)
-                except (ValueError, RecursionError):
-                    obj = None
+                obj, j = _parse_one(dec, text, i)
             if obj is not None and (trusted or (isinstance(obj, dict) and "ph" in obj)):
                 if bad_at >= 0:
-                    self.damage.append(
-                        f"skipped {offset(good_from) - offset(bad_at)} unreadable bytes at byte {offset(bad_at)}"
-                    )
+                    at = offset(bad_at)  # ascending indices: the offsets stay incremental
+                    lost = offset(good_from) - at
+                    stretches += 1
+                    skipped_bytes += lost
+                    if stretches <= _MAX_DAMAGE_NOTES:
+                        self.damage.append(f"skipped {lost} unreadable bytes at byte {at}")
                     bad_at = -1
                 trusted = True
                 batch.append(obj)
@@ -492,6 +583,10 @@ class _EventStream:
             if len(batch) >= 8192:
                 yield batch
                 batch = []
+        if stretches > _MAX_DAMAGE_NOTES:
+            self.damage.append(
+                f"... {stretches} unreadable stretches in all ({skipped_bytes} bytes skipped)"
+            )
         if batch:
             yield batch
 
@@ -516,12 +611,32 @@ class _EventStream:
 # columns
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _str_array(vals: list) -> pa.Array:
-    """Strings (nulls for None); other scalars become their text."""
+    """Strings (nulls for None); other scalars become their text; lone surrogates (a JSON
+    ``"\\ud800"`` escape, not encodable as UTF-8) become U+FFFD."""
+    return _str_array_marked(vals)[0]
+
+
+def _str_array_marked(vals: list) -> tuple[pa.Array, np.ndarray | None]:
+    """:func:`_str_array` and the mask of values whose lone surrogates were replaced (None
+    when there were none)."""
     try:
-        return pa.array(vals, pa.string())
+        return pa.array(vals, pa.string()), None
+    except UnicodeEncodeError:
+        pass
     except (pa.ArrowException, TypeError, ValueError):
-        return pa.array([v if v is None or type(v) is str else str(v) for v in vals], pa.string())
+        vals = [v if v is None or type(v) is str else str(v) for v in vals]
+        try:
+            return pa.array(vals, pa.string()), None
+        except UnicodeEncodeError:
+            pass
+    vals = [v if v is None or type(v) is str else str(v) for v in vals]
+    bad = np.fromiter((v is not None and bool(_SURROGATE.search(v)) for v in vals), bool, len(vals))
+    vals = [_SURROGATE.sub("\ufffd", v) if b else v for v, b in zip(vals, bad, strict=True)]
+    return pa.array(vals, pa.string()), bad
 
 
 def _to_int(v: Any) -> int | None:
@@ -529,7 +644,7 @@ def _to_int(v: Any) -> int | None:
         return v if -(2**63) <= v < 2**63 else None
     if isinstance(v, (float, Decimal)):
         try:
-            return int(v) if v == int(v) else None
+            return int(v) if v == int(v) and -(2**63) <= v < 2**63 else None
         except (ValueError, OverflowError, InvalidOperation):
             return None
     if isinstance(v, str):
@@ -552,15 +667,22 @@ def _int_array(vals: list, fill: int = -1) -> tuple[np.ndarray, np.ndarray | Non
     ), odd
 
 
+_MAX_US_INT = _MAX_NS // 1000
+_MAX_US_DEC = Decimal(_MAX_US_INT)
+
+
 def _exact_ns(v: Any) -> int | None:
+    """µs value → exact ns, None when not a finite number within ±:data:`_MAX_NS` ns."""
     try:
         if type(v) is int:
-            return v * 1000
+            return v * 1000 if -_MAX_US_INT < v < _MAX_US_INT else None
         if isinstance(v, Decimal):
-            return int((v * 1000).to_integral_value()) if v.is_finite() else None
+            if not v.is_finite() or not -_MAX_US_DEC < v < _MAX_US_DEC:
+                return None
+            return int((v * 1000).to_integral_value())
         if isinstance(v, float):
-            return round(v * 1000) if np.isfinite(v) else None
-        if isinstance(v, str):
+            return round(v * 1000) if np.isfinite(v) and abs(v) < _MAX_US_INT else None
+        if isinstance(v, str) and len(v) < 64:
             return _exact_ns(Decimal(v))
     except (InvalidOperation, ValueError, OverflowError):
         pass
@@ -569,28 +691,40 @@ def _exact_ns(v: Any) -> int | None:
 
 def _to_float(v: Any) -> float:
     try:
-        return float(v)
+        return float(v) if not isinstance(v, str) or len(v) < 64 else float("nan")
     except (TypeError, ValueError, OverflowError):
         return float("nan")
 
 
 def _us_to_ns(vals: list, exact: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Microsecond values → (int64 nanoseconds, valid mask); exact for ints and decimals."""
+    """Microsecond values → (int64 nanoseconds, valid mask); exact for ints and decimals.
+
+    Values that are not finite numbers or beyond ±:data:`_MAX_NS` ns are invalid (0 in the
+    result), so nothing later overflows.
+    """
     if exact:
-        arr = pa.array(
-            [
-                int(v * 1000) if (t := type(v)) is Decimal or t is int else _exact_ns(v)
-                for v in vals
-            ],
-            pa.int64(),
-        )
+        lim = _MAX_US_DEC
+        ns = [
+            int(v * 1000)
+            if ((t := type(v)) is Decimal or t is int) and -lim < v < lim
+            else _exact_ns(v)
+            for v in vals
+        ]
+        arr = pa.array(ns, pa.int64())
         ok = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False), bool)
-        return arr.fill_null(0).to_numpy(zero_copy_only=False, writable=True), ok
+        out = arr.fill_null(0).to_numpy(zero_copy_only=False, writable=True)
+        big = ok & (np.abs(out) >= _MAX_NS)
+        if big.any():
+            ok &= ~big
+            out[big] = 0
+        return out, ok
     try:
         f = np.asarray(vals, dtype=np.float64)
+        if f.shape != (len(vals),):  # every value a list of the same length: not times
+            raise ValueError("not one number per event")
     except (TypeError, ValueError, OverflowError):
         f = np.fromiter((_to_float(v) for v in vals), np.float64, len(vals))
-    ok = np.isfinite(f) & (np.abs(f) < 9.0e15)
+    ok = np.isfinite(f) & (np.abs(f) < _MAX_NS / 1000)
     f = np.where(ok, f, 0.0)
     whole = np.floor(f)
     # whole µs and the fraction separately: ts·1000 in one float64 would round to 256 ns at epoch
@@ -644,7 +778,7 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         if skipped[c]:
             stats.skipped[reason] += int(skipped[c])
     if skipped[_OTHER]:
-        odd = Counter(ph[i] for i in np.flatnonzero(cls == _OTHER))
+        odd = Counter(p if type(p) is str else repr(p) for p in (ph[i] for i in np.flatnonzero(cls == _OTHER)))
         for p, k in odd.items():
             stats.skipped[f"phase_{p}"] += k
 
@@ -665,14 +799,21 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
     miss = is_x & ~dur_ok
     neg = is_x & dur_ok & (dur < 0)
     if miss.any():
-        stats.repaired["missing_duration"] += int((miss & ok).sum())
+        # a number too large (or infinite) to be a duration is absurd, not missing
+        mi = np.flatnonzero(miss & ok)
+        huge = sum(1 for i in mi if type(evs[i].get("dur")) in (int, float, Decimal))
+        if huge:
+            stats.repaired["absurd_duration"] += huge
+        if len(mi) - huge:
+            stats.repaired["missing_duration"] += len(mi) - huge
     if neg.any():
         stats.repaired["negative_duration"] += int((neg & ok).sum())
     flags[miss | neg] |= FLAG_REPAIRED
     dur = np.where(is_x & dur_ok & (dur > 0), dur, 0)
 
     # kinds: complete events by category, the rest by phase
-    cat_a = pc.fill_null(_str_array(cat), "").dictionary_encode()
+    cat_a, surr_cat = _str_array_marked(cat)
+    cat_a = pc.fill_null(cat_a, "").dictionary_encode()
     cat_dict = cat_a.dictionary.to_pylist()
     cat_codes = cat_a.indices.to_numpy(zero_copy_only=False)
     kind_of_cat = np.array([_K[_CAT_KIND.get(c.lower(), "RANGE")] for c in cat_dict], np.int8)
@@ -680,7 +821,8 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
     for c, k in _CLASS_KIND.items():
         kind[cls == c] = k
 
-    names = pc.fill_null(_str_array([e.get("name") for e in evs]), "").dictionary_encode()
+    names, surr_name = _str_array_marked([e.get("name") for e in evs])
+    names = pc.fill_null(names, "").dictionary_encode()
     pid, pid_odd = _int_array([e.get("pid") for e in evs])
     tid, tid_odd = _int_array([e.get("tid") for e in evs])
 
@@ -739,6 +881,12 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         for c, a in zip((cat_dict[k] for k in cat_codes), args, strict=True)
     ]
 
+    args_arr, surr_args = _str_array_marked(args_json)
+    surr = [m for m in (surr_cat, surr_name, surr_args) if m is not None]
+    if surr:  # "\ud800" escapes: replaced by U+FFFD, the rows flagged
+        bad = np.logical_or.reduce(surr)
+        flags[bad] |= FLAG_REPAIRED
+        stats.repaired["invalid_unicode"] += int((bad & ok).sum())
     keep = ok
     if not keep.all():
         stats.skipped["bad_timestamp"] += int((~keep).sum())
@@ -757,7 +905,7 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
             "graph_id": pa.array(graph, pa.int64()),
             "bytes": pa.array(nbytes, pa.int64()),
             "flags": pa.array(flags, pa.int32()),
-            "args": pa.array(args_json, pa.string()),
+            "args": args_arr,
             "gpu": pa.array(is_gpu, pa.bool_()),
         }
     )
@@ -775,6 +923,88 @@ def _collective_bytes(args: list[dict]) -> np.ndarray:
     size = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), -1) for a in args], np.int64)
     nel = np.maximum(n_in, n_out)
     return np.where((size > 0) & (nel > 0), nel * size, -1)
+
+
+#: An event ending more than this long after the trace's last event start (or more than the
+#: trace's whole span, if longer) has an absurd duration.
+ABSURD_DURATION_MARGIN_NS = 3600 * 10**9
+
+
+def _repair_absurd_durations(t: pa.Table, stats: _Stats, warnings: list[str], name: str) -> pa.Table:
+    """Durations no trace can hold (a ``dur`` of 1e12 µs in a trace of seconds) become 0,
+    flagged repaired and counted as ``absurd_duration``, as a missing duration is.
+
+    The rule: an event is absurd when it ends more than ``max(span, 1 h)`` after the last event
+    start of its file, ``span`` being the time from the first start to the last. Kept at its
+    start with duration 0 it no longer swallows every later event of its thread.
+    """
+    dur = t["dur"].to_numpy()
+    if not len(dur) or not (dur > 0).any():
+        return t
+    start = t["start"].to_numpy().astype(np.float64)
+    lo, hi = start.min(), start.max()
+    limit = min(hi + max(hi - lo, ABSURD_DURATION_MARGIN_NS), float(_MAX_NS))
+    bad = start + dur.astype(np.float64) > limit
+    if not bad.any():
+        return t
+    k = int(bad.sum())
+    stats.repaired["absurd_duration"] += k
+    warnings.append(
+        f"{name}: {k} events end more than max(trace span, 1 h) after the last event start "
+        "(absurd durations); kept with duration 0, flagged repaired"
+    )
+    flags = t["flags"].to_numpy() | np.where(bad, FLAG_REPAIRED, 0).astype(np.int32)
+    t = t.set_column(t.schema.get_field_index("dur"), "dur", pa.array(np.where(bad, 0, dur)))
+    return t.set_column(t.schema.get_field_index("flags"), "flags", pa.array(flags, pa.int32()))
+
+
+_DUP_KEYS = ("start", "dur", "pid", "tid", "device", "stream", "kind", "name", "cat")
+
+
+def _drop_exact_duplicates(t: pa.Table, stats: _Stats, warnings: list[str], name: str) -> pa.Table:
+    """Drop rows that repeat an earlier row exactly (same kind, category, name, process,
+    thread, device, stream, start, duration and args): a copied record, not a second event.
+    Counted in ``skipped`` as ``exact_duplicate`` so the counts still balance.
+
+    One lexsort over the integer columns finds runs of equal keys; only rows in such runs have
+    their ``args`` compared.
+    """
+    n = t.num_rows
+    if n < 2:
+        return t
+    cols = []
+    for c in _DUP_KEYS:
+        col = t[c].combine_chunks() if isinstance(t[c], pa.ChunkedArray) else t[c]
+        if pa.types.is_dictionary(col.type):
+            col = col.indices.fill_null(-1)
+        cols.append(col.to_numpy(zero_copy_only=False))
+    o = np.lexsort(cols[::-1])
+    same = np.ones(n - 1, bool)
+    for c in cols:
+        cs = c[o]
+        same &= cs[1:] == cs[:-1]
+    if not same.any():
+        return t
+    in_run = np.zeros(n, bool)
+    in_run[1:] |= same
+    in_run[:-1] |= same
+    rows = o[in_run]  # grouped by key, in sorted order
+    key_group = np.cumsum(np.concatenate([[True], ~same]))[in_run]
+    args = t["args"].take(pa.array(rows)).combine_chunks()
+    acode = args.dictionary_encode().indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    o2 = np.lexsort((rows, acode, key_group))  # within a key group: by args, first row first
+    g, a, r = key_group[o2], acode[o2], rows[o2]
+    dup = np.zeros(n, bool)
+    dup[r[1:][(g[1:] == g[:-1]) & (a[1:] == a[:-1])]] = True
+    k = int(dup.sum())
+    if not k:
+        return t
+    stats.skipped["exact_duplicate"] += k
+    warnings.append(
+        f"{name}: {k} exact duplicate events (same kind, name, thread, start, end and args as "
+        "an earlier one) dropped"
+    )
+    return t.filter(pa.array(~dup))
 
 
 # --------------------------------------------------------------------------------------------
@@ -813,6 +1043,10 @@ def parse_kineto_file(
     path = Path(path)
     rules = load_layer_rules(layer_rules)
     buf, damage = _read_bytes(path)
+    if damage and _skip_ws(buf, 0) >= len(buf):  # a gzip damaged before any text came out
+        raise InputError(
+            path, f"{damage[0]}; nothing readable before it", "the file is damaged; re-export it"
+        )
     stream = _EventStream(path, buf, chunk_bytes)
     stats = _Stats()
     parts: list[pa.Table] = []
@@ -849,14 +1083,6 @@ def parse_kineto_file(
             else "re-record with the profiler active around the workload"
         )
         raise InputError(path, what + (f" ({'; '.join(damage)})" if damage else ""), fix)
-    if damage:
-        stats.repaired["salvaged_from_damaged_file"] += sum(p.num_rows for p in parts)
-        for p_i, p in enumerate(parts):
-            parts[p_i] = p.set_column(
-                p.schema.get_field_index("flags"),
-                "flags",
-                pc.bit_wise_or(p["flags"], pa.scalar(FLAG_REPAIRED, pa.int32())),
-            )
     warnings: list[str] = [f"{path.name}: {d}" for d in damage]
     sv = meta.get("schemaVersion")
     if sv is not None and sv not in KNOWN_SCHEMA_VERSIONS:
@@ -866,8 +1092,27 @@ def parse_kineto_file(
 
     table = pa.concat_tables(parts).unify_dictionaries().combine_chunks() if parts else None
     parts.clear()
+    if table is not None:
+        table = _drop_exact_duplicates(table, stats, warnings, path.name)
+        table = _repair_absurd_durations(table, stats, warnings, path.name)
+    if damage and table is not None:
+        stats.repaired["salvaged_from_damaged_file"] += table.num_rows
+        table = table.set_column(
+            table.schema.get_field_index("flags"),
+            "flags",
+            pc.bit_wise_or(table["flags"], pa.scalar(FLAG_REPAIRED, pa.int32())),
+        )
+        warnings.append(
+            f"{path.name}: damaged file: the {table.num_rows} complete events read are kept, "
+            "flagged repaired"
+        )
     base = meta.get("baseTimeNanoseconds")
     base = base if isinstance(base, int) and not isinstance(base, bool) else None
+    if base is not None and not 0 <= base < _MAX_NS:
+        warnings.append(
+            f"{path.name}: baseTimeNanoseconds {base} is not a plausible wall-clock time; ignored"
+        )
+        base = None
     canon, main_pid, host_pids = _finish_file(table, base, rules, stats)
     clock = _clock_of(canon, base, meta)
     if clock["source"] == "none" and canon.num_rows:

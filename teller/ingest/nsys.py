@@ -33,6 +33,11 @@ Decisions written down here:
   calls of one process, and among kernels of one process that were not launched by a CUDA
   graph (one graph launch legitimately yields many kernels with one id; one memcpy call may yield
   several copy records).
+- Text or blobs in integer columns (SQLite's CAST would read them as 0 and move t0): rows whose
+  ``start``/``end`` is not a number are left out and counted in ``skipped``
+  (``TABLE: start/end not an integer``); in id/device/stream columns the value reads as unknown
+  and the row is flagged FLAG_REPAIRED. One extra scan per table finds them. A ``utcEpochNs``
+  outside 2000..2100 is ignored with a warning (the run then has no wall clock).
 - ``node`` and ``rank`` come from the caller (0 for a single file); a folder of ``*.sqlite``
   gives one rank per file in name order, on a common time base when every file has the
   session start time.
@@ -53,6 +58,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -232,6 +238,8 @@ class _Db:
         ).fetchall()
         self.tables = {r[0] for r in rows}
         self._cols: dict[str, dict[str, str]] = {}
+        self.rejected: Counter[str] = Counter()  # rows left out, by reason
+        self.repaired: Counter[str] = Counter()  # tables where values were nulled
         self._strings: tuple[np.ndarray, np.ndarray, pa.Array] | None = None
 
     def close(self) -> None:
@@ -254,6 +262,7 @@ class _Db:
         NULL/missing → ``_NULL``), "text" (TEXT, NULL → None), or "sql:<expr>" (an integer
         expression used as is). Returns numpy int64 arrays and lists of str."""
         cols = self.columns(table)
+        spec, where = self._guard_types(table, cols, spec, where)
         exprs, kinds = [], []
         for name, how in spec.items():
             if how == "str":
@@ -299,6 +308,45 @@ class _Db:
                     else (chunks[0] if chunks else [])
                 )
         return out
+
+    def _guard_types(
+        self, table: str, cols: dict[str, str], spec: dict[str, str], where: str
+    ) -> tuple[dict[str, str], str]:
+        """Text or blobs where integers belong (a damaged page, a hand-edited export): SQLite's
+        CAST would read them as 0 and move t0 without a word.
+
+        One scan counts them. Rows whose ``start``/``end`` is not a number are left out and
+        counted in :attr:`rejected`; in the other columns read as integers (ids, devices,
+        streams) such a value becomes NULL and its row is flagged repaired (column
+        ``_repaired`` of the result). Returns the spec and WHERE clause to use.
+        """
+        checked = [n for n, how in spec.items() if how == "int" and n in cols]
+        checked += [n for n in ("start", "end") if n in cols and n not in checked]
+        if not checked:
+            return spec, where
+        bad = {c: f"""typeof(t."{c}") IN ('text', 'blob')""" for c in checked}
+        times = [bad[c] for c in ("start", "end") if c in bad]
+        others = [c for c in checked if c not in ("start", "end")]
+        any_time = " OR ".join(times) if times else "0"
+        q = ", ".join([f"coalesce(sum({any_time}), 0)"] + [f"coalesce(sum({bad[c]}), 0)" for c in checked])
+        row = self.con.execute(f'SELECT {q} FROM "{table}" AS t {where}').fetchone()
+        n_time, per_col = int(row[0]), dict(zip(checked, (int(x) for x in row[1:]), strict=True))
+        if not n_time and not any(per_col.values()):
+            return spec, where
+        spec = dict(spec)
+        if n_time:
+            self.rejected[f"{table}: start/end not an integer"] += n_time
+            keep = f"NOT ({any_time})"
+            where = f"{where} AND {keep}" if where.strip() else f"WHERE {keep}"
+        nulled = [c for c in others if per_col[c]]
+        for c in nulled:
+            spec[c] = (
+                f"""sql:CASE WHEN {bad[c]} THEN NULL ELSE t."{c}" END"""
+            )
+        if nulled:
+            spec["_repaired"] = "sql:(" + " OR ".join(bad[c] for c in nulled) + ")"
+            self.repaired[table] += 1
+        return spec, where
 
     def strings(self) -> tuple[np.ndarray, np.ndarray, pa.Array]:
         """StringIds as (sorted ids, order, values + a trailing "" for unknown ids)."""
@@ -362,6 +410,8 @@ def _times(v: dict, flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """start/end with one NULL or end < start repaired (FLAG_REPAIRED): the missing time is
     the other one, a negative duration becomes zero. Both NULL stays for :func:`_assemble`."""
     start, end = v["start"], v["end"]
+    if "_repaired" in v:  # a non-integer id/device/stream read as NULL (_Db._guard_types)
+        flags |= np.where(v["_repaired"] > 0, FLAG_REPAIRED, 0).astype(np.int32)
     no_start, no_end = start == _NULL, end == _NULL
     start = np.where(no_start, end, start)
     end = np.where(no_end, start, end)
@@ -751,6 +801,7 @@ class NsysRead:
     session_start_unix_ns: int | None
     meta: dict[str, Any]
     processes: dict[int, str]
+    warnings: list[str] = field(default_factory=list)
 
 
 def _check_file(path: Path) -> None:
@@ -769,14 +820,33 @@ def _check_file(path: Path) -> None:
         raise InputError(path, "not a SQLite database", _FIX)
 
 
-def _session_start(db: _Db) -> int | None:
+#: Session start times outside 2000-01-01 .. 2100-01-01 are damage, not a clock.
+_EPOCH_RANGE_NS = (946_684_800 * 10**9, 4_102_444_800 * 10**9)
+
+
+def _session_start(db: _Db, warnings: list[str]) -> int | None:
+    """``TARGET_INFO_SESSION_START_TIME.utcEpochNs``, or None (with a warning) when it is not
+    an integer wall-clock time between 2000 and 2100: a garbage anchor would overflow every
+    later ``τ ↔ wall clock`` conversion (log alignment)."""
     t = "TARGET_INFO_SESSION_START_TIME"
     if t not in db.tables or "utcEpochNs" not in db.columns(t):
         return None
     row = db.con.execute(
-        f'SELECT CAST(utcEpochNs AS INTEGER) FROM "{t}" WHERE utcEpochNs IS NOT NULL LIMIT 1'
+        f'SELECT utcEpochNs, typeof(utcEpochNs) FROM "{t}" WHERE utcEpochNs IS NOT NULL LIMIT 1'
     ).fetchone()
-    return int(row[0]) if row and row[0] else None
+    if not row:
+        return None
+    v, typ = row
+    lo, hi = _EPOCH_RANGE_NS
+    if typ == "integer" and lo <= v < hi:
+        return int(v)
+    if typ == "real" and lo <= v < hi:
+        return int(v)
+    warnings.append(
+        f"{db.path.name}: {t}.utcEpochNs {str(v)[:40]!r} is not a wall-clock time in ns "
+        "(2000..2100); ignored, so the run has no wall clock (t0_unix_ns null)"
+    )
+    return None
 
 
 def _meta(db: _Db) -> dict[str, Any]:
@@ -823,12 +893,26 @@ def read_nsys_raw(path: str | os.PathLike, node: int = 0, rank: int = 0) -> Nsys
                     "profile with `nsys profile -t cuda,nvtx` and " + _FIX,
                 )
             parts = [_READERS[t](db) for t in present]
+            warnings: list[str] = []
+            for p in parts:
+                rej = {k: v for k, v in db.rejected.items() if k.startswith(p.table + ":")}
+                p.skipped.update(rej)
+                if p.table != NVTX:  # NVTX counts its rows in SQL; the others count rows read
+                    p.rows_in += sum(rej.values())
+                for k, v in rej.items():
+                    warnings.append(f"{path.name}: {v} rows of {k}; left out")
+                if db.repaired[p.table]:
+                    warnings.append(
+                        f"{path.name}: {p.table} holds text where ids/devices/streams belong; "
+                        "those values read as unknown, rows flagged repaired"
+                    )
             pids = (
                 np.concatenate([p.cols["pid"] for p in parts]) if parts else np.empty(0, np.int64)
             )
-            return _assemble(
-                path, parts, node, rank, _session_start(db), _meta(db), _processes(db, pids)
-            )
+            start = _session_start(db, warnings)
+            r = _assemble(path, parts, node, rank, start, _meta(db), _processes(db, pids))
+            r.warnings = warnings
+            return r
         finally:
             db.close()
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
@@ -918,6 +1002,7 @@ def ingest_nsys(
     else:
         files = [src]
     reads = [read_nsys_raw(f, node, rank + i) for i, f in enumerate(files)]
+    warnings = [w for r in reads for w in r.warnings]
     anchored = all(r.session_start_unix_ns is not None for r in reads)
     # one time base: wall clock when every file has it, else each file on its own
     if anchored:
@@ -977,6 +1062,7 @@ def ingest_nsys(
         counts=counts,
         start_wall=t0_unix / 1e9 if t0_unix is not None else None,
         end_wall=(t0_unix + end_ns) / 1e9 if t0_unix is not None else None,
+        extra={"warnings": warnings},
     )
     rd.write_info(info)
     return {
@@ -991,4 +1077,5 @@ def ingest_nsys(
         "flags": flags,
         "skipped_rows": skipped,
         "t0_unix_ns": t0_unix,
+        "warnings": warnings,
     }

@@ -147,6 +147,14 @@ def _load_membership(rd: RunDir, step_ids: np.ndarray, suffix_rules: tuple[str, 
     return index, codes.astype(np.int64), pos[known_step].astype(np.int64), int((~known_step).sum())
 
 
+def _wall_ns(v: Any) -> int | None:
+    """A run.json wall-clock value in ns, or None when absent or not a plausible time (a
+    damaged or hand-edited run.json must not overflow the τ arithmetic)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+        return None
+    return int(v) if 0 <= v < 2**62 else None
+
+
 def _dict(arr: pa.Array, typ: pa.DataType) -> pa.Array:
     return arr.cast(pa.string()).dictionary_encode().cast(typ)
 
@@ -189,17 +197,20 @@ def build_alignment(
     presets, forced = _presets(fmt, regex, time_format)
     info = rd.read_info()
     clock = info.clock or {}
-    t0 = clock.get("t0_unix_ns")
-    t0 = int(t0) if isinstance(t0, (int, float)) and not isinstance(t0, bool) else None
-    ref = t0 if t0 is not None else (int(info.start_wall * 1e9) if info.start_wall else None)
+    notes: list[str] = []
+    t0 = _wall_ns(clock.get("t0_unix_ns"))
+    if t0 is None and clock.get("t0_unix_ns") is not None:
+        notes.append(f"{rd.artefact('run.json')}: clock.t0_unix_ns {str(clock.get('t0_unix_ns'))[:40]!r} "
+                     "is not a wall-clock time in ns; ignored")
+    start_wall = info.start_wall if isinstance(info.start_wall, (int, float)) else None
+    ref = t0 if t0 is not None else _wall_ns(start_wall * 1e9 if start_wall else None)
     off = utc_offset_s if utc_offset_s is not None else clock.get("utc_offset_s")
-    off = int(off) if off is not None else None
+    off = int(off) if isinstance(off, (int, float)) and not isinstance(off, bool) and abs(off) < 86_400 else None
     ctx = ParseContext(presets, forced, ref, off)
     # recorder JSONL: the time is ts_ns whatever the text's format, so the text is always matched
     # against every format (a forced/user format first)
     ctx_jsonl = ParseContext(presets + [p for p in all_presets() if p.name not in {x.name for x in presets}],
                              False, ref, off)
-    notes: list[str] = []
 
     jsonl = rd.log_files()
     plain: list[Path] = []
@@ -220,6 +231,7 @@ def build_alignment(
         tables.append(r.table)
         formats[_label(p, rd.path)] = r.format
         blank += r.blank
+        notes.extend(r.notes)
     naive_plain = False
     for p in plain:
         r = read_plain(p, ctx, _label(p, rd.path))
@@ -280,7 +292,7 @@ def build_alignment(
     tid, tmpl = mine_templates(lines.column("message").combine_chunks() if n else pa.array([], pa.string()))
 
     aligned = step_idx >= 0
-    if steps is not None:
+    if steps is not None and len(steps["step_id"]):
         sid = np.where(aligned, steps["step_id"][np.maximum(step_idx, 0)], -1)
         snum = np.where(aligned, steps["step_num"][np.maximum(step_idx, 0)], -1)
     else:

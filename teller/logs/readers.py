@@ -16,8 +16,10 @@ Repairs, each flagged in ``flags`` (never a dropped line):
   takes the time of the previous line that had one, and in plain logs also its level, logger
   and pid → :data:`FLAG_NO_TIMESTAMP` (time stays unknown, −1, when no earlier line had one);
 - a time earlier than an earlier line of the same file and pid is kept → :data:`FLAG_BACKWARDS`;
-- a JSONL line that is not a JSON object, or has an unusable ``ts_ns``, is kept as text
-  → :data:`FLAG_BAD_RECORD`; a plain-log timestamp that fails to parse (month 13) likewise.
+- a JSONL line that is not a JSON object (or nests too deeply to parse), or whose ``ts_ns``,
+  ``pid`` or ``node`` is not a usable integer (huge, infinite, NaN, text), is kept as text
+  → :data:`FLAG_BAD_RECORD`, and the file's note names its line numbers; a plain-log
+  timestamp that fails to parse (month 13) likewise.
 
 Whitespace-only lines are skipped and counted (``blank``); ANSI colour codes are removed from
 ``text``. Everything is columnar: one RE2 pass per format over a file's column of lines.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,8 +266,35 @@ def read_plain(path: str | os.PathLike, ctx: ParseContext, label: str | None = N
     return FileResult(table, fmt, blank)
 
 
+#: Largest ``ts_ns`` taken as a time (about year 2116); beyond it the record is unusable.
+_MAX_TS_NS = 2**62
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _as_int(v: object, lo: int, hi: int) -> tuple[int, bool]:
+    """(value, ok): an int (or a finite whole float) in ``[lo, hi)``; (-1, True) when absent,
+    (-1, False) when present but unusable (huge, infinite, NaN, text, a list...)."""
+    if v is None:
+        return -1, True
+    if type(v) is int:
+        return (v, True) if lo <= v < hi else (-1, False)
+    if type(v) is float and v == v and lo <= v < hi and v == int(v):
+        return int(v), True
+    return -1, False
+
+
+def _clean(s: str) -> str:
+    """A string Arrow can store: lone surrogates (a JSON ``\\ud800`` escape) become U+FFFD."""
+    return _SURROGATES.sub("\ufffd", s) if not s.isascii() and _SURROGATES.search(s) else s
+
+
 def _jsonl_fallback(data: bytes) -> tuple[dict[str, list], np.ndarray, np.ndarray, int]:
-    """Line-by-line JSONL reading for files Arrow's reader rejects (bad lines, mixed types)."""
+    """Line-by-line JSONL reading for files Arrow's reader rejects (bad lines, mixed types).
+
+    A line that is not a JSON object (or nests too deeply to parse), or whose ``ts_ns``,
+    ``pid`` or ``node`` is not a usable integer (huge, infinite, NaN, text), is kept as text
+    and marked bad; a ``node`` given as a host name only leaves the node unknown.
+    """
     cols: dict[str, list] = {k: [] for k in ("ts_ns", "node", "pid", "stream", "text")}
     bad, line_nos, blank = [], [], 0
     parts = data.split(b"\n")
@@ -279,34 +309,38 @@ def _jsonl_fallback(data: bytes) -> tuple[dict[str, list], np.ndarray, np.ndarra
             obj = json.loads(s)
             if not isinstance(obj, dict):
                 raise ValueError("not an object")
-        except ValueError:
+        except (ValueError, RecursionError):
             obj, is_bad = {"text": s}, True
         else:
             is_bad = False
-        ts = obj.get("ts_ns")
-        try:
-            ts = int(ts) if ts is not None and not isinstance(ts, bool) else -1
-        except (TypeError, ValueError):
-            ts, is_bad = -1, True
-        node = obj.get("node")
-        try:
-            node = int(node) if node is not None and not isinstance(node, bool) else -1
-        except (TypeError, ValueError):
-            node = -1  # a host name: the node number is unknown
-        pid = obj.get("pid")
-        try:
-            pid = int(pid) if pid is not None and not isinstance(pid, bool) else -1
-        except (TypeError, ValueError):
-            pid = -1
+        ts, ok_ts = _as_int(obj.get("ts_ns"), 0, _MAX_TS_NS)
+        node_v = obj.get("node")
+        node, ok_node = _as_int(node_v, -1, 2**31)
+        ok_node = ok_node or isinstance(node_v, str)  # a host name: the node number is unknown
+        pid, ok_pid = _as_int(obj.get("pid"), -1, 2**63)
+        is_bad = is_bad or not (ok_ts and ok_node and ok_pid)
         text = obj.get("text")
+        text = text if isinstance(text, str) else ("" if text is None else str(text))
+        stream = obj.get("stream")
+        stream = stream if isinstance(stream, str) else str(stream or "")
         cols["ts_ns"].append(ts)
         cols["node"].append(node)
         cols["pid"].append(pid)
-        cols["stream"].append(str(obj.get("stream") or ""))
-        cols["text"].append(text if isinstance(text, str) else ("" if text is None else str(text)))
+        cols["stream"].append(_clean(stream))
+        cols["text"].append(_clean(text))
         bad.append(is_bad)
         line_nos.append(i + 1)
     return cols, np.asarray(bad, bool), np.asarray(line_nos, np.int64), blank
+
+
+def _bad_note(label: str, line_no: np.ndarray, bad: np.ndarray) -> list[str]:
+    """One note naming the file and the first line numbers of its unusable records."""
+    if not bad.any():
+        return []
+    lines = line_no[bad]
+    shown = ", ".join(str(int(x)) for x in lines[:8]) + (", ..." if len(lines) > 8 else "")
+    return [f"{label}: {len(lines)} unusable records kept as text (not a JSON object, or ts_ns/"
+            f"pid/node not a usable integer) at line{'s' if len(lines) > 1 else ''} {shown}"]
 
 
 def read_jsonl(path: str | os.PathLike, ctx: ParseContext, label: str | None = None) -> FileResult:
@@ -347,9 +381,8 @@ def read_jsonl(path: str | os.PathLike, ctx: ParseContext, label: str | None = N
         pid = t.column("pid").fill_null(-1).to_numpy().astype(np.int64)
         stream = t.column("stream").combine_chunks().fill_null("")
         texts = t.column("text").combine_chunks().fill_null("")
-        bad = np.zeros(len(ts), bool)
-        if ts.size and (ts < 0).any():
-            bad = ts < 0
+        bad = (ts < 0) | (ts >= _MAX_TS_NS) | (node >= 2**31)
+        node = np.where(node >= 2**31, -1, node)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         cols, bad, line_no, blank = _jsonl_fallback(data)
         ts = np.asarray(cols["ts_ns"], np.int64)
@@ -374,7 +407,7 @@ def read_jsonl(path: str | os.PathLike, ctx: ParseContext, label: str | None = N
     flags |= np.where(_backwards(pid, wall) & has_ts, FLAG_BACKWARDS, 0).astype(np.int32)
     table = _table(label or str(path), line_no, wall, np.ones(n, np.int64),
                    np.clip(node, -1, 2**31 - 1).astype(np.int32), pid, stream, groups, texts, flags)
-    return FileResult(table, fmt, blank)
+    return FileResult(table, fmt, blank, _bad_note(label or str(path), line_no, bad))
 
 
 def _table(file: str, line_no, wall, res, node, pid, stream, groups, text, flags) -> pa.Table:
