@@ -36,6 +36,10 @@ def test_poisson_arrivals_are_seeded():
     assert all(g >= 0 for g in gaps)
     assert 0.015 < sum(gaps) / len(gaps) < 0.025  # mean inter-arrival 1/rate = 20 ms
     assert make_requests(ServeConfig(requests=3, rate=0), 100)[-1]["arrival_s"] == 0.0
+    # the extension continues the same arrival process: the planned requests do not change
+    ext = make_requests(cfg, 100, extra=5)
+    assert ext[:400] == a and [r["id"] for r in ext[400:]] == [f"req_{i}" for i in range(400, 405)]
+    assert all(y["arrival_s"] >= x["arrival_s"] for x, y in zip(ext[399:], ext[400:], strict=False))
 
 
 def test_serve_in_process_logs_each_request(caplog):
@@ -53,6 +57,26 @@ def test_serve_in_process_logs_each_request(caplog):
         assert any(m.startswith(f"request req_{i} added") for m in msgs)
         assert any(m.startswith(f"request req_{i} finished generated=4") for m in msgs)
     assert res["config"]["device"] == "cpu" and res["config"]["model"]["layers"] == 2
+
+
+def test_serve_keeps_admitting_while_asked_and_within_its_bound(monkeypatch):
+    """keep_serving() (hooked by a fault plan) extends the arrivals past --requests, one more
+    request per yes, never past max_extra_requests; every extra request is served in full."""
+    pytest.importorskip("transformers")
+    from teller.workload import serve as serve_mod
+
+    answers = iter([True, True])
+    monkeypatch.setattr(serve_mod, "keep_serving", lambda: next(answers, False))
+    res = serve_mod.serve(ServeConfig(requests=2, rate=200.0, prompt_len="5", output_len="3", seed=1))
+    s = res["summary"]
+    assert s["ok"] and s["requests_extended"] == 2 and s["requests_finished"] == 4
+    assert [r["id"] for r in res["requests"]] == ["req_0", "req_1", "req_2", "req_3"]
+    assert [bool(r.get("extension")) for r in res["requests"]] == [False, False, True, True]
+    assert all(r["generated"] == 3 for r in res["requests"])
+    monkeypatch.setattr(serve_mod, "keep_serving", lambda: True)
+    res = serve_mod.serve(ServeConfig(requests=2, rate=200.0, prompt_len="5", output_len="3", seed=1,
+                                      max_extra_requests=3))
+    assert res["summary"]["requests_extended"] == 3 and res["summary"]["requests_finished"] == 5
 
 
 def run_cmd(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
