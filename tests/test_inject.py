@@ -70,13 +70,12 @@ def test_skipped_run_is_recorded_as_skipped(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    from teller.inject.campaign import run_campaign
-
-    out = tmp_path_factory.mktemp("smoke")
-    return out, run_campaign(ROOT / "campaigns" / "cpu_smoke.toml", out)
+def smoke(smoke_campaign):
+    assert smoke_campaign["exit_code"] == 0
+    return smoke_campaign["out"], smoke_campaign["summary"]
 
 
+@pytest.mark.slow
 def test_smoke_campaign_labels(smoke):
     out, s = smoke
     assert s["finished"] == 3 and s["crashed"] == 0
@@ -96,6 +95,7 @@ def test_smoke_campaign_labels(smoke):
     assert not any(normal.column("is_anomaly").to_pylist())
 
 
+@pytest.mark.slow
 def test_smoke_dataset_build(smoke, tmp_path):
     from teller.dataset.build import build_dataset
 

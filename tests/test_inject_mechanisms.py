@@ -17,6 +17,7 @@ from teller.inject.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "campaigns" / "cpu_mechanisms.toml"
+pytestmark = pytest.mark.slow  # one recorded campaign of four runs
 
 
 @pytest.fixture(scope="module")

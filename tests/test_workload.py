@@ -14,7 +14,7 @@ import pytest
 from teller.errors import TellerError
 from teller.workload.serve import ServeConfig, make_requests, parse_length
 
-TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]
+TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]  # = conftest.TINY_SERVE
 
 
 def test_length_distributions():
@@ -42,6 +42,7 @@ def test_poisson_arrivals_are_seeded():
     assert all(y["arrival_s"] >= x["arrival_s"] for x, y in zip(ext[399:], ext[400:], strict=False))
 
 
+@pytest.mark.slow
 def test_serve_in_process_logs_each_request(caplog):
     pytest.importorskip("transformers")
     from teller.workload.serve import serve
@@ -59,6 +60,7 @@ def test_serve_in_process_logs_each_request(caplog):
     assert res["config"]["device"] == "cpu" and res["config"]["model"]["layers"] == 2
 
 
+@pytest.mark.slow
 def test_serve_keeps_admitting_while_asked_and_within_its_bound(monkeypatch):
     """keep_serving() (hooked by a fault plan) extends the arrivals past --requests, one more
     request per yes, never past max_extra_requests; every extra request is served in full."""
@@ -83,17 +85,15 @@ def run_cmd(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, timeout=300)
 
 
-def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path):
+@pytest.mark.slow
+def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path, plain_tiny_tokens):
     pytest.importorskip("transformers")
-    plain = run_cmd([sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
-                     "--out-json", str(tmp_path / "plain.json")], tmp_path)
-    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
     run = tmp_path / "run"
     rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
                    sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
                    "--out-json", str(tmp_path / "rec.json")], tmp_path)
     assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    a = json.loads((tmp_path / "plain.json").read_text())["requests"]
+    a = plain_tiny_tokens  # the same TINY workload run without recording (conftest)
     b = json.loads((tmp_path / "rec.json").read_text())["requests"]
     assert [r["tokens"] for r in a] == [r["tokens"] for r in b]  # greedy output unchanged by recording
     assert all(len(r["tokens"]) == 6 for r in a)
