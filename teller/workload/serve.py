@@ -24,7 +24,8 @@ A run recorded with a fault plan serves until every fault window has closed: onc
 ``requests`` planned arrivals are in, the arrival process goes on (same seed, same
 distributions; the extra requests are marked ``extension`` in the results) for as long as
 :func:`keep_serving` says so, an extra request admitted at its arrival time or, when the engine
-has fallen behind, once fewer requests are in flight than when the planned arrivals ended. It says no by itself; the fault agent in the process
+has fallen behind, once fewer requests are in flight than when the planned arrivals ended.
+:func:`keep_serving` says no by itself; the fault agent in the process
 (:mod:`teller.inject.agent`) hooks it to say yes while one of its windows has not reached its
 planned end, so a window anchored at step 60 opens even when a loaded machine batches the planned
 requests into 45 steps. ``max_extra_requests`` (default 4 × ``requests``, at least 100),
