@@ -70,13 +70,12 @@ def test_skipped_run_is_recorded_as_skipped(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    from teller.inject.campaign import run_campaign
-
-    out = tmp_path_factory.mktemp("smoke")
-    return out, run_campaign(ROOT / "campaigns" / "cpu_smoke.toml", out)
+def smoke(smoke_campaign):
+    assert smoke_campaign["exit_code"] == 0
+    return smoke_campaign["out"], smoke_campaign["summary"]
 
 
+@pytest.mark.slow
 def test_smoke_campaign_labels(smoke):
     out, s = smoke
     assert s["finished"] == 3 and s["crashed"] == 0
@@ -96,6 +95,7 @@ def test_smoke_campaign_labels(smoke):
     assert not any(normal.column("is_anomaly").to_pylist())
 
 
+@pytest.mark.slow
 def test_smoke_dataset_build(smoke, tmp_path):
     from teller.dataset.build import build_dataset
 
@@ -119,3 +119,114 @@ def test_smoke_dataset_build(smoke, tmp_path):
     assert (tmp_path / "ds" / "datasheet.md").read_text().startswith("# Datasheet")
     again = build_dataset([out], tmp_path / "ds2", seed=0)
     assert again["by_split"] == sheet["by_split"]
+
+
+def test_agent_keeps_the_workload_serving_until_every_window_closes(monkeypatch):
+    """windows_pending() holds while a window is still to open or to reach its planned length;
+    a window without a length (until exit) keeps nothing waiting. The edges record the steps."""
+    from teller.inject.agent import Agent
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TELLER_RUN_DIR", raising=False)
+    plan = {"faults": [
+        {"id": "f0", "mechanism": "scheduler_stall", "magnitude": 1.0, "start_step": 3, "steps": 2},
+        {"id": "f1", "mechanism": "kv_cache_pressure", "magnitude": 2.0, "start_s": 0.0, "duration_s": None},
+    ]}
+    a = Agent(plan, runtime_mod=None)
+    keep = [a._keep_serving(lambda: False, None, (), {})]
+
+    def step() -> None:  # what the wrapped push_step does
+        a.steps_seen += 1
+        a._step_edges()
+        keep.append(a._keep_serving(lambda: False, None, (), {}))
+
+    step()
+    a._start(plan["faults"][1])  # the until-exit window opens with the first step
+    for _ in range(6):
+        step()
+    assert keep == [True, True, True, True, True, True, False, False]
+    w = a.windows["f0"]
+    assert w["state"] == "closed" and (w["steps_at_start"], w["steps_at_end"]) == (4, 6)
+    assert a.windows["f1"]["state"] == "open" and not a.windows_pending()
+    assert a._keep_serving(lambda: True, None, (), {})  # the workload's own answer still counts
+
+
+def test_window_problems_name_unopened_and_cut_short_windows():
+    from teller.inject.campaign import window_problems
+
+    plan = [{"id": "f0", "mechanism": "scheduler_stall", "start_step": 45, "steps": 7},
+            {"id": "f1", "mechanism": "allocator_churn", "start_step": 10, "steps": 7},
+            {"id": "f2", "mechanism": "gil_contention", "start_s": 0.5, "duration_s": 1.0},
+            {"id": "f3", "mechanism": "hidden_host_sync", "start_step": 2, "steps": 3},
+            {"id": "f4", "mechanism": "kv_cache_pressure", "start_s": 0.0, "duration_s": None},
+            {"id": "f5", "mechanism": "targeted_op_delay", "start_s": 0.1, "duration_s": 0.2}]
+    launcher = {"pid": 1, "rank": 0, "steps_seen": 0, "state": "pending", "start_tau_ns": None, "end_tau_ns": None}
+    eng = {"pid": 2, "rank": 0, "steps_seen": 40}
+    windows = [
+        {**launcher, "id": "f3"},  # a process that only starts the engine: not counted
+        {**eng, "id": "f0", "state": "pending", "start_tau_ns": None, "end_tau_ns": None},
+        {**eng, "id": "f1", "state": "closed-at-exit", "start_tau_ns": 10, "end_tau_ns": 20,
+         "steps_at_start": 11, "steps_at_end": 15},
+        {**eng, "id": "f2", "state": "closed-at-exit", "start_tau_ns": 0, "end_tau_ns": 400_000_000},
+        {**eng, "id": "f3", "state": "closed", "start_tau_ns": 5, "end_tau_ns": 9, "steps_at_start": 3,
+         "steps_at_end": 6},
+        {**eng, "id": "f4", "state": "closed-at-exit", "start_tau_ns": 1, "end_tau_ns": 99},
+    ]
+    got = {(p["id"], p["problem"]): p for p in window_problems(plan, windows)}
+    assert sorted(got) == [("f0", "never opened"), ("f1", "cut short"), ("f2", "cut short"), ("f5", "never opened")]
+    assert "step 45" in got["f0", "never opened"]["detail"] and "ran 40 steps" in got["f0", "never opened"]["detail"]
+    assert "after 4 of them" in got["f1", "cut short"]["detail"]
+    assert "0.4 s into it" in got["f2", "cut short"]["detail"]
+    assert got["f5", "never opened"]["detail"].endswith("no process applied the plan")
+    assert window_problems(plan[3:5], windows) == []
+
+
+
+REACH = BASE + '''preset = "tiny"
+requests = 2
+rate = 20.0
+prompt_len = "8"
+output_len = "4"
+[[runs]]
+name = "late"
+[[runs.faults]]
+mechanism = "scheduler_stall"
+magnitude = 2
+start_step = 24
+steps = 3
+'''
+
+
+@pytest.mark.slow
+def test_run_serves_until_its_window_has_closed(tmp_path):
+    """Two requests make about a dozen steps: a window at step 24 opens, and lasts its 3 steps,
+    only because the workload keeps admitting requests until it has closed."""
+    from teller.inject.campaign import run_campaign
+
+    s = run_campaign(parse_spec(REACH, "reach.toml"), tmp_path)
+    assert s["finished"] == 1 and s["unapplied_windows"] == 0
+    lab = json.loads((tmp_path / "late-r0" / "labels.json").read_text())
+    (w,) = lab["windows"]
+    assert lab["unapplied"] == [] and w["state"] == "closed" and w["steps_at_end"] - w["steps_at_start"] == 3
+    assert w["injections"] >= 3 and lab["label_summary"]["in_window"] >= 3
+    reqs = set(pq.read_table(tmp_path / "late-r0" / "requests.parquet").column("request_id").to_pylist())
+    assert {"req_0", "req_1", "req_2"} <= reqs  # served past --requests 2
+
+
+def test_inject_run_reports_unapplied_windows_loudly(tmp_path, monkeypatch, capsys):
+    import teller.inject.campaign as campaign
+    from teller.cli import main
+
+    u = {"id": "f3", "mechanism": "delayed_admission", "problem": "never opened", "pid": 7, "rank": 0,
+         "planned": "to open at step 67 for 10 steps",
+         "detail": "planned to open at step 67 for 10 steps; the process ran 45 steps",
+         "fix": "anchor the window earlier, or give the workload more requests"}
+    res = {"run_id": "mixed-r0", "path": str(tmp_path), "status": "finished", "steps": 45, "abnormal_steps": 3,
+           "skipped": [], "unapplied": [u]}
+    monkeypatch.setattr(campaign, "run_campaign", lambda *a, **k: {
+        "campaign": "c", "runs": 1, "finished": 1, "crashed": 0, "skipped": 0, "steps": 45, "abnormal_steps": 3,
+        "unapplied_windows": 1, "results": [res]})
+    assert main(["inject", "run", str(ROOT / "campaigns" / "cpu_smoke.toml"), "-o", str(tmp_path)]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "window f3 (delayed_admission) on rank 0 never opened: planned to open at step 67" in err
+    assert "the process ran 45 steps" in err and "windows not applied as planned=1" in err

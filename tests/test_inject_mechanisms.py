@@ -17,6 +17,7 @@ from teller.inject.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "campaigns" / "cpu_mechanisms.toml"
+pytestmark = pytest.mark.slow  # one recorded campaign of four runs
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,7 @@ def test_windows_recorded_and_closed(campaign):
     for run in ("serve-mixed-r0", "tp-comm-r0"):
         lab = json.loads((campaign / run / "labels.json").read_text())
         opened = [w for w in lab["windows"] if w["start_tau_ns"] is not None]
+        assert lab["unapplied"] == [], lab["unapplied"]  # every window reached, and for its whole length
         assert {w["mechanism"] for w in opened} == {p["mechanism"] for p in lab["plan"]}
         for w in opened:
             assert w["state"] in ("closed", "closed-at-exit") and w["start_tau_ns"] < w["end_tau_ns"], w
@@ -92,7 +94,7 @@ def test_allocator_churn_shows_in_fill(serve):
 
 def test_scheduler_stall_adds_its_sleep(serve):
     e = serve["scheduler_stall"]
-    assert e["injections"] >= 5 and e["in_p50_ms"] - e["out_p50_ms"] > 0.8 * 8.0
+    assert e["injections"] >= 5 and e["in_p50_ms"] - e["out_p50_ms"] > 0.8 * e["magnitude"]
 
 
 def test_host_contention_spawned_pinned_hogs(campaign):

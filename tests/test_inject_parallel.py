@@ -13,11 +13,13 @@ from teller.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPU cores to pin two lanes")
-def test_parallel_campaign_records_every_run_in_pinned_lanes(tmp_path):
-    out = tmp_path / "runs"
-    assert main(["inject", "run", str(ROOT / "campaigns" / "cpu_smoke.toml"), "-o", str(out), "--parallel", "2"]) == 0
+def test_parallel_campaign_records_every_run_in_pinned_lanes(smoke_campaign):
+    """The session's smoke campaign is recorded with `teller inject run --parallel 2` (conftest)."""
+    out = smoke_campaign["out"]
+    assert smoke_campaign["lanes"] == 2 and smoke_campaign["exit_code"] == 0
     summary = json.loads((out / "campaign_summary.json").read_text())
     assert summary["runs"] == 3 and summary["finished"] == 3
     labels = {p.parent.name: json.loads(p.read_text()) for p in out.glob("*/labels.json")}

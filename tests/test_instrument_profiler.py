@@ -299,23 +299,21 @@ def test_launcher_rejects_an_unknown_backend(tmp_path: Path):
         record(tmp_path / "run", [sys.executable, "-c", "pass"], collector="cpu", be_backend="nvtx")
 
 
-TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]
+TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]  # = conftest.TINY_SERVE
 
 
-def test_recorded_workload_with_the_profiler_backend(tmp_path: Path):
+@pytest.mark.slow
+def test_recorded_workload_with_the_profiler_backend(tmp_path: Path, plain_tiny_tokens):
     """The CPU workload: same greedy tokens, BE ranges under FE ranges on the batching thread."""
     pytest.importorskip("transformers")
     serve = [sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens"]
-    plain = subprocess.run([*serve, "--out-json", str(tmp_path / "plain.json")], cwd=tmp_path,
-                           capture_output=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
     run = tmp_path / "run"
     code = ("import sys; from teller.record.launcher import record; "
             "sys.exit(record(sys.argv[1], sys.argv[2:], collector='cpu', be_backend='profiler')['exit_code'])")
     rec = subprocess.run([sys.executable, "-c", code, str(run), *serve, "--out-json", str(tmp_path / "rec.json")],
                          cwd=tmp_path, capture_output=True, timeout=300)
     assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    a = json.loads((tmp_path / "plain.json").read_text())["requests"]
+    a = plain_tiny_tokens  # the same TINY workload run without recording (conftest)
     b = json.loads((tmp_path / "rec.json").read_text())["requests"]
     assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
     info = json.loads((run / "run.json").read_text())

@@ -14,7 +14,7 @@ import pytest
 from teller.errors import TellerError
 from teller.workload.serve import ServeConfig, make_requests, parse_length
 
-TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]
+TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]  # = conftest.TINY_SERVE
 
 
 def test_length_distributions():
@@ -36,8 +36,13 @@ def test_poisson_arrivals_are_seeded():
     assert all(g >= 0 for g in gaps)
     assert 0.015 < sum(gaps) / len(gaps) < 0.025  # mean inter-arrival 1/rate = 20 ms
     assert make_requests(ServeConfig(requests=3, rate=0), 100)[-1]["arrival_s"] == 0.0
+    # the extension continues the same arrival process: the planned requests do not change
+    ext = make_requests(cfg, 100, extra=5)
+    assert ext[:400] == a and [r["id"] for r in ext[400:]] == [f"req_{i}" for i in range(400, 405)]
+    assert all(y["arrival_s"] >= x["arrival_s"] for x, y in zip(ext[399:], ext[400:], strict=False))
 
 
+@pytest.mark.slow
 def test_serve_in_process_logs_each_request(caplog):
     pytest.importorskip("transformers")
     from teller.workload.serve import serve
@@ -46,6 +51,7 @@ def test_serve_in_process_logs_each_request(caplog):
     res = serve(ServeConfig(requests=3, rate=200.0, prompt_len="5", output_len="4", seed=1, warmup=1))
     s = res["summary"]
     assert s["ok"] and s["requests_finished"] == 3 and s["generated_tokens"] == 12
+    assert s["requests_extended"] == 0  # no fault plan in this process: no request past --requests
     assert s["throughput_tok_s"] > 0 and s["steps"] > 0 and s["step_p50_s"] <= s["step_p99_s"]
     assert all(r["generated"] == 4 and r["latency_s"] > 0 for r in res["requests"])
     msgs = [r.getMessage() for r in caplog.records if r.name == "teller.workload"]
@@ -55,21 +61,37 @@ def test_serve_in_process_logs_each_request(caplog):
     assert res["config"]["device"] == "cpu" and res["config"]["model"]["layers"] == 2
 
 
+@pytest.mark.slow
+def test_serve_keeps_admitting_while_asked_and_within_its_bound(monkeypatch):
+    """keep_serving() (hooked by a fault plan) extends the arrivals past --requests, never past
+    max_extra_requests; every extra request is served in full. By itself it says no."""
+    pytest.importorskip("transformers")
+    from teller.workload import serve as serve_mod
+
+    assert serve_mod.keep_serving() is False
+    monkeypatch.setattr(serve_mod, "keep_serving", lambda: True)
+    res = serve_mod.serve(ServeConfig(requests=2, rate=200.0, prompt_len="5", output_len="3", seed=1,
+                                      max_extra_requests=2))
+    s = res["summary"]
+    assert s["ok"] and s["requests_extended"] == 2 and s["requests_finished"] == 4
+    assert [r["id"] for r in res["requests"]] == ["req_0", "req_1", "req_2", "req_3"]
+    assert [bool(r.get("extension")) for r in res["requests"]] == [False, False, True, True]
+    assert all(r["generated"] == 3 for r in res["requests"])
+
+
 def run_cmd(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, timeout=300)
 
 
-def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path):
+@pytest.mark.slow
+def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path, plain_tiny_tokens):
     pytest.importorskip("transformers")
-    plain = run_cmd([sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
-                     "--out-json", str(tmp_path / "plain.json")], tmp_path)
-    assert plain.returncode == 0, plain.stderr.decode()[-2000:]
     run = tmp_path / "run"
     rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
                    sys.executable, "-m", "teller.workload", "serve", *TINY, "--save-tokens",
                    "--out-json", str(tmp_path / "rec.json")], tmp_path)
     assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    a = json.loads((tmp_path / "plain.json").read_text())["requests"]
+    a = plain_tiny_tokens  # the same TINY workload run without recording (conftest)
     b = json.loads((tmp_path / "rec.json").read_text())["requests"]
     assert [r["tokens"] for r in a] == [r["tokens"] for r in b]  # greedy output unchanged by recording
     assert all(len(r["tokens"]) == 6 for r in a)

@@ -15,6 +15,7 @@ from teller.rundir import RunDir, np_col
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     run = tmp_path / "tp"
     p = subprocess.run(

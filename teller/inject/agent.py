@@ -12,8 +12,15 @@ The plan is JSON::
 Windows start ``start_s`` seconds after the first engine STEP of this process (model loading
 time varies, the step loop is what the faults are about) and last ``duration_s`` (``null``:
 until exit). The agent records each window's actual τ edges (:mod:`teller.record.clock`), the
-number of injections made and the operators actually hit into ``RUN/inject/<pid>.json``, written
-at each edge, so a crashed run keeps what happened until then.
+steps begun by each edge (``steps_at_start``/``steps_at_end``), the number of injections made
+and the operators actually hit into ``RUN/inject/<pid>.json``, written at each edge, so a
+crashed run keeps what happened until then.
+
+A window is reached however fast the machine runs: the agent hooks the workload's
+:func:`teller.workload.serve.keep_serving`, which then holds while a window of this process has
+not reached its planned end (:meth:`Agent.windows_pending`), so the workload keeps admitting
+requests until then. An engine without that hook ends when it ends; the windows it never
+reached stay ``pending`` and the campaign reports them (``labels.json`` ``unapplied``).
 
 Like the recorder, the agent imports nothing heavy at load, never raises into the engine (a
 failing hook is counted in the file and the engine carries on).
@@ -66,7 +73,7 @@ class Agent:
                       "magnitude": f.get("magnitude"), "targets": list(f.get("targets") or []),
                       "pid": self.pid, "rank": self.rank, "start_tau_ns": None, "end_tau_ns": None,
                       "injections": 0, "targets_hit": [], "errors": [], "state": "pending",
-                      "implementation": None, "extra": {}}
+                      "steps_at_start": None, "steps_at_end": None, "implementation": None, "extra": {}}
             for f in self.faults}
         self.first_step_tau: int | None = None
         self.last_step_end_tau: int | None = None
@@ -89,6 +96,24 @@ class Agent:
                 self._start(f)
             elif f.get("steps") is not None and n == start + int(f["steps"]):
                 self._stop(f)
+
+    def windows_pending(self) -> bool:
+        """Whether a window of this process has yet to reach its planned end: not opened yet, or
+        open with a length (``steps`` or ``duration_s``) still running. A window without a
+        length lasts until exit and keeps nothing waiting."""
+        for f in self.faults:
+            state = self.windows[f["id"]]["state"]
+            if state == "pending" or (state == "open" and (f.get("steps") is not None
+                                                           or f.get("duration_s") is not None)):
+                return True
+        return False
+
+    def _keep_serving(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
+        try:
+            return bool(wrapped(*args, **kwargs)) or self.windows_pending()
+        except Exception as e:  # never into the engine
+            self.rt.hook_failed("fault agent keep_serving", e)
+            return False
 
     # ---- helpers for mechanisms ------------------------------------------------------------
     def active(self, fault: dict[str, Any]) -> bool:
@@ -166,6 +191,7 @@ class Agent:
                 self.error(f, "install", e)
         self.write()
         if self.faults:
+            self.wrap("teller.workload.serve", "keep_serving", self._keep_serving)
             threading.Thread(target=self._schedule, name="teller-faults", daemon=True).start()
         atexit.register(self.at_exit)
 
@@ -264,6 +290,7 @@ class Agent:
         if w["state"] != "pending":
             return
         w["start_tau_ns"] = self.tau()
+        w["steps_at_start"] = self.steps_seen
         w["state"] = "open"
         self._active[f["id"]] = True
         try:
@@ -286,6 +313,7 @@ class Agent:
         if at_exit and f.get("duration_s") is None and self.last_step_end_tau is not None:
             end = min(end, self.last_step_end_tau)
         w["end_tau_ns"] = end
+        w["steps_at_end"] = self.steps_seen
         w["state"] = "closed-at-exit" if at_exit else "closed"
         self.write()
 

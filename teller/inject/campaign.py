@@ -12,6 +12,14 @@ For every run × repetition, in ``RUNS/<run>-r<k>/``:
 4. :mod:`teller.inject.labels` labels every step; ``labels.json`` gets the windows, the plan,
    the skipped faults, the status and a label summary, ``step_labels.parquet`` the per-step labels.
 
+A planned window that did not happen as planned (never opened in a process that ran engine
+steps, or cut short by the end of the run) is listed under ``unapplied`` in ``labels.json``
+with what was planned and what the run did (:func:`window_problems`), counted in the campaign
+summary and printed by ``teller inject run``. The serve workload keeps admitting requests until
+every window has closed (:func:`teller.workload.serve.keep_serving`), so this happens only with
+engines that cannot be kept serving, with a step-anchored window past the end of a run whose
+length is fixed in steps (``serve-tp``), or when the extension's bounds are hit.
+
 Normal runs come first, so faulty runs can use the first normal run of the same workload as
 their reference when they have too few fault-free steps of their own.
 
@@ -116,6 +124,7 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
                "crashed": sum(r["status"] == "crashed" for r in results),
                "skipped": sum(r["status"] == "skipped" for r in results),
                "abnormal_steps": sum(r.get("abnormal_steps", 0) for r in results),
+               "unapplied_windows": sum(len(r.get("unapplied", [])) for r in results),
                "steps": sum(r.get("steps", 0) for r in results), "results": results}
     if not lane:
         (out / "campaign_summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -182,7 +191,7 @@ def _result_from_disk(path: Path) -> dict[str, Any]:
         return {"run_id": path.name, "path": str(path), "status": "crashed", "exit_code": None,
                 "skipped": [], "note": "the lane wrote no labels.json"}
     res = {"run_id": lab.get("run_id", path.name), "path": str(path), "status": lab.get("status", "crashed"),
-           "exit_code": lab.get("exit_code"), "skipped": lab.get("skipped", [])}
+           "exit_code": lab.get("exit_code"), "skipped": lab.get("skipped", []), "unapplied": lab.get("unapplied", [])}
     ls = lab.get("label_summary")
     if ls:
         res.update(steps=ls["steps"], abnormal_steps=ls["abnormal"])
@@ -242,6 +251,7 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     status = "finished" if summary["exit_code"] == 0 else "crashed"
     labels.update(status=status, exit_code=summary["exit_code"], command=cmd, record_s=round(time.time() - t0, 3))
     labels["windows"] = gather_windows(path)
+    labels["unapplied"] = window_problems(plan, labels["windows"])
     rec_err = None
     try:
         reconstruct(path)
@@ -250,7 +260,7 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
         rec_err = f"{type(e).__name__}: {e}"
         labels["reconstruct_error"] = rec_err
     res = {"run_id": run_id, "path": str(path), "status": status, "exit_code": summary["exit_code"],
-           "skipped": skipped}
+           "skipped": skipped, "unapplied": labels["unapplied"]}
     if rec_err is None:
         ref = refs.get(_wl_key(run.workload)) if run.faults else None
         lsum = label_run(path, labels, reference=ref)
@@ -270,5 +280,54 @@ def gather_windows(path: Path) -> list[dict[str, Any]]:
             continue
         for w in doc.get("windows", []):
             w["first_step_tau_ns"] = doc.get("first_step_tau_ns")
+            w["steps_seen"] = doc.get("steps_seen")
             out.append(w)
+    return out
+
+
+def window_problems(plan: list[dict[str, Any]], windows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The planned windows that did not happen as planned, one entry per fault and process.
+
+    Only processes that ran engine steps count (a launcher that only starts the ranks gets the
+    plan too and never steps). A fault is reported when no such process opened it (``never
+    opened``) or when the run ended before its planned length (``cut short``: fewer steps than
+    ``steps``, less time than ``duration_s``). Each entry says what was planned and what the run
+    did, and how to fix the spec."""
+    out: list[dict[str, Any]] = []
+    for p in plan:
+        if p.get("start_step") is not None:
+            planned = f"to open at step {p['start_step']}" + (f" for {p['steps']} steps" if p.get("steps") else "")
+        else:
+            planned = f"to open {p.get('start_s') or 0:g} s after the first step" + (
+                f" for {p['duration_s']:g} s" if p.get("duration_s") is not None else "")
+        base = {"id": p["id"], "mechanism": p["mechanism"], "planned": planned}
+        ws = [w for w in windows if w.get("id") == p["id"] and w.get("steps_seen")]
+        if not ws:
+            why = ("no process that received the plan ran an engine step"
+                   if any(w.get("id") == p["id"] for w in windows) else "no process applied the plan")
+            out.append({**base, "problem": "never opened", "pid": None, "rank": p.get("rank"),
+                        "detail": f"planned {planned}; {why}",
+                        "fix": "check that the engine's steps are recorded (teller stats RUN) and the fault agent loaded"})
+            continue
+        for w in ws:
+            where = {"pid": w.get("pid"), "rank": w.get("rank")}
+            if w.get("state") == "pending":
+                out.append({**base, **where, "problem": "never opened",
+                            "detail": f"planned {planned}; the process ran {w['steps_seen']} steps",
+                            "fix": "anchor the window earlier, or give the workload more requests"})
+                continue
+            if w.get("state") != "closed-at-exit" or w.get("start_tau_ns") is None or w.get("end_tau_ns") is None:
+                continue
+            if p.get("steps") is not None and w.get("steps_at_start") is not None and w.get("steps_at_end") is not None:
+                ran = int(w["steps_at_end"]) - int(w["steps_at_start"])
+                if ran < int(p["steps"]):
+                    out.append({**base, **where, "problem": "cut short",
+                                "detail": f"planned {planned}; the run ended after {ran} of them",
+                                "fix": "anchor the window earlier, or give the workload more requests"})
+            elif p.get("duration_s") is not None:
+                ran_s = (int(w["end_tau_ns"]) - int(w["start_tau_ns"])) / 1e9
+                if ran_s < float(p["duration_s"]):
+                    out.append({**base, **where, "problem": "cut short",
+                                "detail": f"planned {planned}; the run ended {ran_s:.3g} s into it",
+                                "fix": "anchor the window earlier, or give the workload more requests"})
     return out

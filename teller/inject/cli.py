@@ -37,8 +37,15 @@ def run_cmd(
         skipped = "; ".join(f"{x['mechanism']}: {x['reason']}" for x in r.get("skipped", []))
         con.print(f"{r['run_id']}: {r['status']}, steps={r.get('steps', 0)}, abnormal={r.get('abnormal_steps', 0)}"
                   + (f" [yellow]skipped {skipped}[/]" if skipped else ""), highlight=False)
+        for u in r.get("unapplied", []):
+            rank = f" on rank {u['rank']}" if u.get("rank") is not None else ""
+            con.print(f"  [bold red]window {u['id']} ({u['mechanism']}){rank} {u['problem']}[/]: {u['detail']} "
+                      f"({u['fix']})", highlight=False)
+    unapplied = s.get("unapplied_windows", 0)
     con.print(f"[green]campaign[/]: runs={s['runs']}, finished={s['finished']}, crashed={s['crashed']}, "
-              f"skipped={s['skipped']}, steps={s['steps']}, abnormal={s['abnormal_steps']}", highlight=False)
+              f"skipped={s['skipped']}, steps={s['steps']}, abnormal={s['abnormal_steps']}"
+              + (f", [bold red]windows not applied as planned={unapplied}[/] (labels.json: unapplied)" if unapplied else ""),
+              highlight=False)
 
 
 @inject_app.command("mechanisms")

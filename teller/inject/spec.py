@@ -48,7 +48,7 @@ WORKLOAD_KINDS = ("serve", "serve-tp")
 #: workload keys accepted per kind (mapped to ``--key-with-dashes`` of `teller workload ...`)
 SERVE_KEYS = {"device", "preset", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "dtype",
               "requests", "rate", "prompt_len", "output_len", "seed", "attn", "duration", "warmup",
-              "max_batch_tokens", "num_blocks", "timeout", "threads"}
+              "max_batch_tokens", "num_blocks", "timeout", "threads", "max_extra_requests"}
 TP_KEYS = {"device", "layers", "hidden", "heads", "intermediate", "vocab", "requests", "arrivals_per_step",
            "prompt_len", "output_len", "seed", "tp", "backend", "threads", "max_batch", "timeout"}
 CAMPAIGN_KEYS = {"name", "seed", "repetitions", "collector", "be_depth", "timeout_s", "description"}

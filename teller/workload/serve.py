@@ -19,6 +19,17 @@ writes them as JSON.
 With ``rate=0`` every request is queued before the generation loop starts: batching, and hence
 the greedy tokens, are then deterministic, which is what the "same output with and without
 recording" check relies on.
+
+A run recorded with a fault plan serves until every fault window has closed: once the
+``requests`` planned arrivals are in, the arrival process goes on (same seed, same
+distributions; the extra requests are marked ``extension`` in the results) for as long as
+:func:`keep_serving` says so, an extra request admitted at its arrival time or, when the engine
+has fallen behind, once fewer requests are in flight than when the planned arrivals ended.
+:func:`keep_serving` says no by itself; the fault agent in the process
+(:mod:`teller.inject.agent`) hooks it to say yes while one of its windows has not reached its
+planned end, so a window anchored at step 60 opens even when a loaded machine batches the planned
+requests into 45 steps. ``max_extra_requests`` (default 4 × ``requests``, at least 100),
+``duration`` and half of ``timeout_s`` bound the extension, so the run drains before its deadline.
 """
 
 from __future__ import annotations
@@ -73,6 +84,7 @@ class ServeConfig:
     timeout_s: float = 600.0
     save_tokens: bool = False
     threads: int | None = None  # torch intra-op threads; default 1 on the CPU (see serve())
+    max_extra_requests: int | None = None  # arrivals past `requests` while keep_serving() (default max(100, 4 × requests))
     model: dict[str, int] = field(default_factory=dict)  # resolved model shape (filled by serve)
 
 
@@ -104,18 +116,26 @@ def parse_length(spec: str, what: str) -> Callable[[random.Random], int]:
     raise TellerError(f"--{what} {spec!r}: expected N, uniform:A:B, normal:MEAN:STD or choice:A,B,C (lengths ≥ 1)")
 
 
-def make_requests(cfg: ServeConfig, vocab: int) -> list[dict[str, Any]]:
-    """Request ids, prompts, output lengths and arrival times (seconds from the first arrival)."""
+def make_requests(cfg: ServeConfig, vocab: int, extra: int = 0) -> list[dict[str, Any]]:
+    """Request ids, prompts, output lengths and arrival times (seconds from the first arrival):
+    the ``requests`` planned ones, then ``extra`` more of the same arrival process (the first
+    ``requests`` do not depend on ``extra``)."""
     rng = random.Random(cfg.seed)
     plen, olen = parse_length(cfg.prompt_len, "prompt-len"), parse_length(cfg.output_len, "output-len")
     t, out = 0.0, []
-    for i in range(cfg.requests):
+    for i in range(cfg.requests + extra):
         if i and cfg.rate > 0:
             t += rng.expovariate(cfg.rate)
         n = plen(rng)
         out.append({"id": f"req_{i}", "prompt": [rng.randrange(1, vocab) for _ in range(n)],
                     "max_new_tokens": olen(rng), "arrival_s": t})
     return out
+
+
+def keep_serving() -> bool:
+    """Whether the run should admit more requests once the planned ones are in: False here; a
+    fault plan recorded into this process hooks it while one of its windows is still to close."""
+    return False
 
 
 def _percentile(xs: list[float], q: float) -> float | None:
@@ -182,9 +202,14 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
     if dtype_name not in dtypes:
         raise TellerError(f"--dtype {cfg.dtype!r}: expected auto, bf16, fp16 or fp32")
 
-    reqs = make_requests(cfg, shape["vocab"])
-    max_prompt = max((len(r["prompt"]) for r in reqs), default=1)
-    max_out = max((r["max_new_tokens"] for r in reqs), default=1)
+    n_extra = 0 if cfg.rate <= 0 else (max(100, 4 * cfg.requests) if cfg.max_extra_requests is None
+                                        else cfg.max_extra_requests)
+    if n_extra < 0:
+        raise TellerError(f"--max-extra-requests {n_extra}: expected 0 or more")
+    pool = make_requests(cfg, shape["vocab"], extra=n_extra)
+    reqs, extension = pool[:cfg.requests], pool[cfg.requests:]
+    max_prompt = max((len(r["prompt"]) for r in pool), default=1)
+    max_out = max((r["max_new_tokens"] for r in pool), default=1)
     max_pos = max(256, 2 ** math.ceil(math.log2(max_prompt + max_out + 1)))
 
     torch.manual_seed(cfg.seed)
@@ -197,7 +222,7 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
     model = LlamaForCausalLM(mcfg).to(device=device, dtype=dtypes[dtype_name]).eval()
     model.config._attn_implementation = impl
 
-    # KV-cache size: every request resident at once (tiny on the CPU; bounded on the GPU)
+    # KV-cache size: every planned request resident at once (tiny on the CPU; bounded on the GPU)
     pages = sum(math.ceil((len(r["prompt"]) + r["max_new_tokens"]) / cfg.block_size) for r in reqs)
     num_blocks = cfg.num_blocks or max(16, pages + 4 * cfg.warmup + 4)
     max_batch_tokens = cfg.max_batch_tokens or max(256, min(4096, max_prompt * 4))
@@ -278,8 +303,26 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
         t0 = time.perf_counter() if cfg.rate > 0 else t0
         i = 0 if cfg.rate > 0 else len(reqs)
         admitted = len(reqs) if cfg.rate <= 0 else 0
+        extended, inflight_cap = 0, 0
         while True:
             now = time.perf_counter() - t0
+            if (i == len(reqs) and extended < len(extension) and now < cfg.timeout_s / 2
+                    and (cfg.duration is None or extension[extended]["arrival_s"] <= cfg.duration)
+                    and keep_serving()):
+                inflight = admitted - sum(1 for r in reqs[:admitted] if r["id"] in results)
+                if not extended and not inflight_cap:
+                    # as many in flight as when the planned arrivals ended: an engine that fell behind
+                    # them gets the extra requests as it frees a slot, not all at once
+                    inflight_cap = max(1, inflight)
+                    log.info("serving past --requests %d: a fault window of this process has not closed yet "
+                             "(at most %d requests in flight)", cfg.requests, inflight_cap)
+                if inflight < inflight_cap:
+                    r = extension[extended]
+                    extended += 1
+                    reqs.append(r)
+                    rows[r["id"]] = {"id": r["id"], "prompt_len": len(r["prompt"]),
+                                     "max_new_tokens": r["max_new_tokens"], "arrival_s": round(r["arrival_s"], 6),
+                                     "extension": True}
             if i < len(reqs) and (cfg.duration is None or reqs[i]["arrival_s"] <= cfg.duration):
                 if reqs[i]["arrival_s"] <= now:
                     submit(reqs[i], t0)
@@ -324,6 +367,7 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
         "ok": ok and len(done) == len([r for r in reqs if "submit_s" in rows[r["id"]]]),
         "requests_submitted": sum(1 for r in rows.values() if "submit_s" in r),
         "requests_finished": len(done),
+        "requests_extended": sum(1 for r in rows.values() if r.get("extension")),
         "generated_tokens": gen_tokens,
         "throughput_tok_s": gen_tokens / span if span > 0 else None,
         "latency_p50_s": _percentile(lat, 50),
