@@ -87,7 +87,7 @@ def _register_optional() -> None:
     import importlib
 
     for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
-                "teller.dataset.cli", "teller.tpe.cli", "teller.report.cli"):
+                "teller.dataset.cli", "teller.tpe.cli", "teller.report.cli", "teller.evaluate.cli"):
         importlib.import_module(mod).register(app)
 
 

@@ -78,6 +78,7 @@ class StepSet:
     dataset: str
     held_out_mechanisms: list[str] = field(default_factory=list)
     features: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)  # inputs of other methods (numeric: instances)
 
     @property
     def n(self) -> int:
