@@ -18,7 +18,13 @@ import pyarrow as pa
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
 from teller.localize import GMMLocalizer, localize
-from teller.localize.features import INSTANCE_LAYERS, ForestArrays, Instances, assign_steps, instance_features
+from teller.localize.features import (
+    INSTANCE_LAYERS,
+    ForestArrays,
+    Instances,
+    assign_steps,
+    instance_features,
+)
 from teller.rundir import dict_codes
 
 
