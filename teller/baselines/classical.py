@@ -29,7 +29,7 @@ normal / abnormal), each once on the standard features and once with the name fe
   flag: the classifier's own decision);
 - fault type: a multi-class classifier over the abnormal train steps' fault types;
 - operators: a multi-label classifier over the label families (a family named by the labels
-  of at least 3 and not all abnormal train steps), fitted on the abnormal train steps (SVM: one
+  of at least 3 abnormal train steps; one named by all of them is always predicted), fitted on the abnormal train steps (SVM: one
   binary SVC per family; Random Forest: one multi-output forest; XGBoost: its multi-label
   mode); a flagged step gets the families with probability ≥ 0.5 (SVM: decision value ≥ 0) or,
   when none reaches it, the most probable one.
@@ -268,9 +268,12 @@ class _Supervised(Method):
         fams = sorted({x for i in idx[ab].tolist() for x in steps.labels[i]})
         lab_ab = [set(steps.labels[i]) for i in idx[ab].tolist()]
         Y = np.array([[fam in s for fam in fams] for s in lab_ab], np.int64).reshape(len(lab_ab), len(fams))
-        keep = (Y.sum(0) >= self.min_family_steps) & (Y.sum(0) < len(Y)) if len(Y) else np.zeros(len(fams), bool)
+        keep = Y.sum(0) >= self.min_family_steps if len(Y) else np.zeros(len(fams), bool)
         self.families_ = [f for f, k in zip(fams, keep.tolist(), strict=True) if k]
-        self.ops_head_ = self._fit_ops(X[ab], Y[:, keep]) if self.families_ else None
+        # a family every abnormal train step names is always predicted; the others get a model
+        self.always_ = (Y[:, keep].sum(0) == len(Y)) if len(Y) else np.zeros(0, bool)
+        vary = ~self.always_
+        self.ops_head_ = self._fit_ops(X[ab], Y[:, keep][:, vary]) if vary.any() else None
         return self
 
     def _fit_ops(self, X: np.ndarray, Y: np.ndarray) -> Any:
@@ -299,7 +302,11 @@ class _Supervised(Method):
             ft = np.full(n, self.types_[0] if self.types_ else "", dtype=object)
         else:
             ft = np.asarray(self.types_, dtype=object)[np.asarray(th.predict(X), np.int64)]
-        P = self._ops_proba(self.ops_head_, X) if self.families_ else np.zeros((n, 0))
+        P = np.zeros((n, len(self.families_)))
+        if self.families_:
+            P[:, self.always_] = np.inf
+            if self.ops_head_ is not None:
+                P[:, ~self.always_] = self._ops_proba(self.ops_head_, X)
         ops: list[list[str]] = []
         for i in range(n):  # test steps
             if not flag[i] or not self.families_:
