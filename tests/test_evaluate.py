@@ -162,11 +162,14 @@ def slice_ds(tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     vert = np.asarray(rec.column("view").to_pylist()) == "vertical"
     snum = rec.column("step_num").to_numpy()
+    ab = rec.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     keep_keys = set()
     for r in sorted(set(np.asarray(runs)[ok & vert].tolist())):
         m = ok & vert & (np.asarray(runs) == r)
-        if "tp" in r:  # a tensor-parallel run: 40 step numbers, every rank of each
-            nums = rng.choice(np.unique(snum[m]), 40, replace=False)
+        if "tp" in r:  # a tensor-parallel run: 20 abnormal and 20 other step numbers, every rank of each
+            ab_nums = np.unique(snum[m & ab])
+            other = np.setdiff1d(np.unique(snum[m]), ab_nums)
+            nums = np.r_[rng.choice(ab_nums, min(20, len(ab_nums)), replace=False), rng.choice(other, 20, replace=False)]
             keep_keys |= set(rkey[m & np.isin(snum, nums)].tolist())
         else:
             ks = sorted(set(rkey[m].tolist()))
@@ -294,3 +297,26 @@ def test_cli_writes_json_markdown_png(slice_ds, tmp_path):
     # only an impossible split: a clear error, exit code 2, no table
     rc = main(["evaluate", str(slice_ds), "--split", "workload", "-o", str(tmp_path / "none")])
     assert rc == 2 and not (tmp_path / "none" / "results.md").exists()
+
+
+def test_horizontal_view_joins_rank_steps(slice_ds):
+    from teller.baselines import make
+    from teller.baselines.features import STANDARD, read_dataset_features
+    from teller.baselines.steps import load_steps
+
+    h = load_steps(slice_ds, "horizontal")
+    assert h.n >= 20 and (np.diff(h.unit_ptr) == 2).all()  # the TP run has two ranks
+    h.features = read_dataset_features(slice_ds, h)
+    f = h.features
+    assert f.std.shape == (h.n, 2 * len(STANDARD)) and f.std_names[len(STANDARD)] == "spread_n_STEP"
+    col = {k: f.std[:, i] for i, k in enumerate(f.std_names)}
+    assert (col["n_STEP"] == 2).all() and (col["spread_n_STEP"] == 0).all()
+    assert (col["comm_n"] > 0).all()  # every step of a TP run runs collectives
+    # a family every abnormal train step names is always predicted for a flagged step
+    assert h.is_anomaly.any()
+    every = set.intersection(*(set(h.labels[i]) for i in np.flatnonzero(h.is_anomaly)))
+    idx = np.arange(h.n)
+    m = make("rf").fit(h, idx)
+    p = m.predict(h, idx)
+    assert p.flag.any()
+    assert all(every <= set(ops) for ops, fl in zip(p.operators, p.flag, strict=True) if fl)
