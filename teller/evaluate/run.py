@@ -253,16 +253,21 @@ def _plots(block: dict[str, Any], out: Path) -> list[str]:
     plt.close(fig)
     files.append(p.name)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for r in rows:
+    colors = plt.get_cmap("tab20").colors
+    for i, r in enumerate(rows):
+        style = {"color": "black", "linewidth": 2.5} if r["kind"] == "teller" else {"color": colors[i % len(colors)]}
         lp = r["low_prior"]
         ps = [block["test_prior"]] + [float(k) for k in lp if "note" not in lp[k]]
         for ax, m in zip(axes, ("f1", "auprc"), strict=True):
             full = r["step"][m]
             mean = [full] + [lp[k][f"{m}_mean"] for k in lp if "note" not in lp[k]]
             sd = [0.0] + [lp[k][f"{m}_std"] for k in lp if "note" not in lp[k]]
-            ax.errorbar(ps, mean, yerr=sd, marker="o", capsize=3, label=r["label"])
+            ax.errorbar(ps, mean, yerr=sd, marker="o", capsize=3, label=r["label"], **style)
+    ticks = sorted({round(block["test_prior"], 2), *(float(k) for k in PRIORS)})
     for ax, m in zip(axes, ("step F1", "AUPRC"), strict=True):
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t:.0%}" for t in ticks])
+        ax.minorticks_off()
         ax.set_xlabel("fault prior")
         ax.set_ylabel(m)
         ax.set_ylim(0, 1)
