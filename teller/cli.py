@@ -105,7 +105,8 @@ def _register_optional() -> None:
     import importlib
 
     for mod in ("teller.record.cli", "teller.workload.cli", "teller.logs.cli", "teller.inject.cli",
-                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli", "teller.rca.cli"):
+                "teller.dataset.cli", "teller.tpe.cli", "teller.localize.cli", "teller.report.cli", "teller.rca.cli",
+                "teller.evaluate.cli"):
         importlib.import_module(mod).register(app)
 
 

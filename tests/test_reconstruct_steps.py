@@ -151,8 +151,8 @@ def test_same_steps_as_the_numeric_stage(tmp_path, src):
     """Per real trace (all three rules and the attach-by-time rule occur among them): the rule, the
     row → step assignment, the step numbers, ranks, intervals, names and details that
     ``teller.localize.features.assign_steps`` computes from the forest."""
-    from teller.ingest import ingest
     from teller.forest import Forest
+    from teller.ingest import ingest
     from teller.localize.features import assign_steps
 
     if not src.exists():

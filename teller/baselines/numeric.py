@@ -1,0 +1,135 @@
+"""The TELLER numeric stage (the GMM localizer of :mod:`teller.localize`) as an evaluation method.
+
+Exactly as ``benchmarks/eval_localize_h200.py`` runs it: per run, the dataset's subtree rows
+become operator instances as ``teller diagnose`` builds them (``teller.forest.Forest`` → steps by STEP
+ranges → FE/BE/COMM instances and their 13 features); ``GMMLocalizer()`` with its defaults is
+fitted on the instances of the **normal** train steps (a one-class reference of normal
+operation); a test step is flagged when its step score reaches the stage's threshold, and its
+operator set is its candidate families (at most 5). In the horizontal view a step is flagged
+when one of its rank steps is, its score is the largest of theirs and its operators are the
+union of theirs. The stage has no fault-type head.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from teller.baselines.base import Method, Prediction, register
+from teller.baselines.steps import StepSet
+from teller.forest import Forest
+from teller.localize import GMMLocalizer, localize
+from teller.localize.features import (
+    INSTANCE_LAYERS,
+    Instances,
+    assign_steps,
+    instance_features,
+)
+from teller.rundir import dict_codes
+
+
+def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
+    """Operator instances of every unit (rank step) of ``steps``; ``step`` is the unit index
+    (-1: outside the kept steps)."""
+    rcodes, rdict = dict_codes(subtrees, "run_id")
+    order = np.argsort(rcodes, kind="stable")  # a run's rows keep their DFS order
+    bounds = np.searchsorted(rcodes[order], np.arange(len(rdict) + 1))
+    sid_all = subtrees.column("step_id").to_numpy()
+    keep_cols = [c for c in subtrees.column_names if c not in ("run_id", "args")]
+    parts: list[Instances] = []
+    for r, name in enumerate(rdict):  # runs: tens
+        g = int(np.searchsorted(steps.runs, name))
+        if g >= len(steps.runs) or steps.runs[g] != name:
+            continue
+        rows = order[bounds[r]:bounds[r + 1]]
+        ukeys = steps.unit_key[(steps.unit_key >> 40) == g] & ((1 << 40) - 1)
+        rows = rows[np.isin(sid_all[rows], ukeys)]
+        if not len(rows):
+            continue
+        fa = Forest.from_table(subtrees.take(pa.array(rows)).select(keep_cols))
+        st = assign_steps(fa, None, None, INSTANCE_LAYERS)
+        inst = instance_features(fa, st.step_of_row, INSTANCE_LAYERS)
+        k = np.int64(g) << 40 | st.node_id.astype(np.int64)
+        pos = np.clip(np.searchsorted(steps.unit_key, k), 0, len(steps.unit_key) - 1)
+        unit = np.where(steps.unit_key[pos] == k, pos, -1)
+        step = np.where(inst.step >= 0, unit[np.maximum(inst.step, 0)], -1)
+        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers))
+        del fa
+    families = sorted({f for p in parts for f in p.families})
+    fidx = {f: i for i, f in enumerate(families)}
+    off = np.cumsum([0] + [p.n for p in parts])
+    return Instances(
+        rows=np.concatenate([p.rows for p in parts]) if parts else np.zeros(0, np.int64),
+        family=np.concatenate([np.array([fidx[f] for f in p.families], np.int32)[p.family] if p.n else np.zeros(0, np.int32)
+                               for p in parts]) if parts else np.zeros(0, np.int32),
+        families=families,
+        step=np.concatenate([p.step for p in parts]) if parts else np.zeros(0, np.int64),
+        X=np.concatenate([p.X for p in parts]) if parts else np.zeros((0, 13)),
+        parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)])
+        if parts else np.zeros(0, np.int64),
+        layers=INSTANCE_LAYERS)
+
+
+def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:
+    m = np.zeros(len(steps.unit_key) + 1, bool)
+    lens = np.diff(steps.unit_ptr)[idx]
+    starts = steps.unit_ptr[idx]
+    for a, n in zip(starts.tolist(), lens.tolist(), strict=True):  # steps (vectorizable, but cheap)
+        m[steps.unit_idx[a:a + n]] = True
+    return m
+
+
+@register("teller_numeric")
+class TellerNumeric(Method):
+    label = "TELLER numeric stage"
+    kind = "teller"
+    features = "operator instances (13 features)"
+    fit_on = "normal train steps"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def _inst(self, steps: StepSet) -> Instances:
+        inst = steps.extra.get("instances")
+        if inst is None:
+            raise ValueError("steps.extra['instances'] is empty: compute it with teller.baselines.numeric.unit_instances")
+        return inst
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumeric":
+        inst = self._inst(steps)
+        idx = np.asarray(idx)
+        idx = idx[~steps.is_anomaly[idx]]
+        um = _unit_mask(steps, idx)
+        rows = um[inst.step] & (inst.step >= 0)
+        if not rows.any():
+            raise ValueError("TELLER numeric stage: the normal train steps hold no operator instances")
+        self.model_ = GMMLocalizer().fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows])
+        self.fitted_steps_ = int(len(idx))
+        return self
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        inst = self._inst(steps)
+        idx = np.asarray(idx)
+        um = _unit_mask(steps, idx)
+        sel = np.flatnonzero(um[inst.step] & (inst.step >= 0))
+        loc = localize(self.model_, inst.subset(sel))
+        nu = len(steps.unit_key)
+        uflag = np.zeros(nu, bool)
+        uflag[loc.steps.steps[loc.steps.flag]] = True
+        uscore = np.full(nu, -np.inf)
+        uscore[loc.steps.steps] = loc.steps.score
+        uops: dict[int, set[str]] = {}
+        for s, res in loc.flagged.items():  # flagged units
+            uops[int(s)] = {c["family"] for c in res.candidates}
+        n = len(idx)
+        flag = np.zeros(n, bool)
+        score = np.full(n, -np.inf)
+        ops: list[list[str]] = []
+        for i, s in enumerate(idx.tolist()):  # test steps
+            units = steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]
+            flag[i] = bool(uflag[units].any())
+            score[i] = float(uscore[units].max()) if len(units) else -np.inf
+            ops.append(sorted(set().union(*(uops.get(int(u), set()) for u in units.tolist()))) if flag[i] else [])
+        finite = np.isfinite(score)
+        score[~finite] = (score[finite].min() - 1.0) if finite.any() else 0.0
+        return Prediction(score=score, flag=flag, operators=ops)

@@ -1,0 +1,39 @@
+"""``teller evaluate DATASET --split ... -o RESULTS``."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional  # noqa: UP035 (typer reads these annotations)
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``evaluate`` command to the ``teller`` app."""
+
+    @app.command("evaluate")
+    def evaluate_cmd(
+        dataset: Path = typer.Argument(..., help="Dataset folder (from `teller dataset build`)."),
+        split: str = typer.Option("request", "--split", help="request | run | mechanism | workload (or several, comma-separated)."),
+        view: str = typer.Option("vertical", "--view", help="vertical | horizontal (or both, comma-separated)."),
+        methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated method names (default: all registered classical methods and the TELLER numeric stage)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the methods, the step sample and the low-prior repeats."),
+        limit_steps: Optional[int] = typer.Option(None, "--limit-steps", help="Evaluate a random sample of this many steps per view."),
+        out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
+    ) -> None:
+        """Run every method on the same split and seed; write every metric (JSON, markdown, PNG)."""
+        from rich.console import Console
+
+        from teller.evaluate.run import evaluate
+
+        con = Console(stderr=True)
+        cmd = "teller evaluate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "evaluate" else \
+            f"teller evaluate {dataset} --split {split} --view {view}" + (f" --methods {methods}" if methods else "") + \
+            f" --seed {seed}" + (f" --limit-steps {limit_steps}" if limit_steps else "") + f" -o {out}"
+        res = evaluate(dataset, [s.strip() for s in split.split(",") if s.strip()], [v.strip() for v in view.split(",") if v.strip()],
+                       [m.strip() for m in methods.split(",") if m.strip()] if methods else None, seed=seed,
+                       limit_steps=limit_steps, out=out, command=cmd, log=lambda s: con.print(s, highlight=False))
+        con.print(f"[green]evaluated[/]: {sum('skipped' not in b for b in res['results'])} split×view blocks, "
+                  f"{res['seconds']} s, peak RSS {res['peak_rss_mib']} MiB → {out}/results.json, results.md", highlight=False)

@@ -1,0 +1,298 @@
+"""Run methods on a dataset's split and write the results (JSON, markdown, PNG)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from teller.baselines import REGISTRY, make
+from teller.baselines.base import Method, Prediction
+from teller.baselines.features import step_features
+from teller.baselines.steps import CATEGORIES, SPLITS, VIEWS, StepSet, load_steps, split_masks
+from teller.errors import TellerError
+from teller.evaluate.scores import (
+    PRIORS,
+    auprc,
+    auroc,
+    fault_type_scores,
+    low_prior_scores,
+    operator_scores,
+    step_scores,
+)
+
+#: the methods ``teller evaluate`` runs by default, in table order
+DEFAULT_METHODS = ("teller_numeric", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
+                   "xgb", "xgb_names")
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def score_method(steps: StepSet, test: np.ndarray, pred: Prediction, seed: int = 0) -> dict[str, Any]:
+    """Every metric of one method's predictions on the test steps ``test`` (indices)."""
+    truth = steps.is_anomaly[test]
+    out: dict[str, Any] = {"step": step_scores(truth, pred.flag)}
+    out["step"]["auroc"] = auroc(truth, pred.score)
+    out["step"]["auprc"] = auprc(truth, pred.score)
+    if pred.operators is not None:
+        out["operator"] = operator_scores([steps.labels[i] for i in test.tolist()], pred.operators)
+    if pred.fault_type is not None:
+        ab = truth.astype(bool)
+        # fault type given that the step is abnormal: the head's answer on every truly abnormal step
+        out["fault_type"] = fault_type_scores(steps.fault_type[test][ab], np.asarray(pred.fault_type)[ab])
+    ft = steps.fault_type[test]
+    out["recall_per_category"] = {c: float((pred.flag & (ft == c)).sum() / m)
+                                  for c in CATEGORIES if (m := int((truth & (ft == c)).sum()))}
+    out["low_prior"] = low_prior_scores(truth, pred.flag, pred.score, seed=seed)
+    return out
+
+
+def _progress(total: int, enabled: bool | None = None) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    con = Console(stderr=True)
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=con, transient=True, disable=not (con.is_terminal if enabled is None else enabled))
+
+
+def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Sequence[str], seed: int = 0,
+                  limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
+    """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split."""
+    from teller.dataset.codec import read_subtrees
+
+    t0 = time.perf_counter()
+    steps = load_steps(ds, view, limit_steps=limit_steps, seed=seed)
+    masks: dict[str, Any] = {}
+    for s in splits:
+        try:
+            masks[s] = split_masks(steps, s)
+        except TellerError as e:
+            masks[s] = str(e)
+    blocks: list[dict[str, Any]] = []
+    usable = [s for s in splits if not isinstance(masks[s], str)]
+    for s in splits:
+        if isinstance(masks[s], str):
+            log(f"{view} / {s}: skipped: {masks[s]}")
+    if not usable:
+        return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
+    sub = read_subtrees(ds)
+    sub = sub.select([c for c in sub.column_names if c != "args"])
+    logs = None
+    if (Path(ds) / "logs.parquet").is_file():
+        logs = pq.read_table(Path(ds) / "logs.parquet", columns=["run_id", "step_id"])
+        logs = logs.filter(pc.greater_equal(logs.column("step_id"), 0))
+    steps.features = step_features(steps, sub, logs)
+    if "teller_numeric" in methods:
+        from teller.baselines.numeric import unit_instances
+
+        steps.extra["instances"] = unit_instances(steps, sub)
+    del sub
+    t_load = time.perf_counter() - t0
+    log(f"{view}: {steps.n} steps ({int(steps.is_anomaly.sum())} abnormal), features {steps.features.std.shape[1]} "
+        f"standard + {len(steps.features.families)} families, loaded in {t_load:.0f} s")
+    for s in splits:
+        if isinstance(masks[s], str):
+            blocks.append({"split": s, "view": view, "seed": seed, "skipped": masks[s]})
+            continue
+        train, test, desc = masks[s]
+        tr, te = np.flatnonzero(train), np.flatnonzero(test)
+        rows = []
+        with _progress(len(methods)) as bar:
+            task = bar.add_task(f"{view}/{s}", total=len(methods))
+            for name in methods:
+                bar.update(task, description=f"{view}/{s}: {name}")
+                m: Method = make(name, seed)
+                row: dict[str, Any] = m.describe()
+                try:
+                    a = time.perf_counter()
+                    m.fit(steps, tr)
+                    b = time.perf_counter()
+                    pred = m.predict(steps, te)
+                    c = time.perf_counter()
+                    row.update(score_method(steps, te, pred, seed=seed))
+                    row["seconds"] = {"fit": round(b - a, 2), "predict": round(c - b, 2)}
+                    for k in ("fitted_steps_", "threshold_", "eps_", "n_clusters_"):
+                        if hasattr(m, k):
+                            v = getattr(m, k)
+                            row[k.rstrip("_")] = float(v) if isinstance(v, (float, np.floating)) else int(v)
+                except ValueError as e:  # a method that cannot fit this train part (e.g. no normal step)
+                    row["error"] = str(e)
+                rows.append(row)
+                log(f"{view}/{s} {name}: " + (f"step F1 {row['step']['f1']:.3f}" if "step" in row else row.get("error", "")))
+                bar.advance(task)
+        blocks.append({
+            "split": s, "view": view, "seed": seed, "steps": desc, "train_steps": int(train.sum()),
+            "test_steps": int(test.sum()), "test_abnormal": int((test & steps.is_anomaly).sum()),
+            "test_prior": float(steps.is_anomaly[test].mean()),
+            "test_fault_types": {c: int((test & (steps.fault_type == c)).sum()) for c in CATEGORIES},
+            "limit_steps": limit_steps, "methods": rows,
+            "features": {"standard": steps.features.std_names, "families": len(steps.features.families),
+                         **steps.features.info},
+            "load_seconds": round(t_load, 1)})
+    return blocks
+
+
+def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
+             seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
+             log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
+    into ``out`` (``results.json``, ``results.md``, PNG plots) when given."""
+    methods = list(methods or DEFAULT_METHODS)
+    bad = [m for m in methods if m not in REGISTRY]
+    if bad:
+        raise TellerError(f"--methods: unknown {', '.join(bad)}; known: {', '.join(REGISTRY)}")
+    for s in splits:
+        if s not in SPLITS:
+            raise TellerError(f"--split {s!r}: expected one of {', '.join(SPLITS)}")
+    for v in views:
+        if v not in VIEWS:
+            raise TellerError(f"--view {v!r}: expected one of {', '.join(VIEWS)}")
+    w0 = time.perf_counter()
+    blocks: list[dict[str, Any]] = []
+    for v in views:
+        blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log)
+    done = [b for b in blocks if "skipped" not in b]
+    if not done:
+        raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
+    res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
+           "reference": "DESIGN.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
+           "priors": list(PRIORS), "results": blocks,
+           "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
+    if out is not None:
+        write_results(res, out)
+    return res
+
+
+# ------------------------------------------------------------------------------------------------
+# output
+
+
+def _f(x: Any, nd: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not np.isfinite(x)):
+        return "–"
+    return f"{x:.{nd}f}"
+
+
+def main_table(block: dict[str, Any], command: str = "") -> str:
+    """The markdown table of one split × view: one row per method, one column per metric."""
+    hdr = ("| method | kind | features | fit on | step acc | step P | step R | step F1 | AUROC | AUPRC | op F1 (all) "
+           "| op Macro₊ P | op Macro₊ R | op Macro₊ F1 | op Macro₊ J | fault acc | fault macro-R | fault macro-F1 | fit s |")
+    lines = [f"**split `{block['split']}`, view `{block['view']}`, seed {block['seed']}**: {block['steps']}, "
+             f"test prior {block['test_prior']:.2f}" + (f"; sample of {block['limit_steps']} steps" if block.get("limit_steps") else "")
+             + (f". Reproduce: `{command}`" if command else ""), "", hdr, "|" + "---|" * 4 + "---:|" * 15]
+    for r in block["methods"]:
+        if "error" in r:
+            lines.append(f"| {r['label']} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(["–"] * 14)
+                         + f" | ({r['error']}) |")
+            continue
+        s, o, ft = r["step"], r.get("operator"), r.get("fault_type")
+        cells = [_f(s["accuracy"]), _f(s["precision"]), _f(s["recall"]), _f(s["f1"]), _f(s["auroc"]), _f(s["auprc"])]
+        cells += ([_f(o["f1"]), _f(o["macro_plus_precision"]), _f(o["macro_plus_recall"]), _f(o["macro_plus_f1"]),
+                   _f(o["macro_plus_jaccard"])] if o else ["n/a"] * 5)
+        cells += [_f(ft["accuracy"]), _f(ft["macro_recall"]), _f(ft["macro_f1"])] if ft else ["n/a"] * 3
+        cells.append(f"{r['seconds']['fit']:.1f}")
+        lines.append(f"| {r['label']} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def low_prior_table(block: dict[str, Any]) -> str:
+    """Recall, F1, AUPRC, AUROC at each prior (mean ± std over the repeats)."""
+    priors = [k for k in next((r["low_prior"] for r in block["methods"] if "low_prior" in r), {})]
+    hdr = "| method | " + " | ".join(f"{float(p):.0%}: {m}" for p in priors for m in ("R", "F1", "AUPRC", "AUROC")) + " |"
+    lines = [f"**low priors, split `{block['split']}`, view `{block['view']}`, seed {block['seed']}** "
+             "(all normal test steps, abnormal ones downsampled; 50 repeats, mean ± std)", "", hdr,
+             "|---|" + "---:|" * (4 * len(priors))]
+    for r in block["methods"]:
+        if "low_prior" not in r:
+            continue
+        cells = []
+        for p in priors:
+            d = r["low_prior"][p]
+            if "note" in d:
+                cells += ["–"] * 4
+                continue
+            cells += [f"{d[f'{m}_mean']:.3f} ± {d[f'{m}_std']:.3f}" for m in ("recall", "f1", "auprc", "auroc")]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _plots(block: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in block["methods"] if "step" in r]
+    tag = f"{block['split']}_{block['view']}"
+    files = []
+    labels = [r["label"] for r in rows]
+    x = np.arange(len(rows))
+    series = {"step F1": [r["step"]["f1"] for r in rows],
+              "op Macro₊ F1": [r["operator"]["macro_plus_f1"] if r.get("operator") else np.nan for r in rows],
+              "fault macro-F1": [r["fault_type"]["macro_f1"] if r.get("fault_type") else np.nan for r in rows]}
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows) + 2), 4))
+    w = 0.27
+    for k, (name, vals) in enumerate(series.items()):
+        ax.bar(x + (k - 1) * w, np.nan_to_num(vals, nan=0.0), w, label=name)
+    ax.set_xticks(x, labels, rotation=35, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_title(f"split {block['split']}, view {block['view']}, seed {block['seed']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    p = out / f"f1_{tag}.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    files.append(p.name)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    colors = plt.get_cmap("tab20").colors
+    for i, r in enumerate(rows):
+        style = {"color": "black", "linewidth": 2.5} if r["kind"] == "teller" else {"color": colors[i % len(colors)]}
+        lp = r["low_prior"]
+        ps = [block["test_prior"]] + [float(k) for k in lp if "note" not in lp[k]]
+        for ax, m in zip(axes, ("f1", "auprc"), strict=True):
+            full = r["step"][m]
+            mean = [full] + [lp[k][f"{m}_mean"] for k in lp if "note" not in lp[k]]
+            sd = [0.0] + [lp[k][f"{m}_std"] for k in lp if "note" not in lp[k]]
+            ax.errorbar(ps, mean, yerr=sd, marker="o", capsize=3, label=r["label"], **style)
+    ticks = sorted({round(block["test_prior"], 2), *(float(k) for k in PRIORS)})
+    for ax, m in zip(axes, ("step F1", "AUPRC"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t:.0%}" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("fault prior")
+        ax.set_ylabel(m)
+        ax.set_ylim(0, 1)
+    axes[1].legend(fontsize=7)
+    fig.suptitle(f"low priors: split {block['split']}, view {block['view']} (50 repeats, ± std)")
+    fig.tight_layout()
+    p = out / f"low_prior_{tag}.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    files.append(p.name)
+    return files
+
+
+def write_results(res: dict[str, Any], out: str | Path) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = [f"# teller evaluate: {res['dataset']}", "", f"Command: `{res['command']}`", "",
+          f"Seed {res['seed']}; {res['seconds']} s; peak RSS {res['peak_rss_mib']} MiB.", ""]
+    for b in res["results"]:
+        if "skipped" in b:
+            md += [f"**split `{b['split']}`, view `{b['view']}`**: not evaluated: {b['skipped']}", ""]
+            continue
+        b["plots"] = _plots(b, out)
+        md += [main_table(b, res["command"]), "", low_prior_table(b), ""]
+        md += [f"![{p}]({p})" for p in b["plots"]] + [""]
+    (out / "results.md").write_text("\n".join(md))
+    with open(out / "results.json", "w") as fh:
+        json.dump(res, fh, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))

@@ -1,0 +1,322 @@
+"""teller evaluate: metrics against hand-computed cases, every classical method on a slice of
+data/h200_v1, and the command's outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from teller.evaluate.scores import (
+    auprc,
+    auroc,
+    bleu_scores,
+    fault_type_scores,
+    low_prior_scores,
+    operator_scores,
+    step_scores,
+)
+
+DS = Path(__file__).resolve().parent.parent / "data" / "h200_v1"
+PART = DS / "subtrees" / "part-00001.parquet"
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics, by hand
+
+
+def test_step_scores_hand_case_and_degenerate():
+    m = step_scores(np.array([1, 1, 0, 0]), np.array([1, 0, 1, 0]))
+    assert (m["accuracy"], m["precision"], m["recall"], m["f1"]) == (0.5, 0.5, 0.5, 0.5)
+    m = step_scores(np.array([1, 1, 1, 0]), np.array([1, 1, 0, 0]))
+    assert m["precision"] == 1.0 and m["recall"] == pytest.approx(2 / 3) and m["f1"] == pytest.approx(0.8)
+    # no positives, nothing flagged: accurate, but precision/recall/F1 are 0 by definition
+    m = step_scores(np.zeros(5, bool), np.zeros(5, bool))
+    assert m["accuracy"] == 1.0 and m["precision"] == m["recall"] == m["f1"] == 0.0
+    # all positives, all flagged
+    m = step_scores(np.ones(4, bool), np.ones(4, bool))
+    assert m["accuracy"] == m["precision"] == m["recall"] == m["f1"] == 1.0
+    # all flagged, none abnormal
+    m = step_scores(np.zeros(4, bool), np.ones(4, bool))
+    assert m["accuracy"] == 0.0 and m["precision"] == 0.0 and m["fp"] == 4
+
+
+def test_operator_scores_empty_set_rule_and_macro_plus():
+    truth = [["a"], [], ["a", "b"]]
+    pred = [["a", "b"], [], ["c"]]
+    m = operator_scores(truth, pred)
+    # step 1: p 1/2 r 1 f 2/3 j 1/2; step 2 (both empty): p = r = 0, f = j = 1; step 3: all 0
+    assert m["precision"] == pytest.approx(0.5 / 3)
+    assert m["recall"] == pytest.approx(1 / 3)
+    assert m["f1"] == pytest.approx((2 / 3 + 1) / 3)
+    assert m["jaccard"] == pytest.approx(0.5)
+    # Macro₊: steps 1 and 3 only
+    assert m["operator_positive_steps"] == 2
+    assert m["macro_plus_precision"] == pytest.approx(0.25)
+    assert m["macro_plus_recall"] == pytest.approx(0.5)
+    assert m["macro_plus_f1"] == pytest.approx(1 / 3)
+    assert m["macro_plus_jaccard"] == pytest.approx(0.25)
+    # predicting something where the truth is empty scores 0 on that step
+    m = operator_scores([[]], [["x"]])
+    assert m["f1"] == 0.0 and m["jaccard"] == 0.0 and m["macro_plus_f1"] == 0.0
+    # only empty sets: f = j = 1, Macro₊ has no step (0)
+    m = operator_scores([[], []], [[], []])
+    assert m["f1"] == 1.0 and m["jaccard"] == 1.0 and m["precision"] == 0.0 and m["operator_positive_steps"] == 0
+
+
+def test_fault_type_scores_hand_case():
+    m = fault_type_scores(["a", "a", "b", "c"], ["a", "b", "b", "a"])
+    assert m["accuracy"] == 0.5
+    assert m["classes"] == ["a", "b", "c"]
+    assert m["confusion"] == [[1, 1, 0], [0, 1, 0], [1, 0, 0]]
+    # recall a 1/2, b 1, c 0; precision a 1/2, b 1/2, c 0
+    assert m["macro_recall"] == pytest.approx(0.5)
+    assert m["macro_f1"] == pytest.approx((0.5 + 2 / 3 + 0) / 3)
+    # one class, all right
+    m = fault_type_scores(["x", "x"], ["x", "x"])
+    assert m["accuracy"] == m["macro_recall"] == m["macro_f1"] == 1.0
+    # a predicted class absent from the truth: counted in the confusion matrix, not in the macro average
+    m = fault_type_scores(["x", "x"], ["x", "y"])
+    assert m["classes"] == ["x", "y"] and m["macro_recall"] == 0.5 and m["macro_f1"] == pytest.approx(2 / 3)
+    assert fault_type_scores([], [])["steps"] == 0
+
+
+def test_auroc_auprc_hand_cases_and_sklearn():
+    # pairs (pos, neg): (.9,.1) 1, (.9,.4) 1, (.4,.1) 1, (.4,.4) 1/2
+    assert auroc(np.array([1, 0, 1, 0]), np.array([0.9, 0.1, 0.4, 0.4])) == pytest.approx(0.875)
+    # ranked T F T F: AP = 1/2 · 1 + 1/2 · 2/3
+    assert auprc(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.4, 0.1])) == pytest.approx(0.5 + 1 / 3)
+    assert math.isnan(auroc(np.ones(3, bool), np.arange(3.0)))
+    assert math.isnan(auprc(np.zeros(3, bool), np.arange(3.0)))
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    rng = np.random.default_rng(1)
+    t = rng.random(300) < 0.3
+    s = np.round(rng.random(300) + t * 0.4, 1)  # many ties
+    assert auroc(t, s) == pytest.approx(roc_auc_score(t, s))
+    assert auprc(t, s) == pytest.approx(average_precision_score(t, s))
+
+
+def test_low_prior_scores_sizes_and_seeds():
+    truth = np.r_[np.zeros(100, bool), np.ones(100, bool)]
+    score = truth.astype(float) + 0.01 * np.arange(200)
+    lp = low_prior_scores(truth, truth, score, priors=(0.1, 0.05), repeats=50)
+    d = lp["0.1"]
+    assert (d["abnormal"], d["normal"], d["repeats"]) == (11, 100, 50)
+    assert lp["0.05"]["abnormal"] == 5
+    assert d["recall_mean"] == d["f1_mean"] == d["auroc_mean"] == d["auprc_mean"] == 1.0 and d["f1_std"] == 0.0
+    # a flag that is right half the time on abnormal steps, never on normal ones: recall ≈ 0.5 at any prior
+    pred = truth & (np.arange(200) % 2 == 0)
+    a = low_prior_scores(truth, pred, score, repeats=50, seed=3)
+    b = low_prior_scores(truth, pred, score, repeats=50, seed=3)
+    assert a == b  # fixed seeds
+    assert 0.3 < a["0.1"]["recall_mean"] < 0.7 and a["0.1"]["recall_std"] > 0
+    # too few abnormal steps for the prior: all of them kept, normal ones downsampled
+    few = np.r_[np.zeros(10, bool), np.ones(10, bool)]
+    d = low_prior_scores(few, few, few.astype(float), priors=(0.1,), repeats=5)["0.1"]
+    assert (d["abnormal"], d["normal"]) == (1, 10)
+    assert "note" in low_prior_scores(np.zeros(5, bool), np.zeros(5, bool), np.zeros(5), repeats=2)["0.1"]
+
+
+def test_bleu_hand_case():
+    same = bleu_scores(["the kernel ran late"], ["the kernel ran late"])
+    assert all(v == pytest.approx(1.0) for v in same.values())
+    b = bleu_scores(["a b c d"], ["a b e f"])
+    assert b["bleu1"] == pytest.approx(0.5)  # 2 of 4 unigrams, equal lengths
+    assert b["bleu2"] == pytest.approx(math.sqrt(0.5 * (1 / 3)))  # 1 of 3 bigrams
+    with pytest.raises(ValueError):
+        bleu_scores(["x"], [])
+
+
+# ------------------------------------------------------------------------------------------------
+# a slice of data/h200_v1: the steps of one subtree part that lie wholly inside it
+
+
+@pytest.fixture(scope="module")
+def slice_ds(tmp_path_factory) -> Path:
+    from teller.dataset.codec import decode, write_subtree_parts
+
+    out = tmp_path_factory.mktemp("h200_slice")
+    sub = decode(pq.read_table(PART), str(PART))
+    run = np.asarray(sub.column("run_id").cast(pa.string()).to_numpy(zero_copy_only=False), dtype=object).astype(str)
+    sid = sub.column("step_id").to_numpy()
+    is_step = (sub.column("layer").cast(pa.string()).to_numpy(zero_copy_only=False) == "STEP")
+    key = np.char.add(np.char.add(run, "|"), sid.astype(str))
+    uk, cnt = np.unique(key, return_counts=True)
+    size = dict(zip(key[is_step].tolist(), sub.column("size").to_numpy()[is_step].tolist(), strict=True))
+    whole = {k for k, c in zip(uk.tolist(), cnt.tolist(), strict=True) if size.get(k) == c}
+    rec = pq.read_table(DS / "records.parquet")
+    rkey = np.char.add(np.char.add(np.asarray(rec.column("run_id").to_pylist(), dtype=str), "|"),
+                       rec.column("step_id").to_numpy().astype(str))
+    ok = np.isin(rkey, sorted(whole))
+    # horizontal records need every rank's step
+    ids = rec.column("step_ids").to_pylist()
+    runs = rec.column("run_id").to_pylist()
+    ok &= np.array([all(f"{r}|{i}" in whole for i in lst) for r, lst in zip(runs, ids, strict=True)])
+    # keep a sample of the vertical steps per run (all horizontal ones: one small TP run)
+    rng = np.random.default_rng(0)
+    vert = np.asarray(rec.column("view").to_pylist()) == "vertical"
+    snum = rec.column("step_num").to_numpy()
+    ab = rec.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
+    keep_keys = set()
+    for r in sorted(set(np.asarray(runs)[ok & vert].tolist())):
+        m = ok & vert & (np.asarray(runs) == r)
+        if "tp" in r:  # a tensor-parallel run: 20 abnormal and 20 other step numbers, every rank of each
+            ab_nums = np.unique(snum[m & ab])
+            other = np.setdiff1d(np.unique(snum[m]), ab_nums)
+            nums = np.r_[rng.choice(ab_nums, min(20, len(ab_nums)), replace=False), rng.choice(other, 20, replace=False)]
+            keep_keys |= set(rkey[m & np.isin(snum, nums)].tolist())
+        else:
+            ks = sorted(set(rkey[m].tolist()))
+            keep_keys |= set(rng.choice(ks, min(30, len(ks)), replace=False).tolist())
+    sel = ok & np.isin(rkey, sorted(keep_keys))
+    rec = rec.filter(pa.array(sel))
+    pq.write_table(rec, out / "records.parquet")
+    write_subtree_parts(sub.filter(pa.array(np.isin(key, sorted(keep_keys)))), out / "subtrees")
+    logs = pq.read_table(DS / "logs.parquet")
+    lk = np.char.add(np.char.add(np.asarray(logs.column("run_id").to_pylist(), dtype=str), "|"),
+                     logs.column("step_id").to_numpy().astype(str))
+    pq.write_table(logs.filter(pa.array(np.isin(lk, sorted(keep_keys)))), out / "logs.parquet")
+    (out / "datasheet.json").write_text((DS / "datasheet.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def vertical(slice_ds):
+    from teller.baselines.features import read_dataset_features
+    from teller.baselines.numeric import unit_instances
+    from teller.baselines.steps import load_steps
+    from teller.dataset.codec import read_subtrees
+
+    steps = load_steps(slice_ds, "vertical")
+    steps.features = read_dataset_features(slice_ds, steps)
+    steps.extra["instances"] = unit_instances(steps, read_subtrees(slice_ds))
+    return steps
+
+
+def test_slice_steps_and_features(vertical, slice_ds):
+    from teller.baselines.features import STANDARD
+
+    s = vertical
+    assert 100 <= s.n <= 400 and s.is_anomaly.any() and (~s.is_anomaly).any()
+    assert len(set(s.fault_type[s.is_anomaly].tolist())) >= 2
+    f = s.features
+    assert f.std.shape == (s.n, len(STANDARD)) and np.isfinite(f.std).all()
+    col = {k: f.std[:, i] for i, k in enumerate(f.std_names)}
+    # every step is one STEP node; its wall time is its own duration, GPU busy time fits inside the GPU span
+    assert (col["n_STEP"] == 1).all() and (col["wall_ns"] > 0).all()
+    assert (col["gpu_busy_ns"] <= col["gpu_span_ns"] + 1).all() and (col["gpu_busy_ns"] <= col["dur_K"] + col["dur_MEM"] + 1).all()
+    assert (col["kernel_n"] == col["n_K"]).all()
+    assert (col["self_BE"] <= col["dur_BE"]).all()
+    # rows per step equal the STEP nodes' subtree sizes in the stored subtrees
+    sub = pq.read_table(slice_ds / "records.parquet", columns=["run_id", "step_id", "view"])
+    assert int(col["rows"].sum()) == int(f.info["forest_rows"])
+    assert sub.num_rows >= s.n
+    # requests per step: the records of the step
+    assert int(col["n_requests"].sum()) == s.records
+    # name features: count of the STEP family is one per step; family counts sum to the rows
+    fams = f.families
+    assert np.array_equal(f.fam_count[:, fams.index("STEP")].toarray().ravel(), np.ones(s.n))
+    assert np.allclose(np.asarray(f.fam_count.sum(1)).ravel(), col["rows"])
+    assert np.allclose(f.pair_count.sum(1), col["rows"])
+
+
+def test_split_masks_and_workload_message(vertical):
+    from teller.baselines.steps import split_masks
+    from teller.errors import TellerError
+
+    train, test, desc = split_masks(vertical, "request")
+    assert not (train & test).any() and train.any() and test.any()
+    with pytest.raises(TellerError, match="one workload shape"):
+        split_masks(vertical, "workload")
+
+
+@pytest.mark.parametrize("name", ["kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
+                                  "xgb", "xgb_names", "teller_numeric"])
+def test_every_method_fits_and_predicts(vertical, name):
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+    from teller.evaluate.run import score_method
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    m = make(name, seed=0).fit(vertical, tr)
+    p = m.predict(vertical, te)
+    assert p.score.shape == (len(te),) and p.flag.dtype == bool and np.isfinite(p.score).all()
+    assert p.operators is not None and len(p.operators) == len(te)
+    assert all(not ops for ops, f in zip(p.operators, p.flag, strict=True) if not f)  # unflagged: no operators
+    if m.kind == "supervised":
+        assert p.fault_type is not None and set(p.fault_type.tolist()) <= set(vertical.fault_type[tr].tolist())
+        # a supervised model ranks the steps it was fitted on far better than chance
+        q = m.predict(vertical, tr)
+        assert auroc(vertical.is_anomaly[tr], q.score) > 0.75, (name, auroc(vertical.is_anomaly[tr], q.score))
+    else:
+        assert p.fault_type is None
+    r = score_method(vertical, te, p)
+    assert 0.0 <= r["step"]["f1"] <= 1.0 and "0.1" in r["low_prior"]
+
+
+def test_unsupervised_flags_follow_the_reference(vertical):
+    """One-class detectors fitted on normal steps flag about 5% of those same steps (their quantile)."""
+    from teller.baselines import make
+
+    normal = np.flatnonzero(~vertical.is_anomaly)
+    for name in ("kmeans", "iforest", "gmm"):
+        m = make(name).fit(vertical, normal)
+        rate = m.predict(vertical, normal).flag.mean()
+        assert 0.0 < rate <= 0.08, (name, rate)
+
+
+def test_cli_writes_json_markdown_png(slice_ds, tmp_path):
+    from teller.cli import main
+
+    out = tmp_path / "res"
+    rc = main(["evaluate", str(slice_ds), "--split", "request,workload", "--view", "vertical,horizontal",
+               "--methods", "teller_numeric,kmeans,rf_names", "--seed", "1", "-o", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["seed"] == 1 and "teller evaluate" in res["command"]
+    blocks = {(b["view"], b["split"]): b for b in res["results"]}
+    assert "one workload shape" in blocks[("vertical", "workload")]["skipped"]
+    done = blocks[("vertical", "request")]
+    assert [r["method"] for r in done["methods"]] == ["teller_numeric", "kmeans", "rf_names"]
+    assert all("step" in r and "low_prior" in r for r in done["methods"])
+    assert done["methods"][2]["fault_type"]["steps"] == done["test_abnormal"]
+    md = (out / "results.md").read_text()
+    assert "| TELLER numeric stage |" in md and "split `request`, view `vertical`, seed 1" in md
+    assert "not evaluated" in md
+    for b in res["results"]:
+        for p in b.get("plots", []):
+            assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "f1_request_vertical.png").is_file() and (out / "low_prior_request_vertical.png").is_file()
+    # only an impossible split: a clear error, exit code 2, no table
+    rc = main(["evaluate", str(slice_ds), "--split", "workload", "-o", str(tmp_path / "none")])
+    assert rc == 2 and not (tmp_path / "none" / "results.md").exists()
+
+
+def test_horizontal_view_joins_rank_steps(slice_ds):
+    from teller.baselines import make
+    from teller.baselines.features import STANDARD, read_dataset_features
+    from teller.baselines.steps import load_steps
+
+    h = load_steps(slice_ds, "horizontal")
+    assert h.n >= 20 and (np.diff(h.unit_ptr) == 2).all()  # the TP run has two ranks
+    h.features = read_dataset_features(slice_ds, h)
+    f = h.features
+    assert f.std.shape == (h.n, 2 * len(STANDARD)) and f.std_names[len(STANDARD)] == "spread_n_STEP"
+    col = {k: f.std[:, i] for i, k in enumerate(f.std_names)}
+    assert (col["n_STEP"] == 2).all() and (col["spread_n_STEP"] == 0).all()
+    assert (col["comm_n"] > 0).all()  # every step of a TP run runs collectives
+    # a family every abnormal train step names is always predicted for a flagged step
+    assert h.is_anomaly.any()
+    every = set.intersection(*(set(h.labels[i]) for i in np.flatnonzero(h.is_anomaly)))
+    idx = np.arange(h.n)
+    m = make("rf").fit(h, idx)
+    p = m.predict(h, idx)
+    assert p.flag.any()
+    assert all(every <= set(ops) for ops, fl in zip(p.operators, p.flag, strict=True) if fl)
