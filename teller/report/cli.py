@@ -24,6 +24,8 @@ def register(app: typer.Typer) -> None:
         window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps (default 100 ms, a tenth of shorter runs)."),
         top: int = typer.Option(10, "--top", help="Steps listed in the summary."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the paths written."),
+        model: Optional[Path] = typer.Option(None, "--model", help="Root-cause model directory (`teller rca train -o DIR`); default: the one shipped with teller."),
+        no_model: bool = typer.Option(False, "--no-model", help="The numeric stage alone: no fault type or explanation."),
     ) -> None:
         """Find abnormal steps and the operators behind them: diagnosis.json (+ --html report)."""
         # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
@@ -33,7 +35,8 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
-                        window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {m}"))
+                        window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {m}"),
+                        model=False if no_model else model)
         if not quiet:
             print_summary(diag, Console(), top=top)
         for kind, p in diag["paths"].items():

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -188,8 +189,14 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
 def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None = None,
              localizer: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
              html: bool = False, window_ns: int | None = None, slice_config: SliceConfig | None = None,
-             params: dict[str, Any] | None = None, note: Any = None) -> dict[str, Any]:
+             params: dict[str, Any] | None = None, note: Any = None,
+             model: str | os.PathLike | bool | None = None) -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
+
+    ``model``: the root-cause model that names the fault type, the evidence operators and the
+    explanation of every flagged step (:func:`apply_model`): None or True for the model shipped
+    with the package, a path for another (``teller rca train -o PATH``), False for the numeric
+    stage alone.
 
     ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
     not reconstructed yet is reconstructed here, once, through the same public call
@@ -212,6 +219,10 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag = build_diagnosis(rf, est, loc, source, slice_config)
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
+    if model is not False:
+        t_m = time.perf_counter()
+        apply_model(diag, run, None if model is True else model, note)
+        diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
         json_path, out_dir = out_dir, out_dir.parent
@@ -229,6 +240,130 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
     diag["paths"] = paths
     return diag
+
+
+# ------------------------------------------------------------------------------------------------
+# the root-cause model
+
+#: the model shipped with the package (trained on data/h200_v1's request split; docs/results.md)
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "rca" / "default"
+_STEP_SLOT = re.compile(r"\bin step \d+ on rank \d+")
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_MEASURE = re.compile(r"\d[\d.]*\s*(?:ns|µs|us|ms|s|%|MiB|GiB|KiB|B)\b")
+
+
+def _ground(text: str, step: dict[str, Any]) -> str:
+    """The model's sentence projected onto what the run shows: the first sentence only; its
+    "in step N on rank R" slot set to the step's own; a clause quoting durations (numbers the model
+    saw in training, not in this run) replaced by the numeric stage's measured evidence."""
+    text = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip() if text.strip() else ""
+    text = _STEP_SLOT.sub(f"in step {step['step_num']} on rank {step['rank']}", text)
+    head, sep, tail = text.partition(";")
+    if sep and _MEASURE.search(tail):
+        sus = step.get("suspects") or []
+        ev = [x for x in sus if x.get("evidence")]
+        measured = (f"; measured: {ev[0]['family']} {evidence_text(ev[0]['evidence'][0])} against the reference"
+                    if ev else "")
+        text = head + measured + "."
+    elif _MEASURE.search(text):
+        text = _MEASURE.sub("?", text)
+    return text if not text or text.endswith((".", "!", "?")) else text + "."
+
+
+def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
+    """Aligned log text of each STEP node (``log_alignment.parquet``; aligned here when the run has
+    logs but no alignment yet), lines in order, wall-clock prefixes dropped."""
+    rd = RunDir(run)
+    if not rd.has_table("log_alignment"):
+        if not rd.log_files():
+            return {}
+        from teller.logs import align_run
+
+        if note is not None:
+            note(f"{rd.path}: aligning its logs for the root-cause model (`teller logs {rd.path}`)")
+        align_run(rd.path)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from teller.rca.data import normalize_log_line
+
+    t = rd.read_table("log_alignment", columns=["line_no", "step_id", "text"])
+    t = t.filter(pc.is_in(t.column("step_id"), value_set=pa.array(step_ids, pa.int64()))).sort_by("line_no")
+    out: dict[int, list[str]] = {}
+    for sid, txt in zip(t.column("step_id").to_pylist(), t.column("text").to_pylist(), strict=True):
+        out.setdefault(int(sid), []).append(normalize_log_line(txt or ""))
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
+                note: Any = None) -> dict[str, Any] | None:
+    """Run the root-cause model (DESIGN.md §9) on the flagged steps of ``diag`` and add to each:
+    ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
+    abnormal, also when it finds the step normal: ``model_says_normal``), ``evidence_operators``
+    (``[{node_id, name}]``, nodes of the step's own tree) and ``explanation`` (one sentence).
+
+    The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
+    projection: the type is one of the five, the operators are nodes of the step, and the
+    explanation's "in step N on rank R" slot is set to the step's own number and rank (the model
+    writes numbers it has seen in training; every other number of the sentence is the model's,
+    the measured ones are in ``suspects[].evidence``). Steps without a node (fixed windows) are
+    left to the numeric stage. Returns the model's description, also stored as ``diag["model"]``."""
+    path = Path(model) if model is not None else DEFAULT_MODEL
+    flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0]
+    try:
+        from teller.rca import load
+    except ImportError as e:  # torch / transformers not installed: the numeric stage alone
+        if note is not None:
+            note(f"root-cause model skipped ({e}); install it with `pip install 'teller[rca]'`")
+        return None
+    if model is None and not (path / "model.safetensors").is_file():
+        if note is not None:
+            note(f"root-cause model skipped: the package has no default model at {path}")
+        return None
+    m = load(path)
+    tr = m.meta.get("training", {})
+    info = {"path": str(path), "variant": m.cfg.variant,
+            **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
+    diag["model"] = info
+    if not flagged:
+        return info
+    import pyarrow.parquet as pq
+
+    rd = RunDir(run)
+    f = rd.artefact("forest.parquet")
+    cols = [c for c in pq.read_schema(f).names if c != "args"]
+    forest = pq.read_table(f, columns=cols)
+    ids = [int(d["node_id"]) for d in flagged]
+    logs = _step_logs(rd.path, ids, note)
+    inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
+    preds = m.predict(inp)
+    # names of the evidence nodes, from the forest rows they are
+    ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
+    label: dict[int, str] = {}
+    if ev_ids:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        sel = forest.filter(pc.is_in(forest.column("node_id"), value_set=pa.array(ev_ids, pa.int64())))
+        for n, lay, nm in zip(sel.column("node_id").to_pylist(), sel.column("layer").to_pylist(),
+                              sel.column("name").to_pylist(), strict=True):
+            nm = str(nm or "")
+            label[int(n)] = nm if nm.startswith(f"{lay} ") else f"{lay} {nm}"
+    for d, p in zip(flagged, preds, strict=True):
+        ft = p["fault_type"] or p.get("fault_type_best", "")
+        d["abnormal_probability"] = _f(p["abnormal_prob"])
+        d["fault_type"] = ft or None
+        d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
+        if not p["fault_type"]:
+            d["model_says_normal"] = True
+        d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]
+        d["evidence_families"] = list(p["evidence_operators"])
+        d["explanation"] = _ground(p["explanation"] or "", d) or None
+        d["explanation_model"] = p["explanation"] or None
+    diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
+    return info
 
 
 # ------------------------------------------------------------------------------------------------
@@ -259,6 +394,38 @@ def evidence_text(item: dict[str, Any]) -> str:
     return f"{f} {_fmt_value(f, item['value'])} vs {_fmt_value(f, item['reference'])} ({ratio}z={item['z']:+.1f})"
 
 
+def verdict_line(x: dict[str, Any]) -> str:
+    """One flagged step in a line: type, operator, why (the model's), or the numeric evidence."""
+    head = f"step {x['step_num']} (rank {x['rank']}, {fmt_ns(x['end_ns'] - x['start_ns'])})"
+    sus = x.get("suspects") or []
+    ev = f"{sus[0]['family']}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
+    if x.get("fault_type") and not x.get("model_says_normal"):
+        ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"
+        why = x.get("explanation") or ev
+        return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {why}"
+    if x.get("model_says_normal"):
+        return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}); "
+                f"{ev or x.get('top_family') or ''}")
+    return f"{head}: {ev or x.get('top_family') or 'abnormal'}"
+
+
+def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
+    """The verdict first: one line per flagged step (worst first)."""
+    flagged = sorted([x for x in diag["steps"] if x.get("flag")],
+                     key=lambda x: (bool(x.get("model_says_normal")), -(x.get("abnormal_probability") or 0), -(x["score"] or 0),
+                                    x["start_ns"]))
+    if not flagged:
+        console.print("[green]no abnormal step[/]")
+        return
+    m = diag.get("model")
+    console.print(f"[bold]verdict[/] ({'root-cause model ' + m['variant'] if m else 'numeric stage only'}): "
+                  f"{len(flagged)} flagged step(s)")
+    for x in flagged[:top]:
+        console.print("  " + verdict_line(x), soft_wrap=True, markup=False, highlight=False)
+    if len(flagged) > top:
+        console.print(f"  … {len(flagged) - top} more in diagnosis.json")
+
+
 def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, detail: int = 3) -> None:
     """Readable summary: the worst steps, their suspects and the evidence."""
     from rich.console import Console
@@ -276,6 +443,7 @@ def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, deta
         con.print(f"[yellow]unseen in the reference[/]: {len(s['unseen_families'])} families ({shown})")
     if s.get("warning"):
         con.print(f"[yellow]warning[/]: {s['warning']}")
+    print_verdicts(diag, con, top=top)
     steps = [x for x in diag["steps"] if x["score"] is not None]
     worst = sorted(steps, key=lambda x: (-x["score"], x["start_ns"]))[:top]
     if not worst:

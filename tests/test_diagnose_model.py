@@ -1,0 +1,74 @@
+"""`teller diagnose` with the root-cause model shipped in the package: the bundled H200 op-delay
+recording, diagnosed against the two bundled fault-free recordings of the same workload, gets a
+fault type, evidence operators of its own tree and a one-sentence explanation per flagged step."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
+from teller.rca.data import FAULT_TYPES  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def diag(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dm")
+    for n in ("h200_faulty_op_delay", "h200_normal_a", "h200_normal_b"):
+        shutil.copytree(EX / n, d / n)
+    return diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"]), d
+
+
+def test_the_shipped_model_names_kernel_and_the_mlp(diag):
+    res, d = diag
+    assert (DEFAULT_MODEL / "model.safetensors").is_file()
+    assert res["model"]["variant"] in ("mot", "single")
+    flagged = [s for s in res["steps"] if s["flag"]]
+    assert flagged
+    typed = [s for s in flagged if s.get("fault_type") and not s.get("model_says_normal")]
+    # the fault window of this run is a targeted op delay on the MLP (labels.json)
+    labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
+    assert any(w.get("mechanism") == "targeted_op_delay" for w in labels.get("windows", labels.get("faults", [])))
+    assert len(typed) >= 5 and {s["fault_type"] for s in typed} == {"kernel"}
+    forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id"])
+    step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
+    for s in flagged:
+        assert s.get("fault_type") in (*FAULT_TYPES, None)
+        for op in s.get("evidence_operators", []):
+            assert step_of[op["node_id"]] == s["node_id"]  # a node of the step's own tree
+    for s in typed:
+        assert "LlamaMLP" in " ".join(s["evidence_families"])
+        assert 0.5 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= 0.5
+        e = s["explanation"]
+        assert e.endswith(".") and len(e) < 600 and e.count(". ") == 0
+        assert f"in step {s['step_num']} on rank {s['rank']}" in e
+    json.dumps(res)  # JSON-safe
+
+
+def test_no_model_leaves_the_numeric_stage(diag, tmp_path):
+    _, d = diag
+    res = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a"], model=False, out=tmp_path)
+    assert "model" not in res and not any("fault_type" in s for s in res["steps"])
+
+
+def test_grounding_keeps_one_sentence_and_measured_numbers():
+    st = {"step_num": 7, "rank": 1, "suspects": [{"family": "FE LlamaMLP", "evidence": [
+        {"feature": "k_ns", "value": 1.52e6, "reference": 2.27e4, "ratio": 67.0, "z": 24.5}]}]}
+    t = ("CUDA/kernel fault (targeted_op_delay) in step 50 on rank 0: evidence FE LlamaMLP; the kernels took "
+         "1.25 ms against a p99 of 0.06 ms. Cause: extra work")
+    g = _ground(t, st)
+    assert g.startswith("CUDA/kernel fault (targeted_op_delay) in step 7 on rank 1: evidence FE LlamaMLP; measured:")
+    assert "1.25" not in g and "1.52 ms" in g and "Cause" not in g
+    assert _ground("", st) == ""
+    assert re.fullmatch(r"runtime fault took \? here\.", _ground("runtime fault took 3 ms here", st))
