@@ -54,7 +54,7 @@ if mode == "fit":
     info = {"families": int(len(est.families_)), **est.extra_}
 else:
     kw = {"localizer": art} if mode == "load" else {"reference": [ref]}
-    d = diagnose(run, out=out, html=True, **kw)
+    d = diagnose(run, out=out, html=True, model=False, **kw)
     s = d["summary"]
     info = {k: s[k] for k in ("steps", "steps_flagged", "instances", "slice_nodes")}
     info["phases"] = s["seconds"]
@@ -173,7 +173,7 @@ def synthetic_accuracy(tmp: Path, n_events: int, con) -> list[dict]:
             with con.status(f"synthetic {mech} x{mag}"):
                 write_planted_run(run, n_events, [Plant(target, steps, mech, mag)], seed=seed)
                 reconstruct(run)
-                d = diagnose(run, localizer=art, out=run / "diag")
+                d = diagnose(run, localizer=art, out=run / "diag", model=False)
                 m = evaluate_run(run, d)
             rows.append({"source": "synthetic", "mechanism": mech, "target": target, "magnitude": mag, **m})
     return rows
@@ -281,7 +281,7 @@ def cpu_accuracy(tmp: Path, reps: int, con) -> list[dict]:
         lab = json.loads((run / "labels.json").read_text())
         if lab.get("status") != "finished":
             continue
-        d = diagnose(run, localizer=art, out=run / "diag")
+        d = diagnose(run, localizer=art, out=run / "diag", model=False)
         m = evaluate_run(run, d)
         mech = ",".join(sorted({w["mechanism"] for w in lab.get("windows", [])})) or "none (held-out normal)"
         # where the flags fall: inside a fault window (labelled abnormal or not) or outside all
