@@ -45,7 +45,7 @@ from teller.rundir import (
     dict_codes,
 )
 
-__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "ranges"]
+__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "ranges", "step_blocks"]
 
 _E = EVENT_SCHEMA
 #: ``forest.parquet``: the event columns a node keeps, plus its place in the forest.
@@ -473,3 +473,14 @@ class Forest:
     def row(self, node_id: int) -> int:
         """Row of a node id, -1 when the forest has no such node."""
         return int(self.rows_of(np.array([node_id]))[0])
+
+
+def step_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of a forest whose steps are its STEP nodes' subtrees, by the ``step_id`` column alone
+    (a dataset's subtrees: each block is one step, ``step_id`` its STEP node; no ``steps.parquet``):
+    the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
+    sid = fa.step_id
+    ids = np.unique(fa.node_id[fa.layer == LAYER_CODE["STEP"]])
+    pos = np.clip(np.searchsorted(ids, sid), 0, max(len(ids) - 1, 0))
+    hit = (sid >= 0) & (ids[pos] == sid) if len(ids) else np.zeros(fa.n, bool)
+    return np.where(hit, pos, -1).astype(np.int64), ids.astype(np.int64)
