@@ -151,6 +151,7 @@ class Forest:
     stream: np.ndarray = _Column("stream")
     corr_id: np.ndarray = _Column("corr_id")
     step_id: np.ndarray = _Column("step_id")  # node id of the innermost enclosing STEP, -1 none
+    step_idx: np.ndarray = _Column("step_idx")  # row of the node's step in steps.parquet, -1 none
     flags: np.ndarray = _Column("flags", np.int32, 0)
     nbytes: np.ndarray = _Column("bytes")
 

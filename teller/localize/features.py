@@ -130,7 +130,7 @@ def read_steps(rd: RunDir, fa: Forest) -> StepTable:
         rule, detail = meta["steps_rule"], meta["steps_detail"]
     except (OSError, ValueError, KeyError) as e:
         raise TellerError(f"{meta_path}: no steps_rule/steps_detail ({e}); {fix}") from e
-    step_of_row = fa._np("step_idx")
+    step_of_row = fa.step_idx
     if step_of_row.size and int(step_of_row.max()) >= steps.num_rows:
         raise TellerError(f"{fa.path}: step_idx {int(step_of_row.max())} beyond the {steps.num_rows} rows of "
                           f"{rd.path / 'steps.parquet'}; {fix}")
