@@ -45,7 +45,7 @@ from teller.rundir import (
     dict_codes,
 )
 
-__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "ranges", "step_blocks"]
+__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "gpu_rows", "ranges", "step_blocks"]
 
 _E = EVENT_SCHEMA
 #: ``forest.parquet``: the event columns a node keeps, plus its place in the forest.
@@ -78,6 +78,13 @@ def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
     return shift + np.arange(total, dtype=np.int64)
+
+
+def gpu_rows(gpu_work: np.ndarray, tid: np.ndarray, device: np.ndarray, sync: np.ndarray) -> np.ndarray:
+    """The GPU-row rule (:attr:`Forest.is_gpu`, and reconstruction's before the forest is
+    written): GPU work, and rows without a host thread (``tid < 0``) that sit on a device or are
+    synchronization records."""
+    return gpu_work | ((tid < 0) & ((device >= 0) | sync))
 
 
 def _parents_from_sizes(size: np.ndarray) -> np.ndarray:
@@ -287,7 +294,7 @@ class Forest:
         """Rows that are not host calls: GPU work, and rows without a host thread (``tid < 0``) that
         sit on a device (GPU annotations) or are synchronization records (CUPTI's, bound to the
         runtime call that waited), as reconstruction decides it when it nests host calls."""
-        return self.is_gpu_work | ((self.tid < 0) & ((self.device >= 0) | self.kind_or_layer("SYNC", "SYNC")))
+        return gpu_rows(self.is_gpu_work, self.tid, self.device, self.kind_or_layer("SYNC", "SYNC"))
 
     @cached_property
     def self_ns(self) -> np.ndarray:

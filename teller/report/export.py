@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from teller.errors import TellerError
+from teller.forest import Forest
 from teller.rundir import RunDir
 
 __all__ = ["export_trace", "FORMATS"]
@@ -142,13 +142,8 @@ def _display_names(layer: list[str], names: list[str], layer_code: np.ndarray, n
 def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
     rd = RunDir(run).require()
     p = rd.artefact("forest.parquet")
-    if not p.is_file():
-        raise TellerError(f"{p}: missing; run `teller reconstruct {rd.path}` first")
-    try:
-        have = pq.ParquetFile(p).schema_arrow.names
-        t = pq.read_table(p, columns=[c for c in _COLUMNS if c in have])
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TellerError(f"{p}: unreadable Parquet ({e}); re-run `teller reconstruct {rd.path}`") from e
+    f = Forest.read(rd.path, columns=[*_COLUMNS, "kind"])
+    t = f.table
     missing = [c for c in _COLUMNS if c not in t.column_names]
     if missing:
         raise TellerError(f"{p}: no column(s) {', '.join(missing)}; re-run `teller reconstruct {rd.path}`")
@@ -161,7 +156,7 @@ def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
     pid, tid = _np(t, "pid").astype(np.int64), _np(t, "tid").astype(np.int64)
     device, stream = _np(t, "device").astype(np.int64), _np(t, "stream").astype(np.int64)
     size = _np(t, "size").astype(np.int64)
-    gpu = tid < 0  # GPU rows have no host thread (DESIGN §3)
+    gpu = f.is_gpu  # GPU rows: no host call (teller.forest)
     lcode, lnames = _codes(t.column("layer"))
     ncode, nnames = _codes(t.column("name"))
     disp_code, disp_names = _display_names(lnames, nnames, lcode, ncode)
