@@ -388,14 +388,18 @@ def _const(b: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tile(np.frombuffer(b, np.uint8), (n, 1)), np.full(n, len(b), np.int64)
 
 
-def _tag(field: int, wire: int) -> bytes:
-    v, out = (field << 3) | wire, bytearray()
+def _varint_bytes(v: int) -> bytes:
+    out = bytearray()
     while True:
         b = v & 0x7F
         v >>= 7
         out.append(b | (0x80 if v else 0))
         if not v:
             return bytes(out)
+
+
+def _tag(field: int, wire: int) -> bytes:
+    return _varint_bytes((field << 3) | wire)
 
 
 def _cat(*fields: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -452,14 +456,7 @@ def _msg(*parts: bytes) -> bytes:
 
 
 def _pb_varint(field: int, v: int) -> bytes:
-    out = bytearray(_tag(field, 0))
-    v = int(v) & 0xFFFFFFFFFFFFFFFF
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
+    return _tag(field, 0) + _varint_bytes(int(v) & 0xFFFFFFFFFFFFFFFF)
 
 
 def _pb_len(field: int, payload: bytes) -> bytes:
