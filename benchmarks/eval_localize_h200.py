@@ -7,7 +7,7 @@ Vertical view only: one step = one rank's step, i.e. one ``(run_id, step_id)`` o
 ``records.parquet``; its request rows are collapsed (the labels are per step). The forest rows of
 every kept step come from the dataset's subtrees (``read_subtrees``); per run they are turned into the localizer's
 operator instances exactly as ``teller diagnose`` does on a run directory (``Forest`` →
-``assign_steps``, rule "STEP ranges" → ``instance_features``), then all runs are concatenated
+``step_blocks``: each subtree block one step, the rule "STEP ranges" → ``instance_features``), then all runs are concatenated
 (instance parents and steps renumbered).
 
 The estimator models normal operation (a one-class reference, DESIGN.md §6): it is fitted on the
@@ -54,12 +54,11 @@ import pyarrow.parquet as pq
 
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
-from teller.forest import Forest, family_names
+from teller.forest import Forest, family_names, step_blocks
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
     Instances,
-    assign_steps,
     instance_features,
 )
 
@@ -156,11 +155,11 @@ def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str
         if g >= len(runs) or runs[g] != name:
             continue  # a run without vertical records
         fa = Forest.from_table(sub.take(pa.array(rows)).drop_columns(["run_id"]))
-        st = assign_steps(fa, None, None, INSTANCE_LAYERS)
-        rules.add(st.rule)
-        inst = instance_features(fa, st.step_of_row, INSTANCE_LAYERS)
-        # StepTable index → global step index via the STEP node id
-        k = np.int64(g) << 40 | st.node_id.astype(np.int64)
+        step_of_row, step_node = step_blocks(fa)
+        rules.add("STEP ranges")
+        inst = instance_features(fa, step_of_row, INSTANCE_LAYERS)
+        # step index → global step index via the STEP node id
+        k = np.int64(g) << 40 | step_node
         pos = np.clip(np.searchsorted(key_steps, k, sorter=korder), 0, len(korder) - 1)
         hit = key_steps[korder[pos]] == k
         gstep = np.where(hit, korder[pos], -1)

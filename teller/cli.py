@@ -59,7 +59,7 @@ def reconstruct(
 @app.command()
 def show(
     run: Path = typer.Argument(..., help="Run directory (reconstructed)."),
-    step: Optional[int] = typer.Option(None, "--step", help="Step number (the id= of the STEP range) or step node id."),
+    step: Optional[int] = typer.Option(None, "--step", help="Step number (the id= of the STEP range, a profiler step's number, a fixed window's index) or STEP node id."),
     request: Optional[str] = typer.Option(None, "--request", help="Show the steps that served this request id."),
     depth: int = typer.Option(6, "--depth", help="Maximum tree depth to print."),
     max_children: int = typer.Option(12, "--max-children", help="Children printed per node before eliding."),

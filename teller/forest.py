@@ -45,7 +45,7 @@ from teller.rundir import (
     dict_codes,
 )
 
-__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "ranges"]
+__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "gpu_rows", "ranges", "step_blocks"]
 
 _E = EVENT_SCHEMA
 #: ``forest.parquet``: the event columns a node keeps, plus its place in the forest.
@@ -78,6 +78,13 @@ def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
     return shift + np.arange(total, dtype=np.int64)
+
+
+def gpu_rows(gpu_work: np.ndarray, tid: np.ndarray, device: np.ndarray, sync: np.ndarray) -> np.ndarray:
+    """The GPU-row rule (:attr:`Forest.is_gpu`, and reconstruction's before the forest is
+    written): GPU work, and rows without a host thread (``tid < 0``) that sit on a device or are
+    synchronization records."""
+    return gpu_work | ((tid < 0) & ((device >= 0) | sync))
 
 
 def _parents_from_sizes(size: np.ndarray) -> np.ndarray:
@@ -151,6 +158,7 @@ class Forest:
     stream: np.ndarray = _Column("stream")
     corr_id: np.ndarray = _Column("corr_id")
     step_id: np.ndarray = _Column("step_id")  # node id of the innermost enclosing STEP, -1 none
+    step_idx: np.ndarray = _Column("step_idx")  # row of the node's step in steps.parquet, -1 none
     flags: np.ndarray = _Column("flags", np.int32, 0)
     nbytes: np.ndarray = _Column("bytes")
 
@@ -286,7 +294,7 @@ class Forest:
         """Rows that are not host calls: GPU work, and rows without a host thread (``tid < 0``) that
         sit on a device (GPU annotations) or are synchronization records (CUPTI's, bound to the
         runtime call that waited), as reconstruction decides it when it nests host calls."""
-        return self.is_gpu_work | ((self.tid < 0) & ((self.device >= 0) | self.kind_or_layer("SYNC", "SYNC")))
+        return gpu_rows(self.is_gpu_work, self.tid, self.device, self.kind_or_layer("SYNC", "SYNC"))
 
     @cached_property
     def self_ns(self) -> np.ndarray:
@@ -473,3 +481,14 @@ class Forest:
     def row(self, node_id: int) -> int:
         """Row of a node id, -1 when the forest has no such node."""
         return int(self.rows_of(np.array([node_id]))[0])
+
+
+def step_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of a forest whose steps are its STEP nodes' subtrees, by the ``step_id`` column alone
+    (a dataset's subtrees: each block is one step, ``step_id`` its STEP node; no ``steps.parquet``):
+    the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
+    sid = fa.step_id
+    ids = np.unique(fa.node_id[fa.layer == LAYER_CODE["STEP"]])
+    pos = np.clip(np.searchsorted(ids, sid), 0, max(len(ids) - 1, 0))
+    hit = (sid >= 0) & (ids[pos] == sid) if len(ids) else np.zeros(fa.n, bool)
+    return np.where(hit, pos, -1).astype(np.int64), ids.astype(np.int64)

@@ -171,3 +171,28 @@ def test_cli_exit_codes_and_usage_errors(capsys):
     assert "No such option: --bogus" in err and "Traceback" not in err
     assert main(["workload", "serve-tp", "--tp", "0"]) == 2
     assert main(["ingest"]) == 2 and "Missing argument" in capsys.readouterr().err
+
+
+def test_show_step_shows_the_window_that_diagnose_flags(tmp_path):
+    """A trace without STEP ranges: its steps are fixed windows (no step node); the window that
+    ``teller diagnose`` flags is shown by ``teller show --step N``: the roots of its rows."""
+    from pathlib import Path
+
+    from teller.ingest import ingest
+    from teller.reconstruct import reconstruct
+    from teller.report.diagnose import diagnose
+
+    src = Path(__file__).parent / "data" / "external" / "kineto" / "h200_transformers_cb_llama4l.json.gz"
+    ingest(src, tmp_path / "run")
+    assert reconstruct(tmp_path / "run")["steps_rule"] == "fixed windows"
+    d = diagnose(tmp_path / "run", reference=[tmp_path / "run"], out=tmp_path / "out", params={"tail": 0.5})
+    flagged = [x for x in d["steps"] if x["flag"]]
+    assert flagged and all(x["node_id"] == -1 for x in flagged)
+    step = flagged[-1]
+    f = Forest.read(tmp_path / "run")
+    roots = f.roots[f.step_idx[f.roots] == step["index"]]
+    assert len(roots) >= 1
+    out = _render(run=tmp_path / "run", step=step["step_num"], max_children=len(roots))
+    shown = [ln for ln in out.splitlines() if ln and not ln[0].isspace() and ln[0] not in "├└│"]
+    assert len(shown) == len(roots)
+    assert all(f.name(int(r))[:40] in out for r in roots)

@@ -172,15 +172,10 @@ def test_stage_does_not_import(src: str, dst: str, why: str):
 
 
 # these two hold once every stage reads the forest through the shared reader (teller/forest.py)
-_FOREST = "reads the forest through localize.features until the shared forest reader lands"
-
-
-@pytest.mark.xfail(strict=False, reason=f"slicing {_FOREST}")
 def test_slicing_does_not_import_localize():
     assert not _edges("teller.slicing", "teller.localize")
 
 
-@pytest.mark.xfail(strict=False, reason=f"the fault labeller (inject.labels) {_FOREST}")
 def test_inject_does_not_import_localize():
     """Fault injection writes the ground truth that localize is scored on, before it."""
     assert not _edges("teller.inject", "teller.localize")

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from sklearn.base import clone
 
 from teller.errors import TellerError
-from teller.forest import Forest
+from teller.forest import Forest, step_blocks
 from teller.localize import fit_localizer, localize
 from teller.localize.features import (
     FEATURES,
     Instances,
-    assign_steps,
     family_names,
     instance_features,
+    run_features,
 )
 from teller.localize.gmm import GMMLocalizer
 
@@ -155,9 +155,8 @@ def test_features_do_not_depend_on_the_row_layout(roots):
     fa1 = Forest.from_table(t)
     fa2 = Forest.from_table(_bfs(t))
     assert fa1.preorder
-    st1, st2 = assign_steps(fa1), assign_steps(fa2)
-    i1 = instance_features(fa1, st1.step_of_row)
-    i2 = instance_features(fa2, st2.step_of_row)
+    i1 = instance_features(fa1, step_blocks(fa1)[0])
+    i2 = instance_features(fa2, step_blocks(fa2)[0])
     k1 = fa1.node_id[i1.rows]
     k2 = fa2.node_id[i2.rows]
     o1, o2 = np.argsort(k1), np.argsort(k2)
@@ -168,30 +167,25 @@ def test_features_do_not_depend_on_the_row_layout(roots):
     assert np.array_equal(fa1.subtree_sums(np.ones(fa1.n, np.int64)), t.column("size").to_numpy())
 
 
-def test_step_rules_profiler_steps_and_windows():
-    prof = forest_table([N("OTHER", "ProfilerStep#7", 0, 100, N("BE", "aten::mm", 10, 20)),
-                         N("OTHER", "step:8", 200, 300, N("BE", "aten::mm", 210, 230))])
-    st = assign_steps(Forest.from_table(prof))
-    assert st.rule == "profiler steps" and list(st.step_num) == [7, 8]
-    assert list(st.step_of_row) == [0, 0, 1, 1]
-    flat = forest_table([N("BE", "aten::mm", t, t + 10) for t in (0, 50, 120, 130, 990)])
-    st = assign_steps(Forest.from_table(flat), window_ns=100)
-    assert st.rule == "fixed windows" and "100" not in st.detail.split("windows of")[0]
-    assert list(st.step_of_row) == [0, 0, 1, 1, 2] and list(st.step_num) == [0, 1, 9]
+def test_step_blocks_follow_the_step_id_column():
+    t = forest_table([N("STEP", "STEP id=0", 0, 100, N("FE", "A", 5, 10, N("BE", "aten::mm", 6, 9))),
+                      N("BE", "aten::mm", 150, 160), N("STEP", "STEP id=1", 200, 300, N("FE", "A", 205, 210))])
+    step_of_row, step_node = step_blocks(Forest.from_table(t))
+    assert list(step_of_row) == [0, 0, 0, -1, 1, 1] and list(step_node) == [0, 4]
 
 
-def test_other_threads_join_the_step_running_at_their_start():
-    t = forest_table([N("STEP", "STEP id=0", 0, 100, N("FE", "A", 5, 10)),
-                      N("BE", "aten::mm", 50, 60, tid=2), N("BE", "aten::mm", 150, 160, tid=2)])
-    st = assign_steps(Forest.from_table(t))
-    assert st.rule == "STEP ranges" and list(st.step_of_row) == [0, 0, 0, -1]
-    assert "1 root node(s) of other threads" in st.detail
+def test_run_features_refuses_a_forest_without_step_idx(tmp_path):
+    import pyarrow.parquet as pq
 
+    from teller.reconstruct import reconstruct
+    from teller.testing.planted import write_planted_run
 
-def test_a_step_rule_without_instances_gives_way():
-    t = forest_table([N("STEP", "STEP id=0", 0, 10), N("BE", "aten::mm", 50, 60, tid=2)])
-    st = assign_steps(Forest.from_table(t), window_ns=1000)
-    assert st.rule == "fixed windows" and list(st.step_of_row) == [0, 0]
+    write_planted_run(tmp_path / "r", 2_000, [], seed=1)
+    reconstruct(tmp_path / "r")
+    f = tmp_path / "r" / "forest.parquet"
+    pq.write_table(pq.read_table(f).drop_columns(["step_idx"]), f)
+    with pytest.raises(TellerError, match=r"step_idx.*teller reconstruct"):
+        run_features(tmp_path / "r")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,7 +351,6 @@ def test_fit_localizer_on_runs(tmp_path):
     assert est.extra_["instance_layers"] == ["FE", "BE", "COMM"]
     write_planted_run(tmp_path / "bad", 30_000, [Plant("BE aten::mul", [10, 20], "host", 4.0)], seed=2)
     reconstruct(tmp_path / "bad")
-    from teller.localize.features import run_features
 
     rf = run_features(tmp_path / "bad")
     loc = localize(est, rf.instances)

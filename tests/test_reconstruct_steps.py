@@ -140,37 +140,44 @@ def test_empty_run_has_no_steps(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# the same steps as the numeric stage decided them before (localize.features.assign_steps)
+# the numeric stage and the diagnosis see reconstruct's steps
 
 SOURCES = sorted((EXT / "kineto").iterdir()) + sorted((EXT / "nsys").iterdir()) + [
     ROOT / "examples" / n for n in ("h200_faulty_op_delay", "h200_llama8l_kineto")]
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.name)
-def test_same_steps_as_the_numeric_stage(tmp_path, src):
-    """Per real trace (all three rules and the attach-by-time rule occur among them): the rule, the
-    row → step assignment, the step numbers, ranks, intervals, names and details that
-    ``teller.localize.features.assign_steps`` computes from the forest."""
-    from teller.forest import Forest
+def test_diagnose_sees_the_steps_of_reconstruct(tmp_path, src):
+    """Per real trace (all three rules and the attach-by-time rule occur among them): the steps
+    ``run_features`` (the numeric stage) and ``teller diagnose`` use are those ``teller reconstruct``
+    wrote: rule, detail, count, row → step, and per step its number, rank, node id and interval."""
     from teller.ingest import ingest
-    from teller.localize.features import assign_steps
+    from teller.localize.features import run_features
+    from teller.report.diagnose import diagnose
 
     if not src.exists():
         pytest.skip(f"{src} not present")
     ingest(src, tmp_path / "run")
+    rd = RunDir(tmp_path / "run")
     for window_ns in (None, 1_000_000):
-        s = reconstruct(tmp_path / "run", window_ns=window_ns)
-        rd = RunDir(tmp_path / "run")
+        s = reconstruct(rd.path, window_ns=window_ns)
         steps = rd.read_table("steps")
-        fa = Forest.read(rd.path)
-        st = assign_steps(fa, steps if s["steps_rule"] == "STEP ranges" else None, window_ns)
+        st = run_features(rd.path).steps
         assert (st.rule, st.detail, st.n) == (s["steps_rule"], s["steps_detail"], s["steps"])
+        assert set(steps.column("rule").to_pylist()) <= {s["steps_rule"]}
         np.testing.assert_array_equal(st.step_of_row, rd.read_table("forest", columns=["step_idx"]).column(0).to_numpy())
-        for mine, theirs in (("step_num", st.step_num), ("rank", st.rank), ("step_id", st.node_id),
-                             ("start_ns", st.start), ("end_ns", st.end), ("n_requests", st.n_requests)):
-            np.testing.assert_array_equal(steps.column(mine).to_numpy(), theirs, err_msg=mine)
+        for col, mine in (("step_num", st.step_num), ("rank", st.rank), ("step_id", st.node_id),
+                          ("start_ns", st.start), ("end_ns", st.end), ("n_requests", st.n_requests)):
+            np.testing.assert_array_equal(steps.column(col).to_numpy(), mine, err_msg=col)
         assert steps.column("name").to_pylist() == st.names
-        assert steps.column("step_idx").to_pylist() == list(range(st.n))
+    # the diagnosis (reference: the run itself) reports the same steps; window_ns only applies
+    # to a run that must be reconstructed, so the last reconstruction's steps stay
+    d = diagnose(rd.path, reference=[rd.path], out=tmp_path / "out", window_ns=5_000_000)
+    assert d["steps_rule"] == {"rule": s["steps_rule"], "detail": s["steps_detail"]}
+    assert d["summary"]["steps"] == s["steps"] == len(d["steps"])
+    got = sorted((x["index"], x["step_num"], x["rank"], x["node_id"], x["start_ns"], x["end_ns"]) for x in d["steps"])
+    assert got == [(i, *(int(steps.column(c)[i].as_py()) for c in ("step_num", "rank", "step_id", "start_ns", "end_ns")))
+                   for i in range(steps.num_rows)]
 
 
 def test_step_idx_is_the_same_when_written_in_small_chunks(tmp_path, monkeypatch):

@@ -307,3 +307,27 @@ def test_cli_on_a_run_that_was_not_reconstructed(tmp_path):
     r = CliRunner().invoke(_app(), ["tpe", "train", str(raw), "-o", str(tmp_path / "t"), "--vocab-size", "300"])
     assert isinstance(r.exception, TellerError)
     assert "forest.parquet: missing; run `teller reconstruct" in str(r.exception)
+
+
+def test_serialize_run_of_fixed_windows_serializes_each_windows_rows(tmp_path):
+    """A run without STEP ranges: its steps are fixed windows (no step node); each sequence is
+    one window's rows (the forest's step_idx), parents kept."""
+    from pathlib import Path
+
+    from teller.forest import Forest
+    from teller.ingest import ingest
+    from teller.reconstruct import reconstruct
+    from teller.tpe.serialize import serialize_run
+
+    src = Path(__file__).parent / "data" / "external" / "kineto" / "hta_alexnet.json.gz"
+    ingest(src, tmp_path / "run")
+    s = reconstruct(tmp_path / "run")
+    assert s["steps_rule"] == "fixed windows" and s["steps"] >= 2
+    f = Forest.read(tmp_path / "run")
+    seq = serialize_run(tmp_path / "run")
+    assert len(seq.offsets) - 1 == s["steps"]
+    for k in range(s["steps"]):
+        rows = seq.node_id[seq.offsets[k]:seq.offsets[k + 1]]
+        assert rows.tolist() == np.flatnonzero(f.step_idx == k).tolist()
+        par = seq.parent[seq.offsets[k]:seq.offsets[k + 1]]
+        assert [rows[p] if p >= 0 else -1 for p in par.tolist()] == f.parent[rows].tolist()

@@ -47,7 +47,7 @@ import scipy.sparse as sp
 
 from teller.baselines.steps import StepSet
 from teller.errors import TellerError
-from teller.forest import family_names
+from teller.forest import Forest, family_names
 from teller.rundir import KIND_CODE, LAYER_CODE, LAYERS, dict_codes
 
 PAIR_BUCKETS = 512
@@ -98,20 +98,18 @@ def forest_columns(subtrees: pa.Table, runs: np.ndarray, unit_key: np.ndarray) -
     unit = pos[rows]
     # a step's rows are one DFS block of its run's forest (node ids consecutive), so a parent
     # inside the block is ``node_id - parent_id`` rows up; anything else has no parent here
-    node_id, par_id = col("node_id"), col("parent_id")
+    # (node ids repeat across runs, so the forest's own parent lookup does not apply)
+    fa = Forest.from_table(t.select([c for c in t.column_names if c not in ("run_id", "args")]))
+    node_id, par_id = fa.node_id, col("parent_id")
     prow = np.arange(len(rows), dtype=np.int64) - (node_id - par_id)
     okp = (par_id >= 0) & (prow >= 0) & (prow < len(rows))
     okp[okp] = (node_id[prow[okp]] == par_id[okp]) & (unit[prow[okp]] == unit[okp])
     parent = np.where(okp, prow, -1)
-    lcodes, ldict = dict_codes(t, "layer")
-    layer = np.array([LAYER_CODE.get(x, LAYER_CODE["OTHER"]) for x in ldict] or [0], np.int8)[lcodes]
-    kcodes, kdict = dict_codes(t, "kind")
-    kind = np.array([KIND_CODE.get(x, -1) for x in kdict] or [0], np.int8)[kcodes]
-    name_codes, names = dict_codes(t, "name")
-    start, end = col("start_ns"), col("end_ns")
-    return ForestColumns(unit=unit, parent=parent, layer=layer, kind=kind, name_codes=name_codes, names=names,
-                         start=start, end=np.maximum(end, start), nbytes=np.maximum(col("bytes"), 0), depth=col("depth", 0),
-                         gpu=(col("tid") < 0) & (col("device") >= 0))
+    # GPU activity as these baselines were published: thread id -1 on a device (the forest's
+    # is_gpu also counts thread-less SYNC records, which would change their features)
+    return ForestColumns(unit=unit, parent=parent, layer=fa.layer, kind=fa.kind, name_codes=fa.name_codes, names=fa.names,
+                         start=fa.start, end=np.maximum(fa.end, fa.start), nbytes=np.maximum(fa.nbytes, 0),
+                         depth=col("depth", 0), gpu=(fa.tid < 0) & (fa.device >= 0))
 
 
 @dataclass

@@ -17,12 +17,11 @@ import pyarrow as pa
 
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
-from teller.forest import Forest
+from teller.forest import Forest, step_blocks
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
     Instances,
-    assign_steps,
     instance_features,
 )
 from teller.rundir import dict_codes
@@ -47,9 +46,9 @@ def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
         if not len(rows):
             continue
         fa = Forest.from_table(subtrees.take(pa.array(rows)).select(keep_cols))
-        st = assign_steps(fa, None, None, INSTANCE_LAYERS)
-        inst = instance_features(fa, st.step_of_row, INSTANCE_LAYERS)
-        k = np.int64(g) << 40 | st.node_id.astype(np.int64)
+        step_of_row, step_node = step_blocks(fa)
+        inst = instance_features(fa, step_of_row, INSTANCE_LAYERS)
+        k = np.int64(g) << 40 | step_node
         pos = np.clip(np.searchsorted(steps.unit_key, k), 0, len(steps.unit_key) - 1)
         unit = np.where(steps.unit_key[pos] == k, pos, -1)
         step = np.where(inst.step >= 0, unit[np.maximum(inst.step, 0)], -1)

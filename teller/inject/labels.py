@@ -63,7 +63,7 @@ class StepMeasures:
     def __init__(self, run: str | Path):
         rd = RunDir(run)
         steps = rd.read_table("steps")
-        forest = Forest.read(run, columns=["step_id", "kind"])
+        forest = Forest.read(run, columns=["step_id", "step_idx", "kind"])
         self.steps = steps
         self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
         self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
@@ -75,10 +75,18 @@ class StepMeasures:
         self.warmup = warmup_steps(steps)
         sid = forest.step_id
         dur = forest.dur_ns
-        pos = np.searchsorted(self.step_id, sid)
-        pos = np.clip(pos, 0, max(len(self.step_id) - 1, 0))
-        ok = (sid >= 0) & (len(self.step_id) > 0)
-        ok &= self.step_id[pos] == sid if len(self.step_id) else ok
+        # STEP ranges: a row's step is its innermost STEP (``step_id``); other rules (profiler
+        # steps, fixed windows, whose steps.parquet rows are not STEP nodes): the forest's step_idx
+        by_idx = bool(steps.num_rows) and "rule" in steps.column_names and steps.column("rule")[0].as_py() != "STEP ranges"
+        if by_idx:
+            pos = forest.step_idx
+            ok = pos >= 0
+            pos = np.maximum(pos, 0)
+        else:
+            pos = np.searchsorted(self.step_id, sid)
+            pos = np.clip(pos, 0, max(len(self.step_id) - 1, 0))
+            ok = (sid >= 0) & (len(self.step_id) > 0)
+            ok &= self.step_id[pos] == sid if len(self.step_id) else ok
         # operator families (``COMM all_reduce bytes=… seq=…`` → ``COMM all_reduce``), STEP rows left out
         ok &= forest.layer != LAYER_CODE["STEP"]
         if ok.any():
@@ -91,8 +99,13 @@ class StepMeasures:
         sub_gpu = forest.subtree_sums(np.where(forest.is_gpu_work, dur, 0)).astype(np.float64)
         self.fam_gpu = (np.bincount(pos[ok] * nf + fam, weights=sub_gpu[ok], minlength=ns * nf).reshape(ns, nf)
                         if nf else np.zeros((ns, 0)))
-        srow = forest.rows_of(self.step_id)
-        self.gpu = np.where(srow >= 0, sub_gpu[np.maximum(srow, 0)], 0.0) if len(sub_gpu) else np.zeros(ns)
+        if by_idx:  # the rows of a step whose parent is in another step (or none): its blocks
+            par = forest.parent
+            top = ok & ((par < 0) | (forest.step_idx[np.maximum(par, 0)] != forest.step_idx))
+            self.gpu = np.bincount(pos[top], weights=sub_gpu[top], minlength=ns) if len(sub_gpu) else np.zeros(ns)
+        else:
+            srow = forest.rows_of(self.step_id)
+            self.gpu = np.where(srow >= 0, sub_gpu[np.maximum(srow, 0)], 0.0) if len(sub_gpu) else np.zeros(ns)
         self.fam_index = {str(f): i for i, f in enumerate(self.families)}
         is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
         self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)

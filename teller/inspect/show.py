@@ -26,7 +26,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
     with neither, a list of steps and the tree of the first one."""
     rd = RunDir(run).require()
     console = console or Console()
-    forest = Forest.read(rd.path, columns=["flags"])
+    forest = Forest.read(rd.path, columns=["flags", "step_idx"])
     steps = rd.read_table("steps") if rd.has_table("steps") else None
     kernels = forest.subtree_counts(forest.layer == LAYER_CODE["K"])
 
@@ -50,6 +50,9 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         rows = [int(all_rows[np.argmax(durs)])]
     elif step is not None:
         rows = _find_step(forest, steps, step, rd)
+        if len(rows) > max_children:  # a fixed window: its root nodes
+            console.print(f"step {step}: {len(rows)} root nodes; showing the first {max_children} (--max-children)")
+            rows = rows[:max_children]
     else:
         step_rows = np.nonzero(forest.layer == LAYER_CODE["STEP"])[0]
         if len(step_rows):
@@ -69,11 +72,21 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
 
 
 def _find_step(forest: Forest, steps, step: int, rd: RunDir) -> list[int]:
+    """Rows to show for step ``step``: by step number in ``steps.parquet``, the step's node (STEP
+    range, profiler step) or, for a fixed window (no node: ``step_id`` -1), the roots of the
+    forest rows whose ``step_idx`` is the window; else a STEP node id."""
     if steps is not None and steps.num_rows:
-        nums = np_col(steps, "step_num")
-        hit = np_col(steps, "step_id")[nums == step]
-        if len(hit):
-            return forest.rows_of(hit).tolist()
+        idx = np.flatnonzero(np_col(steps, "step_num") == step)
+        if len(idx):
+            sid = np_col(steps, "step_id")[idx]
+            rows = forest.rows_of(sid[sid >= 0]).tolist()
+            windows = idx[sid < 0]
+            if len(windows):
+                if "step_idx" not in forest.table.column_names:
+                    raise TellerError(f"{forest.path}: no step_idx column; re-run `teller reconstruct {rd.path}`")
+                roots = forest.roots
+                rows += roots[np.isin(forest.step_idx[roots], windows)].tolist()
+            return rows
     r = forest.row(step)
     if r >= 0 and LAYERS[forest.layer[r]] == "STEP":
         return [r]

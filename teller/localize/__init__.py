@@ -20,6 +20,7 @@ import numpy as np
 from teller.errors import TellerError
 from teller.localize.features import FEATURES, Instances, RunFeatures, run_features
 from teller.localize.gmm import GMMLocalizer, StepScores
+from teller.reconstruct.ensure import ensure_reconstructed
 
 __all__ = ["GMMLocalizer", "fit_localizer", "localize", "Localization", "FEATURES", "run_features"]
 
@@ -46,17 +47,22 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
                   layers: tuple[str, ...] | None = None, **params: Any) -> GMMLocalizer:
     """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``.
 
+    A reference run not reconstructed yet (or whose forest predates steps decided in
+    reconstruction) is reconstructed first, with ``window_ns`` for its fixed-window steps; a run
+    already reconstructed keeps the steps ``teller reconstruct`` decided.
+
     ``extra_`` of the result records the reference runs, instance layers and how many of the
     reference's own steps the fitted model flags (its in-sample false-positive rate)."""
     if not runs:
         raise no_reference_error()
-    feats = [r if isinstance(r, RunFeatures) else run_features(r, window_ns=window_ns, layers=layers) for r in runs]
+    feats = [r if isinstance(r, RunFeatures) else run_features(ensure_reconstructed(r, window_ns=window_ns), layers=layers)
+             for r in runs]
     if layers is None:
         # all reference runs must use the same instance layers; FE/BE/COMM wins when any has them
         lays = {tuple(f.instances.layers) for f in feats}
         if len(lays) > 1:
             layers = ("FE", "BE", "COMM")
-            feats = [run_features(f.path, window_ns=window_ns, layers=layers) for f in feats]
+            feats = [run_features(f.path, layers=layers) for f in feats]
     X_parts, fam_parts, grp_parts = [], [], []
     offset = 0
     for f in feats:

@@ -20,7 +20,7 @@ def window_ns(window_ms: Optional[float]) -> Optional[int]:
 def fit_cmd(
     reference: List[Path] = typer.Argument(..., help="Run(s) of normal operation (reconstructed first if needed)."),
     out: Path = typer.Option(..., "-o", "--out", help="Artefact to write (.npz)."),
-    window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps."),
+    window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps, used when a run must be reconstructed first (default 100 ms, a tenth of shorter runs); a reconstructed run keeps its steps: re-run `teller reconstruct RUN --window-ms`."),
     max_components: int = typer.Option(4, "--max-components", help="Most Gaussian components per operator family (chosen by BIC)."),
     tail: float = typer.Option(1e-4, "--tail", help="Share of normal instances allowed beyond the outlier radius."),
 ) -> None:

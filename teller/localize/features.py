@@ -28,22 +28,16 @@ Subtree sums use the forest's depth-first row layout (every subtree is the block
 hand-built or foreign one whose parents merely precede their children) falls back to summing
 level by level, bottom-up. Both give the same numbers.
 
-Steps. Instances are grouped by the step they belong to, found by the first rule that applies:
-
-1. ``STEP ranges``: the forest's STEP nodes (``step_id`` column; ``steps.parquet`` when present).
-2. ``profiler steps``: host ranges named like a profiler step (``ProfilerStep#N``, ``step:N``,
-   ``step N``, ``step_N``); each owns its subtree.
-3. ``fixed windows``: the run's time is cut into windows of ``window_ns`` (default 100 ms, or a
-   tenth of the run when it lasts under a second); a root node and its whole subtree go to the
-   window its start falls in.
-
-The rule used is reported (``StepTable.rule``) and written into the diagnosis.
+Steps are those ``teller reconstruct`` decided (:func:`teller.reconstruct.steps.decide_steps`:
+STEP ranges, profiler steps or fixed windows): :func:`read_steps` builds the :class:`StepTable`
+from ``steps.parquet``, the forest's ``step_idx`` column and the rule in ``reconstruct.json``.
+A dataset's subtrees carry no ``step_idx``; :func:`teller.forest.step_blocks` gives their steps.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +45,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from teller.errors import TellerError
 from teller.forest import Forest, family_names
+from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS
 from teller.rundir import LAYER_CODE, RunDir
 
 __all__ = [
@@ -60,9 +56,9 @@ __all__ = [
     "FALLBACK_LAYERS",
     "StepTable",
     "Instances",
-    "assign_steps",
     "family_names",
     "instance_features",
+    "read_steps",
     "run_features",
 ]
 
@@ -82,14 +78,6 @@ FEATURES = (
     "overlap",
     "comm_bytes",
 )
-#: Layers whose nodes are operator instances.
-INSTANCE_LAYERS = ("FE", "BE", "COMM")
-#: Used instead when a run has no FE/BE/COMM node at all (e.g. a CUDA-only trace).
-FALLBACK_LAYERS = ("RT", "DRV")
-#: Host ranges that mark profiler steps in foreign traces (rule 2).
-PROFILER_STEP_RE = r"(?i)^\s*(?:profilerstep\s*#\s*|step\s*[:#_=\s]\s*)(\d+)\s*$"
-#: Default length of a fixed window (rule 3).
-DEFAULT_WINDOW_NS = 100_000_000
 
 
 
@@ -119,167 +107,37 @@ class StepTable:
     n_requests: np.ndarray
     rule: str  # "STEP ranges" | "profiler steps" | "fixed windows"
     detail: str
-    row: np.ndarray | None = None  # forest row of each step's node (-1 for fixed windows)
 
     @property
     def n(self) -> int:
         return len(self.step_num)
 
 
-def assign_steps(fa: Forest, steps: pa.Table | None = None, window_ns: int | None = None,
-                 layers: tuple[str, ...] | None = None) -> StepTable:
-    """Group forest rows into steps by the first rule that applies (module docstring).
-
-    Under rules 1 and 2, work of the same process that ran on another thread during a step (a
-    root node starting inside the step's interval: a backward thread, a batching loop) joins that
-    step. A rule under which no instance (of ``layers``, default FE/BE/COMM else RT/DRV) falls
-    inside a step gives way to the next."""
-    inst = _instance_mask(fa, layers)
-    for rule in (_step_ranges, _profiler_steps):
-        st = rule(fa, steps)
-        if st is None:
-            continue
-        attached = _attach_by_time(fa, st)
-        if (st.step_of_row[inst] >= 0).any() or not inst.any():
-            if attached:
-                st.detail += f"; {attached} root node(s) of other threads joined the step running at their start"
-            return st
-    return _fixed_windows(fa, window_ns)
-
-
-def _instance_mask(fa: Forest, layers: tuple[str, ...] | None) -> np.ndarray:
-    if layers is None:
-        layers = INSTANCE_LAYERS
-        if not np.isin(fa.layer, [LAYER_CODE[x] for x in INSTANCE_LAYERS]).any():
-            layers = FALLBACK_LAYERS
-    m = np.isin(fa.layer, [LAYER_CODE[x] for x in layers])
-    return m & ~fa.is_gpu if set(layers) <= {"RT", "DRV"} else m
-
-
-def _step_ranges(fa: Forest, steps: pa.Table | None) -> StepTable | None:
-    """Rule 1: STEP nodes."""
-    n = fa.n
-    is_step = fa.layer == LAYER_CODE["STEP"]
-    if not is_step.any():
-        return None
-    srows = np.flatnonzero(is_step)
-    sid = fa.step_id
-    if np.all(sid < 0) or np.any(sid[srows] != fa.node_id[srows]):
-        owner = fa.propagate_down(np.where(is_step, np.arange(n), -1), is_step)
-    else:  # reconstruct's step_id column: the node id of the innermost enclosing STEP
-        keys = fa.node_id[srows]
-        o = np.argsort(keys)
-        pos = np.clip(np.searchsorted(keys, sid, sorter=o), 0, len(srows) - 1)
-        hit = (sid >= 0) & (keys[o[pos]] == sid)
-        owner = np.where(hit, srows[o[pos]], -1)
-    idx_of_row = np.full(n, -1, np.int64)
-    idx_of_row[srows] = np.arange(len(srows))
-    step_of_row = np.where(owner >= 0, idx_of_row[np.maximum(owner, 0)], -1)
-    step_num = np.arange(len(srows), dtype=np.int64)
-    n_req = np.zeros(len(srows), np.int32)
-    if steps is not None and steps.num_rows:
-        row_of_node = {int(i): r for r, i in enumerate(fa.node_id[srows].tolist())}
-        st_id = _np(steps, "step_id")
-        r = np.array([row_of_node.get(int(i), -1) for i in st_id.tolist()], dtype=np.int64)
-        ok = r >= 0
-        step_num[r[ok]] = _np(steps, "step_num")[ok]
-        if "n_requests" in steps.column_names:
-            n_req[r[ok]] = _np(steps, "n_requests", np.int32)[ok]
-    else:
-        step_num = _parse_step_nums(fa, srows)
-    return StepTable(step_of_row, step_num, fa.rank[srows].astype(np.int64), fa.node_id[srows],
-                     fa.start[srows], fa.end[srows], [fa.name(int(r)) for r in srows], n_req,
-                     "STEP ranges", f"{len(srows)} STEP ranges", srows)
-
-
-def _profiler_steps(fa: Forest, steps: pa.Table | None = None) -> StepTable | None:
-    """Rule 2: host ranges named like profiler steps."""
-    n = fa.n
-    rx = re.compile(PROFILER_STEP_RE)
-    nums = np.array([int(m.group(1)) if (m := rx.match(s)) else -1 for s in fa.names] or [-1], dtype=np.int64)
-    prof = (nums[fa.name_codes] >= 0) & ~fa.is_gpu if n else np.zeros(0, bool)
-    if not prof.any():
-        return None
-    srows = np.flatnonzero(prof)
-    idx_of_row = np.full(n, -1, np.int64)
-    idx_of_row[srows] = np.arange(len(srows))
-    step_of_row = fa.propagate_down(np.where(prof, idx_of_row, -1), prof)
-    return StepTable(step_of_row, nums[fa.name_codes[srows]], fa.rank[srows].astype(np.int64),
-                     fa.node_id[srows], fa.start[srows], fa.end[srows],
-                     [fa.name(int(r)) for r in srows], np.zeros(len(srows), np.int32),
-                     "profiler steps", f"{len(srows)} host ranges named like profiler steps (no STEP ranges)", srows)
-
-
-def _attach_by_time(fa: Forest, st: StepTable) -> int:
-    """Give the roots of the same process that are in no step the step running at their start
-    (and their subtrees); returns how many roots joined a step. GPU rows follow their launches."""
-    roots = np.flatnonzero((fa.parent < 0) & (st.step_of_row < 0) & ~fa.is_gpu)
-    if not len(roots) or not st.n:
-        return 0
-    if st.row is None:
-        return 0
-    pos = st.row
-    proc_s = np.stack([fa.node[pos], fa.rank[pos], fa.pid[pos]]).astype(np.int64)
-    proc_r = np.stack([fa.node[roots], fa.rank[roots], fa.pid[roots]]).astype(np.int64)
-    _, inv = np.unique(np.concatenate([proc_s, proc_r], axis=1), axis=1, return_inverse=True)
-    inv = inv.reshape(-1)
-    ps, pr = inv[: st.n], inv[st.n:]
-    got = np.full(len(roots), -1, np.int64)
-    for p in np.unique(pr).tolist():  # processes: a handful
-        sidx = np.flatnonzero(ps == p)
-        if not len(sidx):
-            continue
-        sidx = sidx[np.argsort(st.start[sidx], kind="stable")]
-        ridx = np.flatnonzero(pr == p)
-        t = fa.start[roots[ridx]]
-        j = np.searchsorted(st.start[sidx], t, side="right") - 1
-        ok = (j >= 0) & (t < st.end[sidx[np.maximum(j, 0)]])
-        got[ridx[ok]] = sidx[j[ok]]
-    sel = got >= 0
-    if not sel.any():
-        return 0
-    val = st.step_of_row.copy()
-    src = np.zeros(fa.n, bool)
-    val[roots[sel]] = got[sel]
-    src[roots[sel]] = True
-    src |= st.step_of_row >= 0
-    joined = fa.propagate_down(np.where(src, val, -1), src | (fa.parent < 0))
-    st.step_of_row = np.where(st.step_of_row >= 0, st.step_of_row, joined)
-    return int(sel.sum())
-
-
-def _fixed_windows(fa: Forest, window_ns: int | None) -> StepTable:
-    """Rule 3: fixed time windows over root start times, per rank."""
-    n = fa.n
-    roots = np.flatnonzero(fa.parent < 0)
-    if not len(roots):
-        e = np.zeros(0, np.int64)
-        return StepTable(np.full(n, -1, np.int64), e, e, e, e, e, [], np.zeros(0, np.int32), "fixed windows", "empty forest")
-    t0 = int(fa.start[roots].min())
-    span = int(fa.end.max()) - t0
-    if window_ns is None:
-        window_ns = DEFAULT_WINDOW_NS if span >= 10 * DEFAULT_WINDOW_NS else max(span // 10, 1)
-    window_ns = max(int(window_ns), 1)
-    root_of = fa.propagate_down(np.arange(n), fa.parent < 0)
-    w_root = (fa.start[roots] - t0) // window_ns
-    keys = np.stack([fa.rank[roots].astype(np.int64), w_root])
-    uniq, inv = np.unique(keys, axis=1, return_inverse=True)
-    root_idx = np.full(n, -1, np.int64)
-    root_idx[roots] = inv.reshape(-1)
-    k = uniq.shape[1]
-    starts = t0 + uniq[1] * window_ns
-    return StepTable(root_idx[root_of], uniq[1].astype(np.int64), uniq[0].astype(np.int64), np.full(k, -1, np.int64),
-                     starts, starts + window_ns, [f"window {int(w)}" for w in uniq[1]], np.zeros(k, np.int32),
-                     "fixed windows", f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time")
-
-
-def _parse_step_nums(fa: Forest, srows: np.ndarray) -> np.ndarray:
-    out = np.arange(len(srows), dtype=np.int64)
-    for i, r in enumerate(srows.tolist()):
-        m = re.search(r"\bid=(\d+)", fa.name(r)) or re.search(r"(\d+)\s*$", fa.name(r))
-        if m:
-            out[i] = int(m.group(1))
-    return out
+def read_steps(rd: RunDir, fa: Forest) -> StepTable:
+    """The steps ``teller reconstruct`` decided for the run in ``rd`` (``fa``: its forest):
+    ``steps.parquet`` gives the steps, the forest's ``step_idx`` column every row's step,
+    ``reconstruct.json`` the rule (``steps_rule``) and what it found (``steps_detail``)."""
+    fix = f"re-run `teller reconstruct {rd.path}`"
+    if "step_idx" not in fa.table.column_names:
+        raise TellerError(f"{fa.path or rd.path / 'forest.parquet'}: no step_idx column (written before "
+                          f"reconstruction decided the steps); {fix}")
+    if not rd.has_table("steps"):
+        raise TellerError(f"{rd.path / 'steps.parquet'}: missing; {fix}")
+    steps = rd.read_table("steps")
+    meta_path = rd.path / "reconstruct.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        rule, detail = meta["steps_rule"], meta["steps_detail"]
+    except (OSError, ValueError, KeyError) as e:
+        raise TellerError(f"{meta_path}: no steps_rule/steps_detail ({e}); {fix}") from e
+    step_of_row = fa.step_idx
+    if step_of_row.size and int(step_of_row.max()) >= steps.num_rows:
+        raise TellerError(f"{fa.path}: step_idx {int(step_of_row.max())} beyond the {steps.num_rows} rows of "
+                          f"{rd.path / 'steps.parquet'}; {fix}")
+    return StepTable(step_of_row, _np(steps, "step_num"), _np(steps, "rank"), _np(steps, "step_id"),
+                     _np(steps, "start_ns"), _np(steps, "end_ns"),
+                     [x or "" for x in steps.column("name").to_pylist()], _np(steps, "n_requests", np.int32, 0),
+                     rule, detail)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -411,13 +269,11 @@ class RunFeatures:
     summary: dict[str, Any]
 
 
-def run_features(run: str | os.PathLike, window_ns: int | None = None,
-                 layers: tuple[str, ...] | None = None) -> RunFeatures:
-    """Read a reconstructed run and compute its steps and instance features."""
+def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) -> RunFeatures:
+    """Read a reconstructed run: its steps (:func:`read_steps`) and instance features."""
     rd = RunDir(run).require()
     fa = Forest.read(rd.path)
-    steps = rd.read_table("steps") if rd.has_table("steps") else None
-    st = assign_steps(fa, steps, window_ns, layers)
+    st = read_steps(rd, fa)
     inst = instance_features(fa, st.step_of_row, layers)
     edges = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
     in_step = int((inst.step >= 0).sum())

@@ -117,6 +117,9 @@ def _load_steps(rd: RunDir) -> tuple[dict[str, np.ndarray] | None, str | None]:
     if not rd.has_table("steps"):
         return None, f"no steps.parquet in {rd.path}: nothing to align to (run `teller reconstruct {rd.path}`)"
     t = rd.read_table("steps")
+    if t.num_rows and "rule" in t.column_names and t.column("rule")[0].as_py() == "fixed windows":
+        return None, (f"{rd.artefact('steps.parquet')}: the steps are fixed windows (no STEP ranges nor profiler steps): "
+                      "lines are not aligned to windows; record STEP ranges or name steps with `teller reconstruct --step-pattern`")
     missing = [c for c in STEP_COLUMNS if c not in t.column_names]
     if missing:
         raise TellerError(f"{rd.artefact('steps.parquet')}: missing columns {missing}; rewrite it with `teller reconstruct {rd.path}`")

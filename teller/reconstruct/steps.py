@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from teller.forest import gpu_rows
 from teller.reconstruct.forest import innermost
-from teller.reconstruct.layers import IS_GPU_KIND
-from teller.rundir import LAYER_CODE
+from teller.rundir import IS_GPU_KIND, KIND_CODE, LAYER_CODE
 
 STEPS_SCHEMA = pa.schema(
     [
@@ -135,9 +135,9 @@ class ForestRows:
         return self.lane[self.event[rows]]
 
     def is_gpu(self, rows: np.ndarray) -> np.ndarray:
-        """GPU activity among ``rows``: kernels, copies, sets, and rows of a device lane (thread -1)."""
-        ln = self.lanes_of(rows)
-        return IS_GPU_KIND[self.kind[self.event[rows]]] | ((self.lane_tid[ln] < 0) & (self.lane_dev[ln] >= 0))
+        """GPU rows among ``rows`` (:func:`teller.forest.gpu_rows`: the forest's rule)."""
+        ln, k = self.lanes_of(rows), self.kind[self.event[rows]]
+        return gpu_rows(IS_GPU_KIND[k], self.lane_tid[ln], self.lane_dev[ln], k == KIND_CODE["SYNC"])
 
     def names_of(self, rows: np.ndarray) -> pa.Array:
         return self.names.take(pa.array(self.name[self.event[rows]])) if len(rows) else pa.array([], pa.string())

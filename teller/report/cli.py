@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         localizer: Optional[Path] = typer.Option(None, "--localizer", help="A fitted localizer from `teller localize fit` (instead of --reference)."),
         out: Optional[Path] = typer.Option(None, "-o", "--out", help="Folder for diagnosis.json and report.html (default: RUN), or a .json file path."),
         html: bool = typer.Option(False, "--html", help="Also write the self-contained report page report.html."),
-        window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps (default 100 ms, a tenth of shorter runs)."),
+        window_ms: Optional[float] = typer.Option(None, "--window-ms", help="Window length for runs without STEP ranges or profiler steps, used when a run must be reconstructed first (default 100 ms, a tenth of shorter runs); a reconstructed run keeps its steps: re-run `teller reconstruct RUN --window-ms`."),
         top: int = typer.Option(10, "--top", help="Steps listed in the summary."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the paths written."),
         model: Optional[Path] = typer.Option(None, "--model", help="Root-cause model directory (`teller rca train -o DIR`); default: the one shipped with teller."),

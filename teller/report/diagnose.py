@@ -212,7 +212,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, **(params or {}))
     t_fit = time.perf_counter() - t0
     layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
-    rf = run_features(run, window_ns=window_ns, layers=layers)
+    rf = run_features(run, layers=layers)
     t_feat = time.perf_counter() - t0 - t_fit
     loc = localize(est, rf.instances)
     t_loc = time.perf_counter() - t0 - t_fit - t_feat

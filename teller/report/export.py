@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from teller.errors import TellerError
+from teller.forest import Forest
 from teller.rundir import RunDir
 
 __all__ = ["export_trace", "FORMATS"]
@@ -142,13 +142,8 @@ def _display_names(layer: list[str], names: list[str], layer_code: np.ndarray, n
 def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
     rd = RunDir(run).require()
     p = rd.artefact("forest.parquet")
-    if not p.is_file():
-        raise TellerError(f"{p}: missing; run `teller reconstruct {rd.path}` first")
-    try:
-        have = pq.ParquetFile(p).schema_arrow.names
-        t = pq.read_table(p, columns=[c for c in _COLUMNS if c in have])
-    except (pa.ArrowInvalid, OSError) as e:
-        raise TellerError(f"{p}: unreadable Parquet ({e}); re-run `teller reconstruct {rd.path}`") from e
+    f = Forest.read(rd.path, columns=[*_COLUMNS, "kind"])
+    t = f.table
     missing = [c for c in _COLUMNS if c not in t.column_names]
     if missing:
         raise TellerError(f"{p}: no column(s) {', '.join(missing)}; re-run `teller reconstruct {rd.path}`")
@@ -161,7 +156,7 @@ def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
     pid, tid = _np(t, "pid").astype(np.int64), _np(t, "tid").astype(np.int64)
     device, stream = _np(t, "device").astype(np.int64), _np(t, "stream").astype(np.int64)
     size = _np(t, "size").astype(np.int64)
-    gpu = tid < 0  # GPU rows have no host thread (DESIGN §3)
+    gpu = f.is_gpu  # GPU rows: no host call (teller.forest)
     lcode, lnames = _codes(t.column("layer"))
     ncode, nnames = _codes(t.column("name"))
     disp_code, disp_names = _display_names(lnames, nnames, lcode, ncode)
@@ -393,14 +388,18 @@ def _const(b: bytes, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.tile(np.frombuffer(b, np.uint8), (n, 1)), np.full(n, len(b), np.int64)
 
 
-def _tag(field: int, wire: int) -> bytes:
-    v, out = (field << 3) | wire, bytearray()
+def _varint_bytes(v: int) -> bytes:
+    out = bytearray()
     while True:
         b = v & 0x7F
         v >>= 7
         out.append(b | (0x80 if v else 0))
         if not v:
             return bytes(out)
+
+
+def _tag(field: int, wire: int) -> bytes:
+    return _varint_bytes((field << 3) | wire)
 
 
 def _cat(*fields: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -457,14 +456,7 @@ def _msg(*parts: bytes) -> bytes:
 
 
 def _pb_varint(field: int, v: int) -> bytes:
-    out = bytearray(_tag(field, 0))
-    v = int(v) & 0xFFFFFFFFFFFFFFFF
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
+    return _tag(field, 0) + _varint_bytes(int(v) & 0xFFFFFFFFFFFFFFFF)
 
 
 def _pb_len(field: int, payload: bytes) -> bytes:

@@ -206,7 +206,8 @@ _READ_COLUMNS = ["tid", "device", "kind"]
 
 
 def run_step_ids(run: str | os.PathLike) -> np.ndarray:
-    """Node ids of the run's STEP nodes (``steps.parquet``'s ``step_id``; empty without one)."""
+    """Node id of each step of the run (``steps.parquet``'s ``step_id``: a STEP range's or profiler
+    step's node; -1 for a fixed window, which has no node; empty without steps)."""
     rd = RunDir(run)
     if not rd.has_table("steps"):
         return np.zeros(0, np.int64)
@@ -293,9 +294,17 @@ def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: s
 
 
 def serialize_run(run: str | os.PathLike, step_ids: Sequence[int] | None = None, duration: str = "self", normalizer: Normalizer | None = None) -> Sequences:
-    """Every step of a reconstructed run (or the given ones) as a batch."""
-    forest = Forest.read(run, _READ_COLUMNS)
+    """Every step of a reconstructed run (or the given step node ids) as a batch: a step's node
+    subtree (STEP ranges, profiler steps) or, for fixed windows (no step node), the window's rows
+    (the forest's ``step_idx``; :func:`serialize_nodes`)."""
+    forest = Forest.read(run, [*_READ_COLUMNS, "step_idx"])
     sid = run_step_ids(run) if step_ids is None else step_ids
     if step_ids is None and not len(sid):
-        raise TellerError(f"{run}: the run has no STEP ranges (steps.parquet is empty); serialize chosen subtrees with serialize_steps(forest, node_ids)")
+        raise TellerError(f"{run}: the run has no steps (steps.parquet is empty); serialize chosen subtrees with serialize_steps(forest, node_ids)")
+    if step_ids is None and (np.asarray(sid) < 0).any():
+        if "step_idx" not in forest.table.column_names:
+            raise TellerError(f"{forest.path}: no step_idx column; re-run `teller reconstruct {run}`")
+        order = np.argsort(forest.step_idx, kind="stable")
+        bounds = np.searchsorted(forest.step_idx[order], np.arange(len(sid) + 1))
+        return serialize_nodes(forest, [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], duration, normalizer)
     return serialize_steps(forest, sid, duration, normalizer)
