@@ -247,29 +247,38 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 
 #: the model shipped with the package (trained on data/h200_v1's request split; docs/results.md)
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "rca" / "default"
-_STEP_SLOT = re.compile(r"\bin step \d+ on rank \d+")
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
-_MEASURE = re.compile(r"\d[\d.]*\s*(?:ns|µs|us|ms|s|%|MiB|GiB|KiB|B)\b")
+_MECH_WORD = re.compile(r"\(([a-z][a-z0-9_]+)\)")
 
 
 def _ground(text: str, step: dict[str, Any]) -> str:
-    """The model's sentence projected onto what the run shows: the first sentence only; its
-    "in step N on rank R" slot set to the step's own; a clause quoting durations (numbers the model
-    saw in training, not in this run) replaced by the numeric stage's measured evidence."""
-    text = _SENTENCE_END.split(text.strip(), maxsplit=1)[0].strip() if text.strip() else ""
-    text = _STEP_SLOT.sub(f"in step {step['step_num']} on rank {step['rank']}", text)
-    head, sep, tail = text.partition(";")
-    if sep and _MEASURE.search(tail):
-        sus = step.get("suspects") or []
-        ev = [x for x in sus if x.get("evidence")]
-        measured = (f"; measured: {ev[0]['family']} {evidence_text(ev[0]['evidence'][0])} against the reference"
-                    if ev else "")
-        text = head + measured + "."
-    elif _MEASURE.search(text):
-        text = _MEASURE.sub("?", text)
-    return text if not text or text.endswith((".", "!", "?")) else text + "."
+    """The model's explanation projected onto the schema (DESIGN.md §9) and onto what the run
+    shows. The reference explanations the model learnt from read "TYPE fault (MECHANISM) in step N
+    on rank R: evidence OPS; NUMBERS. Cause: ...". Of the generated text only the mechanism is
+    kept, and only when it is a registered mechanism of the type the fault head chose; the type,
+    the step and rank, the evidence operators (the operator head's, nodes of this step) and the
+    numbers (the numeric stage's measurement of this step) are filled in from the structured
+    answer, and the cause is the mechanism's own description. Numbers the model writes are never
+    shown: it saw them in training, not in this run."""
+    from teller.inject import CATEGORY_TITLES
+    from teller.inject.mechanisms import registry
+
+    ft = step.get("fault_type")
+    if not ft or step.get("model_says_normal"):
+        return ""
+    reg = registry()
+    mech = next((w for w in _MECH_WORD.findall(text or "") if w in reg and reg[w].category == ft), None)
+    ops = ", ".join(step.get("evidence_families") or []) or "the whole step"
+    out = f"{CATEGORY_TITLES.get(ft, ft)} fault" + (f" ({mech})" if mech else "")
+    out += f" in step {step['step_num']} on rank {step['rank']}: evidence {ops}"
+    ev = [x for x in step.get("suspects") or [] if x.get("evidence")]
+    if ev:
+        out += f"; measured: {ev[0]['family']} {evidence_text(ev[0]['evidence'][0])} against the reference"
+    out += "."
+    if mech and reg[mech].cause:
+        out += f" Cause: {reg[mech].cause}."
+    return out
 
 
 def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
@@ -306,10 +315,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
 
     The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
     projection: the type is one of the five, the operators are nodes of the step, and the
-    explanation's "in step N on rank R" slot is set to the step's own number and rank (the model
-    writes numbers it has seen in training; every other number of the sentence is the model's,
-    the measured ones are in ``suspects[].evidence``). Steps without a node (fixed windows) are
-    left to the numeric stage. Returns the model's description, also stored as ``diag["model"]``."""
+    explanation is projected by :func:`_ground` (the generated text as written is kept in
+    ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage. Returns the model's description, also stored as ``diag["model"]``."""
     path = Path(model) if model is not None else DEFAULT_MODEL
     flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0]
     try:
@@ -360,8 +367,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             d["model_says_normal"] = True
         d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]
         d["evidence_families"] = list(p["evidence_operators"])
-        d["explanation"] = _ground(p["explanation"] or "", d) or None
         d["explanation_model"] = p["explanation"] or None
+        d["explanation"] = _ground(p["explanation"] or "", d) or None
     diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
     return info
 
@@ -400,9 +407,10 @@ def verdict_line(x: dict[str, Any]) -> str:
     sus = x.get("suspects") or []
     ev = f"{sus[0]['family']}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
     if x.get("fault_type") and not x.get("model_says_normal"):
+        if x.get("explanation"):
+            return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"
-        why = x.get("explanation") or ev
-        return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {why}"
+        return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {ev}"
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}); "
                 f"{ev or x.get('top_family') or ''}")
