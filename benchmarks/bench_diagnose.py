@@ -13,7 +13,7 @@ writing diagnosis.json and report.html; then the same with ``reference=[REF]`` (
 included), and ``teller localize fit`` alone. Peak memory is the process's VmHWM (absolute) and
 its growth over the resident size after the imports. Best of the repeats.
 
-accuracy: step-level P/R/F1 and operator-set Macro₊ F1 (DESIGN.md §11) of the numeric stage on
+accuracy: step-level P/R/F1 and operator-set Macro₊ F1 (docs/design.md §11) of the numeric stage on
 planted anomalies, never on the labelled dataset: synthetic runs with each mechanism of
 :mod:`teller.testing.planted` at several magnitudes (reference: a fault-free synthetic run of
 another seed), and with ``--cpu`` real recordings of the CPU workload with faults injected by

@@ -10,7 +10,7 @@ operator instances exactly as ``teller diagnose`` does on a run directory (``For
 ``step_blocks``: each subtree block one step, the rule "STEP ranges" → ``instance_features``), then all runs are concatenated
 (instance parents and steps renumbered).
 
-The estimator models normal operation (a one-class reference, DESIGN.md §6): it is fitted on the
+The estimator models normal operation (a one-class reference, docs/design.md §6): it is fitted on the
 NORMAL steps (``is_anomaly`` false) of the train side only, with its default hyper-parameters,
 nothing tuned. Protocols (train side → scored steps):
 
@@ -32,7 +32,7 @@ flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evalua
 diagnosis. Labels: ``is_anomaly`` and ``operator_labels``. Both sides name families with
 ``teller.forest.family_names`` (``LAYER name`` with key=value words removed and numbers
 replaced by ``#``): the labeller builds its locator from it, and the script re-applies it to the
-labels (a no-op, checked) so that the two sides cannot drift. Metrics: DESIGN.md §11 through
+labels (a no-op, checked) so that the two sides cannot drift. Metrics: docs/design.md §11 through
 ``step_metrics`` and ``operator_metrics`` of :mod:`teller.evaluate.metrics`; ``operator_lifted``
 also compares, as a reading aid, the suspects with each BE op replaced by its enclosing FE module
 (the labels name modules).

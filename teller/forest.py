@@ -1,4 +1,4 @@
-"""The call forest (``forest.parquet``, DESIGN.md §5) and its one reader, :class:`Forest`.
+"""The call forest (``forest.parquet``, docs/design.md §5) and its one reader, :class:`Forest`.
 
 ``teller reconstruct`` writes one row per node in depth-first preorder: ``node_id`` is the row,
 ``parent_id`` the parent's node id (-1 for a root), ``depth`` the number of ancestors and ``size``

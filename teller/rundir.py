@@ -1,4 +1,4 @@
-"""The run directory and the canonical event table (DESIGN.md §2–3).
+"""The run directory and the canonical event table (docs/design.md §2–3).
 
 Every reader produces, and every later stage consumes, a run directory::
 
@@ -11,7 +11,7 @@ Events are one Arrow table with dictionary-encoded strings and int64 nanoseconds
 time base τ (ns since run start). Log lines keep their wall-clock ``ts_ns`` (Unix epoch ns);
 ``run.json["clock"]["t0_unix_ns"]`` is the wall-clock instant of τ = 0, so τ = ts_ns − t0_unix_ns.
 
-Beyond DESIGN.md §3 the table has one optional column, ``layer``: a tag a reader already knows
+The table has one optional column, ``layer`` (docs/design.md §3): a tag a reader already knows
 from its layer rules (e.g. Kineto ``cpu_op`` aten:: → BE). Empty means "let reconstruction decide"
 (from the NVTX message prefix or from the event kind).
 """
@@ -59,7 +59,7 @@ IS_GPU_KIND = np.array([k in GPU_KINDS for k in KINDS], dtype=bool)
 API_VERSION_SUFFIX = r"_v\d+$"
 _API_VERSION_RE = re.compile(API_VERSION_SUFFIX)
 
-#: Layer tags (DESIGN.md §4), in the order of their codes in the forest.
+#: Layer tags (docs/design.md §4), in the order of their codes in the forest.
 LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER")
 LAYER_CODE = {k: i for i, k in enumerate(LAYERS)}
 

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
+from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"

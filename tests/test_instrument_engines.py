@@ -1,7 +1,7 @@
 """Engine instrumentors against fake module trees (vLLM, SGLang) and the installed transformers.
 
 vLLM and SGLang do not install on the CPU machine; these trees mimic the module, class and
-method names the instrumentors hook (DESIGN.md §13), so what is tested is the wrapping logic,
+method names the instrumentors hook (docs/design.md §13), so what is tested is the wrapping logic,
 the request-id extraction and the version gate, not compatibility with a real release.
 """
 

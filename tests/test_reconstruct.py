@@ -1,4 +1,4 @@
-"""Reconstruction on hand-built runs with known trees (DESIGN.md §4–5)."""
+"""Reconstruction on hand-built runs with known trees (docs/design.md §4–5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Steps decided once, in reconstruct (DESIGN.md §5.5): STEP ranges, profiler steps or fixed
+"""Steps decided once, in reconstruct (docs/design.md §5.5): STEP ranges, profiler steps or fixed
 windows, the rule written into steps.parquet / reconstruct.json, every forest row's step_idx."""
 
 from __future__ import annotations

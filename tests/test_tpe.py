@@ -160,7 +160,7 @@ def test_a_forest_out_of_preorder_is_an_error(run, steps):
         serialize_steps(f, [10**9])
 
 
-# ---- the pair rule and the DESIGN.md §8 update --------------------------------------------------
+# ---- the pair rule and the docs/design.md §8 update --------------------------------------------------
 
 
 def test_pairs_are_first_child_or_next_sibling():

@@ -1,5 +1,5 @@
 """Property tests of TPE on random trees: the fast trainer and encoder equal the clear reference
-(DESIGN.md §8 rule applied one merge at a time), and encodings keep the tree and the time."""
+(docs/design.md §8 rule applied one merge at a time), and encodings keep the tree and the time."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Baseline methods of the evaluation (DESIGN.md §11), one small class each, in a registry.
+"""Baseline methods of the evaluation (docs/design.md §11), one small class each, in a registry.
 
 Every method is fitted on the train steps of a :class:`~teller.baselines.steps.StepSet` and
 predicts, per test step, an abnormal score and flag and, where it can, a fault type and an

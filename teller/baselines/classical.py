@@ -1,4 +1,4 @@
-"""The classical baselines of DESIGN.md §11 on the step features of :mod:`.features`.
+"""The classical baselines of docs/design.md §11 on the step features of :mod:`.features`.
 
 **Unsupervised** (scikit-learn; standard statistical features, ``log1p`` then standardized):
 KMeans, DBSCAN, Isolation Forest and GMM. Each is fitted as a one-class model on the **normal**

@@ -5,7 +5,7 @@ loops run over distinct names (a few thousand) and feature columns.
 
 **Standard statistical features** (:data:`STANDARD`, one value per step; durations in ns):
 
-- per layer tag L of DESIGN.md §4 (STEP, FE, BE, COMM, RT, DRV, K, MEM, SYNC, OTHER):
+- per layer tag L of docs/design.md §4 (STEP, FE, BE, COMM, RT, DRV, K, MEM, SYNC, OTHER):
   ``n_L`` (nodes), ``dur_L`` (summed duration), ``self_L`` (summed self time: duration minus the
   direct host children; a GPU row's self time is its duration);
 - ``wall_ns``: the step's duration (its STEP node); ``rows``: forest rows; ``max_depth``;

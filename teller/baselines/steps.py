@@ -1,6 +1,6 @@
 """The steps of a labelled dataset (``teller dataset build``), as the evaluation scores them.
 
-One *step* is what the labels are attached to (DESIGN.md §11), as in
+One *step* is what the labels are attached to (docs/design.md §11), as in
 ``benchmarks/eval_localize_h200.py``:
 
 - ``vertical`` view: one rank's step, one ``(run_id, step_id)`` of ``records.parquet``; its

@@ -1,1 +1,1 @@
-"""The labelled step dataset (DESIGN.md §11): step records, splits and a datasheet."""
+"""The labelled step dataset (docs/design.md §11): step records, splits and a datasheet."""

@@ -1,4 +1,4 @@
-"""``teller dataset build RUNS... -o DS``: labelled step records from reconstructed runs (DESIGN.md §11).
+"""``teller dataset build RUNS... -o DS``: labelled step records from reconstructed runs (docs/design.md §11).
 
 Writes, all Parquet (columnar, zstd):
 

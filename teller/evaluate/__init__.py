@@ -1,4 +1,4 @@
-"""Evaluation (DESIGN.md §11): ``teller evaluate`` runs every method on the same split and seed and
+"""Evaluation (docs/design.md §11): ``teller evaluate`` runs every method on the same split and seed and
 scores it with every metric.
 
 - :mod:`.metrics`: step and operator-set metrics (the empty-set rule, Macro₊) used by the

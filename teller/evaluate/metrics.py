@@ -1,4 +1,4 @@
-"""The evaluation metrics of DESIGN.md §11: how well a diagnosis finds the abnormal steps and the
+"""The evaluation metrics of docs/design.md §11: how well a diagnosis finds the abnormal steps and the
 operators behind them.
 
 - step level (:func:`step_metrics`): accuracy, precision, recall and F1 of the abnormal flag;

@@ -164,7 +164,7 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
     res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
-           "reference": "DESIGN.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
+           "reference": "docs/design.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
            "priors": list(PRIORS), "results": blocks,
            "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
     if out is not None:

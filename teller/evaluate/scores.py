@@ -1,4 +1,4 @@
-"""Evaluation metrics of DESIGN.md §11, in numpy (sacrebleu for BLEU).
+"""Evaluation metrics of docs/design.md §11, in numpy (sacrebleu for BLEU).
 
 - step level: accuracy, precision, recall, F1 of the abnormal flag (:func:`step_scores`);
 - operator sets: precision, recall, F1, Jaccard per step, averaged, with f = j = 1 and p = r = 0

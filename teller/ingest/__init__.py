@@ -1,4 +1,4 @@
-"""Readers: turn traces users already have into a run directory (DESIGN.md §2–4, §14).
+"""Readers: turn traces users already have into a run directory (docs/design.md §2–4, §14).
 
 ``ingest(src, out)`` picks the reader by content, not by name alone:
 

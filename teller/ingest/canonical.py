@@ -1,8 +1,8 @@
-"""Canonical events from elsewhere → a run directory (DESIGN.md §2–3).
+"""Canonical events from elsewhere → a run directory (docs/design.md §2–3).
 
 ``src`` may be a run directory (what ``teller record`` writes; moved or copied by a user), a
 folder of canonical ``*.parquet`` event files, or one such file. Every file is checked against
-:data:`teller.rundir.EVENT_SCHEMA`: the columns of DESIGN.md §3 must be there (``layer`` and
+:data:`teller.rundir.EVENT_SCHEMA`: the columns of docs/design.md §3 must be there (``layer`` and
 ``flags`` are optional and filled in), extra columns are left out (and reported), types are cast
 to the schema, and kinds outside :data:`teller.rundir.KINDS` are an error. ``run.json``,
 ``logs/`` and ``labels.json`` travel with a run directory. When ``src`` is ``out`` the run is
@@ -34,7 +34,7 @@ from teller.rundir import (
     kind_counts,
 )
 
-#: Columns a canonical file must have (DESIGN.md §3); the others have defaults.
+#: Columns a canonical file must have (docs/design.md §3); the others have defaults.
 REQUIRED_COLUMNS = tuple(c for c in EVENT_COLUMNS if c not in ("layer", "flags"))
 #: Columns whose nulls mean damage rather than "not applicable".
 _NO_NULLS = ("kind", "start_ns", "end_ns")

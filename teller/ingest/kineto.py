@@ -1,4 +1,4 @@
-"""Kineto / PyTorch-profiler Chrome-trace reader (DESIGN.md §3, §4, §14).
+"""Kineto / PyTorch-profiler Chrome-trace reader (docs/design.md §3, §4, §14).
 
 ``read_kineto(path)`` turns one trace file into the canonical event table; ``ingest_kineto(src,
 out)`` turns a file or a folder of per-rank files into a run directory. What it understands:

@@ -1,4 +1,4 @@
-"""Nsight Systems SQLite export → canonical events (DESIGN.md §3, §14).
+"""Nsight Systems SQLite export → canonical events (docs/design.md §3, §14).
 
 Tables read (each only if present; columns only if present, since schemas differ between
 nsys versions):

@@ -1,4 +1,4 @@
-"""Fault injection (DESIGN.md §10): campaigns of recorded runs with ground-truth windows.
+"""Fault injection (docs/design.md §10): campaigns of recorded runs with ground-truth windows.
 
 - :mod:`.spec` parses and validates a campaign spec (TOML);
 - :mod:`.mechanisms` holds one class per mechanism in a registry (category, magnitude knob,
@@ -13,7 +13,7 @@
 Nothing here edits the engine: mechanisms act through hooks or beside it.
 """
 
-#: The five fault types (DESIGN.md §10), in label order.
+#: The five fault types (docs/design.md §10), in label order.
 CATEGORIES = ("memory", "kernel", "runtime", "communication", "scheduling")
 CATEGORY_TITLES = {
     "memory": "memory/resource",

@@ -1,6 +1,6 @@
 """Per-step labels and reference explanations from the applied windows and the measured effect.
 
-Rule (DESIGN.md §10; documented in docs/faults.md). A step *overlaps* a window when its
+Rule (docs/design.md §10; documented in docs/faults.md). A step *overlaps* a window when its
 interval [start, end] on τ meets the window's [start, end] and it ran where the mechanism acts:
 the same process for in-process mechanisms, any process of the run for co-located ones and for
 communication faults (the other ranks wait too). An overlapping step is **abnormal** only when

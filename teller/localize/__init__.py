@@ -1,4 +1,4 @@
-"""Numeric candidate localization (DESIGN.md §6): features, the per-family GMM, step scores.
+"""Numeric candidate localization (docs/design.md §6): features, the per-family GMM, step scores.
 
 - :mod:`.features`: operator instances and their feature vectors φ(x) from ``forest.parquet``,
   and the step each instance belongs to;

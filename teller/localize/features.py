@@ -1,4 +1,4 @@
-"""Operator-instance features φ(x) from a call forest (DESIGN.md §6), all vectorized.
+"""Operator-instance features φ(x) from a call forest (docs/design.md §6), all vectorized.
 
 An *instance* is an FE, BE or COMM node of a step (COMM: host ranges and NCCL kernels alike) (when a run has none of those, e.g. an Nsight
 Systems export without NVTX, its host RT/DRV calls are the instances instead; the choice is

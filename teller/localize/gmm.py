@@ -1,4 +1,4 @@
-"""The numeric localizer (DESIGN.md §6): one Gaussian mixture per operator family.
+"""The numeric localizer (docs/design.md §6): one Gaussian mixture per operator family.
 
 ``GMMLocalizer`` follows scikit-learn's estimator conventions: hyper-parameters in ``__init__``,
 ``fit`` returns ``self``, learned state in attributes ending with ``_``, ``score_samples`` and

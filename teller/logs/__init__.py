@@ -1,4 +1,4 @@
-"""Logs: read, parse, mine templates and align every line to (request, step) (DESIGN.md §5.6).
+"""Logs: read, parse, mine templates and align every line to (request, step) (docs/design.md §5.6).
 
 ``align_run(RUN)`` reads ``RUN/logs/*.jsonl`` (recorder), ``RUN/logs/*.log|*.txt`` and any extra
 plain files, parses them with the format presets of :mod:`teller.logs.formats`, finds request

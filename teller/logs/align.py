@@ -1,6 +1,6 @@
 """Align log lines to (request, step): vectorized interval stabbing with numpy.
 
-Rules, in order (DESIGN.md §5.6), for a line at time τ with tolerance tol (per line: the
+Rules, in order (docs/design.md §5.6), for a line at time τ with tolerance tol (per line: the
 configured tolerance, at least the resolution of the line's timestamp):
 
 1. ``request_id`` / ``request_id_nearest``: the line names requests present in requests.parquet.

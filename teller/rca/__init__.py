@@ -1,4 +1,4 @@
-"""Multimodal root-cause models (DESIGN.md §9): which steps are abnormal, which of five fault
+"""Multimodal root-cause models (docs/design.md §9): which steps are abnormal, which of five fault
 types, which operators are the evidence, and why, in a sentence.
 
 - :mod:`.data`: units (a step and view) from a labelled dataset, their TPE-encoded trace and log

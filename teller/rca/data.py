@@ -1,4 +1,4 @@
-"""The RCA models' inputs: one example per step, read from a labelled dataset (DESIGN.md §11).
+"""The RCA models' inputs: one example per step, read from a labelled dataset (docs/design.md §11).
 
 **Why per step.** A dataset record is one request in one step and view, but its labels
 (``is_anomaly``, ``fault_type``, ``operator_labels``, ``explanation``) are the step's: they are
@@ -20,7 +20,7 @@ protocols (it is exact for run and mechanism).
 
 **Trace.** The unit's steps are serialized from the dataset's subtrees (DFS preorder, self
 times), concatenated over ranks for horizontal units (each rank's step a root), and TPE-encoded.
-The causal slice (DESIGN.md §7) needs a fitted localizer per run, so training uses the whole step
+The causal slice (docs/design.md §7) needs a fitted localizer per run, so training uses the whole step
 subtree; when a step encodes to more than ``max_trace_tokens`` tokens it is truncated by one
 rule: keep tokens in order of (depth ascending, duration descending) up to the limit, then restore
 their order. A token's parent is shallower than the token, so a kept token's parent is kept:

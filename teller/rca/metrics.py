@@ -1,4 +1,4 @@
-"""Metrics of RCA predictions on labelled units (DESIGN.md §11).
+"""Metrics of RCA predictions on labelled units (docs/design.md §11).
 
 The step and operator-set metrics are the project's one implementation in
 ``teller.evaluate.metrics``, imported here and nowhere else in this package.

@@ -1,4 +1,4 @@
-"""The two RCA models of DESIGN.md §9, on a Hugging Face ``transformers`` causal LM.
+"""The two RCA models of docs/design.md §9, on a Hugging Face ``transformers`` causal LM.
 
 Symbols (per unit: a step and view):
 

@@ -1,4 +1,4 @@
-"""Schema projection (DESIGN.md §9): whatever the network outputs, a prediction is
+"""Schema projection (docs/design.md §9): whatever the network outputs, a prediction is
 
 - a fault type that is one of the five categories, or none (``""``) when the step is normal;
 - evidence operators that are nodes of the input (indices into the unit's nodes, anchors of its

@@ -1,4 +1,4 @@
-"""Cross-layer reconstruction (docs/design.md, "Reconstruction"): events → call forest, steps,
+"""Cross-layer reconstruction (docs/design.md §5): events → call forest, steps,
 requests, comm edges.
 
 ``reconstruct(RUN)`` reads ``RUN/events/*.parquet`` and writes
@@ -225,7 +225,7 @@ class _PhaseClock:
 
 
 # ------------------------------------------------------------------------------------------------
-# the phases, in order (docs/design.md, "Reconstruction"). Each takes what earlier phases left and
+# the phases, in order (docs/design.md §5). Each takes what earlier phases left and
 # returns what later ones need; a field a later phase is the last to read is set to None there
 # ("consumed"), so the big arrays are freed at the same points as in one long function.
 

@@ -1,4 +1,4 @@
-"""Communication edges E_c (DESIGN.md §5.5): the same collective on different ranks.
+"""Communication edges E_c (docs/design.md §5.5): the same collective on different ranks.
 
 A COMM node is described by (collective, process group, sequence number, bytes), read from:
 

@@ -1,4 +1,4 @@
-"""Nesting, GPU binding and the row order of the forest (DESIGN.md §5.2–5.4), all vectorized.
+"""Nesting, GPU binding and the row order of the forest (docs/design.md §5.2–5.4), all vectorized.
 
 Nesting (per thread). Host events sorted by (start asc, end desc, kind rank, input order) are
 processed as if by the classic stack: pop every entry that is closed at the new start, the top

@@ -1,4 +1,4 @@
-"""Layer tags and node names (DESIGN.md §4), decided on the name dictionary, never per event.
+"""Layer tags and node names (docs/design.md §4), decided on the name dictionary, never per event.
 
 The rules are data: :data:`KIND_LAYER` maps an event kind to its default layer, :data:`MESSAGE_TAGS`
 maps the first word of an NVTX/RANGE message to a layer, and :data:`DEFAULT_STEP_PATTERNS` name

@@ -1,4 +1,4 @@
-"""Pair NVTX pushes with pops into ranges (DESIGN.md §5.1), without a per-event Python loop.
+"""Pair NVTX pushes with pops into ranges (docs/design.md §5.1), without a per-event Python loop.
 
 Two rules, chosen per event:
 

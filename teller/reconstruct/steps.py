@@ -1,4 +1,4 @@
-"""Steps (docs/design.md, "Reconstruction", phase 8): STEP rows, the request → step index, and
+"""Steps (docs/design.md §5.5): STEP rows, the request → step index, and
 the rule that decides which rows form a step.
 
 A STEP node's message names its step number and request set Q(s) (``STEP id=12 reqs=req_0,req_3``).
@@ -84,7 +84,7 @@ def steps_tables(cols: dict[str, object]) -> tuple[pa.Table, pa.Table]:
 
 
 # ------------------------------------------------------------------------------------------------
-# which rows form a step: the rule (DESIGN.md §5.5)
+# which rows form a step: the rule (docs/design.md §5.5)
 
 #: Layers whose nodes are operator instances (a rule under which none falls in a step gives way).
 INSTANCE_LAYERS = ("FE", "BE", "COMM")

@@ -1,4 +1,4 @@
-"""The recording runtime inside a recorded process (DESIGN.md §12–13).
+"""The recording runtime inside a recorded process (docs/design.md §12–13).
 
 ``sitecustomize`` (``teller/record/bootstrap``) calls :func:`activate` at interpreter start when
 ``TELLER_RUN_DIR`` is set. Activation only registers post-import hooks and exit/signal/fork

@@ -253,7 +253,7 @@ _MECH_WORD = re.compile(r"\(([a-z][a-z0-9_]+)\)")
 
 
 def _ground(text: str, step: dict[str, Any]) -> str:
-    """The model's explanation projected onto the schema (DESIGN.md §9) and onto what the run
+    """The model's explanation projected onto the schema (docs/design.md §9) and onto what the run
     shows. The reference explanations the model learnt from read "TYPE fault (MECHANISM) in step N
     on rank R: evidence OPS; NUMBERS. Cause: ...". Of the generated text only the mechanism is
     kept, and only when it is a registered mechanism of the type the fault head chose; the type,
@@ -308,7 +308,7 @@ def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
 
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
                 note: Any = None) -> dict[str, Any] | None:
-    """Run the root-cause model (DESIGN.md §9) on the flagged steps of ``diag`` and add to each:
+    """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``), ``evidence_operators``
     (``[{node_id, name}]``, nodes of the step's own tree) and ``explanation`` (one sentence).

@@ -1,4 +1,4 @@
-"""Causal-context slice G_s of a step around its suspicious instances I_s (DESIGN.md §7).
+"""Causal-context slice G_s of a step around its suspicious instances I_s (docs/design.md §7).
 
 Nodes are forest rows of the step (plus the peers of its collectives on other ranks). Edges:
 

@@ -1,4 +1,4 @@
-"""Planted anomalies (DESIGN.md §11): synthetic runs with known abnormal steps and operators, for
+"""Planted anomalies (docs/design.md §11): synthetic runs with known abnormal steps and operators, for
 evaluating the localizer before a labelled dataset exists (a test and benchmark fixture).
 
 :func:`plant` edits a canonical events table of a synthetic run (:mod:`teller.testing.synth`, written

@@ -1,4 +1,4 @@
-"""Trace Pair Encoding (DESIGN.md §8): a structure-preserving tokenizer for call trees.
+"""Trace Pair Encoding (docs/design.md §8): a structure-preserving tokenizer for call trees.
 
 - :mod:`.serialize`: steps and slices of ``forest.parquet`` → symbol sequences with parent, depth
   and duration side channels (:class:`Sequences`, :class:`Trace`).

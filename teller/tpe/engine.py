@@ -6,7 +6,7 @@ the tests check that on random trees. Both the trainer and the tokenizer use it.
 
 Representation. The batch's nodes are concatenated (positions ``0..N-1``). A *token* is a run of
 consecutive nodes ``[t, end[t])`` named by its first position ``t``; live tokens form a doubly
-linked list per sequence (``nxt``/``prv``, -1 at the ends). The side channels of DESIGN.md §8
+linked list per sequence (``nxt``/``prv``, -1 at the ends). The side channels of docs/design.md §8
 need no per-merge bookkeeping in this form:
 
 - ``p'_i = p_i``: a token's parent is the token holding its first node's parent; "references to
@@ -238,7 +238,7 @@ class MergeEngine:
             if before.size and before[0] < 0:
                 before = before[before >= 0]
             pos_b, keys_b = self.pair_keys(before)
-        # apply (DESIGN.md §8): the left token keeps its place, parent and depth; the right one is absorbed
+        # apply (docs/design.md §8): the left token keeps its place, parent and depth; the right one is absorbed
         self.sym[A] = new_id
         self.nxt[A] = R
         prv[R] = A  # R = -1 writes the sentinel slot, which nothing reads as a token

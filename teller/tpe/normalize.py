@@ -1,4 +1,4 @@
-"""Name normalization for TPE symbols (DESIGN.md §8): rules as data, applied per distinct name.
+"""Name normalization for TPE symbols (docs/design.md §8): rules as data, applied per distinct name.
 
 A symbol is the node's layer tag and its normalized name, ``"K at::native::elementwise_kernel"``.
 Normalization removes what differs between instances of the same operation (step numbers,

@@ -1,4 +1,4 @@
-"""Serialize steps and slices of the call forest into symbol sequences (DESIGN.md §8).
+"""Serialize steps and slices of the call forest into symbol sequences (docs/design.md §8).
 
 ``forest.parquet`` rows are a depth-first preorder in which every subtree is the contiguous block
 ``[node_id, node_id + size)`` (see :mod:`teller.forest`). A step's depth-first
@@ -13,10 +13,10 @@ keeps three side channels: ``parent`` (index of its parent in the same sequence,
 the node's *self* time (:attr:`teller.forest.Forest.self_ns`): for a host node its span minus the
 spans of its host children, for GPU activity (kernels, copies, memsets, device syncs) its own
 span. Self times add up without counting a nested interval twice, so when TPE merges tokens and
-adds their durations (DESIGN.md §8) the sum stays a time budget. ``duration="total"`` keeps
+adds their durations (docs/design.md §8) the sum stays a time budget. ``duration="total"`` keeps
 plain spans.
 
-A slice (a subset of a step's nodes, e.g. the causal slice of DESIGN.md §7) keeps the forest's
+A slice (a subset of a step's nodes, e.g. the causal slice of docs/design.md §7) keeps the forest's
 row order; each node's parent is its nearest ancestor inside the slice.
 """
 

@@ -1,6 +1,6 @@
 """The TPE tokenizer: symbols of a serialized step or slice → tokens with side channels.
 
-Saved as three files, loadable without the trainer (DESIGN.md §8):
+Saved as three files, loadable without the trainer (docs/design.md §8):
 
 - ``vocab.json``: ``{token: id}``. Base tokens are the specials, one unknown token per layer
   (``<unk:K>``, ...) and the symbols seen in training (``"K at::native::elementwise_kernel"``);
@@ -62,7 +62,7 @@ MAX_TOKEN_TEXT = 200
 
 @dataclass
 class Encoding:
-    """One encoded sequence (DESIGN.md §8 names)."""
+    """One encoded sequence (docs/design.md §8 names)."""
 
     input_ids: np.ndarray
     parent_idx: np.ndarray

@@ -1,4 +1,4 @@
-"""TPE training: learn merges from serialized steps (DESIGN.md §8).
+"""TPE training: learn merges from serialized steps (docs/design.md §8).
 
 Read the reference functions first; they state TPE the way minbpe states BPE, on plain lists,
 with the side channels as the only addition:
@@ -7,7 +7,7 @@ with the side channels as the only addition:
   depth step (TPE's pair rule: the right token is the left one's child, or its sibling at the
   same depth).
 - :func:`get_stats`: count the pairs of a sequence.
-- :func:`merge`: one wave of a merge with the side-channel rule of DESIGN.md §8, literally:
+- :func:`merge`: one wave of a merge with the side-channel rule of docs/design.md §8, literally:
   ``Δ'_i = Δ_i + Δ_{i+1}``, ``p'_i = p_i``, ``d'_i = d_i``, parent indices above ``i+1`` shift left
   by one, references to ``i+1`` are redirected to ``i``.
 - :func:`reference_encode` / :func:`reference_train`: BPE's loops on top of them.
@@ -20,7 +20,7 @@ to the smallest ``(left id, right id, depth step)``, so training is deterministi
 The tests check ``train == reference_train`` and ``encode == reference_encode`` on random trees.
 
 Why the pair rule. Applied to *any* two tokens adjacent in the depth-first order, the rule of
-DESIGN.md §8 can merge a leaf with the next sibling of one of its ancestors; the absorbed token's
+docs/design.md §8 can merge a leaf with the next sibling of one of its ancestors; the absorbed token's
 children would then hang under the leaf's parent — a call edge that never happened — and could
 sit at a smaller depth than their new parent. Restricting pairs to "first child" and "next sibling
 at the same depth" keeps, after every merge, each token's parent equal to the token holding its
@@ -96,7 +96,7 @@ def get_stats(ids: Sequence[int], parent: Sequence[int], depth: Sequence[int], c
 
 def merge(ids: list[int], parent: list[int], depth: list[int], duration: list[int], pair: Pair, new_id: int):
     """Merge every occurrence of ``pair`` (those present now; left to right, no overlap) into
-    ``new_id`` with the side-channel rule of DESIGN.md §8. Returns new lists."""
+    ``new_id`` with the side-channel rule of docs/design.md §8. Returns new lists."""
     hits = []
     i = 0
     while i < len(ids) - 1:

@@ -7,7 +7,7 @@ the same API in transformers 5.17 and 5.24) serving a randomly initialised Llama
 ``rate`` (req/s); prompt and output lengths follow the given distributions; decoding is greedy
 with EOS disabled, so every request generates exactly its output length.
 
-For full per-op traces CUDA graphs and async batching are off (DESIGN.md §13). The attention
+For full per-op traces CUDA graphs and async batching are off (docs/design.md §13). The attention
 implementation is picked per version: 5.24 takes ``sdpa`` (and refuses ``paged|sdpa``), 5.17
 takes ``paged|sdpa``; ``eager`` is ``paged|eager`` on both.
 

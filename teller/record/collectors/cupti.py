@@ -1,6 +1,6 @@
 """CUPTI collector: host API calls, kernels, copies, syncs and NVTX ranges through ``cupti-python``.
 
-Runs inside the recorded process (DESIGN.md §12). CUPTI hands over activity records in buffers;
+Runs inside the recorded process (docs/design.md §12). CUPTI hands over activity records in buffers;
 ``cupti-python`` turns each record into a Python object before our completion callback runs, so the
 callback does as little per record as it can: one C-level ``attrgetter`` call pulls all numeric
 fields of a record into a tuple, the tuples become one numpy array per kind, and names, times,

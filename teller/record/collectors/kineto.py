@@ -11,7 +11,7 @@ and stop map it onto τ (:class:`~teller.record.clock.ClockMap`).
 
 Blind spot: the profiler's CPU-op callbacks are thread-local to the thread that started it. The
 transformers continuous-batching loop runs on a background thread, where it records no ``cpu_op``
-rows (DESIGN.md §12); the CUDA runtime calls and kernels of that thread are still captured (CUPTI
+rows (docs/design.md §12); the CUDA runtime calls and kernels of that thread are still captured (CUPTI
 underneath is process-wide), and the STEP/FE/BE ranges come from TELLER's own CPU range recorder,
 so trees still form — but the aten-level detail is whatever the hooks record, not Kineto's. The
 CUPTI collector has no such blind spot.

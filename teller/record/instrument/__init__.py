@@ -1,4 +1,4 @@
-"""Instrumentors: one file per engine, patching it from post-import hooks (DESIGN.md §13).
+"""Instrumentors: one file per engine, patching it from post-import hooks (docs/design.md §13).
 
 Each instrumentor follows the OpenTelemetry pattern: ``instrument(runtime)`` receives the
 recording runtime (the handle it records through, :class:`~.base.RecordingRuntime`) and

@@ -1,6 +1,6 @@
 """SGLang (0.4 and later): STEP ranges per scheduler batch, FE hooks, COMM.
 
-Written against SGLang's hook points (DESIGN.md §13) and tested against a fake module tree
+Written against SGLang's hook points (docs/design.md §13) and tested against a fake module tree
 with the same module, class and method names (``tests/test_instrument_engines.py``). It has NOT
 been run against a real SGLang: it does not install on the CPU machine this was developed on.
 

@@ -1,6 +1,6 @@
 """transformers continuous batching (5.17–5.x): STEP, FE, BE ranges on the generation thread.
 
-Hook points (read in the 5.17 and 5.24 sources; DESIGN.md §13), all on the background thread
+Hook points (read in the 5.17 and 5.24 sources; docs/design.md §13), all on the background thread
 that runs ``ContinuousBatchingManager._run_generation_loop``:
 
 - ``ContinuousBatchingManager._generation_loop_body(batch_processor, bootstrapping)``: one loop

@@ -1,6 +1,6 @@
 """vLLM V1 (0.8 and later): STEP ranges per engine step and per worker step, FE, COMM.
 
-Written against the hook points of the vLLM V1 sources (DESIGN.md §13) and tested against a
+Written against the hook points of the vLLM V1 sources (docs/design.md §13) and tested against a
 fake module tree that mimics their module, class and method names
 (``tests/test_instrument_engines.py``). It has NOT been run against a real vLLM: vLLM does not
 install on the CPU machine this was developed on. The version gate and the one-line
