@@ -13,14 +13,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from teller.errors import TellerError
 from teller.localize.features import FEATURES, Instances, RunFeatures, run_features
-from teller.localize.gmm import GMMLocalizer, StepScores
 from teller.reconstruct.ensure import ensure_reconstructed
+
+if TYPE_CHECKING:
+    from teller.localize.gmm import GMMLocalizer, StepScores
 
 __all__ = ["GMMLocalizer", "fit_localizer", "localize", "Localization", "FEATURES", "run_features"]
 
@@ -79,6 +81,8 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
             f"reference run(s) {', '.join(str(f.path) for f in feats)} hold no operator instances inside steps; "
             "record a reference with hook ranges (`teller record -o REF -- CMD`) and run `teller reconstruct REF`"
         )
+    from teller.localize.gmm import GMMLocalizer
+
     est = GMMLocalizer(**params).fit(X, families=fam, groups=groups)
     flagged = total = 0
     for f in feats:
@@ -257,8 +261,20 @@ def load_or_fit(reference: list[str | os.PathLike] | None, localizer: str | os.P
     if localizer is not None and reference:
         raise TellerError("give either --reference RUN... or --localizer PATH, not both")
     if localizer is not None:
+        from teller.localize.gmm import GMMLocalizer
+
         return GMMLocalizer.load(localizer), f"localizer {localizer}"
     if not reference:
         raise no_reference_error(run)
     est = fit_localizer([Path(r) for r in reference], window_ns=window_ns, **params)
     return est, "reference " + ", ".join(str(r) for r in reference)
+
+
+def __getattr__(name: str) -> Any:
+    """The estimator (scikit-learn, scipy) loads on first use, so `teller --help` and the stage
+    CLIs that only register commands stay light."""
+    if name in ("GMMLocalizer", "StepScores"):
+        from teller.localize import gmm
+
+        return getattr(gmm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
