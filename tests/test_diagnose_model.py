@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from teller.rca.api import SHARD_BYTES, weight_files  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
 from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
 
@@ -32,7 +33,8 @@ def diag(tmp_path_factory):
 
 def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     res, d = diag
-    assert (DEFAULT_MODEL / "model.safetensors").is_file()
+    parts = weight_files(DEFAULT_MODEL / "model.safetensors")
+    assert parts and all(f.stat().st_size <= SHARD_BYTES + (1 << 20) for f in parts)  # no file over the repo's bound
     assert res["model"]["variant"] in ("mot", "single")
     flagged = [s for s in res["steps"] if s["flag"]]
     assert flagged

@@ -224,3 +224,24 @@ def test_cli_train_predict_round_trip(tmp_path, ds):
     m = json.loads((tmp_path / "m.json").read_text())
     assert m["all"]["units"] == t.num_rows and "macro_plus_f1" in m["all"]["operator"]
     assert main(["rca", "train", str(small), "-o", str(model), "--variant", "bogus", "--config", "tiny"]) == 2
+
+
+def test_weights_above_the_part_size_are_written_in_parts(tmp_path, monkeypatch):
+    """No weight file over SHARD_BYTES (the shipped model lives in the repository); the parts load
+    back to the same tensors, and a later single-file save removes the old parts."""
+    import torch
+
+    from teller.rca import api
+
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    monkeypatch.setattr(api, "SHARD_BYTES", 20_000)
+    p = tmp_path / "model.safetensors"
+    api.save_weights(net, p, "float32")
+    parts = api.weight_files(p)
+    assert len(parts) == 2 and not p.exists() and parts[0].name == "model-00001-of-00002.safetensors"
+    other = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    api.load_weights(other, p)
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), other.state_dict().values(), strict=True))
+    monkeypatch.setattr(api, "SHARD_BYTES", 1 << 30)
+    api.save_weights(net, p, "float32")
+    assert api.weight_files(p) == [p]

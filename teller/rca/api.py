@@ -4,7 +4,8 @@ A model directory holds (loaded without pickle: JSON and safetensors only):
 
 - ``config.json``: format, :class:`.model.RCAConfig` (with the backbone's own config), the fault
   classes, the training summary;
-- ``model.safetensors``: the weights (``save_dtype``, float16 for the shipped sizes);
+- ``model.safetensors``: the weights (``save_dtype``, float16 for the shipped sizes), in parts
+  ``model-0000K-of-0000N.safetensors`` above :data:`SHARD_BYTES`;
 - ``tokenizer.json``: the byte-level BPE text tokenizer (Hugging Face ``tokenizers``);
 - ``trace_tokenizer/``: the TPE tokenizer (``vocab.json``, ``merges.json``, ``tokenizer_config.json``);
 - ``reference.json``: the duration reference statistics (:class:`.data.ReferenceStats`);
@@ -52,21 +53,52 @@ FORMAT_VERSION = 1
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+#: weights above this size are written in parts (``model-00001-of-00002.safetensors``, ...), so no
+#: file of a model directory — the shipped one is in the repository — exceeds it
+SHARD_BYTES = 6 << 20
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The file(s) holding the weights saved at ``path``: ``path`` itself, or its parts."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return sorted(path.parent.glob(f"{path.stem}-*-of-*{path.suffix}"))
+
+
 def save_weights(module: torch.nn.Module, path: Path, dtype: str = "float32", metadata: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     sd = {k: v.detach().to("cpu", _DTYPES[dtype]).contiguous() for k, v in module.state_dict().items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(sd, str(tmp), metadata={k: str(v) for k, v in (metadata or {}).items()})
-    tmp.replace(path)
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    parts: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for k, v in sd.items():  # tensors in state-dict order, a new part when the current one is full
+        nb = v.numel() * v.element_size()
+        if parts[-1] and size + nb > SHARD_BYTES:
+            parts.append({})
+            size = 0
+        parts[-1][k] = v
+        size += nb
+    names = [path] if len(parts) == 1 else [
+        path.with_name(f"{path.stem}-{i + 1:05d}-of-{len(parts):05d}{path.suffix}") for i in range(len(parts))]
+    for old in [f for f in weight_files(path) if f not in names]:  # what an earlier save left
+        old.unlink()
+    for part, name in zip(parts, names, strict=True):
+        tmp = name.with_suffix(".tmp")
+        save_file(part, str(tmp), metadata=meta)
+        tmp.replace(name)
 
 
 def load_weights(module: torch.nn.Module, path: Path) -> None:
     from safetensors.torch import load_file
 
-    if not path.is_file():
+    files = weight_files(path)
+    if not files:
         raise InputError(path, "missing", "retrain the model with `teller rca train`")
-    sd = load_file(str(path))
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
     own = module.state_dict()
     bad = sorted(set(own) ^ set(sd))
     if bad:

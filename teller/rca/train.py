@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from teller.errors import TellerError
-from teller.rca.api import RCA, load_weights, save_weights
+from teller.rca.api import RCA, load_weights, save_weights, weight_files
 from teller.rca.batch import (
     DECISION,
     EXPLANATION,
@@ -323,7 +323,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
     model.save(out, extra=extra)
-    size = (out / "model.safetensors").stat().st_size
+    size = sum(f.stat().st_size for f in weight_files(out / "model.safetensors"))
     say(f"saved {out}: {n_params / 1e6:.2f} M parameters, model.safetensors {size / 2**20:.1f} MiB ({cfg.save_dtype}), "
         f"{step} steps in {secs:.0f} s, last loss {np.mean(run_loss[-10:]) if run_loss else float('nan'):.4f}")
     return {"out": str(out), "parameters": int(n_params), "checkpoint_bytes": size, "steps": step,

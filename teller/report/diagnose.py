@@ -325,7 +325,9 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         if note is not None:
             note(f"root-cause model skipped ({e}); install it with `pip install 'teller[rca]'`")
         return None
-    if model is None and not (path / "model.safetensors").is_file():
+    from teller.rca.api import weight_files
+
+    if model is None and not weight_files(path / "model.safetensors"):
         if note is not None:
             note(f"root-cause model skipped: the package has no default model at {path}")
         return None
