@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from teller.errors import TellerError
 from teller.forest import Forest
-from teller.rundir import RunDir
+from teller.rundir import RunDir, dict_codes, np_col
 
 __all__ = ["export_trace", "FORMATS"]
 
@@ -112,19 +112,6 @@ class _Model:
         return len(self.tracks) - 1
 
 
-def _np(t: pa.Table, c: str) -> np.ndarray:
-    return t.column(c).to_numpy(zero_copy_only=False)
-
-
-def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
-    arr = col.combine_chunks()
-    if not pa.types.is_dictionary(arr.type):
-        arr = pc.dictionary_encode(arr)
-    arr = arr.cast(pa.dictionary(pa.int32(), pa.string()))
-    return (np.asarray(pc.fill_null(arr.indices, -1).to_numpy(zero_copy_only=False), np.int64),
-            [str(x) for x in arr.dictionary.to_pylist()])
-
-
 def _display_names(layer: list[str], names: list[str], layer_code: np.ndarray, name_code: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """``LAYER name`` for tagged host ranges whose name does not already start with the tag."""
     pair = layer_code * (len(names) + 1) + name_code
@@ -149,16 +136,16 @@ def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
         raise TellerError(f"{p}: no column(s) {', '.join(missing)}; re-run `teller reconstruct {rd.path}`")
     m = _Model()
     n = t.num_rows
-    node_id, parent_id = _np(t, "node_id").astype(np.int64), _np(t, "parent_id").astype(np.int64)
-    start, end = _np(t, "start_ns").astype(np.int64), _np(t, "end_ns").astype(np.int64)
+    node_id, parent_id = np_col(t, "node_id").astype(np.int64), np_col(t, "parent_id").astype(np.int64)
+    start, end = np_col(t, "start_ns").astype(np.int64), np_col(t, "end_ns").astype(np.int64)
     end = np.maximum(end, start)
-    host_node, rank = _np(t, "node").astype(np.int64), _np(t, "rank").astype(np.int64)
-    pid, tid = _np(t, "pid").astype(np.int64), _np(t, "tid").astype(np.int64)
-    device, stream = _np(t, "device").astype(np.int64), _np(t, "stream").astype(np.int64)
-    size = _np(t, "size").astype(np.int64)
+    host_node, rank = np_col(t, "node").astype(np.int64), np_col(t, "rank").astype(np.int64)
+    pid, tid = np_col(t, "pid").astype(np.int64), np_col(t, "tid").astype(np.int64)
+    device, stream = np_col(t, "device").astype(np.int64), np_col(t, "stream").astype(np.int64)
+    size = np_col(t, "size").astype(np.int64)
     gpu = f.is_gpu  # GPU rows: no host call (teller.forest)
-    lcode, lnames = _codes(t.column("layer"))
-    ncode, nnames = _codes(t.column("name"))
+    lcode, lnames = dict_codes(t, "layer")
+    ncode, nnames = dict_codes(t, "name")
     disp_code, disp_names = _display_names(lnames, nnames, lcode, ncode)
     name_of_disp = m.name_codes(disp_names)
     cat_of_layer = np.array([m.cat_code(x or "?") for x in lnames] + [m.cat_code("?")], np.int64)
@@ -208,7 +195,7 @@ def _build(run: Path, diagnosis: dict[str, Any] | None) -> _Model:
         pos = np.minimum(np.searchsorted(node_id, parent_id, sorter=order), n - 1)
         ok = (parent_id >= 0) & (node_id[order[pos]] == parent_id)
         par_row[ok] = order[pos[ok]]
-    depth = _np(t, "depth").astype(np.int64)
+    depth = np_col(t, "depth").astype(np.int64)
     # a host child never outlives its parent in the export (viewers drop or mis-nest such slices):
     # clip level by level, parents first
     hp = host & (par_row >= 0)
@@ -258,9 +245,9 @@ def _steps(m: _Model, rd: RunDir, host_node, rank, pid, tid, start, track_of_row
     if not st.num_rows:
         return
     by_rank = _process_of_rank(host, host_node, rank, pid, proc_pid)
-    s_rank = _np(st, "rank").astype(np.int64)
-    s_pid = _np(st, "pid").astype(np.int64) if "pid" in st.column_names else np.full(st.num_rows, -1)
-    s_node = _np(st, "node").astype(np.int64) if "node" in st.column_names else np.zeros(st.num_rows, np.int64)
+    s_rank = np_col(st, "rank").astype(np.int64)
+    s_pid = np_col(st, "pid").astype(np.int64) if "pid" in st.column_names else np.full(st.num_rows, -1)
+    s_node = np_col(st, "node").astype(np.int64) if "node" in st.column_names else np.zeros(st.num_rows, np.int64)
     xp = np.array([proc_pid.get((0, int(a), int(b)), by_rank.get(int(r), 0))
                    for a, b, r in zip(s_node.tolist(), s_pid.tolist(), s_rank.tolist(), strict=True)], np.int64)
     tr = np.empty(st.num_rows, np.int64)
@@ -268,10 +255,10 @@ def _steps(m: _Model, rd: RunDir, host_node, rank, pid, tid, start, track_of_row
         if p_ not in step_track:
             step_track[p_] = m.track("steps", int(p_), _STEPS_TID, proc_name.get(p_, f"process {p_}"))
         tr[xp == p_] = step_track[p_]
-    nums = _np(st, "step_num").astype(np.int64)
-    nreq = _np(st, "n_requests").astype(np.int64) if "n_requests" in st.column_names else np.zeros(st.num_rows, np.int64)
+    nums = np_col(st, "step_num").astype(np.int64)
+    nreq = np_col(st, "n_requests").astype(np.int64) if "n_requests" in st.column_names else np.zeros(st.num_rows, np.int64)
     labels = [f"step {k} ({q} req)" if q else f"step {k}" for k, q in zip(nums.tolist(), nreq.tolist(), strict=True)]
-    s0, s1 = _np(st, "start_ns").astype(np.int64), _np(st, "end_ns").astype(np.int64)
+    s0, s1 = np_col(st, "start_ns").astype(np.int64), np_col(st, "end_ns").astype(np.int64)
     o = np.lexsort((s0, tr))
     # steps of one track do not overlap; clip a step that would end after the next one starts
     s1 = np.maximum(s1, s0)
@@ -280,7 +267,7 @@ def _steps(m: _Model, rd: RunDir, host_node, rank, pid, tid, start, track_of_row
     e2 = s1.copy()
     e2[o[:-1]] = np.minimum(s1[o[:-1]], np.maximum(nxt, s0[o[:-1]]))
     m.clipped += int((e2 != s1).sum())
-    sid = _np(st, "step_id").astype(np.int64) if "step_id" in st.column_names else np.full(st.num_rows, -1)
+    sid = np_col(st, "step_id").astype(np.int64) if "step_id" in st.column_names else np.full(st.num_rows, -1)
     m.parts.append({"track": tr[o], "start": s0[o], "end": e2[o], "name": m.name_codes([labels[i] for i in o.tolist()]),
                     "cat": np.full(len(o), m.cat_code("steps"), np.int64), "node_id": sid[o],
                     "nested": np.zeros(len(o), bool), "euler": np.zeros(len(o), np.int64),
