@@ -221,7 +221,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if model is not False:
         t_m = time.perf_counter()
-        apply_model(diag, run, None if model is True else model, note)
+        apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table)
         diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
@@ -307,7 +307,7 @@ def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
 
 
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
-                note: Any = None) -> dict[str, Any] | None:
+                note: Any = None, forest: Any = None) -> dict[str, Any] | None:
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``), ``evidence_operators``
@@ -316,7 +316,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
     projection: the type is one of the five, the operators are nodes of the step, and the
     explanation is projected by :func:`_ground` (the generated text as written is kept in
-    ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage. Returns the model's description, also stored as ``diag["model"]``."""
+    ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage.
+    ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     path = Path(model) if model is not None else DEFAULT_MODEL
     flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0]
     try:
@@ -338,12 +339,11 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     diag["model"] = info
     if not flagged:
         return info
-    import pyarrow.parquet as pq
-
     rd = RunDir(run)
-    f = rd.artefact("forest.parquet")
-    cols = [c for c in pq.read_schema(f).names if c != "args"]
-    forest = pq.read_table(f, columns=cols)
+    if forest is None:  # the forest table the numeric stage already read, else the run's
+        from teller.forest import Forest
+
+        forest = Forest.read(rd.path).table
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
     inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
