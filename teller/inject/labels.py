@@ -16,7 +16,8 @@ its execution shows the effect:
   engine's "Offloaded N requests" line; the pressure makes many small steps, not slow ones);
 - ``comm`` evidence (straggler, throttling): the step's summed COMM time exceeds the reference p99;
 - ``admission`` evidence (delayed admission): the step is the first step of a request whose
-  admission the mechanism delayed.
+  admission the mechanism delayed; the window covers those steps even when they start after the
+  window closed (a delay longer than the window's own steps).
 
 Reference steps are the run's steps that overlap no window, on the same rank, less the warm-up
 steps (:func:`warmup_steps`: warm-up requests only, or a process's first two steps); when there are
@@ -64,6 +65,8 @@ class StepMeasures:
         rd = RunDir(run)
         steps = rd.read_table("steps")
         forest = Forest.read(run, columns=["step_id", "step_idx", "kind"])
+        self.run = Path(run)
+        self._first_step_of: dict[str, int] | None = None
         self.steps = steps
         self.step_id = steps.column("step_id").to_numpy().astype(np.int64)
         self.step_num = steps.column("step_num").to_numpy().astype(np.int64)
@@ -110,6 +113,22 @@ class StepMeasures:
         is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
         self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)
         self.fam_layer = np.array([f.split(" ", 1)[0] for f in self.families], dtype=object)
+
+    def first_steps(self, request_ids: list[str]) -> np.ndarray:
+        """The step ids of the first step each named request ran in (requests that never ran are
+        left out); ``requests.parquet`` is read on first use."""
+        if self._first_step_of is None:
+            self._first_step_of = {}
+            rd = RunDir(self.run)
+            if rd.has_table("requests"):
+                rq = rd.read_table("requests", columns=["request_id", "step_id"])
+                rid = np.asarray(rq.column("request_id").to_pylist(), dtype=object)
+                rsn = rq.column("step_id").to_numpy()
+                order = np.lexsort((rsn, rid))
+                for r, s in zip(rid[order][::-1], rsn[order][::-1], strict=False):  # one row per (request, step)
+                    self._first_step_of[str(r)] = int(s)
+        got = {self._first_step_of.get(str(r)) for r in request_ids}
+        return np.array(sorted(x for x in got if x is not None), dtype=np.int64)
 
     def family_columns(self, names: list[str], device: bool = False) -> np.ndarray:
         """Summed time per step of the named families (absent families count 0); with ``device``
@@ -189,14 +208,6 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
     layer = np.full(n, "", object)
     expl = np.full(n, "", object)
     effect[in_any] = "none"
-    first_step_of: dict[str, int] = {}
-    if any((reg.get(w["mechanism"]) and reg[w["mechanism"]].evidence == "admission") for w in wins):
-        rq = RunDir(run).read_table("requests")
-        rid = np.asarray(rq.column("request_id").to_pylist(), dtype=object)
-        rsn = rq.column("step_id").to_numpy()
-        order = np.lexsort((rsn, rid))
-        for r, s in zip(rid[order][::-1], rsn[order][::-1], strict=False):  # small: one row per (request, step)
-            first_step_of[str(r)] = int(s)
     log_hits: dict[str, np.ndarray] = {}
     for i, w in enumerate(wins):
         m = reg.get(w["mechanism"])
@@ -220,8 +231,7 @@ def label_run(run: str | Path, labels: dict[str, Any], reference: str | Path | N
             loc = [t for t in targets if t.startswith("COMM ")] or sorted(
                 {" ".join(f.split(" ", 2)[:2]) for f in sm.families.astype(str) if f.startswith("COMM ")})
         elif m.evidence == "admission":
-            delayed = {first_step_of.get(r) for r in (w.get("extra") or {}).get("requests", [])}
-            hit = np.isin(sm.step_id, np.array(sorted(x for x in delayed if x is not None), dtype=np.int64))
+            hit = np.isin(sm.step_id, sm.first_steps((w.get("extra") or {}).get("requests", [])))
             val, ref = sm.duration.astype(float), ref_ms("step", None)
             loc = ["OTHER schedule"]
         else:
@@ -304,6 +314,12 @@ def window_cover(sm: StepMeasures, w: dict[str, Any], reg: dict[str, Any]) -> np
     m = reg.get(w["mechanism"])
     end = w.get("end_tau_ns")
     end = int(sm.end.max()) if end is None and len(sm.end) else int(end if end is not None else w["start_tau_ns"])
+    if m is not None and m.evidence == "admission":
+        # the fault's effect lands when its delayed requests are admitted, which can be after the
+        # window closed (a delay longer than the window's steps): the window lasts until then
+        first = sm.first_steps((w.get("extra") or {}).get("requests", []))
+        if len(first):
+            end = max(end, int(sm.start[np.isin(sm.step_id, first)].max()))
     c = (sm.start <= end) & (sm.end >= int(w["start_tau_ns"]))
     scope_all = m is not None and (m.where in ("co_located", "workload") or m.evidence == "comm")
     if not scope_all:
