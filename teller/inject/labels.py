@@ -11,7 +11,8 @@ its execution shows the effect:
   kernels and copies in their subtrees exceeds its own reference p99 (a host-bound engine hides
   extra device work from host ranges; the layer then includes ``K``);
 - ``step`` evidence (contention, churn, stalls, KV pressure): the step's duration exceeds the
-  reference p99 of step durations, or the step's GPU time exceeds its reference p99; a mechanism
+  reference p99 of step durations (its engine iteration's, schedule and untraced gap included,
+  when the run has ``iterations.parquet``), or the step's GPU time exceeds its reference p99; a mechanism
   with a ``log_pattern`` also shows in a step whose aligned log lines match it (KV pressure: the
   engine's "Offloaded N requests" line; the pressure makes many small steps, not slow ones);
 - ``comm`` evidence (straggler, throttling): the step's summed COMM time exceeds the reference p99;
@@ -76,11 +77,19 @@ class StepMeasures:
         self.end = steps.column("end_ns").to_numpy().astype(np.int64)
         self.duration = self.end - self.start
         self.warmup = warmup_steps(steps)
+        # engine iterations (docs/design.md §5.9): a step's whole loop iteration, schedule, STEP,
+        # post ranges and the untraced gap; its duration is what the served requests waited
+        self.iterations = self._iterations(rd)
+        if self.iterations is not None:
+            self.start, self.end = self.iterations["start_ns"], self.iterations["end_ns"]
+            self.duration = self.end - self.start
         sid = forest.step_id
         dur = forest.dur_ns
         # STEP ranges: a row's step is its innermost STEP (``step_id``); other rules (profiler
-        # steps, fixed windows, whose steps.parquet rows are not STEP nodes): the forest's step_idx
-        by_idx = bool(steps.num_rows) and "rule" in steps.column_names and steps.column("rule")[0].as_py() != "STEP ranges"
+        # steps, fixed windows, whose steps.parquet rows are not STEP nodes) and runs with
+        # iterations (schedule ranges and GAP rows belong to a step, outside its STEP): step_idx
+        by_idx = bool(steps.num_rows) and (self.iterations is not None or (
+            "rule" in steps.column_names and steps.column("rule")[0].as_py() != "STEP ranges"))
         if by_idx:
             pos = forest.step_idx
             ok = pos >= 0
@@ -113,6 +122,26 @@ class StepMeasures:
         is_comm = np.char.startswith(self.families.astype(str), "COMM ") if nf else np.zeros(0, bool)
         self.comm = self.fam_time[:, is_comm].sum(axis=1) if nf else np.zeros(ns)
         self.fam_layer = np.array([f.split(" ", 1)[0] for f in self.families], dtype=object)
+
+    def _iterations(self, rd: RunDir) -> dict[str, np.ndarray] | None:
+        """``iterations.parquet`` as arrays in steps.parquet's order, or None when the run has
+        none (reconstructed before iterations existed) or they are steps only (foreign traces)."""
+        if not rd.has_table("iterations") or not len(self.step_id):
+            return None
+        it = rd.read_table("iterations", columns=["step_id", "start_ns", "end_ns", "gap_ns", "rule"])
+        if it.num_rows != len(self.step_id) or "start_ns" not in it.column_names:
+            return None
+        if "rule" in it.column_names and it.column("rule")[0].as_py() != "engine ranges":
+            return None
+        sid = it.column("step_id").to_numpy().astype(np.int64)
+        order = np.argsort(sid, kind="stable")
+        pos = order[np.searchsorted(sid[order], self.step_id)]
+        if not np.array_equal(sid[pos], self.step_id):
+            return None
+        out = {c: it.column(c).to_numpy().astype(np.int64)[pos] for c in ("start_ns", "end_ns")}
+        out["gap_ns"] = (it.column("gap_ns").to_numpy().astype(np.int64)[pos] if "gap_ns" in it.column_names
+                         else np.zeros(len(pos), np.int64))
+        return out
 
     def first_steps(self, request_ids: list[str]) -> np.ndarray:
         """The step ids of the first step each named request ran in (requests that never ran are
