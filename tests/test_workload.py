@@ -184,8 +184,10 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     assert not any(a < starts[i] < b for i in idle for a, b in spans)
 
     from teller.logs import align_run
+    from teller.reconstruct import reconstruct
 
-    align_run(run)
+    reconstruct(run)
+    align_run(run)  # on the reconstructed steps
     import pyarrow.parquet as pq
 
     rows = pq.read_table(run / "log_alignment.parquet").to_pylist()
