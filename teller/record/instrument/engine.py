@@ -23,8 +23,10 @@ class EngineInstrumentor(Instrumentor):
         torch_ops.detach_module_ranges()
 
     def step_scope(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                   ids: Callable[[], str] | None = None) -> Any:
-        """wrapt wrapper for the scope call; with ``ids`` the STEP opens right away."""
+                   ids: Callable[[], str] | None = None,
+                   fields: Callable[[], dict[str, Any]] | None = None) -> Any:
+        """wrapt wrapper for the scope call; with ``ids`` the STEP opens right away (with the
+        batch context ``fields`` returns)."""
         rt = self.rt
         tls = self.tls
         if getattr(tls, "in_scope", False) or rt.is_compiling():
@@ -32,7 +34,7 @@ class EngineInstrumentor(Instrumentor):
         tls.in_scope, tls.step_open = True, False
         try:
             if ids is not None:
-                self.open_step(ids)
+                self.open_step(ids, fields)
             return wrapped(*args, **kwargs)
         finally:
             tls.in_scope = False
