@@ -204,3 +204,28 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
                    "ttft=<NUM>"]
     assert {r["request_id"] for r in by_tpl[fin[0]]} == {f"req_{i}" for i in range(6)}
     assert any(t.startswith("teller.workload: Added request <REQ>") for t in by_tpl)
+
+
+def test_engine_stats_lines_and_warnings(caplog):
+    """The periodic statistics every N steps, an offload warning the KV-pressure label pattern
+    reads, and one high-KV warning per interval."""
+    from teller.inject.mechanisms import get
+    from teller.workload.stats import EngineStats
+
+    lg = logging.getLogger("teller.workload.test")
+    caplog.set_level(logging.INFO, logger="teller.workload.test")
+    st = EngineStats(lg, interval_s=3600.0, every_steps=2)
+    st.step(12, 0, running=2, waiting=1, kv_used=2, kv_total=16)
+    assert not caplog.records  # not due yet
+    st.step(0, 2, running=2, waiting=1, kv_used=15, kv_total=16, offloaded=["req_3", "req_5"])
+    st.step(0, 2, running=2, waiting=1, kv_used=16, kv_total=16)  # high again, same interval: no new warning
+    msgs = [(r.levelname, r.getMessage()) for r in caplog.records]
+    off = [m for lvl, m in msgs if lvl == "WARNING" and m.startswith("Offloaded")]
+    assert off == ["Offloaded 2 requests (KV cache full, 15/16 blocks in use): req_3,req_5; Running: 2 reqs, "
+                   "Waiting: 1 reqs"]
+    assert re.search(get("kv_cache_pressure").log_pattern, off[0])
+    high = [m for lvl, m in msgs if lvl == "WARNING" and m.startswith("KV cache usage is high")]
+    assert high == ["KV cache usage is high: 93.8% (15/16 blocks in use); new requests may wait or be offloaded"]
+    stats = [m for lvl, m in msgs if lvl == "INFO"]
+    assert len(stats) == 1 and STATS_RE.fullmatch(stats[0]) and "GPU KV cache usage: 93.8%" in stats[0]
+    assert "Running: 2 reqs, Waiting: 1 reqs" in stats[0] and st.lines == 1
