@@ -229,3 +229,27 @@ def test_engine_stats_lines_and_warnings(caplog):
     stats = [m for lvl, m in msgs if lvl == "INFO"]
     assert len(stats) == 1 and STATS_RE.fullmatch(stats[0]) and "GPU KV cache usage: 93.8%" in stats[0]
     assert "Running: 2 reqs, Waiting: 1 reqs" in stats[0] and st.lines == 1
+
+
+@pytest.mark.slow
+def test_recorded_kv_pressure_counts_preemptions_and_warns(tmp_path: Path):
+    """Too few KV blocks: the scheduler offloads requests; the STEP of that iteration says how
+    many (preempted=), kv_used never exceeds kv_total, and the workload logs the offload."""
+    pytest.importorskip("transformers")
+    run = tmp_path / "run"
+    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
+                   sys.executable, "-m", "teller.workload", "serve", "--requests", "6", "--rate", "50",
+                   "--prompt-len", "uniform:20:40", "--output-len", "30", "--seed", "3", "--num-blocks", "3"],
+                  tmp_path)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    from teller.rundir import RunDir
+
+    steps = [n for n in RunDir(run).read_events().column("name").to_pylist() if n.startswith("STEP")]
+    fields = [_step_fields(n) for n in steps]
+    assert all(f["kv_total"] == 3 and 0 <= f["kv_used"] <= 3 for f in fields)
+    assert sum(f["preempted"] for f in fields) >= 1 and max(f["waiting"] for f in fields) >= 1
+    logs = [json.loads(x)["text"] for x in (run / "logs" / "stderr.jsonl").read_text().splitlines()]
+    off = [t for t in logs if "WARNING teller.workload: Offloaded " in t]
+    assert off and all(re.search(r"Offloaded \d+ requests \(KV cache full, \d/3 blocks in use\): req_\d", t)
+                       for t in off)
+    assert any("KV cache usage is high: " in t for t in logs)
