@@ -15,8 +15,8 @@ that runs ``ContinuousBatchingManager._run_generation_loop``:
   left out). When it returns False the loop body waits for work
   (``_wake_up_loop.wait(timeout=0.1)``, woken by ``add_request``): that wait, to the end of the
   loop body, is recorded as ``OTHER idle``.
-- ``OffloadingManager.offload_requests()`` (5.24; absent in older versions, then no
-  ``preempted``): the requests it takes out of the active set (offloaded to the CPU or soft
+- ``OffloadingManager.offload_requests()`` (5.24 has it; where a version does not, STEPs carry
+  no ``preempted``): the requests it takes out of the active set (offloaded to the CPU or soft
   reset) are counted toward the next STEP's ``preempted``.
 - ``ContinuousBatchProcessor.update_batch()``: ``OTHER update_batch``.
 - ``ContinuousBatchingManager.__init__``: the model is known; FE hooks are attached to it
@@ -120,7 +120,8 @@ def batch_fields(bp: Any, tls: Any = None) -> dict[str, int]:
       ``len(state.tokens_to_process)``;
     - ``waiting``: requests in ``scheduler.waiting_requests`` plus those still in the input queue;
     - ``kv_total``: ``cache.num_blocks``; ``kv_used``: ``kv_total`` less the free blocks
-      (``cache.get_num_free_blocks()`` where it exists, else from ``cache.compute_free_capacity()``);
+      (``cache.get_num_free_blocks()`` in the block-manager caches of earlier 5.x, else from the
+      sector pool's ``cache.compute_free_capacity()`` in 5.24);
     - ``preempted``: requests the offloading manager took out of the active set since the last
       STEP (``tls.preempted``, reset here; only with ``tls``, i.e. when the offload hook is on).
 
