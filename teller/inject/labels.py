@@ -47,7 +47,7 @@ from teller.rundir import LAYER_CODE, RunDir
 
 MIN_REF = 20
 Q = 99.0
-MEASURED_LAYERS = ("FE", "OTHER", "COMM")
+MEASURED_LAYERS = ("FE", "OTHER", "COMM", "GAP")
 
 STEP_LABELS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step_id", pa.int64()), ("step_num", pa.int64()), ("rank", pa.int32()),
@@ -167,11 +167,13 @@ class StepMeasures:
         return m[:, idx].sum(axis=1) if idx else np.zeros(len(self.step_id))
 
     def families_matching(self, suffixes: list[str]) -> list[str]:
-        """Families named exactly, or FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``)."""
+        """Families named exactly, FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``), or
+        every family of a layer named alone (``GAP`` → ``GAP untraced``; STEP excluded)."""
         out = []
+        layers = {s for s in suffixes if s in LAYER_CODE and s != "STEP"}
         for f in self.families.astype(str):
             layer, _, nm = f.partition(" ")
-            if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
+            if f in suffixes or layer in layers or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
 
