@@ -367,7 +367,7 @@ class RunDir:
             return t.unify_dictionaries().combine_chunks()
         return concat_events(tables)
 
-    # generic tables (forest, requests, comm_edges, log_alignment, ...)
+    # generic tables (forest, steps, iterations, requests, comm_edges, log_alignment, ...)
     def write_table(self, table: pa.Table, name: str) -> Path:
         out = self.path / f"{name}.parquet"
         self.path.mkdir(parents=True, exist_ok=True)

@@ -235,3 +235,23 @@ def test_fresh_cpu_recording_gets_iterations(tmp_path):
     gaps = [i for i, x in enumerate(f["layer"]) if x == "GAP"]
     assert len(gaps) == s["gap_nodes"] and all(f["step_idx"][i] >= 0 for i in gaps)
     assert all(f["end_ns"][i] - f["start_ns"][i] >= GAP_MIN_NS for i in gaps)
+
+
+def test_show_step_prints_the_iteration(tmp_path):
+    from rich.console import Console
+
+    from teller.inspect.show import show
+
+    _planted(tmp_path)
+    console = Console(record=True, width=200)
+    show(tmp_path / "run", step=0, depth=3, console=console)
+    out = console.export_text()
+    lines = out.splitlines()
+    assert lines[0].startswith("iteration of step 0 (rank 0, tid 1): 800.0 µs = schedule 100.0 µs + step 390.0 µs")
+    assert "gap 310.0 µs (1 GAP node(s))" in lines[0] and "prefill=12 decode=0 waiting=1 kv_used=3 kv_total=64 preempted=0" in out
+    sched, stp, gap = (next(i for i, x in enumerate(lines) if x.startswith(p)) for p in ("OTHER schedule", "STEP STEP id=0", "GAP GAP untraced"))
+    assert sched < stp < gap and "300.0 µs" in lines[gap] and "aten::mm" in out
+    console = Console(record=True, width=200)
+    show(tmp_path / "run", step=2, console=console)
+    out = console.export_text()
+    assert "update_batch" in out and "GAP untraced" not in out and "decode=2" in out
