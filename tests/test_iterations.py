@@ -255,3 +255,28 @@ def test_show_step_prints_the_iteration(tmp_path):
     show(tmp_path / "run", step=2, console=console)
     out = console.export_text()
     assert "update_batch" in out and "GAP untraced" not in out and "decode=2" in out
+
+
+def test_dataset_stores_whole_iterations(tmp_path):
+    from teller.dataset.build import build_dataset
+    from teller.dataset.codec import read_subtrees
+    from teller.rca.data import step_forest
+
+    from teller.rundir import RunInfo
+
+    _planted(tmp_path)
+    RunDir(tmp_path / "run").write_info(RunInfo(source="test"))
+    build_dataset([tmp_path / "run"], tmp_path / "ds")
+    sub = read_subtrees(tmp_path / "ds").to_pydict()
+    rows = {(lay, n, s // US, k) for lay, n, s, k in zip(sub["layer"], sub["name"], sub["start_ns"], sub["step_idx"])}
+    assert {("OTHER", "schedule", 1000, 0), ("GAP", GAP_NAME, 1500, 0), ("OTHER", "schedule", 1800, 1),
+            ("GAP", GAP_NAME, 2300, 1), ("OTHER", "update_batch", 3400, 2)} <= rows
+    assert not any(n in ("idle", "cudaMalloc") for n in sub["name"])  # in no iteration
+    assert sub["node_id"] == sorted(sub["node_id"])  # forest order
+    import pyarrow.parquet as pq
+
+    its = pq.read_table(tmp_path / "ds" / "iterations.parquet").to_pydict()
+    assert its["run_id"] == ["run"] * 3 and [g // US for g in its["gap_ns"]] == [310, 50, 0]
+    # readers keyed on step_id still see the STEP blocks alone
+    sf = step_forest(read_subtrees(tmp_path / "ds"))
+    assert len(sf.seqs) == 3 and sf.seqs[0].symbols[0] == "STEP"
