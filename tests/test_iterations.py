@@ -280,3 +280,22 @@ def test_dataset_stores_whole_iterations(tmp_path):
     # readers keyed on step_id still see the STEP blocks alone
     sf = step_forest(read_subtrees(tmp_path / "ds"))
     assert len(sf.seqs) == 3 and sf.seqs[0].symbols[0] == "STEP"
+
+
+def test_slice_of_a_step_reaches_its_gap_rows(tmp_path):
+    """The slicer takes a step's rows by step_idx (teller.slicing.StepIndex), so the iteration's
+    schedule range and GAP rows are candidates: the untraced stretch right after a suspect on its
+    lane is its temporal neighbour."""
+    from teller.forest import Forest
+    from teller.slicing import StepIndex, build_slice
+
+    _planted(tmp_path)
+    fa = Forest.read(tmp_path / "run", columns=["step_idx", "pid", "tid", "device", "stream", "node", "kind"])
+    rows = StepIndex(fa.step_idx).rows(0)
+    layers = [LAYERS[x] for x in fa.layer[rows]]
+    assert layers.count("GAP") == 1 and "OTHER" in layers and "STEP" in layers
+    step_row = int(rows[np.asarray(layers) == "STEP"][0])
+    gap_row = int(rows[np.asarray(layers) == "GAP"][0])
+    sl = build_slice(fa, rows, np.array([step_row]), score=np.where(rows == step_row, 1.0, 0.0))
+    assert gap_row in sl.rows.tolist()
+    assert any({int(a), int(b)} == {step_row, gap_row} for a, b in sl.edges_t)
