@@ -299,3 +299,16 @@ def test_slice_of_a_step_reaches_its_gap_rows(tmp_path):
     sl = build_slice(fa, rows, np.array([step_row]), score=np.where(rows == step_row, 1.0, 0.0))
     assert gap_row in sl.rows.tolist()
     assert any({int(a), int(b)} == {step_row, gap_row} for a, b in sl.edges_t)
+
+
+def test_a_run_reconstructed_before_iterations_is_reconstructed_once_more(tmp_path):
+    from teller.reconstruct.ensure import ensure_reconstructed
+
+    _planted(tmp_path)
+    run = tmp_path / "run"
+    notes = []
+    ensure_reconstructed(run, notes.append)
+    assert notes == []  # has iterations.parquet: used as it is
+    (run / "iterations.parquet").unlink()
+    ensure_reconstructed(run, notes.append)
+    assert len(notes) == 1 and "predates engine iterations" in notes[0] and (run / "iterations.parquet").is_file()
