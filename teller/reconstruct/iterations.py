@@ -17,7 +17,7 @@ Everything else (foreign STEP patterns, profiler steps, fixed windows, nested ST
 ``step only``: the iteration is the step.
 
 Untraced stretches of an iteration (time covered by no root range of its thread) of at least
-:data:`GAP_MIN_NS` become forest roots of layer ``GAP`` named ``GAP untraced``; shorter ones
+:data:`GAP_MIN_NS` become forest roots of layer ``GAP`` named ``untraced`` (family ``GAP untraced``); shorter ones
 count in ``gap_ns`` only. The OTHER root ranges of an iteration (schedule, update; never idle)
 and its GAP rows carry the iteration's ``step_idx``, with their subtrees; STEP subtrees keep
 theirs; other roots inside an iteration (a runtime call made outside any range) count in its
@@ -36,7 +36,7 @@ from teller.rundir import IS_GPU_KIND, LAYER_CODE
 
 #: Shortest untraced stretch of an iteration that becomes a GAP node.
 GAP_MIN_NS = 20_000
-GAP_NAME = "GAP untraced"
+GAP_NAME = "untraced"
 IDLE_NAME = "idle"
 #: Batch-context fields of the STEP message (``key=<int>``), -1 when absent.
 BATCH_FIELDS = ("prefill", "decode", "waiting", "kv_used", "kv_total", "preempted")
