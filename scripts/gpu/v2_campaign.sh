@@ -20,7 +20,7 @@ grep -h '"run_id"' $OUT/campaign.log | cut -c1-160 | tail -70
 tar cf $OUT/examples_v2.tar -C $W/out/reduced ex-loop-stall-r0 ex-normal-r0 2>/dev/null
 (cd $W/runs && tar cf $OUT/runs_meta.tar $(ls -d *-r0 | while read r; do for f in labels.json steps.parquet iterations.parquet requests.parquet step_labels.parquet reconstruct.json run.json; do [ -e $r/$f ] && echo $r/$f; done; done))
 rm -rf data/h200_v2
-timeout 200 python3 -m teller dataset build $(ls -d $W/runs/*-r0 | grep -v '/ex-') -o data/h200_v2 --max-normal ${2:-200} 2>&1 | tail -12
+timeout 150 python3 -m teller dataset build $(ls -d $W/runs/*-r0 | grep -v '/ex-') -o data/h200_v2 --max-normal ${2:-200} 2>&1 | tail -12
 du -sh data/h200_v2
 (cd data && tar cf - h200_v2 | split -b 15m -d - $OUT/h200_v2.tar.)
 ls -la $OUT; echo "done after $(( $(date +%s) - t0 )) s"
