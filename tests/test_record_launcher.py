@@ -327,3 +327,27 @@ def test_extensions_get_the_runtime_and_fault_plans_alone_load_nothing(tmp_path:
     s = record(tmp_path / "run2", [sys.executable, "-c", prog], collector="cpu", stdout=o, stderr=e)
     assert s["exit_code"] == 0 and o.getvalue() == b"clean\n", e.getvalue()
     assert not (tmp_path / "run2" / "inject").exists()
+
+
+def test_deadline_ends_the_whole_process_tree(tmp_path: Path):
+    """A command that outlives ``deadline_s`` is ended with its children (a hung multi-process
+    engine must not stall a campaign); what it printed is kept and run.json says why."""
+    from teller.record.launcher import _descendants, record
+
+    prog = ("import subprocess, sys, time\n"
+            "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "print('child', kid.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    t0 = time.time()
+    s = record(tmp_path / "run", [sys.executable, "-c", prog], collector="none", deadline_s=3.0,
+               stdout=open(os.devnull, "wb"), stderr=open(os.devnull, "wb"))
+    assert time.time() - t0 < 120  # bounded, not a timing claim: the command alone sleeps 600 s
+    assert s["exit_code"] == 128 + signal.SIGTERM
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    extra = info.get("extra", info)
+    assert extra["killed_by"] == "deadline" and extra["deadline_s"] == 3.0
+    out = read_jsonl(tmp_path / "run" / "logs" / "stdout.jsonl")
+    kid = int(next(r["text"] for r in out if r["text"].startswith("child")).split()[1])
+    time.sleep(0.5)
+    assert not Path(f"/proc/{kid}").exists() or "Z" in Path(f"/proc/{kid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert _descendants(os.getpid()) == [] or all(p != kid for p in _descendants(os.getpid()))

@@ -75,3 +75,14 @@ def test_placement_picks_backend_by_gpus_per_rank(monkeypatch):
         placement("cuda", "nccl", 0, 2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert placement("cuda", "auto", 1, 2) == (torch.device("cuda", 1), "nccl")
+
+
+def test_ranks_stop_together_at_the_timeout():
+    """At its timeout the run stops on every rank at the same step (rank 0 decides and
+    broadcasts): both ranks reach the final barrier, and the run reports the unfinished count."""
+    p = subprocess.run([sys.executable, "-m", "teller.workload", "serve-tp", "--device", "cpu", "--tp", "2",
+                        "--requests", "400", "--arrivals-per-step", "0.5", "--output-len", "8", "--timeout", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stderr[-2000:]
+    m = re.search(r"requests (\d+)/400", p.stdout)
+    assert m and int(m.group(1)) < 400

@@ -131,6 +131,11 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
     return summary
 
 
+#: a run's workload stops admitting at its timeout; the recording is ended (process tree killed,
+#: what was recorded kept) this many seconds later, so a hung engine cannot stall the campaign
+HARD_DEADLINE_EXTRA_S = 120.0
+
+
 def _lane_cpus(lanes: int) -> list[list[int]]:
     """The CPU cores of each lane: this process's cores cut into ``lanes`` contiguous shares."""
     cpus = _cpus() or list(range(os.cpu_count() or 1))
@@ -242,7 +247,8 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     sink = io.BytesIO() if quiet else None
     try:
         summary = record(path, cmd, collector=camp.collector, be_depth=camp.be_depth, force=force,
-                         hooks=hooks, stdout=sink, stderr=sink, extensions=[AGENT_EXTENSION])
+                         hooks=hooks, stdout=sink, stderr=sink, extensions=[AGENT_EXTENSION],
+                         deadline_s=float(run.workload.get("timeout", camp.timeout_s)) + HARD_DEADLINE_EXTRA_S)
     finally:
         if env_before is None:
             os.environ.pop(ENV_FAULTS, None)

@@ -239,6 +239,45 @@ def _prepare_run_dir(run: RunDir, force: bool) -> None:
     (run.path / "proc").mkdir(exist_ok=True)
 
 
+#: seconds between SIGTERM and SIGKILL when a recorded command outlives its deadline
+KILL_GRACE_S = 10.0
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, grandchildren, ...), from /proc; [] elsewhere."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            parent[int(d.name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def _end_tree(proc: subprocess.Popen) -> int:
+    """SIGTERM the command and every process below it, SIGKILL what is left after the grace;
+    returns the command's return code."""
+    tree = [proc.pid] + _descendants(proc.pid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in tree:
+            try:
+                os.kill(p, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            return proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            tree = [proc.pid] + _descendants(proc.pid)
+    return proc.wait()
+
+
 def record(
     out: str | os.PathLike,
     command: Sequence[str],
@@ -254,13 +293,16 @@ def record(
     stderr: IO[bytes] | None = None,
     drain_timeout_s: float = 5.0,
     extensions: Sequence[str] = (),
+    deadline_s: float | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` under recording into ``out``; returns a summary with ``exit_code``.
 
     ``stdout``/``stderr`` are where the child's output is passed through (default: this
     process's own, as bytes). ``extensions``: ``module:function`` entries each recorded process
     calls with its runtime once recording is active (``TELLER_EXTENSIONS``; e.g. the fault
-    campaign's ``teller.inject.agent:install``).
+    campaign's ``teller.inject.agent:install``). ``deadline_s``: a command still running after
+    this many seconds is ended with its whole process tree (SIGTERM, then SIGKILL after
+    :data:`KILL_GRACE_S`); what it recorded is kept and ``run.json`` says ``killed_by: deadline``.
     """
     command = list(command)
     if not command:
@@ -359,8 +401,16 @@ def record(
                 previous[s] = signal.signal(s, forward)
             except (ValueError, OSError):
                 pass
+    timed_out = False
     try:
-        rc = proc.wait()
+        if deadline_s is None:
+            rc = proc.wait()
+        else:
+            try:
+                rc = proc.wait(timeout=max(0.0, deadline_s))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                rc = _end_tree(proc)
     finally:
         for s, h in previous.items():
             try:
@@ -374,6 +424,9 @@ def record(
     exit_code = rc if rc >= 0 else 128 - rc
     be_conv = _convert_be_segments(run)
     _finish_info(info, run, rc, exit_code, end, readers, forwarded)
+    if timed_out:
+        info.extra["killed_by"] = "deadline"
+        info.extra["deadline_s"] = deadline_s
     if be_conv is not None:
         info.extra["be_conversion"] = be_conv
         info.counts["event_rows"] = info.counts.get("event_rows", 0) + be_conv.get("kept", 0)

@@ -215,7 +215,7 @@ def worker(a: argparse.Namespace) -> int:
     stats = EngineStats(log, interval_s=a.stats_interval, every_steps=a.stats_every_steps)
     added_at: dict[str, float] = {}
     first_at: dict[str, float] = {}
-    while finished < a.requests and time.perf_counter() - t0 < a.timeout:
+    while finished < a.requests and not _time_up(t0, a.timeout, step, dev):
         while waiting and waiting[0][0] <= step:
             _, rid, prompt, n = waiting.pop(0)
             eng.add(rid, prompt, n)
@@ -254,6 +254,25 @@ def worker(a: argparse.Namespace) -> int:
         print(f"tp={world} requests {finished}/{a.requests}; steps {len(s)} p50 {p(0.5):.1f} ms p99 {p(0.99):.1f} ms",
               flush=True)
     return 0 if finished == a.requests else 1
+
+
+#: the ranks agree every this many steps whether the run's time is up
+AGREE_EVERY = 16
+
+
+def _time_up(t0: float, timeout: float, step: int, dev: Any) -> bool:
+    """Whether every rank stops now: rank 0 reads its clock every :data:`AGREE_EVERY` steps and
+    broadcasts the answer, so all ranks leave the loop at the same step (a rank that left alone
+    would wait in the barrier while the others wait in the step's collectives, for ever). A
+    broadcast, not an all_reduce: the communication faults act on all_reduce only."""
+    if step % AGREE_EVERY:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if time.perf_counter() - t0 >= timeout else 0.0], device=dev)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 def _free_port() -> int:
