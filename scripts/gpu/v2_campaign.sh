@@ -11,10 +11,12 @@ mkdir -p $W
 source scripts/gpu/setup.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 t0=$(date +%s)
-{ ip netns add teller-probe && ip netns exec teller-probe ip link set lo up && echo "netns: ok"; ip netns del teller-probe; } > $OUT/env.txt 2>&1
+{ command -v ip > /dev/null || echo "netns: no ip command"; ip netns add teller-probe && ip netns exec teller-probe ip link set lo up && echo "netns: ok"; ip netns del teller-probe; } > $OUT/env.txt 2>&1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/env.txt 2>&1
-python3 scripts/gpu/campaign.py campaigns/h200_v2.toml $W/runs $W/out --lanes 8 --co-located-in-lanes \
-  --until $(( t0 + rec_s )) --no-pack --keep-raw ex-loop-stall ex-normal > $OUT/campaign.log 2>&1
+# bounded twice: no run starts after RECORD_S, and the whole campaign is killed 150 s later (each
+# run also has its own hard deadline, teller.inject.campaign.HARD_DEADLINE_EXTRA_S)
+timeout --kill-after=20 $(( rec_s + 150 )) python3 scripts/gpu/campaign.py campaigns/h200_v2.toml $W/runs $W/out \
+  --lanes 8 --co-located-in-lanes --until $(( t0 + rec_s )) --no-pack --keep-raw ex-loop-stall ex-normal > $OUT/campaign.log 2>&1
 echo "recorded after $(( $(date +%s) - t0 )) s: $(ls -d $W/runs/*-r0 | wc -l) runs"
 grep -h '"run_id"' $OUT/campaign.log | cut -c1-160 | tail -70
 tar cf $OUT/examples_v2.tar -C $W/out/reduced ex-loop-stall-r0 ex-normal-r0 2>/dev/null
