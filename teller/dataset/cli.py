@@ -7,8 +7,9 @@ from typing import List  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-dataset_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                          help="The labelled step dataset: records, splits, datasheet.")
+from teller.cliutil import new_app
+
+dataset_app = new_app("The labelled step dataset: records, splits, datasheet.")
 
 
 @dataset_app.callback()

@@ -7,8 +7,9 @@ from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-inject_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="Fault-injection campaigns: recorded runs with ground-truth labels.")
+from teller.cliutil import new_app
+
+inject_app = new_app("Fault-injection campaigns: recorded runs with ground-truth labels.")
 
 
 @inject_app.callback()

@@ -44,7 +44,9 @@ def print_metrics(res: dict, con) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``rca`` command group to the ``teller`` app."""
-    rca = typer.Typer(no_args_is_help=True, help="Root-cause models: abnormal steps, fault type, evidence operators, explanation.")
+    from teller.cliutil import new_app
+
+    rca = new_app("Root-cause models: abnormal steps, fault type, evidence operators, explanation.")
 
     @rca.command("train")
     def train_cmd(

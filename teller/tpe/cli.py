@@ -10,7 +10,9 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add the ``tpe`` command group to the ``teller`` app."""
-    tpe = typer.Typer(no_args_is_help=True, help="Trace Pair Encoding: a structure-preserving tokenizer for call trees.")
+    from teller.cliutil import new_app
+
+    tpe = new_app("Trace Pair Encoding: a structure-preserving tokenizer for call trees.")
 
     @tpe.command("train")
     def train_cmd(
