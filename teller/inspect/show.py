@@ -12,6 +12,7 @@ from rich.tree import Tree
 from teller.errors import TellerError
 from teller.forest import Forest
 from teller.inspect.tree import fmt_ns, shapes
+from teller.logs.ids import natural_key
 from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col
 
 _STYLE = {
@@ -38,7 +39,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         ids = np.asarray(req.column("request_id").to_pylist(), dtype=object)
         sel = np_col(req, "step_id")[ids == request]
         if not len(sel):
-            known = sorted(set(ids.tolist()))[:8]
+            known = sorted(set(ids.tolist()), key=natural_key)[:8]
             raise TellerError(f"{rd.path}: request {request!r} names no step; known requests include {', '.join(known) or 'none'}")
         all_rows = forest.rows_of(np.unique(sel))
         durs = forest.end[all_rows] - forest.start[all_rows]
