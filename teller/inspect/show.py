@@ -113,6 +113,8 @@ def _print_step_list(console: Console, forest: Forest, steps, limit: int, only: 
 def _label(forest: Forest, r: int, kernels: np.ndarray) -> str:
     layer = LAYERS[forest.layer[r]]
     name = forest.name(r)
+    if name.startswith(layer + " "):  # a STEP range's name already begins with STEP
+        name = name[len(layer) + 1:]
     if len(name) > 90:
         name = name[:87] + "..."
     dur = fmt_ns(forest.end[r] - forest.start[r])
