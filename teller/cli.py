@@ -44,12 +44,14 @@ def reconstruct(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every counter of the summary (all of them are in RUN/reconstruct.json)."),
 ) -> None:
     """Rebuild call-chain trees: forest.parquet, steps.parquet, requests.parquet, comm_edges.parquet, log_alignment.parquet."""
+    from rich.markup import escape
+
     from teller.reconstruct import reconstruct as do_reconstruct
     from teller.summary import logs_lines, reconstruct_lines
 
     window = {} if window_ms is None else {"window_ns": max(int(window_ms * 1e6), 1)}
     err = console(stderr=True)
-    with status(err, f"reconstructing {run} …"):
+    with status(err, f"reconstructing {escape(str(run))} …"):
         summary = do_reconstruct(run, step_patterns=step_pattern or None, **window)
     _print_summary("reconstruct", summary, reconstruct_lines(summary, str(run)), verbose)
     if not no_logs:

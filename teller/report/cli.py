@@ -31,13 +31,14 @@ def register(app: typer.Typer) -> None:
         # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
         from rich.markup import escape
 
-        from teller.cliutil import console
+        from teller.cliutil import console, status
         from teller.report.diagnose import diagnose, print_summary
 
         err = console(stderr=True)
-        diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
-                        window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {escape(str(m))}"),
-                        model=False if no_model else model)
+        with status(err, f"diagnosing {escape(str(run))} …"):
+            diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
+                            window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {escape(str(m))}"),
+                            model=False if no_model else model)
         if not quiet:
             print_summary(diag, console(), top=top)
         for kind, p in diag["paths"].items():
