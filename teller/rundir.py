@@ -59,8 +59,9 @@ IS_GPU_KIND = np.array([k in GPU_KINDS for k in KINDS], dtype=bool)
 API_VERSION_SUFFIX = r"_v\d+$"
 _API_VERSION_RE = re.compile(API_VERSION_SUFFIX)
 
-#: Layer tags (docs/design.md §4), in the order of their codes in the forest.
-LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER")
+#: Layer tags (docs/design.md §4), in the order of their codes in the forest. ``GAP`` (code 10)
+#: marks untraced time inside an engine iteration: rows reconstruction adds, never read from events.
+LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER", "GAP")
 LAYER_CODE = {k: i for i, k in enumerate(LAYERS)}
 
 #: Bits of the ``flags`` column of events and forest rows.
@@ -366,7 +367,7 @@ class RunDir:
             return t.unify_dictionaries().combine_chunks()
         return concat_events(tables)
 
-    # generic tables (forest, requests, comm_edges, log_alignment, ...)
+    # generic tables (forest, steps, iterations, requests, comm_edges, log_alignment, ...)
     def write_table(self, table: pa.Table, name: str) -> Path:
         out = self.path / f"{name}.parquet"
         self.path.mkdir(parents=True, exist_ok=True)

@@ -44,10 +44,41 @@ def _rebuild(run_id: str, tmp: Path) -> Path:
     return tmp / "ds"
 
 
-def _edges(records: pa.Table, comm: pa.Table) -> list[list[tuple[int, int]]]:
+def _edges(records: pa.Table, comm: pa.Table, ids=lambda x: x) -> list[list[tuple[int, int]]]:
     """Each record's communication edges as (src, dst) node ids (row numbers differ per build)."""
-    src, dst = comm.column("src_node_id").to_numpy(), comm.column("dst_node_id").to_numpy()
+    src, dst = ids(comm.column("src_node_id").to_numpy()), ids(comm.column("dst_node_id").to_numpy())
     return [sorted((int(src[i]), int(dst[i])) for i in rows) for rows in records.column("comm_edge_rows").to_pylist()]
+
+
+def _v1_ids(run: Path):
+    """Node ids of today's forest as v1 numbered them: v1 was built before GAP rows existed
+    (docs/design.md §5.7), and every GAP row moves the rows after it down by one."""
+    f = pq.read_table(run / "forest.parquet", columns=["node_id", "layer"])
+    gaps = np.sort(f.column("node_id").to_numpy()[np.asarray(f.column("layer").to_pylist()) == "GAP"])
+
+    def ids(x):
+        x = np.asarray(x, np.int64)
+        return np.where(x >= 0, x - np.searchsorted(gaps, x), x)
+    return ids
+
+
+def _as_v1(records: pa.Table, sub: pa.Table, ids) -> tuple[pa.Table, pa.Table]:
+    """Records and subtrees in v1's terms: v1 numbering, and only the STEP blocks of the
+    subtrees (v1 stored no schedule ranges, GAP rows or roots that joined a step)."""
+    records = records.set_column(records.column_names.index("step_id"), "step_id", pa.array(ids(records.column("step_id").to_numpy())))
+    sids = [ids(np.asarray(x, np.int64)).tolist() for x in records.column("step_ids").to_pylist()]
+    records = records.set_column(records.column_names.index("step_ids"), "step_ids", pa.array(sids, pa.list_(pa.int64())))
+    prov = []
+    for p in records.column("provenance").to_pylist():
+        d = json.loads(p)
+        a, b = d["forest_rows"]
+        d["forest_rows"] = [int(ids([a])[0]), int(ids([a])[0]) + b - a]
+        prov.append(json.dumps(d))
+    records = records.set_column(records.column_names.index("provenance"), "provenance", pa.array(prov, pa.string()))
+    sub = sub.filter(pc.greater_equal(sub.column("step_id"), 0))
+    for c in ("node_id", "parent_id", "step_id"):
+        sub = sub.set_column(sub.column_names.index(c), c, pa.array(ids(sub.column(c).to_numpy()), sub.schema.field(c).type))
+    return records, sub
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +100,8 @@ def test_raw_example_runs_rebuild_the_committed_records(run_id, committed, tmp_p
     assert mine.num_rows > 100
     assert pc.sum(mine.column("is_anomaly")).as_py() > 0  # faulty runs with labelled abnormal steps
     ds = _rebuild(run_id, tmp_path)
-    again = pq.read_table(ds / "records.parquet").sort_by(ORDER)
+    ids = _v1_ids(tmp_path / run_id)
+    again, sub_again = _as_v1(pq.read_table(ds / "records.parquet").sort_by(ORDER), read_subtrees(ds), ids)
     assert again.num_rows == mine.num_rows
     for c in COMPARED:
         a, b = again.column(c).to_pylist(), mine.column(c).to_pylist()
@@ -78,10 +110,9 @@ def test_raw_example_runs_rebuild_the_committed_records(run_id, committed, tmp_p
         else:
             assert a == b, c
     comm_again = pq.read_table(ds / "comm_edges.parquet") if (ds / "comm_edges.parquet").is_file() else comm.slice(0, 0)
-    assert _edges(again, comm_again) == _edges(mine, comm)
+    assert _edges(again, comm_again, ids) == _edges(mine, comm)
     # the subtrees (forest rows of every kept step) are the same rows, value for value
     sub = subtrees.filter(pc.equal(subtrees.column("run_id").cast(pa.string()), run_id))
-    sub_again = read_subtrees(ds)
     assert sub_again.num_rows == sub.num_rows
     for c in sub.column_names:
         assert sub_again.column(c).cast(sub.schema.field(c).type).to_pylist() == sub.column(c).to_pylist(), c

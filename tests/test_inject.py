@@ -230,3 +230,50 @@ def test_inject_run_reports_unapplied_windows_loudly(tmp_path, monkeypatch, caps
     err = " ".join(capsys.readouterr().err.split())
     assert "window f3 (delayed_admission) on rank 0 never opened: planned to open at step 67" in err
     assert "the process ran 45 steps" in err and "1 fault window not applied as planned" in err
+
+
+STALL = BASE + '''preset = "tiny"
+requests = 3
+rate = 20.0
+prompt_len = "8"
+output_len = "6"
+[[runs]]
+name = "stall"
+[[runs.faults]]
+mechanism = "loop_stall"
+magnitude = 40
+start_step = 6
+steps = 4
+'''
+
+
+@pytest.mark.slow
+def test_loop_stall_lands_between_step_and_next_schedule(tmp_path):
+    """The stall sleeps before the loop body, outside every recorded range: inside the window the
+    time from a STEP's end to the next OTHER schedule holds the sleep; the STEP itself does not."""
+    from teller.inject.campaign import run_campaign
+    from teller.rundir import RunDir
+
+    s = run_campaign(parse_spec(STALL, "stall.toml"), tmp_path)
+    assert s["finished"] == 1 and s["unapplied_windows"] == 0
+    run = tmp_path / "stall-r0"
+    lab = json.loads((run / "labels.json").read_text())
+    (w,) = lab["windows"]
+    assert w["state"] == "closed" and w["injections"] >= 4 and w["targets_hit"] == ["GAP"]
+    ev = RunDir(run).read_events().to_pylist()
+    steps = sorted((e for e in ev if e["name"].startswith("STEP")), key=lambda e: e["start_ns"])
+    tid = steps[0]["tid"]
+    sched = sorted(e["start_ns"] for e in ev if e["name"] == "OTHER schedule" and e["tid"] == tid)
+    gaps = []  # STEP end -> next OTHER schedule start, per step
+    for st in steps:
+        nxt = [t for t in sched if t >= st["end_ns"]]
+        gaps.append((nxt[0] - st["end_ns"]) if nxt else None)
+    # the window's steps are steps_at_start+1 .. steps_at_end (1-based counts of STEPs seen)
+    inside = range(w["steps_at_start"], w["steps_at_end"] - 1)  # 0-based; the gap after each but the last
+    held = [gaps[i] for i in inside if gaps[i] is not None]
+    assert held and all(g >= 0.8 * 40e6 for g in held), (held, w)
+    # no recorded range on the engine thread covers a held gap
+    roots = [(e["start_ns"], e["end_ns"]) for e in ev if e["tid"] == tid and e["name"].startswith(("STEP", "OTHER"))]
+    for i in inside:
+        a, b = steps[i]["end_ns"], steps[i]["end_ns"] + gaps[i]
+        assert not any(s0 < b - 1e6 and e0 > a + 1e6 for s0, e0 in roots), i

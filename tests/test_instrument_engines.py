@@ -29,14 +29,30 @@ VLLM_FILES = {
     "vllm/v1/worker/__init__.py": "",
     "vllm/distributed/__init__.py": "",
     "vllm/v1/core/sched/scheduler.py": """
+        class NewRequestData:
+            def __init__(self, req_id):
+                self.req_id = req_id
+
         class SchedulerOutput:
-            def __init__(self, scheduled):
+            def __init__(self, scheduled, new=()):
                 self.num_scheduled_tokens = scheduled
                 self.total_num_scheduled_tokens = sum(scheduled.values())
+                self.scheduled_new_reqs = [NewRequestData(r) for r in new]
+                self.preempted_req_ids = set()
+
+        class BlockPool:
+            num_gpu_blocks = 64
+            def get_num_free_blocks(self):
+                return 60
+
+        class KVCacheManager:
+            block_pool = BlockPool()
 
         class Scheduler:
             def __init__(self, batches):
                 self.batches = list(batches)
+                self.waiting = ["w1", "w2", "w3"]
+                self.kv_cache_manager = KVCacheManager()
             def has_requests(self):
                 return bool(self.batches)
             def schedule(self):
@@ -85,11 +101,28 @@ SGLANG_FILES = {
             def __init__(self, rid):
                 self.rid = rid
 
+        class ForwardMode:
+            def __init__(self, extend):
+                self.extend = extend
+            def is_extend(self):
+                return self.extend
+            def is_decode(self):
+                return not self.extend
+
         class ScheduleBatch:
-            def __init__(self, rids):
+            def __init__(self, rids, extend=False):
                 self.reqs = [Req(r) for r in rids]
+                self.forward_mode = ForwardMode(extend)
+                self.extend_num_tokens = 7 * len(rids)
+
+        class Allocator:
+            def available_size(self):
+                return 100
 
         class Scheduler:
+            waiting_queue = ["x"]
+            max_total_num_tokens = 128
+            token_to_kv_pool_allocator = Allocator()
             def run_batch(self, batch):
                 return len(batch.reqs)
     """,
@@ -141,7 +174,9 @@ def test_vllm_engine_steps_carry_scheduled_request_ids(fake_engine, batch_queue)
         got = names()
         steps = sorted(n for n in got if n.startswith("STEP"))
         assert len(steps) == 2
-        assert steps[0].endswith("reqs=req_a-1a2b3c4d,req_b-99887766") and steps[1].endswith("reqs=req_b-99887766")
+        assert steps[0].endswith("reqs=req_a-1a2b3c4d,req_b-99887766 prefill=5 decode=1 waiting=3 kv_used=4 "
+                                 "kv_total=64 preempted=0")
+        assert steps[1].endswith("reqs=req_b-99887766 prefill=0 decode=1 waiting=3 kv_used=4 kv_total=64 preempted=0")
         assert got.count("FE Sampling") == 2 and got.count("OTHER schedule") == 2
         assert inst.info()["status"] == "patched" and inst.info()["version"] == "0.11.0"
     finally:
@@ -208,10 +243,12 @@ def test_sglang_run_batch_is_a_step(fake_engine):
     try:
         from sglang.srt.managers.scheduler import ScheduleBatch, Scheduler
 
-        assert Scheduler().run_batch(ScheduleBatch(["rid-1", "rid-2"])) == 2
+        assert Scheduler().run_batch(ScheduleBatch(["rid-1", "rid-2"], extend=True)) == 2
         assert Scheduler().run_batch(batch=ScheduleBatch(["rid-3"])) == 1
         got = names()
-        assert [n.split(" reqs=")[1] for n in got] == ["rid-1,rid-2", "rid-3"]
+        assert [n.split(" reqs=")[1] for n in got] == [
+            "rid-1,rid-2 prefill=14 decode=0 waiting=1 kv_used=28 kv_total=128",
+            "rid-3 prefill=0 decode=1 waiting=1 kv_used=28 kv_total=128"]
     finally:
         inst.uninstrument()
 
@@ -237,6 +274,7 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
             def __init__(self, rids):
                 self.reqs = [type("R", (), {"rid": r})() for r in rids]
         class Engine:
+            stats = {"decode": 2, "prefill": 5, "bogus": 1, "waiting": "x"}
             def step(self, batch, scale=1):
                 return self.layer(len(batch.reqs)) * scale
             def layer(self, n):
@@ -252,6 +290,8 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
         [requests]
         "tinyeng:Engine.step" = "args[0].reqs[*].rid"
         "tinyeng:helper" = "args[0]"
+        [batch]
+        "tinyeng:Engine.step" = "self.stats"
     """))
     sys.path.insert(0, str(tmp_path))
     ranges.RECORDER.drain(final=True)
@@ -263,7 +303,7 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
         assert tinyeng.Engine().step(tinyeng.Batch(["q1", "q2"]), scale=3) == 9
         assert tinyeng.helper(21) == 42
         got = names()
-        assert got[0] == "FE Engine.layer" and got[1].startswith("STEP id=") and got[1].endswith(" reqs=q1,q2")
+        assert got[0] == "FE Engine.layer" and got[1].startswith("STEP id=") and got[1].endswith(" reqs=q1,q2 prefill=5 decode=2")
         assert got[2] == "BE helper reqs=21"
     finally:
         inst.uninstrument()
@@ -291,6 +331,7 @@ def test_bad_hooks_files_name_the_entry(tmp_path: Path):
         '"m:C.f" = "LAYER"\n': "tag 'LAYER'",
         '"m:C.f" = "FE"\n[requests]\n"m:C.g" = "args[0]"\n': "not hooked",
         '"m:C.f" = "STEP"\n[requests]\n"m:C.f" = "args[0].__dict__"\n': "dunder",
+        '"m:C.f" = "FE"\n[batch]\n"m:C.f" = "self.stats"\n': "not a STEP hook",
         '"m:C.f" = \n': "not valid TOML",
         "": "no hooks",
     }

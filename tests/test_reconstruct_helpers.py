@@ -80,7 +80,8 @@ def check_forest(table: pa.Table) -> None:
 
 
 def reconciles(s: dict) -> bool:
-    return s["reconciled"] and s["events_in"] == s["nodes"] + s["pops_consumed"] + s["repaired_pops_without_push"]
+    """Events in = forest rows made from events (all but the GAP rows) + pops consumed + pops dropped."""
+    return s["reconciled"] and s["events_in"] == s["nodes"] - s.get("gap_nodes", 0) + s["pops_consumed"] + s["repaired_pops_without_push"]
 
 
 def as_np(table: pa.Table, col: str) -> np.ndarray:

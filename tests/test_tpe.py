@@ -96,34 +96,47 @@ def test_normalizer_rules_round_trip_through_json():
 # ---- serialization -----------------------------------------------------------------------------
 
 
-def test_a_step_is_its_block_of_forest_rows(run, steps):
+def test_a_step_is_its_iteration_rows(run, steps):
+    """A step's sequence holds the rows of its step_idx in forest order: its STEP block whole,
+    plus the iteration's schedule ranges and GAP rows (docs/design.md §5.7)."""
     forest = RunDir(run).read_table("forest")
     st = RunDir(run).read_table("steps")
     assert len(steps) == st.num_rows == 20
     sid = st.column("step_id").to_numpy()
     size = st.column("size").to_numpy()
-    assert steps.lengths().tolist() == size.tolist()
+    sidx = forest.column("step_idx").to_numpy()
+    assert steps.lengths().tolist() == np.bincount(sidx[sidx >= 0], minlength=20).tolist()
+    assert (steps.lengths() > size).any() and (steps.lengths() >= size).all()
+    assert steps.key.tolist() == sid.tolist()
     par = forest.column("parent_id").to_numpy()
+    layer = np.asarray(forest.column("layer").to_pylist())
     for i in (0, 7, 19):
         a, b = steps.offsets[i], steps.offsets[i + 1]
-        rows = np.arange(sid[i], sid[i] + size[i])
+        rows = np.flatnonzero(sidx == i)
         assert steps.node_id[a:b].tolist() == rows.tolist()
-        expect = np.where(rows == sid[i], -1, par[rows] - sid[i])
-        assert steps.parent[a:b].tolist() == expect.tolist()
-        tr = steps[i]
-        assert tr.symbols[0] == "STEP" and tr.depth[0] == 0 and tr.parent[0] == -1
+        j = int(np.searchsorted(rows, sid[i]))
+        assert rows[j : j + size[i]].tolist() == list(range(sid[i], sid[i] + size[i]))  # the STEP block, whole
+        block = slice(a + j, a + j + size[i])
+        expect = np.where(rows[j : j + size[i]] == sid[i], -1, par[rows[j : j + size[i]]] - sid[i] + j)
+        assert steps.parent[block].tolist() == expect.tolist()
+        assert steps.depth[a + j] == 0 and steps[i].symbols[j] == "STEP"
+        outside = np.r_[rows[:j], rows[j + size[i]:]]
+        assert set(layer[outside[par[outside] < 0]]) <= {"OTHER", "GAP", "RT", "DRV", "FE", "BE", "COMM", "SYNC"}
     check_preorder(steps.parent, steps.depth, steps.offsets)
 
 
 def test_self_durations(run, steps):
     f = Forest.read(run)
     tr = steps[5]
-    host = ~np.array([s.split(" ")[0] in ("K", "MEM", "SYNC") for s in tr.symbols])
+    a = steps.offsets[5]
+    node = steps.node_id[a : steps.offsets[6]]
+    in_block = (node >= steps.key[5]) & (node < steps.key[5] + f.size[steps.key[5]])
+    host = ~np.array([s.split(" ")[0] in ("K", "MEM", "SYNC") for s in tr.symbols]) & in_block
     # the step's self time plus its host descendants' self times is the step's span
     assert int(tr.duration[host].sum()) == int(f.dur_ns[steps.key[5]])
     total = serialize_steps(f, [steps.key[5]], duration="total")
     assert int(total.duration[0]) == int(f.dur_ns[steps.key[5]])
-    assert (tr.duration <= total.duration).all()
+    assert (tr.duration[in_block] <= total.duration).all()
 
 
 def test_slices_take_the_nearest_ancestor_inside(run, steps):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 from teller.errors import TellerError
 from teller.workload.serve import ServeConfig, make_requests, parse_length
 
+STATS_RE = re.compile(r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s, "
+                      r"Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: [\d.]+%, Prefix cache hit rate: 0\.0%")
 TINY = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]  # = conftest.TINY_SERVE
 
 
@@ -48,7 +51,8 @@ def test_serve_in_process_logs_each_request(caplog):
     from teller.workload.serve import serve
 
     caplog.set_level(logging.INFO, logger="teller.workload")
-    res = serve(ServeConfig(requests=3, rate=200.0, prompt_len="5", output_len="4", seed=1, warmup=1))
+    res = serve(ServeConfig(requests=3, rate=200.0, prompt_len="5", output_len="4", seed=1, warmup=1,
+                            stats_every_steps=2))
     s = res["summary"]
     assert s["ok"] and s["requests_finished"] == 3 and s["generated_tokens"] == 12
     assert s["requests_extended"] == 0  # no fault plan in this process: no request past --requests
@@ -58,6 +62,11 @@ def test_serve_in_process_logs_each_request(caplog):
     for i in range(3):
         assert any(m.startswith(f"request req_{i} added") for m in msgs)
         assert any(m.startswith(f"request req_{i} finished generated=4") for m in msgs)
+        assert f"Added request req_{i}: prompt_tokens=5 max_tokens=4" in msgs
+        assert any(re.fullmatch(rf"Finished request req_{i}: prompt_tokens=5 output_tokens=4 e2e=[\d.]+s ttft=[\d.]+s", m)
+                   for m in msgs)
+    stats = [m for m in msgs if m.startswith("Engine 000: ")]
+    assert stats and all(STATS_RE.fullmatch(m) for m in stats), stats[:2]
     assert res["config"]["device"] == "cpu" and res["config"]["model"]["layers"] == 2
 
 
@@ -129,3 +138,118 @@ def test_recorded_workload_same_tokens_and_reconstructs(tmp_path: Path, plain_ti
     assert any(n["layer"] == "BE" and n["parent_id"] in fe_ids for n in forest)
     reqs = pq.read_table(run / "requests.parquet").column("request_id").to_pylist()
     assert set(reqs) == {"req_0", "req_1", "req_2", "req_3"}
+
+
+def _step_fields(name: str) -> dict[str, int]:
+    """The batch-context fields of a STEP message (after ``STEP id=.. reqs=..``)."""
+    return {k: int(v) for k, v in (kv.split("=") for kv in name.split()[3:])}
+
+
+@pytest.mark.slow
+def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path: Path):
+    """Arrivals with gaps between them: STEP names carry the batch context, the engine thread
+    records OTHER idle while it waits, and the service logs mine into templates and align."""
+    pytest.importorskip("transformers")
+    run = tmp_path / "run"
+    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
+                   sys.executable, "-m", "teller.workload", "serve", "--requests", "6", "--rate", "6",
+                   "--prompt-len", "uniform:4:12", "--output-len", "8", "--seed", "3", "--stats-every-steps", "4"],
+                  tmp_path)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+
+    from teller.rundir import RunDir
+
+    ev = RunDir(run).read_events()
+    names = ev.column("name").to_pylist()
+    steps = [n for n in names if n.startswith("STEP")]
+    assert steps and all(re.fullmatch(r"STEP id=\d+ reqs=\S+ prefill=\d+ decode=\d+ waiting=\d+ kv_used=\d+ "
+                                      r"kv_total=\d+ preempted=\d+", n) for n in steps), steps[:3]
+    fields = [_step_fields(n) for n in steps]
+    assert all(f["prefill"] + f["decode"] > 0 and f["kv_used"] <= f["kv_total"] and f["kv_total"] > 0
+               for f in fields)
+    assert fields[0]["prefill"] > 0 and fields[0]["decode"] == 0  # the first step prefills
+    assert any(f["decode"] > 0 for f in fields) and any(f["kv_used"] > 0 for f in fields)
+    # a decode-only step: one token per request in its batch
+    assert all(f["decode"] == len(n.split()[2][5:].split(",")) for n, f in zip(steps, fields, strict=True)
+               if f["prefill"] == 0)
+    # idle waits between arrivals, on the engine thread (the STEPs' thread), never inside a STEP
+    tids = ev.column("tid").to_pylist()
+    step_tid = {t for n, t in zip(names, tids, strict=True) if n.startswith("STEP")}
+    idle = [i for i, n in enumerate(names) if n == "OTHER idle"]
+    assert idle and {tids[i] for i in idle} == step_tid
+    starts, ends = ev.column("start_ns").to_pylist(), ev.column("end_ns").to_pylist()
+    spans = [(starts[i], ends[i]) for i, n in enumerate(names) if n.startswith("STEP")]
+    assert not any(a < starts[i] < b for i in idle for a, b in spans)
+
+    from teller.logs import align_run
+    from teller.reconstruct import reconstruct
+
+    reconstruct(run)
+    align_run(run)  # on the reconstructed steps
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(run / "log_alignment.parquet").to_pylist()
+    by_tpl: dict[str, list[dict]] = {}
+    for r in rows:
+        by_tpl.setdefault(r["template"], []).append(r)
+    stats = [t for t in by_tpl if "Engine" in t and "Avg prompt throughput" in t]
+    assert len(stats) == 1, stats  # one template; the numbers are its parameters
+    assert "Running: <NUM> reqs, Waiting: <NUM> reqs, GPU KV cache usage: <NUM>%" in stats[0]
+    assert len(by_tpl[stats[0]]) >= 2 and all(r["step_id"] is not None and r["step_id"] >= 0
+                                              for r in by_tpl[stats[0]])  # each on a step
+    fin = [t for t in by_tpl if t.startswith("teller.workload: Finished request <REQ>")]
+    assert fin == ["teller.workload: Finished request <REQ>: prompt_tokens=<NUM> output_tokens=<NUM> e2e=<NUM> "
+                   "ttft=<NUM>"]
+    assert {r["request_id"] for r in by_tpl[fin[0]]} == {f"req_{i}" for i in range(6)}
+    assert any(t.startswith("teller.workload: Added request <REQ>") for t in by_tpl)
+
+
+def test_engine_stats_lines_and_warnings(caplog):
+    """The periodic statistics every N steps, an offload warning the KV-pressure label pattern
+    reads, and one high-KV warning per interval."""
+    from teller.inject.mechanisms import get
+    from teller.workload.stats import EngineStats
+
+    lg = logging.getLogger("teller.workload.test")
+    caplog.set_level(logging.INFO, logger="teller.workload.test")
+    st = EngineStats(lg, interval_s=3600.0, every_steps=2)
+    st.step(12, 0, running=2, waiting=1, kv_used=2, kv_total=16)
+    assert not caplog.records  # not due yet
+    st.step(0, 2, running=2, waiting=1, kv_used=15, kv_total=16, offloaded=["req_3", "req_5"])
+    st.step(0, 2, running=2, waiting=1, kv_used=16, kv_total=16)  # high again, same interval: no new warning
+    msgs = [(r.levelname, r.getMessage()) for r in caplog.records]
+    off = [m for lvl, m in msgs if lvl == "WARNING" and m.startswith("Offloaded")]
+    assert off == ["Offloaded 2 requests (KV cache full, 15/16 blocks in use): req_3,req_5; Running: 2 reqs, "
+                   "Waiting: 1 reqs"]
+    assert re.search(get("kv_cache_pressure").log_pattern, off[0])
+    high = [m for lvl, m in msgs if lvl == "WARNING" and m.startswith("KV cache usage is high")]
+    assert high == ["KV cache usage is high: 93.8% (15/16 blocks in use); new requests may wait or be offloaded"]
+    stats = [m for lvl, m in msgs if lvl == "INFO"]
+    assert len(stats) == 1 and STATS_RE.fullmatch(stats[0]) and "GPU KV cache usage: 93.8%" in stats[0]
+    assert "Running: 2 reqs, Waiting: 1 reqs" in stats[0] and st.lines == 1
+
+
+@pytest.mark.slow
+def test_recorded_kv_pressure_counts_preemptions_and_warns(tmp_path: Path):
+    """Too few KV blocks: the scheduler offloads requests; the STEP of that iteration says how
+    many (preempted=), kv_used never exceeds kv_total, and the workload logs the offload."""
+    pytest.importorskip("transformers")
+    run = tmp_path / "run"
+    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
+                   sys.executable, "-m", "teller.workload", "serve", "--requests", "6", "--rate", "50",
+                   "--prompt-len", "uniform:20:40", "--output-len", "30", "--seed", "3", "--num-blocks", "3"],
+                  tmp_path)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    from teller.rundir import RunDir
+
+    steps = [n for n in RunDir(run).read_events().column("name").to_pylist() if n.startswith("STEP")]
+    fields = [_step_fields(n) for n in steps]
+    assert all(f["kv_total"] == 3 and 0 <= f["kv_used"] <= 3 for f in fields)
+    assert sum(f["preempted"] for f in fields) >= 1 and max(f["waiting"] for f in fields) >= 1
+    logs = [json.loads(x)["text"] for x in (run / "logs" / "stderr.jsonl").read_text().splitlines()]
+    off = [t for t in logs if "WARNING teller.workload: Offloaded " in t]
+    assert off and all(re.search(r"Offloaded \d+ requests \(KV cache full, \d/3 blocks in use\): req_\d", t)
+                       for t in off)
+    assert any("KV cache usage is high: " in t for t in logs)

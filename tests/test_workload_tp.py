@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     p = subprocess.run(
         [sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--engine", "generic",
          "--hooks", str(ROOT / "campaigns" / "hooks_tp.toml"), "--", sys.executable, "-m", "teller.workload",
-         "serve-tp", "--device", "cpu", "--tp", "2", "--requests", "4"],
+         "serve-tp", "--device", "cpu", "--tp", "2", "--requests", "4", "--stats-every-steps", "3"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     s = reconstruct(run)
@@ -40,6 +42,20 @@ def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     names = np.asarray(forest.column("name").to_pylist(), dtype=object)
     src, dst = np_col(edges, "src_node_id"), np_col(edges, "dst_node_id")
     assert all(names[a].split(" ")[0] == names[b].split(" ")[0] for a, b in zip(src[:20], dst[:20], strict=True))
+    # the STEP messages carry the batch context the loop set ([batch] in hooks_tp.toml)
+    step_names = [n for n in rd.read_events().column("name").to_pylist() if n.startswith("STEP")]
+    fields = [dict(kv.split("=") for kv in n.split()[3:]) for n in step_names]
+    assert step_names and all(set(f) == {"prefill", "decode", "waiting"} for f in fields), step_names[:3]
+    assert all(int(f["prefill"]) + int(f["decode"]) > 0 for f in fields)
+    assert int(fields[0]["prefill"]) > 0 and any(int(f["decode"]) > 0 for f in fields)
+    # rank 0 writes the service logs: lifecycle lines and periodic statistics
+    logs = "\n".join(json.loads(x)["text"] for f in sorted((run / "logs").glob("*.jsonl"))
+                     for x in f.read_text().splitlines())
+    for i in range(4):
+        assert f"Added request req_{i}: prompt_tokens=" in logs
+        assert re.search(rf"Finished request req_{i}: prompt_tokens=\d+ output_tokens=8 e2e=[\d.]+s ttft=[\d.]+s", logs)
+    assert re.search(r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ "
+                     r"tokens/s, Running: \d+ reqs, Waiting: \d+ reqs", logs)
 
 
 def test_placement_picks_backend_by_gpus_per_rank(monkeypatch):

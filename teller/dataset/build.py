@@ -15,12 +15,18 @@ Writes, all Parquet (columnar, zstd):
   records the edges touching the step),
   the TPE fields input_ids, parent_idx, duration, depth (null until a tokenizer is attached:
   :func:`attach_tpe`) and the split columns of :mod:`.splits`;
-- ``subtrees/part-NNNNN.parquet``: the forest rows of every step referenced by a record (the DFS
-  block ``[step_id, step_id + size)``), with ``run_id``: enough to recompute localization,
+- ``subtrees/part-NNNNN.parquet``: the forest rows of every step referenced by a record: its
+  iteration, i.e. the rows of its ``step_idx`` (the DFS block ``[step_id, step_id + size)`` plus
+  the schedule/update ranges and GAP rows around it, and roots of other threads that joined it),
+  in forest order, with ``run_id``; rows outside the STEP block have ``step_id`` -1 (or, for a
+  root of another thread, that of no STEP), so readers keyed on ``step_id`` see the STEP blocks
+  as before. Enough to recompute localization,
   slices and TPE without the run directories. Stored compactly in parts (:mod:`.codec`); read
   them with :func:`teller.dataset.codec.read_subtrees`;
 - ``logs.parquet``: the aligned log lines of those steps (``log_alignment`` rows plus run_id);
 - ``comm_edges.parquet``: the cross-rank communication edges of the runs (plus run_id);
+- ``iterations.parquet``: the engine iterations of the referenced steps (the runs'
+  ``iterations.parquet`` rows plus run_id; docs/design.md §5.7);
 - ``datasheet.json`` / ``datasheet.md`` (:mod:`.datasheet`).
 
 Runs are folders holding ``labels.json`` (from ``teller inject run``) or reconstructed runs
@@ -146,7 +152,7 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
     if (srow < 0).any():
         raise TellerError(f"{f.path}: steps.parquet names node {int(us[srow < 0][0])}, which the forest lacks; "
                           f"re-run `teller reconstruct {rd.path}`")
-    rows = ranges(srow, srow + size[first])
+    rows = _iteration_rows(run_forest, steps, us, ranges(srow, srow + size[first]))
     forest = run_forest.take(pa.array(rows))
     forest = forest.append_column("run_id", pa.array([run_id] * forest.num_rows, pa.string()).dictionary_encode())
     if logs is not None and logs.num_rows:
@@ -155,8 +161,28 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
         logs = logs.append_column("run_id", pa.array([run_id] * logs.num_rows, pa.string()))
     if comm is not None:
         comm = comm.append_column("run_id", pa.array([run_id] * comm.num_rows, pa.string()))
+    iters = None
+    if rd.has_table("iterations"):
+        iters = rd.read_table("iterations")
+        iters = iters.filter(pc.is_in(iters.column("step_id"), value_set=pa.array(us, pa.int64())))
+        iters = iters.append_column("run_id", pa.array([run_id] * iters.num_rows, pa.string()))
     return {"records": [t for t in (vert, horiz) if t is not None], "subtrees": forest, "logs": logs, "comm": comm,
-            "steps": n_steps, "steps_kept": len(us)}
+            "iterations": iters, "steps": n_steps, "steps_kept": len(us)}
+
+
+def _iteration_rows(forest: pa.Table, steps: pa.Table, step_ids: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Forest rows of the steps ``step_ids`` (node ids, ascending): their STEP blocks ``blocks``
+    plus every other row of their iterations, i.e. of the same ``step_idx`` (schedule and update
+    ranges, GAP rows, roots of other threads that joined the step; whole root blocks, so the
+    rows stay a preorder forest). Forests without ``step_idx``: the blocks alone."""
+    if "step_idx" not in forest.column_names or "step_idx" not in steps.column_names or not len(step_ids):
+        return blocks
+    sid = steps.column("step_id").to_numpy().astype(np.int64)
+    sidx = steps.column("step_idx").to_numpy().astype(np.int64)
+    want = np.unique(sidx[np.isin(sid, step_ids)])
+    row_idx = forest.column("step_idx").to_numpy().astype(np.int64)
+    extra = np.flatnonzero(np.isin(row_idx, want))
+    return np.union1d(blocks, extra).astype(blocks.dtype)
 
 
 def _attach_edges(recs: pa.Table, comm: pa.Table | None, forest: Forest) -> pa.Table:
@@ -284,7 +310,7 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     paths = find_runs(runs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    recs, subs, logs, comms, run_rows = [], [], [], [], []
+    recs, subs, logs, comms, iters, run_rows = [], [], [], [], [], []
     for k, p in enumerate(paths):
         if progress is not None:
             progress(k, len(paths))
@@ -301,6 +327,8 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
                 logs.append(r["logs"])
             if r["comm"] is not None and r["comm"].num_rows:
                 comms.append(r["comm"])
+            if r["iterations"] is not None:
+                iters.append(r["iterations"])
             row["records"] = sum(t.num_rows for t in r["records"])
             row["steps"], row["steps_kept"] = r["steps"], r["steps_kept"]
         elif status != "skipped":
@@ -327,6 +355,8 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
     if comms:
         pq.write_table(pa.concat_tables(comms, promote_options="permissive"), out / "comm_edges.parquet", compression="zstd")
+    if iters:
+        pq.write_table(pa.concat_tables(iters, promote_options="permissive"), out / "iterations.parquet", compression="zstd")
     sampling = {"normal_every": normal_every, "max_normal": max_normal,
                 "rule": "all steps" if normal_every == 1 and not max_normal else
                 "every step number abnormal on some rank, and of the others those divisible by k, "

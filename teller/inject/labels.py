@@ -43,11 +43,12 @@ import pyarrow as pa
 
 from teller.forest import Forest
 from teller.inject import CATEGORY_TITLES
+from teller.reconstruct.steps import COLD_STEPS, warmup_steps  # noqa: F401 (re-exported: the rule lives with the steps)
 from teller.rundir import LAYER_CODE, RunDir
 
 MIN_REF = 20
 Q = 99.0
-MEASURED_LAYERS = ("FE", "OTHER", "COMM")
+MEASURED_LAYERS = ("FE", "OTHER", "COMM", "GAP")
 
 STEP_LABELS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("step_id", pa.int64()), ("step_num", pa.int64()), ("rank", pa.int32()),
@@ -167,38 +168,15 @@ class StepMeasures:
         return m[:, idx].sum(axis=1) if idx else np.zeros(len(self.step_id))
 
     def families_matching(self, suffixes: list[str]) -> list[str]:
-        """Families named exactly, or FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``)."""
+        """Families named exactly, FE classes ending with a suffix (``MLP`` → ``FE LlamaMLP``), or
+        every family of a layer named alone (``GAP`` → ``GAP untraced``; STEP excluded)."""
         out = []
+        layers = {s for s in suffixes if s in LAYER_CODE and s != "STEP"}
         for f in self.families.astype(str):
             layer, _, nm = f.partition(" ")
-            if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
+            if f in suffixes or layer in layers or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
-
-
-#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
-COLD_STEPS = 2
-
-
-def warmup_steps(steps: pa.Table) -> np.ndarray:
-    """Steps kept out of every reference: those serving only the workload's warm-up requests
-    (``reqs=warmup_…``) and the first :data:`COLD_STEPS` steps of each process."""
-    import pyarrow.compute as pc
-
-    n = steps.num_rows
-    if not n:
-        return np.zeros(0, bool)
-    name = steps.column("name").cast(pa.string())
-    warm = pc.match_substring_regex(name, r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)").fill_null(False)
-    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
-    pid = steps.column("pid").to_numpy().astype(np.int64)
-    start = steps.column("start_ns").to_numpy().astype(np.int64)
-    order = np.lexsort((start, pid))
-    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
-    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    rank_in_pid = np.empty(n, np.int64)
-    rank_in_pid[order] = np.arange(n) - grp_start
-    return warm | (rank_in_pid < COLD_STEPS)
 
 
 def _pct(x: np.ndarray, q: float) -> float:

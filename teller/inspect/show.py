@@ -18,6 +18,7 @@ from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col
 _STYLE = {
     "STEP": "bold magenta", "FE": "bold cyan", "BE": "cyan", "COMM": "bold yellow", "RT": "green",
     "DRV": "dark_green", "K": "red", "MEM": "orange3", "SYNC": "bright_red", "OTHER": "white",
+    "GAP": "bold red",
 }
 
 
@@ -27,7 +28,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
     with neither, a list of steps and the tree of the first one."""
     rd = RunDir(run).require()
     console = console or Console()
-    forest = Forest.read(rd.path, columns=["flags", "step_idx"])
+    forest = Forest.read(rd.path, columns=["flags", "step_idx", "pid", "tid"])
     steps = rd.read_table("steps") if rd.has_table("steps") else None
     kernels = forest.subtree_counts(forest.layer == LAYER_CODE["K"])
 
@@ -51,6 +52,13 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         rows = [int(all_rows[np.argmax(durs)])]
     elif step is not None:
         rows = _find_step(forest, steps, step, rd)
+        its = _iterations(rd, forest, steps, step, rows)
+        if its:
+            for header, it_rows in its:
+                console.print(header)
+                for r in it_rows:
+                    console.print(_tree(forest, r, kernels, depth, max_children))
+            return
         if len(rows) > max_children:  # a fixed window: its root nodes
             console.print(f"step {step}: {len(rows)} root nodes; showing the first {max_children} (--max-children)")
             rows = rows[:max_children]
@@ -70,6 +78,42 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
             rows = [int(roots[np.lexsort((-(forest.end[roots] - forest.start[roots]), -sizes))[0]])] if len(roots) else []
     for r in rows:
         console.print(_tree(forest, r, kernels, depth, max_children))
+
+
+_BATCH = ("prefill", "decode", "waiting", "kv_used", "kv_total", "preempted")
+
+
+def _iterations(rd: RunDir, forest: Forest, steps, step: int, rows: list[int]) -> list[tuple[str, list[int]]]:
+    """For each engine iteration of the step shown (``iterations.parquet``, rule ``engine
+    ranges``): a header line (duration, schedule, STEP, post, untraced gap, busy times, batch
+    context) and the roots to print (the iteration's roots on its thread: schedule, STEP, GAP
+    nodes, update, in time order). Empty when the run has no such iteration."""
+    if not rd.has_table("iterations") or steps is None or "step_idx" not in forest.table.column_names:
+        return []
+    it = rd.read_table("iterations")
+    sid = np_col(it, "step_id")
+    rule = np.asarray(it.column("rule").to_pylist(), dtype=object)
+    pick = np.flatnonzero(np.isin(sid, np.asarray(rows, np.int64)) & (rule == "engine ranges"))
+    if not len(pick):
+        return []
+    roots = forest.roots
+    r_idx, r_tid, r_pid = forest.step_idx[roots], forest.tid[roots], forest.pid[roots]
+    col = {c: np_col(it, c) for c in it.column_names if c != "rule"}
+    out = []
+    for k in pick.tolist():
+        i = int(col["step_idx"][k])
+        mine = roots[(r_idx == i) & (r_tid == col["tid"][k]) & (r_pid == col["pid"][k])]
+        mine = mine[np.argsort(forest.start[mine], kind="stable")]
+        n_gap = int((forest.layer[mine] == LAYER_CODE["GAP"]).sum())
+        batch = [f"{b}={int(col[b][k])}" for b in _BATCH if col[b][k] >= 0]
+        header = (f"[bold]iteration of step {step}[/] (rank {int(col['rank'][k])}, tid {int(col['tid'][k])}): "
+                  f"[bold]{fmt_ns(col['dur_ns'][k])}[/] = schedule {fmt_ns(col['schedule_ns'][k])} + step "
+                  f"{fmt_ns(col['step_ns'][k])} + post {fmt_ns(col['post_ns'][k])} + [red]gap {fmt_ns(col['gap_ns'][k])}[/]"
+                  f" ({n_gap} GAP node(s)); host busy {fmt_ns(col['host_busy_ns'][k])}, GPU busy {fmt_ns(col['gpu_busy_ns'][k])}; "
+                  f"{int(col['n_requests'][k])} request(s)" + (f"; {' '.join(batch)}" if batch else "")
+                  + ("  [dim](warm-up)[/]" if col["warmup"][k] else ""))
+        out.append((header, mine.tolist()))
+    return out
 
 
 def _find_step(forest: Forest, steps, step: int, rd: RunDir) -> list[int]:

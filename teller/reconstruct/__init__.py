@@ -45,8 +45,9 @@ from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
 from teller.reconstruct.comm import comm_edges, describe
 from teller.reconstruct.forest import extent, join, nest, preorder
+from teller.reconstruct.iterations import GAP_MIN_NS, GAP_NAME, IDLE_NAME, ITERATIONS_SCHEMA, ITERATION_RULES, Roots, batch_fields, engine_iterations, gpu_busy
 from teller.reconstruct.ranges import pair
-from teller.reconstruct.steps import ForestRows, Steps, decide_steps, steps_tables
+from teller.reconstruct.steps import RULES, ForestRows, Steps, decide_steps, steps_tables, warmup_steps
 from teller.rundir import (
     FLAG_DUPLICATE,
     FLAG_NAMES,
@@ -55,6 +56,7 @@ from teller.rundir import (
     FLAG_UNBOUND,
     KIND_CODE,
     KINDS,
+    LAYER_CODE,
     LAYERS,
     RunDir,
     kind_codes,
@@ -516,11 +518,14 @@ def match_comm(ev: Events, named: Named, lay: Layout) -> Payload:
     bytes: :func:`.comm.describe`) and the same collective is matched across ranks
     (:func:`.comm.comm_edges`)."""
     cols, kind = ev.cols, ev.kind
-    graph = cols("graph_id", narrow=True)
-    nbytes = cols("bytes", narrow=True)
+    extra = ev.n - cols.n  # GAP rows (:func:`make_iterations`): no input event behind them
+    graph = _pad(cols("graph_id", narrow=True), extra)
+    nbytes = _pad(cols("bytes", narrow=True), extra)
     args = None if cols.all_null("args") else _column(ev.rd, "args")
     if args is not None and not pa.types.is_string(args.type):
         args = args.cast(pa.string())
+    if args is not None and extra:
+        args = pa.concat_arrays([args, pa.nulls(extra, pa.string())])
     comm_ids = np.flatnonzero(lay.layer == L.COMM)
     comm_ev = lay.event[comm_ids]
     desc = describe(
@@ -535,6 +540,10 @@ def match_comm(ev: Events, named: Named, lay: Layout) -> Payload:
     source = np.where(_RANGE_LIKE[kind[comm_ev]], 0, np.where(L.IS_GPU_KIND[kind[comm_ev]], 1, 2))
     edges = comm_edges(comm_ids, ev.lane_rank[ev.lane[comm_ev]], ev.start[comm_ev], source, desc)
     return Payload(graph, nbytes, args, len(comm_ids), edges)
+
+
+def _pad(x: np.ndarray, extra: int, fill: int = -1) -> np.ndarray:
+    return np.concatenate([x, np.full(extra, fill, x.dtype)]) if extra else x
 
 
 def make_steps(ev: Events, named: Named, lay: Layout, window_ns: int | None) -> tuple[Steps, pa.Table]:
@@ -565,6 +574,144 @@ def make_steps(ev: Events, named: Named, lay: Layout, window_ns: int | None) -> 
     rows = ForestRows(lay.parent, lay.size, lay.layer, lay.step, lay.event, ev.kind, named.name, rules.names, ev.start,
                       ev.end, ev.lane, ev.lane_node, ev.lane_rank, ev.lane_pid, ev.lane_tid, ev.lane_dev, ev.proc_of_lane)
     return decide_steps(rows, step_ranges, window_ns), requests
+
+
+@dataclass
+class Iters:
+    """The iterations table (``iterations.parquet``) and its summary; ``gap_rows``: GAP rows added."""
+
+    table: pa.Table
+    gap_rows: int
+    summary: dict[str, Any]
+
+
+def make_iterations(ev: Events, named: Named, lay: Layout, bound: Bound, steps: Steps, requests: pa.Table) -> tuple[Iters, pa.Table]:
+    """Engine iterations (:mod:`.iterations`): under the STEP-range rule each engine STEP's
+    iteration is measured on its thread's root ranges, its untraced stretches of at least
+    ``GAP_MIN_NS`` become GAP rows inserted into the preorder (after the root they follow, so
+    every subtree stays a block), and the iteration's roots and GAP rows join its step. Other
+    rules: the iteration is the step. Returns the table and ``requests`` with node ids moved."""
+    st = steps.table
+    n = st.num_rows
+    srow = st.column("step_id").to_numpy().astype(np.int64)
+    sstart, send = st.column("start_ns").to_numpy().astype(np.int64), st.column("end_ns").to_numpy().astype(np.int64)
+    names = st.column("name").combine_chunks() if n else pa.array([], pa.string())
+    engine = np.zeros(n, bool)
+    if steps.rule == RULES[0] and n:
+        engine = np.asarray(pc.starts_with(names.cast(pa.string()), "STEP ").fill_null(False).to_numpy(zero_copy_only=False), bool)
+        engine &= lay.parent[srow] < 0
+    roots = _host_roots(ev, named, lay) if engine.any() else Roots(*(np.zeros(0, np.int64) for _ in range(5)), np.zeros(0, bool))
+    it = engine_iterations(roots, srow, engine, sstart, send)
+    gap_rows = len(it.gap_after)
+    if gap_rows or len(it.join_first):
+        srow, requests = _insert_gaps(ev, named, lay, bound, steps, requests, it)
+    cols = it.cols
+    row_step = steps.step_idx(lay.step, 0)
+    gpu = np.flatnonzero(L.IS_GPU_KIND[ev.kind[lay.event]])
+    gev = lay.event[gpu]
+    batch = batch_fields(names)
+    table = pa.table({
+        "step_id": srow, "step_idx": np.arange(n, dtype=np.int64),
+        "pid": st.column("pid"), "tid": st.column("tid"), "rank": st.column("rank"),
+        "start_ns": cols["start_ns"], "end_ns": cols["end_ns"], "dur_ns": cols["dur_ns"], "step_ns": send - sstart,
+        "schedule_ns": cols["schedule_ns"], "post_ns": cols["post_ns"], "gap_ns": cols["gap_ns"],
+        "host_busy_ns": cols["host_busy_ns"], "gpu_busy_ns": gpu_busy(row_step[gpu], ev.start[gev], ev.end[gev], n),
+        "n_requests": st.column("n_requests"), **batch, "warmup": warmup_steps(st),
+        "rule": pa.array(np.where(engine, ITERATION_RULES[0], ITERATION_RULES[1]).tolist(), pa.string()),
+    }).select(ITERATIONS_SCHEMA.names).cast(ITERATIONS_SCHEMA)
+    gap = cols["gap_ns"][engine]
+    summary = {
+        "count": n,
+        "rules": {r: int(c) for r, c in zip(ITERATION_RULES, [int(engine.sum()), int(n - engine.sum())], strict=True) if c},
+        "gap_ns_total": int(gap.sum()),
+        "gap_ns_median": float(np.median(gap)) if gap.size else None,
+        "gap_rows": gap_rows,
+        "gap_min_ns": GAP_MIN_NS,
+        "batch_fields": sorted(k for k, v in batch.items() if (v >= 0).any()),
+    }
+    return Iters(table, gap_rows, summary), requests
+
+
+def _host_roots(ev: Events, named: Named, lay: Layout) -> Roots:
+    """Host roots of the forest by thread lane, then start (GPU rows left out)."""
+    rows = np.flatnonzero(lay.parent < 0)
+    e = lay.event[rows]
+    k = ev.kind[e]
+    host = ~(L.IS_GPU_KIND[k] | ((k == _SYNC) & (ev.lane_tid[ev.lane[e]] < 0)))
+    rows, e = rows[host], e[host]
+    lane = ev.lane[e]
+    order = np.lexsort((ev.start[e], lane))
+    rows, e, lane = rows[order].astype(np.int64), e[order], lane[order]
+    idle_codes = np.flatnonzero(pc.equal(named.rules.names, IDLE_NAME).fill_null(False).to_numpy(zero_copy_only=False))
+    layer = lay.layer[rows]
+    idle = (layer == L.OTHER) & np.isin(named.name[e], idle_codes)
+    return Roots(rows, lane.astype(np.int64), ev.start[e].astype(np.int64), ev.end[e].astype(np.int64), layer, idle)
+
+
+def _insert_gaps(ev: Events, named: Named, lay: Layout, bound: Bound, steps: Steps, requests: pa.Table, it) -> tuple[np.ndarray, pa.Table]:
+    """Insert the GAP rows of ``it`` into the layout (each right after the block of the root it
+    follows), give them input events of their own (appended to ``ev``), move every node id
+    that later rows or tables hold, and join the iteration's roots and GAP rows to its step."""
+    k = len(it.gap_after)
+    q = (it.gap_after + lay.size[it.gap_after]).astype(np.int64)  # insert before old row q
+    order = np.argsort(q, kind="stable")
+    q = q[order]
+    m = lay.m
+
+    def moved(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.int64)
+        return np.where(x >= 0, x + np.searchsorted(q, x, side="right"), x)
+
+    # GAP rows' input events, appended after the real ones
+    n0 = ev.n
+    gev = np.arange(n0, n0 + k)
+    ev.kind = _pad(ev.kind, k, KIND_CODE["RANGE"])
+    ev.start = np.concatenate([ev.start, it.gap_start[order].astype(ev.start.dtype)])
+    ev.end = np.concatenate([ev.end, it.gap_end[order].astype(ev.end.dtype)])
+    ev.flags = _pad(ev.flags, k, 0)
+    ev.lane = np.concatenate([ev.lane, it.gap_lane[order].astype(ev.lane.dtype)])
+    if k:
+        have = np.flatnonzero(pc.equal(named.rules.names, GAP_NAME).fill_null(False).to_numpy(zero_copy_only=False))
+        if have.size:
+            code = int(have[0])
+        else:
+            code = len(named.rules.names)
+            named.rules.names = pa.concat_arrays([named.rules.names, pa.array([GAP_NAME], pa.string())])
+        named.name = _pad(named.name, k, code)
+    bound.corr = _pad(bound.corr, k)
+    # the layout with the GAP rows in place
+    old_pos = np.arange(m, dtype=np.int64) + np.searchsorted(q, np.arange(m), side="right")
+    gpos = q + np.arange(k)
+    itype = index_dtype(m + k + n0 + k)
+
+    def spread(x: np.ndarray, fill, dtype=None) -> np.ndarray:
+        out = np.empty(m + k, dtype=dtype or x.dtype)
+        out[old_pos] = x
+        out[gpos] = fill
+        return out
+
+    lay.event = spread(lay.event.astype(itype), gev)
+    lay.parent = spread(moved(lay.parent).astype(itype), -1)
+    lay.depth = spread(lay.depth, 0)
+    lay.size = spread(lay.size, 1)
+    lay.step = spread(moved(lay.step).astype(itype), -1)
+    lay.layer = spread(lay.layer, LAYER_CODE["GAP"])
+    srow = moved(steps.table.column("step_id").to_numpy())
+    steps.table = steps.table.set_column(steps.table.schema.get_field_index("step_id"), "step_id", pa.array(srow, pa.int64()))
+    if requests.num_rows:
+        rq = moved(requests.column("step_id").to_numpy())
+        requests = requests.set_column(requests.schema.get_field_index("step_id"), "step_id", pa.array(rq, pa.int64()))
+    # joined blocks: the old ones (moved) except roots the iterations claim, then the iterations'
+    first, stop, idx = steps.joined
+    first_m, stop_m = moved(first), moved(np.asarray(stop) - 1) + 1
+    jf = moved(it.join_first)
+    keep = ~np.isin(first_m, jf)
+    first = np.concatenate([first_m[keep], jf, gpos])
+    stop = np.concatenate([stop_m[keep], jf + lay.size[jf].astype(np.int64), gpos + 1])
+    idx = np.concatenate([np.asarray(idx, np.int64)[keep], it.join_step, it.gap_step[order]])
+    o = np.argsort(first, kind="stable")
+    steps.joined = (first[o], stop[o], idx[o])
+    return srow, requests
 
 
 def write_forest(ev: Events, named: Named, lay: Layout, bound: Bound, pay: Payload, steps: Steps) -> Path:
@@ -640,24 +787,28 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, 
     clock.lap("bind")
     lay = preorder_rows(ev, named, nested, bound)
     clock.lap("preorder")
-    pay = match_comm(ev, named, lay)
-    clock.lap("comm")
     steps, requests = make_steps(ev, named, lay, window_ns)
     clock.lap("steps")
+    iters, requests = make_iterations(ev, named, lay, bound, steps, requests)
+    clock.lap("iterations")
+    pay = match_comm(ev, named, lay)
+    clock.lap("comm")
     write_forest(ev, named, lay, bound, pay, steps)
     rd.write_table(steps.table, "steps")
+    rd.write_table(iters.table, "iterations")
     rd.write_table(requests, "requests")
     rd.write_table(pay.edges, "comm_edges")
     clock.lap("write")
-    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, clock)
+    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, iters, clock)
     (rd.path / "reconstruct.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layout, pay: Payload, steps: Steps,
-             requests: pa.Table, clock: _PhaseClock) -> dict[str, Any]:
-    """``reconstruct.json``: counts that reconcile, repairs, binding coverage, steps, timings."""
-    n, m = ev.n, lay.m
+             requests: pa.Table, iters: Iters, clock: _PhaseClock) -> dict[str, Any]:
+    """``reconstruct.json``: counts that reconcile, repairs, binding coverage, steps, iterations,
+    timings. ``nodes`` counts the GAP rows (``gap_nodes``), ``events_in`` only the input."""
+    n, m = ev.n - iters.gap_rows, lay.m
     node_flags = ev.flags[lay.event]
     layer_counts = np.bincount(lay.layer, minlength=len(LAYERS))
     n_km, n_bound = bound.gpu_activity, bound.gpu_bound
@@ -666,7 +817,8 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "nodes": int(m),
         "pops_consumed": paired.pops_consumed,
         "repaired_pops_without_push": paired.pops_without_push,
-        "reconciled": bool(n == m + paired.pops_consumed + paired.pops_without_push
+        "gap_nodes": iters.gap_rows,
+        "reconciled": bool(n == m - iters.gap_rows + paired.pops_consumed + paired.pops_without_push
                            and paired.pops == paired.pops_consumed + paired.pops_without_push),
         "truncated": int(((node_flags & FLAG_TRUNCATED) != 0).sum()),
         "repaired": int(((node_flags & FLAG_REPAIRED) != 0).sum()),
@@ -682,6 +834,7 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "steps_detail": steps.detail,
         "requests": len(pc.unique(requests.column("request_id"))),
         "request_step_pairs": int(requests.num_rows),
+        "iterations": iters.summary,
         "comm_nodes": pay.comm_nodes,
         "comm_edges": int(pay.edges.num_rows),
         "threads": int(len(ev.lane_tid)),

@@ -371,3 +371,26 @@ def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
         "n_requests": np.zeros(k, np.int32), "size": np.bincount(step_idx, minlength=k).astype(np.int64),
     }, RULES[2])
     return Steps(table, RULES[2], f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time", step_idx)
+
+
+#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
+COLD_STEPS = 2
+
+
+def warmup_steps(steps: pa.Table) -> np.ndarray:
+    """Steps kept out of every reference: those serving only the workload's warm-up requests
+    (``reqs=warmup_…``) and the first :data:`COLD_STEPS` steps of each process."""
+    n = steps.num_rows
+    if not n:
+        return np.zeros(0, bool)
+    name = steps.column("name").cast(pa.string())
+    warm = pc.match_substring_regex(name, r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)").fill_null(False)
+    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
+    pid = steps.column("pid").to_numpy().astype(np.int64)
+    start = steps.column("start_ns").to_numpy().astype(np.int64)
+    order = np.lexsort((start, pid))
+    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
+    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    rank_in_pid = np.empty(n, np.int64)
+    rank_in_pid[order] = np.arange(n) - grp_start
+    return warm | (rank_in_pid < COLD_STEPS)

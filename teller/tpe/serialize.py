@@ -294,17 +294,24 @@ def serialize_nodes(forest: Forest, node_sets: Sequence[np.ndarray], duration: s
 
 
 def serialize_run(run: str | os.PathLike, step_ids: Sequence[int] | None = None, duration: str = "self", normalizer: Normalizer | None = None) -> Sequences:
-    """Every step of a reconstructed run (or the given step node ids) as a batch: a step's node
-    subtree (STEP ranges, profiler steps) or, for fixed windows (no step node), the window's rows
-    (the forest's ``step_idx``; :func:`serialize_nodes`)."""
+    """Every step of a reconstructed run as a batch: the rows of its iteration, i.e. of its
+    ``step_idx`` (the step's node subtree with, for engine iterations, the schedule/update ranges
+    and GAP rows around it and roots of other threads that joined it; for fixed windows the
+    window's rows; :func:`serialize_nodes`), keyed by the step's node id (a window: its first
+    row). With ``step_ids`` (node ids), those nodes' subtrees (:func:`serialize_steps`)."""
     forest = Forest.read(run, [*_READ_COLUMNS, "step_idx"])
     sid = run_step_ids(run) if step_ids is None else step_ids
     if step_ids is None and not len(sid):
         raise TellerError(f"{run}: the run has no steps (steps.parquet is empty); serialize chosen subtrees with serialize_steps(forest, node_ids)")
-    if step_ids is None and (np.asarray(sid) < 0).any():
+    if step_ids is None:
         if "step_idx" not in forest.table.column_names:
-            raise TellerError(f"{forest.path}: no step_idx column; re-run `teller reconstruct {run}`")
+            if (np.asarray(sid) < 0).any():
+                raise TellerError(f"{forest.path}: no step_idx column; re-run `teller reconstruct {run}`")
+            return serialize_steps(forest, sid, duration, normalizer)
         order = np.argsort(forest.step_idx, kind="stable")
         bounds = np.searchsorted(forest.step_idx[order], np.arange(len(sid) + 1))
-        return serialize_nodes(forest, [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], duration, normalizer)
+        seqs = serialize_nodes(forest, [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], duration, normalizer)
+        sid = np.asarray(sid, np.int64)
+        seqs.key = np.where(sid >= 0, sid, seqs.key)
+        return seqs
     return serialize_steps(forest, sid, duration, normalizer)

@@ -49,7 +49,10 @@ FORMAT = "teller-tpe"
 FORMAT_VERSION = 1
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 PAD, UNK, BOS, EOS = range(4)
-UNK_LAYER = {lay: f"<unk:{lay}>" for lay in LAYERS}
+#: Layers with an unknown-symbol token of their own: those of format version 1 (GAP, added to the
+#: forest later, has none: an unknown GAP symbol reads as ``<unk>``).
+TOKEN_LAYERS = tuple(lay for lay in LAYERS if lay != "GAP")
+UNK_LAYER = {lay: f"<unk:{lay}>" for lay in TOKEN_LAYERS}
 PAIR_RULE = (
     "adjacent tokens (L, R) in depth-first order where R is L's child (parent(R) = L) or L's "
     "sibling at the same depth (parent(R) = parent(L), depth(R) = depth(L)); key (id L, id R, "

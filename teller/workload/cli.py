@@ -43,6 +43,8 @@ def serve(
     timeout: float = typer.Option(600.0, "--timeout", help="Give up after this many seconds."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (default: 1 on the CPU, torch's default on CUDA)."),
     max_extra_requests: Optional[int] = typer.Option(None, "--max-extra-requests", help="Most arrivals past --requests while a fault window of the recorded run has not closed yet (default 4 × --requests, at least 100; 0: none)."),
+    stats_interval: float = typer.Option(1.0, "--stats-interval", help="Seconds between the engine statistics log lines (Running/Waiting/KV cache usage/throughput)."),
+    stats_every_steps: Optional[int] = typer.Option(None, "--stats-every-steps", help="Log the engine statistics every N steps instead of every --stats-interval seconds."),
     save_tokens: bool = typer.Option(False, "--save-tokens", help="Put every request's generated tokens in --out-json."),
     out_json: Optional[Path] = typer.Option(None, "--out-json", help="Write config, per-request rows and summary here."),
 ) -> None:
@@ -56,7 +58,8 @@ def serve(
                       intermediate=intermediate, vocab=vocab, dtype=dtype, requests=requests, rate=rate,
                       prompt_len=prompt_len, output_len=output_len, seed=seed, attn=attn, duration=duration,
                       warmup=warmup, max_batch_tokens=max_batch_tokens, num_blocks=num_blocks, timeout_s=timeout, threads=threads,
-                      save_tokens=save_tokens, max_extra_requests=max_extra_requests)
+                      save_tokens=save_tokens, max_extra_requests=max_extra_requests,
+                      stats_interval_s=stats_interval, stats_every_steps=stats_every_steps)
     res = do_serve(cfg)
     print(format_summary(res), flush=True)
     if out_json is not None:

@@ -12,7 +12,11 @@ implementation is picked per version: 5.24 takes ``sdpa`` (and refuses ``paged|s
 takes ``paged|sdpa``; ``eager`` is ``paged|eager`` on both.
 
 It logs one line per request added and finished, naming the request id (so log lines align
-with the STEP ranges that carry the same ids), prints throughput, request latency and step
+with the STEP ranges that carry the same ids), and service logs like a production server's
+(:mod:`teller.workload.stats`: ``Added request``/``Finished request`` lines with latencies,
+periodic ``Engine 000: ... Running: N reqs, Waiting: M reqs, GPU KV cache usage: Z%`` statistics
+written from the engine thread at the end of a step, ``Offloaded N requests`` and KV-usage
+warnings); it prints throughput, request latency and step
 latency (p50/p99; the step time is measured around the manager's ``_generation_step``) and
 writes them as JSON.
 
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teller.errors import TellerError
+from teller.workload.stats import EngineStats, log_added, log_finished
 
 log = logging.getLogger("teller.workload")
 
@@ -85,6 +90,8 @@ class ServeConfig:
     save_tokens: bool = False
     threads: int | None = None  # torch intra-op threads; default 1 on the CPU (see serve())
     max_extra_requests: int | None = None  # arrivals past `requests` while keep_serving() (default max(100, 4 × requests))
+    stats_interval_s: float = 1.0  # seconds between the engine statistics log lines
+    stats_every_steps: int | None = None  # or every N steps
     model: dict[str, int] = field(default_factory=dict)  # resolved model shape (filled by serve)
 
 
@@ -236,13 +243,28 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
     mgr = model.init_continuous_batching(generation_config=gen_cfg, continuous_batching_config=cb_cfg)
     step_times: list[float] = []
     original_step = mgr._generation_step
+    stats = EngineStats(log, interval_s=cfg.stats_interval_s, every_steps=cfg.stats_every_steps)
+    offloaded: list[str] = []
+    hooked: list[Any] = []
 
     def timed_step() -> None:
+        bp = getattr(mgr, "batch_processor", None)
+        if bp is not None and not hooked:
+            hooked.append(bp)
+            _watch_offloads(bp, offloaded)
         t = time.perf_counter()
         try:
             original_step()
         finally:
             step_times.append(time.perf_counter() - t)
+            if bp is not None:
+                try:
+                    b = _batch(bp)
+                    gone, offloaded[:] = list(offloaded), []
+                    stats.step(b["prefill"], b["decode"], b["running"], b["waiting"], b.get("kv_used"),
+                               b.get("kv_total"), gone, b["generated"])
+                except Exception as e:  # the statistics never stop the engine
+                    log.debug("engine statistics unavailable: %s", e)
 
     mgr._generation_step = timed_step  # per-instance: the workload's own step timer
 
@@ -255,6 +277,7 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
                         record_timestamps=True)
         rows[r["id"]]["submit_s"] = time.perf_counter() - t0
         log.info("request %s added prompt_len=%d max_new_tokens=%d", r["id"], len(r["prompt"]), r["max_new_tokens"])
+        log_added(log, r["id"], len(r["prompt"]), r["max_new_tokens"])
 
     def collect(res: Any, t0: float) -> None:
         if res is None or not res.is_finished():
@@ -277,6 +300,7 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
             row["tokens"] = list(res.generated_tokens)
         log.info("request %s finished generated=%d latency_ms=%.1f%s", rid, row["generated"],
                  1e3 * row["latency_s"], f" error={row['error']}" if "error" in row else "")
+        log_finished(log, rid, row["prompt_len"], row["generated"], row["latency_s"], row.get("ttft_s"))
 
     t_wall0 = time.time()
     deadline = time.perf_counter() + cfg.timeout_s
@@ -387,6 +411,49 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
     return {"config": conf, "versions": {"transformers": transformers.__version__, "torch": torch.__version__,
                                          "python": sys.version.split()[0]},
             "summary": summary, "requests": [rows[r["id"]] for r in reqs]}
+
+
+def _batch(bp: Any) -> dict[str, int]:
+    """The batch the engine just ran and its queue and KV cache (read from the batch processor)."""
+    prefill = decode = generated = 0
+    for fs in bp.inputs_and_outputs.requests_in_batch:  # before update_batch: no token of this step yet
+        q = getattr(fs, "query_length", None)
+        q = len(fs.state.tokens_to_process) if q is None else int(q)
+        if fs.state.generated_tokens:
+            decode += q
+        else:
+            prefill += q
+        generated += bool(getattr(fs, "has_new_token", True))
+    sch = bp.scheduler
+    qsize = bp.input_queue.qsize() if getattr(bp, "input_queue", None) is not None else 0
+    out = {"prefill": prefill, "decode": decode, "generated": generated, "running": len(sch.active_requests),
+           "waiting": len(sch.waiting_requests) + qsize}
+    cache = bp.cache
+    try:
+        total = int(cache.num_blocks)
+        free = (int(cache.get_num_free_blocks()) if hasattr(cache, "get_num_free_blocks")
+                else int(round(total * float(cache.compute_free_capacity(relative=True)))))
+        out["kv_used"], out["kv_total"] = max(0, min(total, total - free)), total
+    except Exception:
+        pass
+    return out
+
+
+def _watch_offloads(bp: Any, into: list[str]) -> None:
+    """Collect into ``into`` the ids of the requests each offload takes out of the running set
+    (this batch processor's offloading manager, where the version has one)."""
+    om = getattr(bp, "offloading_manager", None)
+    fn = getattr(om, "offload_requests", None)
+    if fn is None:
+        return
+
+    def offload_requests(*args: Any, **kwargs: Any) -> Any:
+        before = set(bp.scheduler.active_requests)
+        out = fn(*args, **kwargs)
+        into.extend(sorted(before - set(bp.scheduler.active_requests)))
+        return out
+
+    om.offload_requests = offload_requests
 
 
 def format_summary(res: dict[str, Any]) -> str:

@@ -13,7 +13,13 @@ messages): requests arrive as a Poisson process counted in steps (``arrivals_per
 seeded), at most ``max_batch`` run per step; a new request is prefilled, then decodes one
 token per step. ``TPEngine.step(batch)`` is one step; ``campaigns/hooks_tp.toml`` maps it to
 STEP (request ids from ``args[0][*]``) and the layers to FE for ``teller record --hooks``.
-Rank 0 logs one line per request added and finished, naming the request id.
+Rank 0 logs one line per request added and finished, naming the request id, and the service
+logs of :mod:`teller.workload.stats` (``Added request``/``Finished request`` with latencies,
+``Engine 000: ...`` statistics every ``--stats-interval`` s or ``--stats-every-steps`` steps).
+Before each step the loop sets ``TPEngine.batch`` to the batch context (``prefill`` prompt
+tokens, ``decode`` tokens, ``waiting`` requests that arrived but are beyond ``max_batch``; there is
+no paged KV cache and no preemption, so no ``kv_*``/``preempted``), which ``hooks_tp.toml``'s
+``[batch]`` entry puts on the STEP message.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import time
 from typing import Any
 
 from teller.workload.serve import parse_length
+from teller.workload.stats import EngineStats, log_added, log_finished
 
 log = logging.getLogger("teller.workload.tp")
 
@@ -126,6 +133,7 @@ class TPEngine:
     def __init__(self, model: Any, n_layers: int, device: Any = "cpu"):
         self.model, self.n_layers, self.device = model, n_layers, device
         self.state: dict[str, dict[str, Any]] = {}
+        self.batch: dict[str, int] = {}  # batch context of the next step (set by the loop)
 
     def add(self, rid: str, prompt: list[int], max_new: int) -> None:
         self.state[rid] = {"prompt": prompt, "out": [], "max_new": max_new,
@@ -204,22 +212,39 @@ def worker(a: argparse.Namespace) -> int:
     waiting, running, finished, step = list(arrivals), [], 0, 0
     t0 = time.perf_counter()
     step_times = []
+    stats = EngineStats(log, interval_s=a.stats_interval, every_steps=a.stats_every_steps)
+    added_at: dict[str, float] = {}
+    first_at: dict[str, float] = {}
     while finished < a.requests and time.perf_counter() - t0 < a.timeout:
         while waiting and waiting[0][0] <= step:
             _, rid, prompt, n = waiting.pop(0)
             eng.add(rid, prompt, n)
             running.append(rid)
+            added_at[rid] = time.perf_counter()
             if rank == 0:
                 log.info("request %s added prompt_len=%d max_new_tokens=%d", rid, len(prompt), n)
+                log_added(log, rid, len(prompt), n)
         batch = running[:a.max_batch]
         if batch:
+            prefill = sum(len(eng.state[r]["prompt"]) for r in batch if not eng.state[r]["out"])
+            decode = sum(1 for r in batch if eng.state[r]["out"])
+            eng.batch = {"prefill": prefill, "decode": decode, "waiting": len(running) - len(batch)}
             ts = time.perf_counter()
             for rid in eng.step(batch):
                 running.remove(rid)
                 finished += 1
                 if rank == 0:
-                    log.info("request %s finished generated=%d", rid, len(eng.state[rid]["out"]))
+                    st = eng.state[rid]
+                    log.info("request %s finished generated=%d", rid, len(st["out"]))
+                    now = time.perf_counter()
+                    log_finished(log, rid, len(st["prompt"]), len(st["out"]), now - added_at[rid],
+                                 first_at.get(rid, now) - added_at[rid])
+            for rid in batch:
+                first_at.setdefault(rid, time.perf_counter())
             step_times.append(time.perf_counter() - ts)
+            if rank == 0:
+                stats.step(prefill, decode, len(batch), len(running) - len(batch),
+                           generated=len(batch))
         step += 1
     dist.barrier()
     dist.destroy_process_group()
@@ -268,6 +293,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-batch", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--stats-interval", type=float, default=1.0)
+    ap.add_argument("--stats-every-steps", type=int, default=None)
     return ap
 
 

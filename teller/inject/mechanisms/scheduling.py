@@ -1,4 +1,4 @@
-"""scheduling/software: GIL contention, delayed admission, a stalled scheduler step."""
+"""scheduling/software: GIL contention, delayed admission, a stalled scheduler step, a stalled engine loop."""
 
 from __future__ import annotations
 
@@ -91,4 +91,44 @@ class SchedulerStall(Mechanism):
         agent.wrap(CB, "ContinuousBatchProcessor.update_batch", wrapper)
 
 
-MECHANISMS = (GilContention, DelayedAdmission, SchedulerStall)
+class LoopStall(Mechanism):
+    """The engine thread is held up before each scheduling call, outside every recorded range.
+
+    The hook is ``ContinuousBatchingManager._generation_loop_body``, before it runs: the
+    recorder's wrapper of the same call (the STEP scope) opens no range itself, and its
+    ``OTHER schedule`` opens inside ``prepare_next_batch``, so whichever wrapper is outer the sleep
+    falls between one iteration's STEP and the next ``OTHER schedule`` (an untraced gap). Polls of
+    an idle loop (nothing queued, nothing pending) are not held up.
+    """
+
+    name = "loop_stall"
+    category = "scheduling"
+    knob = "stall of the engine loop before each scheduling call (ms, sleeping, outside every recorded range)"
+    default_magnitude = 20.0
+    targets = ("GAP",)
+    evidence = "step"
+    needs = ("transformers_cb",)
+    cause = "the engine thread is held up between iterations (before scheduling), so every iteration grows by an untraced gap"
+
+    def install(self, agent: Any, fault: dict[str, Any]) -> None:
+        delay = float(fault["magnitude"]) / 1e3
+
+        def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            if agent.active(fault) and _has_work(args[0] if args else kwargs.get("batch_processor")):
+                time.sleep(delay)
+                agent.count(fault, 1, "GAP")
+            return wrapped(*args, **kwargs)
+
+        agent.wrap(CB, "ContinuousBatchingManager._generation_loop_body", wrapper)
+
+
+def _has_work(bp: Any) -> bool:
+    """Something queued or pending: the next ``prepare_next_batch`` schedules a batch."""
+    try:
+        q = bp.input_queue
+        return (q is not None and not q.empty()) or bool(bp.scheduler.has_pending_requests())
+    except Exception:
+        return True
+
+
+MECHANISMS = (GilContention, DelayedAdmission, SchedulerStall, LoopStall)

@@ -85,6 +85,26 @@ def installed_version(dist: str, module_name: str | None = None) -> str | None:
         return None
 
 
+#: the batch-context fields a STEP message may carry after its request list, in this order
+BATCH_FIELDS = ("prefill", "decode", "waiting", "kv_used", "kv_total", "preempted")
+
+
+def batch_text(fields: dict[str, Any] | None) -> str:
+    """`` prefill=12 decode=3 ...`` for the known fields of ``fields`` with an int value (in
+    :data:`BATCH_FIELDS` order; others left out); ``""`` when none."""
+    if not fields:
+        return ""
+    out = []
+    for k in BATCH_FIELDS:
+        v = fields.get(k)
+        if v is not None and not isinstance(v, bool):
+            try:
+                out.append(f" {k}={int(v)}")
+            except (TypeError, ValueError):
+                continue
+    return "".join(out)
+
+
 class Instrumentor:
     """Base class: version gate, post-import registration, wrapping with undo, error hygiene."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from teller.record.instrument import torch_ops
-from teller.record.instrument.base import Instrumentor
+from teller.record.instrument.base import Instrumentor, batch_text
 
 
 class EngineInstrumentor(Instrumentor):
@@ -23,8 +23,10 @@ class EngineInstrumentor(Instrumentor):
         torch_ops.detach_module_ranges()
 
     def step_scope(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                   ids: Callable[[], str] | None = None) -> Any:
-        """wrapt wrapper for the scope call; with ``ids`` the STEP opens right away."""
+                   ids: Callable[[], str] | None = None,
+                   fields: Callable[[], dict[str, Any]] | None = None) -> Any:
+        """wrapt wrapper for the scope call; with ``ids`` the STEP opens right away (with the
+        batch context ``fields`` returns)."""
         rt = self.rt
         tls = self.tls
         if getattr(tls, "in_scope", False) or rt.is_compiling():
@@ -32,7 +34,7 @@ class EngineInstrumentor(Instrumentor):
         tls.in_scope, tls.step_open = True, False
         try:
             if ids is not None:
-                self.open_step(ids)
+                self.open_step(ids, fields)
             return wrapped(*args, **kwargs)
         finally:
             tls.in_scope = False
@@ -43,14 +45,23 @@ class EngineInstrumentor(Instrumentor):
                 except Exception as e:
                     self.failed("STEP end", e)
 
-    def open_step(self, ids: Callable[[], str]) -> None:
-        """Open the current scope's STEP (once) as ``STEP id=<n> reqs=<ids()>``."""
+    def open_step(self, ids: Callable[[], str], fields: Callable[[], dict[str, Any]] | None = None) -> None:
+        """Open the current scope's STEP (once) as ``STEP id=<n> reqs=<ids()>``, followed by the
+        batch context ``fields()`` returns (``prefill=.. decode=.. waiting=.. kv_used=.. kv_total=..
+        preempted=..``, any subset; :func:`~teller.record.instrument.base.batch_text`). A failing
+        ``fields`` leaves them out; the STEP still opens."""
         rt = self.rt
         tls = self.tls
         if not getattr(tls, "in_scope", False) or tls.step_open:
             return
+        extra = ""
+        if fields is not None:
+            try:
+                extra = batch_text(fields())
+            except Exception as e:
+                self.failed("STEP batch fields", e)
         try:
-            rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids()}")
+            rt.push_step(f"STEP id={rt.next_step_id()} reqs={ids()}{extra}")
             tls.step_open = True
         except Exception as e:
             self.failed("STEP begin", e)

@@ -15,8 +15,16 @@ A request path starts at ``args`` (the call's positional arguments, without ``se
 element; the keys of a mapping). It is walked with ``getattr``/``[]`` only, never evaluated, and
 dunder names are refused. The result may be one id, a list of ids or a mapping (its keys).
 
-Messages: ``STEP id=<n> reqs=<ids>`` for STEP hooks (n counts steps in the process), else
-``<TAG> <Qualname.method>`` (plus `` reqs=<ids>`` when a request path is given).
+An optional ``[batch]`` table gives, for a STEP hook, a path (same syntax) to a mapping of
+batch-context fields read when the STEP opens (``prefill``, ``decode``, ``waiting``,
+``kv_used``, ``kv_total``, ``preempted``; ints, any subset; others ignored)::
+
+    [batch]
+    "myengine.server:Engine.step" = "self.batch_stats"
+
+Messages: ``STEP id=<n> reqs=<ids>[ prefill=.. decode=.. ...]`` for STEP hooks (n counts steps
+in the process), else ``<TAG> <Qualname.method>`` (plus `` reqs=<ids>`` when a request path is
+given).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teller.errors import InputError
-from teller.record.instrument.base import Instrumentor
+from teller.record.instrument.base import Instrumentor, batch_text
 
 TAGS = ("STEP", "FE", "BE", "COMM", "OTHER")
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -68,8 +76,8 @@ class RequestPath:
             pos = m.end()
         return cls(text, m_root(text), steps)
 
-    def ids(self, instance: Any, args: tuple, kwargs: dict) -> list[str]:
-        """Walk the path for one call; returns the ids as strings."""
+    def values(self, instance: Any, args: tuple, kwargs: dict) -> list[Any]:
+        """Walk the path for one call; returns what it reaches (one value per ``[*]`` element)."""
         vals = [{"args": args, "kwargs": kwargs, "self": instance}[self.root]]
         for kind, key in self.steps:
             if kind == "attr":
@@ -78,8 +86,12 @@ class RequestPath:
                 vals = [v[key] for v in vals]
             else:
                 vals = [x for v in vals for x in (v.keys() if isinstance(v, dict) else v)]
+        return vals
+
+    def ids(self, instance: Any, args: tuple, kwargs: dict) -> list[str]:
+        """Walk the path for one call; returns the ids as strings."""
         out: list[str] = []
-        for v in vals:
+        for v in self.values(instance, args, kwargs):
             if isinstance(v, dict):
                 out.extend(str(k) for k in v)
             elif isinstance(v, (list, tuple, set, frozenset)):
@@ -100,6 +112,7 @@ class HookSpec:
     path: str
     hooks: dict[str, str]
     requests: dict[str, RequestPath]
+    batch: dict[str, RequestPath] = field(default_factory=dict)
 
     def modules(self) -> list[str]:
         return sorted({t.split(":", 1)[0] for t in self.hooks})
@@ -115,7 +128,7 @@ def load_hooks(path: str | Path) -> HookSpec:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(p, f"not valid TOML ({e})", 'write entries as "module:Class.method" = "TAG"') from e
     table = dict(data.get("hooks", {}))
-    table.update({k: v for k, v in data.items() if k not in ("hooks", "requests")})
+    table.update({k: v for k, v in data.items() if k not in ("hooks", "requests", "batch")})
     if not table:
         raise InputError(p, "no hooks", 'add entries such as "mypkg.engine:Engine.step" = "STEP"')
     hooks: dict[str, str] = {}
@@ -139,7 +152,18 @@ def load_hooks(path: str | Path) -> HookSpec:
         except ValueError as e:
             raise InputError(p, f"[requests] entry {target!r}: path {expr!r} {e}",
                              'e.g. "args[0].reqs[*].rid"') from e
-    return HookSpec(str(p), hooks, requests)
+    batch: dict[str, RequestPath] = {}
+    for target, expr in dict(data.get("batch", {})).items():
+        if hooks.get(target) != "STEP":
+            raise InputError(p, f"[batch] entry {target!r} names a method that is not a STEP hook",
+                             f'add "{target}" = "STEP" above, or remove the entry')
+        if not isinstance(expr, str):
+            raise InputError(p, f"[batch] entry {target!r}: expected a string path", 'e.g. "self.batch_stats"')
+        try:
+            batch[target] = RequestPath.parse(expr)
+        except ValueError as e:
+            raise InputError(p, f"[batch] entry {target!r}: path {expr!r} {e}", 'e.g. "self.batch_stats"') from e
+    return HookSpec(str(p), hooks, requests, batch)
 
 
 class GenericInstrumentor(Instrumentor):
@@ -163,9 +187,11 @@ class GenericInstrumentor(Instrumentor):
         for target, tag in self.spec.hooks.items():
             mod, qual = target.split(":", 1)
             if mod == module.__name__:
-                self.wrap(module, qual, self._wrapper(tag, qual, self.spec.requests.get(target)))
+                self.wrap(module, qual, self._wrapper(tag, qual, self.spec.requests.get(target),
+                                                      self.spec.batch.get(target)))
 
-    def _wrapper(self, tag: str, qual: str, req: RequestPath | None) -> Callable:
+    def _wrapper(self, tag: str, qual: str, req: RequestPath | None,
+                 batch: RequestPath | None = None) -> Callable:
         inst, label, rt = self, f"{tag} {qual}", self.rt
         is_step = tag == "STEP"
 
@@ -176,7 +202,14 @@ class GenericInstrumentor(Instrumentor):
             try:
                 reqs = ",".join(req.ids(instance, args, kwargs)) if req is not None else None
                 if is_step:
-                    rt.push_step(f"STEP id={rt.next_step_id()} reqs={reqs or ''}")
+                    extra = ""
+                    if batch is not None:
+                        try:
+                            vals = batch.values(instance, args, kwargs)
+                            extra = batch_text(vals[0]) if len(vals) == 1 and isinstance(vals[0], dict) else ""
+                        except Exception as e:
+                            inst.failed(f"{qual} batch fields", e)
+                    rt.push_step(f"STEP id={rt.next_step_id()} reqs={reqs or ''}{extra}")
                 else:
                     rt.push(label if reqs is None else f"{label} reqs={reqs}")
                 opened = True

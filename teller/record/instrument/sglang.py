@@ -7,7 +7,13 @@ been run against a real SGLang: it does not install on the CPU machine this was 
 Hook points:
 
 - ``sglang.srt.managers.scheduler.Scheduler.run_batch(batch)``: one STEP,
-  ``STEP id=<n> reqs=<rid>,...`` with ``batch.reqs[i].rid``.
+  ``STEP id=<n> reqs=<rid>,...`` with ``batch.reqs[i].rid``, then the batch context
+  (:func:`sglang_batch_fields`, each field read on its own, left out when missing): an extend
+  (prefill) batch gives ``prefill`` = ``batch.extend_num_tokens``, a decode batch ``decode`` =
+  one token per request (``batch.forward_mode.is_extend()`` / ``is_decode()``); ``waiting`` =
+  ``len(scheduler.waiting_queue)``; KV in tokens (SGLang's pool is token-granular):
+  ``kv_total`` = ``scheduler.max_total_num_tokens``, ``kv_used`` = that less
+  ``scheduler.token_to_kv_pool_allocator.available_size()``. No ``preempted``.
 - ``sglang.srt.model_executor.model_runner.ModelRunner.load_model``: FE hooks on ``self.model``;
   ``ModelRunner.sample``: ``FE Sampling``.
 - ``sglang.srt.distributed.parallel_state.GroupCoordinator`` collectives: COMM ranges.
@@ -47,4 +53,29 @@ class SGLangInstrumentor(EngineInstrumentor):
     def _run_batch(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         batch = args[0] if args else kwargs.get("batch")
         return self.step_scope(wrapped, instance, args, kwargs,
-                               ids=lambda: ",".join(str(r.rid) for r in (getattr(batch, "reqs", None) or ())))
+                               ids=lambda: ",".join(str(r.rid) for r in (getattr(batch, "reqs", None) or ())),
+                               fields=lambda: sglang_batch_fields(instance, batch))
+
+
+def sglang_batch_fields(scheduler: Any, batch: Any) -> dict[str, int]:
+    """The batch context of one ``Scheduler.run_batch(batch)`` (see the module docstring)."""
+    f: dict[str, int] = {}
+    try:
+        mode = batch.forward_mode
+        if mode.is_extend():
+            f["prefill"], f["decode"] = int(batch.extend_num_tokens), 0
+        elif mode.is_decode():
+            f["prefill"], f["decode"] = 0, len(batch.reqs)
+    except Exception:
+        pass
+    try:
+        f["waiting"] = len(scheduler.waiting_queue)
+    except Exception:
+        pass
+    try:
+        total = int(scheduler.max_total_num_tokens)
+        avail = int(scheduler.token_to_kv_pool_allocator.available_size())
+        f["kv_used"], f["kv_total"] = max(0, total - avail), total
+    except Exception:
+        pass
+    return f

@@ -15,6 +15,14 @@ Hook points:
   when it returns: ``STEP id=<n> reqs=<ids>`` with the keys of
   ``SchedulerOutput.num_scheduled_tokens`` (vLLM's internal ids: the external id plus ``-`` and
   8 random characters). A batch-queue step that schedules nothing opens no STEP.
+  The batch context follows (:func:`vllm_batch_fields`, each field read on its own and left
+  out when this version lacks it): ``prefill``/``decode`` from ``num_scheduled_tokens`` (a
+  request in ``scheduled_new_reqs`` or given more than one token counts as prefill, the others
+  as one decode token each; speculative decoding's multi-token decodes count as prefill),
+  ``waiting`` = ``len(scheduler.waiting)``, ``kv_total``/``kv_used`` from
+  ``scheduler.kv_cache_manager.block_pool`` (``num_gpu_blocks``, ``get_num_free_blocks()``),
+  ``preempted`` = ``len(SchedulerOutput.preempted_req_ids)`` where the output has it. Worker
+  STEPs carry the ids only.
 - ``vllm.v1.worker.gpu_worker.Worker.execute_model(scheduler_output)``: in worker processes (or
   worker threads) a STEP of its own with the same request ids, unless a STEP is already open
   on the thread (uni-process executor on the engine thread). When it returns None, sampling
@@ -37,6 +45,39 @@ from teller.record.instrument.engine import EngineInstrumentor
 
 def _scheduled_ids(scheduler_output: Any) -> str:
     return ",".join(str(k) for k in getattr(scheduler_output, "num_scheduled_tokens", {}) or {})
+
+
+def vllm_batch_fields(scheduler: Any, out: Any) -> dict[str, int]:
+    """The batch context of one ``Scheduler.schedule()`` (O(batch); see the module docstring)."""
+    f: dict[str, int] = {}
+    try:
+        new = {str(getattr(r, "req_id", "")) for r in (getattr(out, "scheduled_new_reqs", None) or ())}
+        prefill = decode = 0
+        for rid, n in (getattr(out, "num_scheduled_tokens", None) or {}).items():
+            if str(rid) in new or int(n) > 1:
+                prefill += int(n)
+            else:
+                decode += int(n)
+        f["prefill"], f["decode"] = prefill, decode
+    except Exception:
+        pass
+    try:
+        f["waiting"] = len(scheduler.waiting)
+    except Exception:
+        pass
+    try:
+        pool = scheduler.kv_cache_manager.block_pool
+        total = int(pool.num_gpu_blocks)
+        f["kv_used"], f["kv_total"] = max(0, total - int(pool.get_num_free_blocks())), total
+    except Exception:
+        pass
+    pre = getattr(out, "preempted_req_ids", None)
+    if pre is not None:
+        try:
+            f["preempted"] = len(pre)
+        except Exception:
+            pass
+    return f
 
 
 class VLLMInstrumentor(EngineInstrumentor):
@@ -77,7 +118,7 @@ class VLLMInstrumentor(EngineInstrumentor):
         finally:
             self.rt.pop()
         if getattr(out, "total_num_scheduled_tokens", 1):
-            self.open_step(lambda: _scheduled_ids(out))
+            self.open_step(lambda: _scheduled_ids(out), lambda: vllm_batch_fields(instance, out))
         return out
 
     # ---- worker --------------------------------------------------------------------------------
