@@ -106,6 +106,9 @@ def reconstruct_lines(s: dict[str, Any], run: str) -> list[str]:
     if s.get("steps_detail") and rule != "STEP ranges":
         rule = f"{rule}: {s['steps_detail']}"
     comm = f", {n(int(s['comm_edges']), 'collective edge')}" if s.get("comm_edges") else ""
+    it = s.get("iterations") if isinstance(s.get("iterations"), dict) else {}
+    if it.get("count"):
+        comm += f", {n(int(it['count']), 'engine iteration')}"
     lines = [f"reconstructed {run}: {n(int(s.get('nodes', 0)), 'node')} on {n(int(s.get('threads', 0)), 'thread')}, "
              f"{n(int(s.get('steps', 0)), 'step')} ({rule}), {n(int(s.get('requests', 0)), 'request')}{comm}"]
     gpu, bound = int(s.get("gpu_activity") or 0), int(s.get("gpu_bound") or 0)

