@@ -72,12 +72,14 @@ def _requests_by_step(path: Path, step_ids: list[int]) -> dict[int, list[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from teller.logs.ids import natural_key
+
     t = rd.read_table("requests")
     t = t.filter(pc.is_in(t.column("step_id"), value_set=pa.array(step_ids, pa.int64())))
     out: dict[int, list[str]] = {}
     for sid, rq in zip(t.column("step_id").to_pylist(), t.column("request_id").to_pylist(), strict=True):
         out.setdefault(int(sid), []).append(rq)
-    return out
+    return {sid: sorted(rq, key=natural_key) for sid, rq in out.items()}
 
 
 def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, source: str,
