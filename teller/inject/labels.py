@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from teller.forest import Forest
+from teller.forest import COLD_STEPS, Forest, warmup_steps  # noqa: F401 (COLD_STEPS, warmup_steps: re-exported)
 from teller.inject import CATEGORY_TITLES
 from teller.rundir import LAYER_CODE, RunDir
 
@@ -145,31 +145,6 @@ class StepMeasures:
             if f in suffixes or (layer == "FE" and any(nm.endswith(s) for s in suffixes)):
                 out.append(f)
         return out
-
-
-#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
-COLD_STEPS = 2
-
-
-def warmup_steps(steps: pa.Table) -> np.ndarray:
-    """Steps kept out of every reference: those serving only the workload's warm-up requests
-    (``reqs=warmup_…``) and the first :data:`COLD_STEPS` steps of each process."""
-    import pyarrow.compute as pc
-
-    n = steps.num_rows
-    if not n:
-        return np.zeros(0, bool)
-    name = steps.column("name").cast(pa.string())
-    warm = pc.match_substring_regex(name, r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)").fill_null(False)
-    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
-    pid = steps.column("pid").to_numpy().astype(np.int64)
-    start = steps.column("start_ns").to_numpy().astype(np.int64)
-    order = np.lexsort((start, pid))
-    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
-    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    rank_in_pid = np.empty(n, np.int64)
-    rank_in_pid[order] = np.arange(n) - grp_start
-    return warm | (rank_in_pid < COLD_STEPS)
 
 
 def _pct(x: np.ndarray, q: float) -> float:
