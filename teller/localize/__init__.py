@@ -92,6 +92,11 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
             feats = [run_features(f.path, layers=layers) for f in feats]
     X_parts, fam_parts, grp_parts, b_parts = [], [], [], []
     offset = warm_left = 0
+    warmup_note = ""
+    if not keep_warmup and not any(reference_mask(f).any() for f in feats):
+        # a reference of warm-up steps only (a short foreign trace): better than none
+        keep_warmup = True
+        warmup_note = "the reference holds warm-up steps only: they were kept"
     for f in feats:
         keep = reference_mask(f, keep_warmup)
         if not keep_warmup and f.steps.warmup is not None:
@@ -131,6 +136,7 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "reference_steps_flagged": flagged,
         "reference_warmup_steps": warm_left if not keep_warmup else 0,
         "keep_warmup": bool(keep_warmup),
+        **({"warmup_note": warmup_note} if warmup_note else {}),
         "step_rules": sorted({f.steps.rule for f in feats}),
     }
     return est

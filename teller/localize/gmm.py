@@ -258,7 +258,8 @@ class GMMLocalizer(BaseEstimator):
         du = u[ok] - uc
         Lk = L[ok]
         fin = np.isfinite(Lk)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             mL = np.nanmean(np.where(fin, Lk, np.nan), axis=0)
             cov = np.nansum(np.where(fin, (Lk - mL) * du[:, None], np.nan), axis=0)
             var = np.sum(np.where(fin, du[:, None] ** 2, 0.0), axis=0)
@@ -324,8 +325,9 @@ class GMMLocalizer(BaseEstimator):
             self._fit_slope(f, L, u)
             L = self._debatch(f, L, u)
         nan = np.isnan(L)
-        self.nan_values_ += int(nan.sum())
-        with np.errstate(all="ignore"):
+        self.nan_values_ += int((~np.isfinite(Xf)).sum())
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (features of other layers)
             med = np.nanmedian(L, axis=0) if len(L) else np.zeros(L.shape[1])
             q75, q25 = (np.nanpercentile(L, [75, 25], axis=0) if len(L) else (np.zeros(L.shape[1]),) * 2)
             varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum()) if len(L) else 0
@@ -597,7 +599,10 @@ class GMMLocalizer(BaseEstimator):
         if header.get("version", 0) > ARTEFACT_VERSION:
             raise TellerError(f"{path}: localizer artefact version {header['version']} is newer than this teller; upgrade teller")
         known = cls().get_params()
-        est = cls(**{k: v for k, v in header["params"].items() if k in known})
+        params = {k: v for k, v in header["params"].items() if k in known}
+        if isinstance(params.get("context_features"), list):  # JSON has no tuples
+            params["context_features"] = tuple(params["context_features"])
+        est = cls(**params)
         est.families_ = data["families"]
         est.feature_names_in_ = data["feature_names"]
         est.n_features_in_ = len(est.feature_names_in_)
