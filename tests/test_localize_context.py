@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_localize import N, forest_table
 
 from teller.errors import TellerError
 from teller.forest import COLD_STEPS, Forest, warmup_steps
@@ -28,8 +29,6 @@ from teller.localize.features import (
 )
 from teller.localize.gmm import GMMLocalizer
 from teller.rundir import RunDir
-
-from test_localize import N, forest_table
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "h200_normal_a"

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from teller.errors import TellerError
-from teller.localize.features import FEATURES, OP_FEATURES, SCORED_LAYERS, Instances, RunFeatures, run_features
+from teller.localize.features import (
+    FEATURES,
+    OP_FEATURES,
+    SCORED_LAYERS,
+    Instances,
+    RunFeatures,
+    run_features,
+)
 from teller.reconstruct.ensure import ensure_reconstructed
 
 if TYPE_CHECKING:
