@@ -288,7 +288,7 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     out += f" in step {step['step_num']} on rank {step['rank']}: evidence {ops}"
     ev = [x for x in step.get("suspects") or [] if x.get("evidence")]
     if ev:
-        out += f"; measured: {ev[0]['family']} {evidence_text(ev[0]['evidence'][0])} against the reference"
+        out += f"; measured: {suspect_name(ev[0])} {evidence_text(ev[0]['evidence'][0])} against the reference"
     out += "."
     if mech and reg[mech].cause:
         out += f" Cause: {reg[mech].cause}."
