@@ -333,7 +333,10 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage.
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     path = Path(model) if model is not None else DEFAULT_MODEL
-    flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0]
+    # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
+    # are left to the numeric stage
+    by_step_ranges = diag.get("steps_rule", {}).get("rule", "STEP ranges") == "STEP ranges"
+    flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0 and by_step_ranges]
     try:
         from teller.rca import load
     except ImportError as e:  # torch / transformers not installed: the numeric stage alone
@@ -358,6 +361,13 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         from teller.forest import Forest
 
         forest = Forest.read(rd.path).table
+    import pyarrow.compute as pc
+
+    # only STEP nodes (rows that are their own step) have subtrees the model can read
+    step_ids = set(forest.filter(pc.equal(forest.column("node_id"), forest.column("step_id"))).column("node_id").to_pylist())
+    flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
+    if not flagged:
+        return info
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
     inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
