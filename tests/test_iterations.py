@@ -255,7 +255,7 @@ def test_show_step_prints_the_iteration(tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith("iteration of step 0 (rank 0, tid 1): 800.0 µs = schedule 100.0 µs + step 390.0 µs")
     assert "gap 310.0 µs (1 GAP node(s))" in lines[0] and "prefill=12 decode=0 waiting=1 kv_used=3 kv_total=64 preempted=0" in out
-    sched, stp, gap = (next(i for i, x in enumerate(lines) if x.startswith(p)) for p in ("OTHER schedule", "STEP STEP id=0", "GAP untraced"))
+    sched, stp, gap = (next(i for i, x in enumerate(lines) if x.startswith(p)) for p in ("OTHER schedule", "STEP id=0", "GAP untraced"))
     assert sched < stp < gap and "300.0 µs" in lines[gap] and "aten::mm" in out
     console = Console(record=True, width=200)
     show(tmp_path / "run", step=2, console=console)

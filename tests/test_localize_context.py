@@ -236,13 +236,19 @@ def _write_iterations(run: Path, gap_ns: np.ndarray, warmup: np.ndarray, rows: s
 
 def test_iterations_are_read_when_present(example_run, tmp_path):
     rd = RunDir(example_run)
-    assert read_iterations(rd) is None  # absent: step-only features
+    # reconstruct wrote the run's own iterations: their features are on the STEP instances
+    assert read_iterations(rd) is not None
     fa = Forest.read(example_run)
     st = read_steps(rd, fa)
-    assert st.iterations is None and st.warmup is not None
+    assert st.iterations is not None and st.warmup is not None
     rf = run_features(example_run)
     step_rows = np.flatnonzero(rf.instances.family_of() == "STEP")
-    assert len(step_rows) == st.n and np.isnan(rf.instances.X[step_rows][:, F["iter.dur"]]).all()
+    assert len(step_rows) == st.n and np.isfinite(rf.instances.X[step_rows][:, F["iter.dur"]]).all()
+    # absent (a run reconstructed before iterations existed): step-only features
+    old = tmp_path / "old"
+    shutil.copytree(example_run, old)
+    (old / "iterations.parquet").unlink()
+    assert read_iterations(RunDir(old)) is None and read_steps(RunDir(old), fa).iterations is None
 
     ref = tmp_path / "ref"
     bad = tmp_path / "bad"
