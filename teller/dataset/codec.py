@@ -125,13 +125,11 @@ def _siblings(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return prev, last
 
 
-def _tree_size(p: np.ndarray) -> np.ndarray:
+def _tree_size(p: np.ndarray, levels: list[np.ndarray] | None = None) -> np.ndarray:
     """Rows in each row's subtree, counting only rows in the file."""
     n = len(p)
-    lvl = _chain((p >= 0).astype(np.int64), p)
     cnt = np.ones(n, np.int64)
-    for d in range(int(lvl.max()) if n else 0, 0, -1):
-        rows = np.flatnonzero(lvl == d)
+    for rows in (_levels(p) if levels is None else levels)[:0:-1]:
         cnt += np.bincount(p[rows], weights=cnt[rows], minlength=n).astype(np.int64)
     return cnt
 
@@ -165,6 +163,53 @@ def _time_refs(p: np.ndarray, device: np.ndarray | None) -> tuple[np.ndarray, np
         host_last[:] = False
     eref = np.where(host_last, n + last, np.arange(n))
     return sref, eref
+
+
+def _levels(p: np.ndarray) -> list[np.ndarray]:
+    """Rows of each tree level (0: rows without a parent in the file), each level's rows grouped by
+    parent, in row order within a parent."""
+    if not len(p):
+        return [np.zeros(0, np.int64)]
+    lvl = _chain((p >= 0).astype(np.int64), p)
+    o = np.lexsort((np.arange(len(p)), p, lvl))
+    bounds = np.searchsorted(lvl[o], np.arange(int(lvl.max()) + 2))
+    return [o[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+
+
+def _decode_times(g: np.ndarray, c: np.ndarray, p: np.ndarray, levels: list[np.ndarray],
+                  device: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Undo the references of :func:`_time_refs` level by level: each row's extent ``end - start``
+    from its children (deepest level first: a sibling's start is the previous sibling's end plus
+    its gap, a segmented running sum), then the starts from the roots down."""
+    n = len(p)
+    _, last = _siblings(p)
+    host_last = last >= 0
+    if device is not None:
+        host_last[host_last] = ~device[last[host_last]]
+    else:
+        host_last[:] = False
+    ext = c.copy()  # end - start; rows whose end refers to their own start are done
+    rel = np.zeros(n, np.int64)  # start - parent's start
+    with np.errstate(over="ignore"):
+        for rows in levels[:0:-1]:
+            par = p[rows]
+            first = np.r_[True, par[1:] != par[:-1]]
+            a = g[rows].copy()
+            a[~first] += ext[rows[:-1][~first[1:]]]  # after a sibling: its extent, then the gap
+            cs = np.cumsum(a)
+            starts = np.flatnonzero(first)
+            base = np.repeat(cs[starts] - a[starts], np.diff(np.r_[starts, len(rows)]))
+            rel[rows] = cs - base
+            pp = par[first]  # each parent once; its end refers to its last child's end
+            hl = pp[host_last[pp]]
+            ext[hl] = c[hl] + rel[last[hl]] + ext[last[hl]]
+        s = np.zeros(n, np.int64)
+        roots = levels[0]
+        s[roots] = np.cumsum(g[roots])  # a root refers to the previous root's start
+        for rows in levels[1:]:
+            s[rows] = s[p[rows]] + rel[rows]
+        e = s + ext
+    return s, e
 
 
 def _name_order(codes) -> np.ndarray:
@@ -302,6 +347,7 @@ def _decode_v2(t: pa.Table, schema: pa.Schema, done: list[str]) -> pa.Table:
         cols["parent_id"] = pa.array(np.where(off < 0, -1, cols["node_id"].to_numpy() - off))
     tree = "node_id" in done and "parent_id" in done
     p = _parents(cols["node_id"].to_numpy(), cols["parent_id"].to_numpy()) if tree else None
+    levels = _levels(p) if tree else None
     o = _name_order(cols["name"]) if "times:name" in done else None
     strings = {d[4:] for d in done if d.startswith("str:")}
     for c, k in [d[5:].rsplit(":", 1) for d in done if d.startswith("dict:")]:
@@ -317,13 +363,8 @@ def _decode_v2(t: pa.Table, schema: pa.Schema, done: list[str]) -> pa.Table:
         sl = slice(None) if o is None else o
         const[:n][sl] = cols["start_ns"].to_numpy()
         const[n:][sl] = cols["end_ns"].to_numpy()
-        sref, eref = _time_refs(p, _device_rows(cols.get("kind")))
-        roots = np.flatnonzero(p < 0)  # each root refers to the previous one: one running sum
-        with np.errstate(over="ignore"):
-            const[roots] = np.cumsum(const[roots])
-        sref[roots] = -1
-        val = _chain(const, np.concatenate([sref, eref]))
-        cols["start_ns"], cols["end_ns"] = pa.array(val[:n]), pa.array(val[n:])
+        start, end = _decode_times(const[:n], const[n:], p, levels, _device_rows(cols.get("kind")))
+        cols["start_ns"], cols["end_ns"] = pa.array(start), pa.array(end)
     if "corr" in done:
         stored = cols["corr_id"]
         inherit = stored.is_null().to_numpy(zero_copy_only=False)
@@ -331,13 +372,19 @@ def _decode_v2(t: pa.Table, schema: pa.Schema, done: list[str]) -> pa.Table:
         const = np.zeros(n, np.int64)
         with np.errstate(over="ignore"):
             const[own] = np.cumsum(stored.drop_null().to_numpy())
-        cv = _chain(const, np.where(inherit, p, -1))
+        cv = const
+        for rows in levels[1:]:  # a row that takes its parent's id: top down
+            rows = rows[inherit[rows]]
+            cv[rows] = cv[p[rows]]
         valid = cols.pop("corr_id_valid").to_numpy(zero_copy_only=False).astype(bool) if "corr_id_valid" in cols else None
         cols["corr_id"] = pa.array(cv, mask=None if valid is None else ~valid)
     if "depth" in done:
-        cols["depth"] = pa.array(_chain(cols["depth"].to_numpy().astype(np.int64) + (p >= 0), p))
+        depth = cols["depth"].to_numpy().astype(np.int64)
+        for rows in levels[1:]:
+            depth[rows] += depth[p[rows]] + 1
+        cols["depth"] = pa.array(depth)
     if "size" in done:
-        cols["size"] = pa.array(cols["size"].to_numpy().astype(np.int64) + _tree_size(p))
+        cols["size"] = pa.array(cols["size"].to_numpy().astype(np.int64) + _tree_size(p, levels))
     return pa.table([cols[f.name].cast(f.type) for f in schema], schema=schema)
 
 
