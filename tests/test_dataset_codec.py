@@ -111,6 +111,7 @@ def _steps(n_steps: int, rng: np.random.Generator) -> pa.Table:
     end = start + rng.integers(-5, 10**6, n)
     end[rng.integers(0, n, 2)] = [2**63 - 1, -(2**63)]
     depth = rng.integers(-3, 9, n)  # not what the tree says: stored as the difference
+    depth[:2] = [2**31 - 1, -(2**31)]
     return pa.table({
         "node_id": pa.array([r[0] for r in rows], pa.int64()),
         "parent_id": pa.array([r[1] for r in rows], pa.int64()),

@@ -285,11 +285,11 @@ def encode(forest: pa.Table) -> pa.Table:
     depth = _i64(cols.get("depth"))
     if p is not None and depth is not None:
         up = np.where(p >= 0, depth[np.maximum(p, 0)] + 1, 0)
-        cols["depth"] = pa.array(depth - up).cast(cols["depth"].type)
+        cols["depth"] = pa.array(depth - up)  # int64: exact whatever the values
         done.append("depth")
     size = _i64(cols.get("size"))
     if p is not None and size is not None:
-        cols["size"] = pa.array(size - _tree_size(p)).cast(cols["size"].type)
+        cols["size"] = pa.array(size - _tree_size(p))
         done.append("size")
     if nid is not None:
         cols["node_id"] = pa.array(_prev_diff(nid))
