@@ -29,7 +29,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from teller.dataset.codec import CODEC, codec_of, differing_columns, read_subtrees, write_subtree_parts
+from teller.dataset.codec import (
+    CODEC,
+    codec_of,
+    differing_columns,
+    read_subtrees,
+    write_subtree_parts,
+)
 
 
 def _bytes(folder: Path) -> int:

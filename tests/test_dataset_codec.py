@@ -12,8 +12,17 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from teller.dataset.codec import (CODEC, CODEC_V1, codec_of, decode, differing_columns, read_subtrees,
-                                  recode_dataset, write_subtree_parts, write_subtrees)
+from teller.dataset.codec import (
+    CODEC,
+    CODEC_V1,
+    codec_of,
+    decode,
+    differing_columns,
+    read_subtrees,
+    recode_dataset,
+    write_subtree_parts,
+    write_subtrees,
+)
 from teller.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +98,7 @@ def _steps(n_steps: int, rng: np.random.Generator) -> pa.Table:
     """Steps of a host range with launches, kernels (device rows) and nested host calls."""
     rows = []
     nid = 100
-    for s in range(n_steps):
+    for _ in range(n_steps):
         root = nid
         rows.append((nid, -1, "STEP", "RANGE", None))
         nid += 1

@@ -11,22 +11,26 @@ bits are measurement jitter; the rest is structure that the rows already imply. 
   the parent for a first child, or the start of the previous root for a root;
 - ``end_ns`` against the end of the last child when that child runs on the host (the tail of a
   range after its last call), else against the row's own start (its duration). Both time columns
-  are stored grouped by ``name`` (the stable order of the name codes, which the reader recomputes
-  from the decoded names): rows of one op have durations and gaps of one size, which zstd codes in
+  are stored grouped by ``name`` (the stable order of the stored name codes, which the reader
+  computes from the same codes): rows of one op have durations and gaps of one size, which zstd codes in
   fewer bits than the same values in tree order;
 - ``corr_id``: null where the row's id is its parent's (a kernel and its launch), else the
   difference from the previous row that is not; ``corr_id_valid`` only when some id is null;
 - ``depth`` and ``size`` as the difference from what the tree implies (zero unless the file holds
   a step only in part);
-- dictionary columns other than ``run_id`` as their codes plus their dictionary in a companion
-  column ``<name>.values`` padded with nulls (Parquet's own dictionary pages code them worse);
+- dictionary and string columns other than ``run_id`` (``name``, ``layer``, ``kind``, ``args``)
+  as codes plus their distinct values in a companion column ``<name>.values`` padded with nulls
+  (Parquet's own dictionary pages code them worse); a dictionary keeps only the entries the
+  file's rows use, in their order, so the values read back are the same while the codes may not
+  be (:func:`differing_columns` compares by value);
 
 with BYTE_STREAM_SPLIT for the numbers of varying width, all under zstd. Every transform is exact
 in 64-bit two's complement (differences wrap as the sums that undo them do), and a column that
 does not fit its transform (nulls, a missing partner column) is stored as it is. On the H200
-recordings (``data/h200_v1``) this stores a row in about 4 bytes instead of 5.5 (v1) and 10.5
-(plain Parquet): the jitter of two nanosecond times is most of what is left
-(``benchmarks/dataset_codec.py``).
+recordings (``data/h200_v1``) this stores a row in 4.05 bytes instead of 5.55 (v1; 10.5 as
+plain Parquet), 3.4 of them the two times, whose nanosecond jitter no lossless transform removes
+(``benchmarks/dataset_codec.py``, ``benchmarks/README.md``). Reading costs a few numpy passes per
+tree level (:func:`_decode_times`).
 
 Format ``teller-subtrees/1`` (read only; ``data/h200_v1`` is stored in it): ``start_ns``,
 ``node_id`` and ``corr_id`` as differences from the previous row, ``end_ns`` as the duration,
@@ -35,7 +39,7 @@ a dataset's subtrees in the current format.
 
 A dataset's rows are cut into parts of at most :data:`PART_ROWS` rows, at step boundaries where
 possible, each part encoded on its own, so no file of a committed dataset grows large.
-:func:`read_subtrees` returns the forest columns bit for bit, whatever the format of each part
+:func:`read_subtrees` returns the forest columns value for value, whatever the format of each part
 (``tests/test_dataset_codec.py``).
 """
 
