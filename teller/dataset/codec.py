@@ -46,7 +46,9 @@ possible, each part encoded on its own, so no file of a committed dataset grows 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +70,8 @@ _DEVICE_KINDS = ("KERNEL", "MEMCPY", "MEMSET")
 #: columns kept as Parquet dictionary columns (``run_id`` is read alone by run filters)
 _KEEP_DICT = ("run_id",)
 _SPLIT = ("start_ns", "end_ns", "node_id", "parent_id", "corr_id")
-COMPRESSION, LEVEL = "zstd", 19
+#: zstd level: 19 is 1% smaller and 3x slower to write (benchmarks/README.md)
+COMPRESSION, LEVEL = "zstd", 15
 
 
 def _prev_diff(x: np.ndarray) -> np.ndarray:
@@ -435,11 +438,12 @@ def write_subtree_parts(forest: pa.Table, folder: str | Path, part_rows: int = P
     for old in folder.glob("part-*.parquet"):
         old.unlink()
     cuts = _cuts(forest, part_rows)
-    paths = []
-    for k, a in enumerate(cuts):
-        b = cuts[k + 1] if k + 1 < len(cuts) else forest.num_rows
-        paths.append(folder / f"part-{k:05d}.parquet")
-        write_subtrees(forest.slice(a, b - a), paths[-1])
+    paths = [folder / f"part-{k:05d}.parquet" for k in range(len(cuts))]
+    ends = cuts[1:] + [forest.num_rows]
+    jobs = [(forest.slice(a, b - a), path) for a, b, path in zip(cuts, ends, paths)]
+    # parts are independent: encoded and compressed on several cores (numpy and Parquet release the GIL)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1, 8))) as pool:
+        list(pool.map(lambda job: write_subtrees(*job), jobs))
     return paths
 
 
