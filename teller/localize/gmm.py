@@ -90,7 +90,12 @@ ARTEFACT_VERSION = 2
 _LOG2PI = math.log(2 * math.pi)
 
 
+#: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
+MIN_SAMPLES_PER_DIM = 10
+
+
 @dataclass
+
 class StepScores:
     """Step-level output of :meth:`GMMLocalizer.score_steps`, all arrays."""
 
@@ -284,7 +289,13 @@ class GMMLocalizer(BaseEstimator):
             # too few samples to trust a spread: one robust unit at least
             return np.ones(1), Z.mean(axis=0, keepdims=True), np.maximum(np.maximum(Z.var(axis=0, keepdims=True), floor), 1.0)
         if k is None:
-            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)))
+            # a diagonal component holds 2 parameters per varying dimension: at least
+            # MIN_SAMPLES_PER_DIM samples per dimension and component, or the extra components
+            # fit the reference's own noise (a step-level family of 150 steps in 8 dimensions
+            # gets one component; operator families of thousands keep their choice)
+            dims = max(1, int((Z.std(axis=0) > 0).sum()))
+            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)),
+                       max(1, n // (MIN_SAMPLES_PER_DIM * dims)))
             ks = range(1, kmax + 1)
         else:
             ks = [max(1, min(k, len(np.unique(Z, axis=0))))]
