@@ -334,8 +334,58 @@ class RunDir:
         tmp.replace(out)
         return out
 
-    def event_files(self) -> list[Path]:
-        return sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+    def event_files(self, skip_copies: bool = False) -> list[Path]:
+        """The events files, sorted by name; ``skip_copies``: without the exact copies of an
+        earlier file (:meth:`copied_event_files`), as every reader of the events sees them."""
+        files = sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+        if skip_copies and len(files) > 1:
+            copies = self.copied_event_files()
+            files = [f for f in files if f not in copies]
+        return files
+
+    def copied_event_files(self) -> dict[Path, Path]:
+        """Events files that hold exactly the rows of an earlier file (by name), each mapped to
+        that file: a chunk copied inside ``events/`` (``471-00003 (copy).parquet``) would
+        otherwise count its events twice and double its steps (docs/design.md §17).
+
+        Candidates share row count and the row-group statistics of ``start_ns``/``end_ns``
+        (metadata only); only those are read and compared. Cached per listing of the folder."""
+        files = sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+        stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()])
+        if getattr(self, "_copies", (None,))[0] == stamp:
+            return self._copies[1]
+        groups: dict[tuple, list[Path]] = {}
+        for f in files:
+            try:
+                md = pq.ParquetFile(f).metadata
+                names = [md.schema.column(i).name for i in range(md.num_columns)]
+                key: tuple = (md.num_rows,)
+                for c in ("start_ns", "end_ns"):
+                    if c not in names:
+                        continue
+                    j = names.index(c)
+                    for g in range(md.num_row_groups):
+                        st = md.row_group(g).column(j).statistics
+                        key += (st.min, st.max) if st is not None and st.has_min_max else (None,)
+            except (pa.ArrowInvalid, OSError):
+                continue  # unreadable: the readers name it
+            if md.num_rows:
+                groups.setdefault(key, []).append(f)
+        copies: dict[Path, Path] = {}
+        for same in groups.values():
+            kept: list[tuple[Path, pa.Table]] = []
+            for f in same:
+                try:
+                    t = pq.read_table(f)
+                except (pa.ArrowInvalid, OSError):
+                    continue
+                orig = next((k for k, kt in kept if kt.schema.equals(t.schema) and kt.equals(t)), None)
+                if orig is None:
+                    kept.append((f, t))
+                else:
+                    copies[f] = orig
+        self._copies = (stamp, copies)
+        return copies
 
     def read_events(self, columns: list[str] | None = None) -> pa.Table:
         """All events of the run as one table (dictionaries unified).
@@ -348,14 +398,14 @@ class RunDir:
         """
         want = list(columns) if columns is not None else list(EVENT_COLUMNS)
         tables = []
-        for f in self.event_files():
+        for f in self.event_files(skip_copies=True):
             try:
                 pf = pq.ParquetFile(f)
                 names = set(pf.schema_arrow.names)
                 _check_event_file(f, pf, names)
                 t = pf.read(columns=[c for c in want if c in names])
             except (pa.ArrowInvalid, OSError) as e:
-                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
+                raise TellerError(unreadable_parquet(f, e)) from e
             for c in want:
                 if c not in names:  # an optional column: its default
                     t = t.append_column(EVENT_SCHEMA.field(c), events_table({}, t.num_rows).column(c))
@@ -435,6 +485,14 @@ def _check_event_file(path: Path, pf: pq.ParquetFile, names: set[str]) -> None:
             nulls += k
         if nulls:
             raise TellerError(f"{path}: column {c!r} has {nulls} null values (first at row {row}); {_EVENTS_FIX}")
+
+
+def unreadable_parquet(path: Path, err: BaseException) -> str:
+    """One line naming an events file Parquet cannot decode (a corrupt page behind an intact
+    footer, a cut file) and the fix (docs/design.md §17)."""
+    why = " ".join(str(err).split()) or type(err).__name__
+    return (f"{path}: unreadable Parquet ({why[:300]}); the file is damaged: move it out of "
+            f"{path.parent} to use the rest of the run, or re-run the recording/ingest that wrote it")
 
 
 def now_unix_ns() -> int:

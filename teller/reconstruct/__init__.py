@@ -49,6 +49,8 @@ from teller.reconstruct.iterations import GAP_MIN_NS, GAP_NAME, IDLE_NAME, ITERA
 from teller.reconstruct.ranges import pair
 from teller.reconstruct.steps import RULES, ForestRows, Steps, decide_steps, steps_tables, warmup_steps
 from teller.rundir import (
+    EVENT_SCHEMA,
+    OPTIONAL_EVENT_COLUMNS,
     FLAG_DUPLICATE,
     FLAG_NAMES,
     FLAG_REPAIRED,
@@ -60,6 +62,7 @@ from teller.rundir import (
     LAYERS,
     RunDir,
     kind_codes,
+    unreadable_parquet,
 )
 
 __all__ = ["reconstruct"]
@@ -96,16 +99,35 @@ class _Numeric:
 
     def __init__(self, rd: RunDir):
         self.files = []
-        for f in rd.event_files():
+        self.copies = rd.copied_event_files()
+        for f in rd.event_files(skip_copies=True):
             try:
                 self.files.append((f, pq.ParquetFile(f)))
             except (pa.ArrowInvalid, OSError) as e:
-                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
+                raise TellerError(unreadable_parquet(f, e)) from e
         self.n = sum(pf.metadata.num_rows for _, pf in self.files)
+        self.copied_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in self.copies)
+
+    def _has(self, pf: pq.ParquetFile, f: Path, name: str) -> bool:
+        """Whether file ``f`` has column ``name``; an optional one (layer, flags, args) may be
+        absent and reads as its default, a required one is an error naming the file."""
+        if name in pf.schema_arrow.names:
+            return True
+        if name in OPTIONAL_EVENT_COLUMNS:
+            return False
+        raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
+
+    def _row_group(self, f: Path, pf: pq.ParquetFile, g: int, name: str) -> pa.ChunkedArray:
+        try:
+            return pf.read_row_group(g, columns=[name]).column(0)
+        except (pa.ArrowInvalid, OSError) as e:  # a corrupt page behind an intact footer
+            raise TellerError(unreadable_parquet(f, e)) from e
 
     def _fits_int32(self, name: str) -> bool:
         """Row-group statistics say every value fits int32 (no statistics: assume not)."""
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 st = pf.metadata.row_group(g).column(idx).statistics
@@ -116,7 +138,10 @@ class _Numeric:
     def constant(self, name: str) -> int | None:
         """The single value of a column without nulls, when row-group statistics prove it."""
         vals = set()
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                vals.add(0 if name == "flags" else -1)
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 st = pf.metadata.row_group(g).column(idx).statistics
@@ -127,7 +152,9 @@ class _Numeric:
 
     def all_null(self, name: str) -> bool:
         """Row-group statistics say the column holds only nulls (e.g. ``args`` of NVTX events)."""
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 col = pf.metadata.row_group(g).column(idx)
@@ -135,6 +162,15 @@ class _Numeric:
                 if st is None or st.null_count is None or st.null_count != col.num_values:
                     return False
         return True
+
+    def _string_chunks(self, f: Path, pf: pq.ParquetFile, name: str):
+        """The chunks of a string column, row group by row group; an absent ``layer`` column
+        reads as "" (decided by reconstruction)."""
+        if not self._has(pf, f, name):
+            yield pa.DictionaryArray.from_arrays(pa.array(np.zeros(pf.metadata.num_rows, np.int32)), pa.array([""]))
+            return
+        for g in range(pf.metadata.num_row_groups):
+            yield from self._row_group(f, pf, g, name).chunks
 
     def strings(self, name: str) -> tuple[np.ndarray, pa.Array]:
         """A string column as (int32 codes, dictionary), nulls as "".
@@ -148,19 +184,16 @@ class _Numeric:
         spans: list[tuple[int, int, int]] = []  # (row offset, rows, index into dicts)
         pos = 0
         for f, pf in self.files:
-            if name not in pf.schema_arrow.names:
-                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
-            for g in range(pf.metadata.num_row_groups):
-                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
-                    if not pa.types.is_dictionary(ch.type):
-                        ch = ch.dictionary_encode()
-                    d = ch.dictionary
-                    if not dicts or not (len(d) == len(dicts[-1]) and d.equals(dicts[-1])):
-                        dicts.append(d)
-                    idx = ch.indices.fill_null(len(d)) if ch.indices.null_count else ch.indices
-                    out[pos : pos + len(ch)] = idx.to_numpy(zero_copy_only=False)
-                    spans.append((pos, len(ch), len(dicts) - 1))
-                    pos += len(ch)
+            for ch in self._string_chunks(f, pf, name):
+                if not pa.types.is_dictionary(ch.type):
+                    ch = ch.dictionary_encode()
+                d = ch.dictionary
+                if not dicts or not (len(d) == len(dicts[-1]) and d.equals(dicts[-1])):
+                    dicts.append(d)
+                idx = ch.indices.fill_null(len(d)) if ch.indices.null_count else ch.indices
+                out[pos : pos + len(ch)] = idx.to_numpy(zero_copy_only=False)
+                spans.append((pos, len(ch), len(dicts) - 1))
+                pos += len(ch)
         _release()
         if not dicts:
             return out, pa.array([""], pa.string())
@@ -177,16 +210,18 @@ class _Numeric:
     def __call__(self, name: str, narrow: bool = False) -> np.ndarray:
         """Column ``name`` as numpy (nulls → -1): int64, or int32 when ``narrow`` and the values
         fit (or the column is int32 already)."""
-        for f, pf in self.files:
-            if name not in pf.schema_arrow.names:
-                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
-        typ = self.files[0][1].schema_arrow.field(name).type if self.files else pa.int64()
+        present = [self._has(pf, f, name) for f, pf in self.files]
+        typ = next((pf.schema_arrow.field(name).type for (_, pf), p in zip(self.files, present, strict=True) if p), EVENT_SCHEMA.field(name).type)
         small = pa.types.is_integer(typ) and typ.bit_width <= 32
         out = np.empty(self.n, dtype=np.int32 if small or (narrow and self._fits_int32(name)) else np.int64)
         pos = 0
-        for _, pf in self.files:
+        for (f, pf), p in zip(self.files, present, strict=True):
+            if not p:  # an absent optional column: its default (flags 0)
+                out[pos : pos + pf.metadata.num_rows] = 0 if name == "flags" else -1
+                pos += pf.metadata.num_rows
+                continue
             for g in range(pf.metadata.num_row_groups):
-                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
+                for ch in self._row_group(f, pf, g, name).chunks:
                     if ch.null_count:
                         ch = ch.fill_null(-1)
                     out[pos : pos + len(ch)] = ch.to_numpy(zero_copy_only=False)
