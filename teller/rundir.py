@@ -69,11 +69,13 @@ FLAG_REPAIRED = 1  # input was damaged and fixed (pop without push, negative dur
 FLAG_TRUNCATED = 2  # range still open at thread end / file end: end set to the last seen time
 FLAG_UNBOUND = 4  # GPU activity whose correlation id matches no host call
 FLAG_DUPLICATE = 8  # a second record with an id already seen (kept, not merged)
+FLAG_CLOCK_REPAIRED = 16  # its thread's clock was off and its times were moved (reconstruction)
 FLAG_NAMES = {
     FLAG_REPAIRED: "repaired",
     FLAG_TRUNCATED: "truncated",
     FLAG_UNBOUND: "unbound",
     FLAG_DUPLICATE: "duplicate",
+    FLAG_CLOCK_REPAIRED: "clock_repaired",
 }
 
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())

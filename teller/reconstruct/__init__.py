@@ -48,8 +48,10 @@ from teller.reconstruct.forest import extent, join, nest, preorder
 from teller.reconstruct.iterations import GAP_MIN_NS, GAP_NAME, IDLE_NAME, ITERATIONS_SCHEMA, ITERATION_RULES, Roots, batch_fields, engine_iterations, gpu_busy
 from teller.reconstruct.ranges import pair
 from teller.reconstruct.steps import RULES, ForestRows, Steps, decide_steps, steps_tables, warmup_steps
+from teller.reconstruct.clocks import Clocks, check_clocks
 from teller.rundir import (
     EVENT_SCHEMA,
+    FLAG_CLOCK_REPAIRED,
     OPTIONAL_EVENT_COLUMNS,
     FLAG_DUPLICATE,
     FLAG_NAMES,
@@ -303,7 +305,17 @@ class Events:
 
 
 def load_events(rd: RunDir) -> Events:
-    """Read the event columns every phase needs (the rest are read where they are used)."""
+    """Read the event columns every phase needs (the rest are read where they are used).
+
+    A run without ``events/`` is refused (it would reconstruct to nothing and say nothing),
+    except a recording made with ``--collector none`` (logs only, by choice)."""
+    if not rd.events_dir.is_dir():
+        info = rd.read_info()
+        if (info.collector or {}).get("resolved") != "none":
+            what = ("the recording ended before its first flush" if info.source == "teller record"
+                    else "the folder was moved or deleted")
+            raise TellerError(f"{rd.events_dir}: missing, so the run holds no events ({what}?); restore the "
+                              f"folder, or re-run `teller record -o {rd.path} -- CMD` / `teller ingest SRC -o {rd.path}`")
     cols = _Numeric(rd)
     lane, lanes = factorize([cols(c) for c in LANE_COLS])
     proc_of_lane, _ = factorize([lanes[0], lanes[1], lanes[2]])
@@ -486,6 +498,47 @@ def _bind(hs: np.ndarray, gpu_ev: np.ndarray, kind: np.ndarray, lane: np.ndarray
         ok = m >= 0
         bound_pos[todo[ok]] = call_pos[m[ok]]
     return bound_pos
+
+
+def check_thread_clocks(ev: Events, nested: Nested, bound: Bound) -> Clocks:
+    """GPU work that starts before its launch call, and threads whose events lie outside the
+    run (:mod:`.clocks`); a thread whose clock is clearly off (most of its pairs before launch)
+    has its host events moved by the estimated offset, flagged FLAG_CLOCK_REPAIRED. A uniform
+    shift per thread leaves its nesting and the binding (by correlation id) as they were."""
+    hs, gpu_ev, launch = nested.hs, nested.gpu_ev, bound.launch
+    nl = len(ev.lane_tid)
+    ok = launch >= 0
+    call = hs[launch[ok]]
+    first = np.flatnonzero(segment_starts(ev.lane[hs])) if len(hs) else np.zeros(0, np.int64)
+    lanes = ev.lane[hs[first]] if len(hs) else np.zeros(0, np.int64)
+    lane_first = np.zeros(nl, np.int64)
+    lane_last = np.zeros(nl, np.int64)
+    is_host = np.zeros(nl, bool)
+    if len(hs):
+        lane_first[lanes] = ev.start[hs[first]]
+        lane_last[lanes] = np.maximum.reduceat(ev.end[hs].astype(np.int64), first)
+        is_host[lanes] = True
+    info = ev.rd.read_info()
+    span = None
+    if isinstance(info.start_wall, (int, float)) and isinstance(info.end_wall, (int, float)) and info.source == "teller record":
+        w = (info.end_wall - info.start_wall) * 1e9
+        span = int(w) if np.isfinite(w) and 0 < w < 2**62 else None
+
+    def lane_name(ln: int) -> str:
+        rank = int(ev.lane_rank[ln])
+        return f"pid {int(ev.lane_pid[ln])} thread {int(ev.lane_tid[ln])}" + (f" (rank {rank})" if rank > 0 else "")
+
+    clk = check_clocks(ev.lane[call], ev.start[call], ev.start[gpu_ev[ok]], nl, lane_first, lane_last, is_host, span, lane_name)
+    if clk.offset.any():
+        moved = hs[clk.offset[ev.lane[hs]] != 0]
+        shift = clk.offset[ev.lane[moved]]
+        ev.start[moved] += shift.astype(ev.start.dtype)
+        ev.end[moved] += shift.astype(ev.end.dtype)
+        ev.flags[moved] |= FLAG_CLOCK_REPAIRED
+        clk.report["repaired_rows"] = int(len(moved))
+    else:
+        clk.report["repaired_rows"] = 0
+    return clk
 
 
 @dataclass
@@ -820,6 +873,8 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, 
     clock.lap("nest")
     bound = bind_gpu(ev, nested)
     clock.lap("bind")
+    clocks = check_thread_clocks(ev, nested, bound)
+    clock.lap("clocks")
     lay = preorder_rows(ev, named, nested, bound)
     clock.lap("preorder")
     steps, requests = make_steps(ev, named, lay, window_ns)
@@ -834,13 +889,13 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, 
     rd.write_table(requests, "requests")
     rd.write_table(pay.edges, "comm_edges")
     clock.lap("write")
-    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, iters, clock)
+    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, iters, clocks, clock)
     (rd.path / "reconstruct.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layout, pay: Payload, steps: Steps,
-             requests: pa.Table, iters: Iters, clock: _PhaseClock) -> dict[str, Any]:
+             requests: pa.Table, iters: Iters, clocks: Clocks, clock: _PhaseClock) -> dict[str, Any]:
     """``reconstruct.json``: counts that reconcile, repairs, binding coverage, steps, iterations,
     timings. ``nodes`` counts the GAP rows (``gap_nodes``), ``events_in`` only the input."""
     n, m = ev.n - iters.gap_rows, lay.m
@@ -850,6 +905,8 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
     return {
         "events_in": int(n),
         "nodes": int(m),
+        "copied_event_files": {f.name: o.name for f, o in ev.cols.copies.items()},
+        "dropped_copied_events": int(ev.cols.copied_rows),
         "pops_consumed": paired.pops_consumed,
         "repaired_pops_without_push": paired.pops_without_push,
         "gap_nodes": iters.gap_rows,
@@ -877,7 +934,18 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "max_depth": int(lay.depth.max(initial=-1)) if m else 0,
         "layers": {name: int(c) for name, c in zip(LAYERS, layer_counts, strict=True)},
         "flags": {FLAG_NAMES[b]: int(((node_flags & b) != 0).sum()) for b in FLAG_NAMES},
+        "clocks": clocks.report,
+        "warnings": _warnings(ev, clocks),
         "seconds": round(time.perf_counter() - clock.t0, 3),
         "cpu_seconds": round(time.process_time() - clock.c0, 3),
         "timings": clock.timings,
     }
+
+
+def _warnings(ev: Events, clocks: Clocks) -> list[str]:
+    """What reconstruction found wrong with the input, in words (reconstruct.json ``warnings``)."""
+    out = []
+    for f, o in ev.cols.copies.items():
+        out.append(f"{f.name} holds exactly the events of {o.name} (a copied chunk): left out, "
+                   f"{pq.ParquetFile(f).metadata.num_rows:,} events not counted twice")
+    return out + clocks.words
