@@ -48,6 +48,7 @@ def reconstruct(
     window = {} if window_ms is None else {"window_ns": max(int(window_ms * 1e6), 1)}
     summary = do_reconstruct(run, step_patterns=step_pattern or None, **window)
     _print_summary("reconstructed", summary)
+    _print_warnings(summary.get("warnings") or [], run)
     if not no_logs:
         from teller.logs import align_run
 

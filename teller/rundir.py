@@ -454,6 +454,77 @@ class RunDir:
         return json.loads(p.read_text()) if p.is_file() else None
 
 
+def recording_state(rd: "RunDir") -> dict[str, Any]:
+    """Whether the run is complete, and if not what was lost, from ``run.json`` and
+    ``proc/*.json`` (docs/design.md §17, killed recordings). Keys: ``status`` (``complete``,
+    ``killed``, ``interrupted``: the launcher died before finishing run.json, ``recording``: its
+    launcher is still alive), ``partial`` (bool), ``lost`` (counts) and ``words`` (lines for the
+    console). Runs that were not recorded here (ingested traces) are ``complete``."""
+    info = rd.read_info()
+    status = info.extra.get("status")
+    out: dict[str, Any] = {"status": "complete", "partial": False, "lost": {}, "words": []}
+    if info.source != "teller record" or status is None:
+        return out
+    procs = []
+    for f in sorted((rd.path / "proc").glob("*.json")) if (rd.path / "proc").is_dir() else []:
+        try:
+            p = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(p, dict):
+            procs.append(p)
+    unfinished = [p for p in procs if p.get("status") != "exited"]
+    pending = sum(int(c.get("pending_ranges", 0) or 0) + int(c.get("open_ranges", 0) or 0)
+                  for p in unfinished for c in (p.get("collectors") or {}).values() if isinstance(c, dict))
+    dropped = sum(int(v) for v in (info.dropped_records or {}).values() if isinstance(v, (int, float)))
+    words = out["words"]
+    launcher = info.extra.get("launcher") or {}
+    if status == "running":
+        alive = False
+        lpid = launcher.get("pid")
+        if isinstance(lpid, int) and lpid > 0 and launcher.get("host") == _hostname():
+            try:
+                os.kill(lpid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                alive = True
+        if alive:
+            out["status"] = "recording"
+            words.append(f"the recording is still running (launcher pid {lpid}); what is read now is partial")
+        else:
+            out["status"] = "interrupted"
+            last = max((int(p.get("update_wall_ns") or 0) for p in procs), default=0)
+            when = f", last flush {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last / 1e9))} UTC" if last else ""
+            words.append(f"the recording was interrupted: its launcher{f' (pid {lpid})' if lpid else ''} ended without "
+                         f"finishing run.json (killed?), so the exit code, the process reports and log lines after it "
+                         f"are missing{when}")
+        out["partial"] = True
+    elif info.extra.get("killed_by") or (isinstance(info.exit_code, int) and info.exit_code >= 128):
+        out["status"] = "killed"
+        out["partial"] = True
+        by = info.extra.get("killed_by") or f"signal {info.exit_code - 128}"
+        words.append(f"the recorded command was killed ({by}, exit code {info.exit_code}): the run is partial")
+    if unfinished:
+        out["partial"] = True
+        out["lost"]["processes_unfinished"] = len(unfinished)
+        out["lost"]["pending_ranges"] = pending
+        pids = ", ".join(str(p.get("pid")) for p in unfinished[:5])
+        words.append(f"{len(unfinished)} recorded process(es) (pid {pids}) ended without their last flush: events "
+                     f"since it are lost" + (f", {pending:,} ranges still open or unwritten at that flush" if pending else ""))
+    if dropped:
+        out["lost"]["dropped_records"] = dropped
+        words.append(f"{dropped:,} records were dropped while recording ({', '.join(f'{k} {v:,}' for k, v in info.dropped_records.items() if v)})")
+    return out
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 #: Event columns a file must have; the others (``layer``, ``flags``, ``args``) have defaults.
 OPTIONAL_EVENT_COLUMNS = ("layer", "flags", "args")
 REQUIRED_EVENT_COLUMNS = tuple(c for c in EVENT_COLUMNS if c not in OPTIONAL_EVENT_COLUMNS)

@@ -64,6 +64,7 @@ from teller.rundir import (
     LAYERS,
     RunDir,
     kind_codes,
+    recording_state,
     unreadable_parquet,
 )
 
@@ -935,7 +936,8 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "layers": {name: int(c) for name, c in zip(LAYERS, layer_counts, strict=True)},
         "flags": {FLAG_NAMES[b]: int(((node_flags & b) != 0).sum()) for b in FLAG_NAMES},
         "clocks": clocks.report,
-        "warnings": _warnings(ev, clocks),
+        "recording": (rec := recording_state(ev.rd)),
+        "warnings": rec["words"] + _warnings(ev, clocks),
         "seconds": round(time.perf_counter() - clock.t0, 3),
         "cpu_seconds": round(time.process_time() - clock.c0, 3),
         "timings": clock.timings,
