@@ -346,8 +346,8 @@ class RunDir:
         return files
 
     def copied_event_files(self) -> dict[Path, Path]:
-        """Events files that hold exactly the rows of an earlier file (by name), each mapped to
-        that file: a chunk copied inside ``events/`` (``471-00003 (copy).parquet``) would
+        """Events files that hold exactly the rows of another file, each mapped to the one kept
+        (the shorter name, then the first by name): a chunk copied inside ``events/`` (``471-00003 (copy).parquet``) would
         otherwise count its events twice and double its steps (docs/design.md §17).
 
         Candidates share row count and the row-group statistics of ``start_ns``/``end_ns``
@@ -376,7 +376,7 @@ class RunDir:
         copies: dict[Path, Path] = {}
         for same in groups.values():
             kept: list[tuple[Path, pa.Table]] = []
-            for f in same:
+            for f in sorted(same, key=lambda p: (len(p.name), p.name)):  # "x.parquet" before "x (copy).parquet"
                 try:
                     t = pq.read_table(f)
                 except (pa.ArrowInvalid, OSError):
