@@ -169,3 +169,30 @@ def test_event_level_copies_across_files_are_not_merged(tmp_path):
     assert s["dropped_copied_events"] == 0 and s["events_in"] == sum(
         pq.ParquetFile(c).metadata.num_rows for c in damage._chunks(run))
     shutil.rmtree(run)
+
+
+def test_foreign_traces_without_host_events_reconstruct(tmp_path):
+    """A Kineto file of kernels only, one kernel, an Nsight export whose RUNTIME table is empty:
+    GPU rows become unbound roots (was an IndexError in the preorder)."""
+    from test_fuzz_readers import _write_export
+
+    from teller.ingest import ingest
+
+    kern = [{"ph": "X", "cat": "kernel", "name": f"k{i}", "pid": 0, "tid": 7, "ts": 1000 + 10 * i, "dur": 5,
+             "args": {"device": 0, "stream": 7, "correlation": i}} for i in range(30)]
+    cases = []
+    for n in (30, 1):
+        f = tmp_path / f"kernels{n}.json"
+        f.write_text(json.dumps({"traceEvents": kern[:n]}))
+        cases.append((f, n))
+    f = tmp_path / "no_runtime.sqlite"
+    _write_export(f, 8, {}, {"CUPTI_ACTIVITY_KIND_RUNTIME"}, None)
+    cases.append((f, 8))
+    for src, n in cases:
+        run = tmp_path / f"run_{src.stem}"
+        with bounded(what=src.name):
+            ingest(src, run)
+            s = reconstruct(run)
+        _reconciles(s)
+        assert s["events_in"] == s["gpu_activity"] == s["unbound"] == n and s["gpu_bound"] == 0
+        assert s["steps"] >= 1 and s["iterations"]["count"] == s["steps"]
