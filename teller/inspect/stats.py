@@ -126,10 +126,11 @@ def stats(run: str | os.PathLike, console: Console | None = None) -> dict[str, A
         console.print("nothing repaired")
     if "log_lines" in s:
         console.print(f"log lines: {s['log_lines']:,}  aligned by: " + ", ".join(f"{k} {v:,}" for k, v in s["log_rules"].items()))
-    if s.get("dropped_records"):
+    if any(v for v in (s.get("dropped_records") or {}).values() if isinstance(v, (int, float))):
         console.print(f"[yellow]dropped records while recording[/]: {s['dropped_records']}")
     h = s["health"]
-    console.print(f"[bold]run: {'partial' if h['partial'] else 'complete'}[/] ({h['status']})")
+    state = "partial" if h["partial"] else "complete"
+    console.print(f"[bold]run: {state}[/]" + (f" ({h['status']})" if h["status"] != state else ""))
     for line in h["lines"]:
         console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     return s

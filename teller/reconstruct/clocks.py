@@ -67,7 +67,8 @@ def check_clocks(call_lane: np.ndarray, call_start: np.ndarray, gpu_start: np.nd
     good = (pairs > 0) & ~skewed & (n_before == 0)
     ref_rows = good[call_lane]
     ref = int(np.quantile(lag[ref_rows], LAG_QUANTILE, method="lower")) if ref_rows.any() else 0
-    q = _quantile_per_lane(call_lane, lag, n_lanes, LAG_QUANTILE)
+    sk = skewed[call_lane]  # only the skewed threads' lags are sorted (usually none)
+    q = _quantile_per_lane(call_lane[sk], lag[sk], n_lanes, LAG_QUANTILE) if sk.any() else np.zeros(n_lanes, np.int64)
     offset = np.where(skewed, q - ref, 0).astype(np.int64)  # added to the thread's times
     rep: dict[str, Any] = {"gpu_before_launch": int(before.sum()), "launch_pairs": int(len(lag)),
                            "tolerance_ns": BEFORE_LAUNCH_TOL_NS, "reference_lag_ns": ref}
