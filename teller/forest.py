@@ -45,7 +45,8 @@ from teller.rundir import (
     dict_codes,
 )
 
-__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "Forest", "family_name", "family_names", "gpu_rows", "ranges", "step_blocks"]
+__all__ = ["FOREST_SCHEMA", "FOREST_COLUMNS", "COLD_STEPS", "Forest", "family_name", "family_names", "gpu_rows", "ranges",
+           "step_blocks", "warmup_steps"]
 
 _E = EVENT_SCHEMA
 #: ``forest.parquet``: the event columns a node keeps, plus its place in the forest.
@@ -492,3 +493,38 @@ def step_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
     pos = np.clip(np.searchsorted(ids, sid), 0, max(len(ids) - 1, 0))
     hit = (sid >= 0) & (ids[pos] == sid) if len(ids) else np.zeros(fa.n, bool)
     return np.where(hit, pos, -1).astype(np.int64), ids.astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# warm-up steps
+
+#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
+COLD_STEPS = 2
+_WARMUP_RE = r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)"
+
+
+def warmup_steps(steps: pa.Table) -> np.ndarray:
+    """Steps kept out of every reference (the labeller's and the numeric stage's): those serving
+    only the workload's warm-up requests (a STEP name ``... reqs=warmup_0,warmup_1``) and the
+    first :data:`COLD_STEPS` steps of each process. ``steps`` needs ``name``, ``pid`` and
+    ``start_ns`` (a ``steps.parquet`` table, or any table of step rows)."""
+    import pyarrow.compute as pc
+
+    n = steps.num_rows
+    if not n:
+        return np.zeros(0, bool)
+    missing = [c for c in ("name", "pid", "start_ns") if c not in steps.column_names]
+    if missing:
+        raise TellerError(f"step table lacks columns {missing} (needs name, pid, start_ns, as steps.parquet has); "
+                          "re-run `teller reconstruct RUN`")
+    name = steps.column("name").cast(pa.string())
+    warm = pc.match_substring_regex(name, _WARMUP_RE).fill_null(False)
+    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
+    pid = steps.column("pid").to_numpy().astype(np.int64)
+    start = steps.column("start_ns").to_numpy().astype(np.int64)
+    order = np.lexsort((start, pid))
+    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
+    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    rank_in_pid = np.empty(n, np.int64)
+    rank_in_pid[order] = np.arange(n) - grp_start
+    return warm | (rank_in_pid < COLD_STEPS)

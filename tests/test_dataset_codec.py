@@ -1,24 +1,39 @@
-"""Compact subtree storage: exact round trip on real forests, edge cases, and a clear error."""
+"""Compact subtree storage: exact round trip on real forests and on the committed v1 dataset,
+edge cases of every transform, parts cut at steps, ``teller dataset recode``, and clear errors."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
-from teller.dataset.codec import read_subtrees, write_subtree_parts, write_subtrees
+from teller.dataset.codec import (
+    CODEC,
+    CODEC_V1,
+    codec_of,
+    decode,
+    differing_columns,
+    read_subtrees,
+    recode_dataset,
+    write_subtree_parts,
+    write_subtrees,
+)
 from teller.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
+V1 = ROOT / "data" / "h200_v1" / "subtrees"
 
 
 def _same(a: pa.Table, b: pa.Table) -> None:
     assert a.schema.remove_metadata().equals(b.schema.remove_metadata())
     for c in a.column_names:
         assert a.column(c).to_pylist() == b.column(c).to_pylist(), c
+    assert differing_columns(a, b) == []
 
 
 def test_round_trip_on_a_real_h200_forest_is_exact_and_smaller(tmp_path):
@@ -31,10 +46,32 @@ def test_round_trip_on_a_real_h200_forest_is_exact_and_smaller(tmp_path):
     forest = forest.append_column("run_id", pa.array(["r"] * forest.num_rows).dictionary_encode())
     out = tmp_path / "subtrees.parquet"
     write_subtrees(forest, out)
+    assert codec_of(out) == CODEC
     _same(read_subtrees(out), forest)
     plain = tmp_path / "plain.parquet"
     pq.write_table(forest, plain, compression="zstd")
-    assert out.stat().st_size < 0.8 * plain.stat().st_size
+    assert out.stat().st_size < 0.6 * plain.stat().st_size
+
+
+@pytest.mark.parametrize("part", ["part-00000.parquet", "part-00007.parquet"])
+def test_committed_v1_parts_re_encoded_read_back_the_same(part, tmp_path):
+    """Whole parts of data/h200_v1 (part 0 ends inside a step, part 7 starts inside one: their
+    parents, depths and sizes are partly outside the file) re-encoded in the current format."""
+    src = V1 / part
+    assert codec_of(src) == CODEC_V1
+    old = read_subtrees(src)
+    assert old.num_rows > 800_000
+    write_subtrees(old, tmp_path / part)
+    new = read_subtrees(tmp_path / part)
+    assert new.schema == old.schema
+    assert differing_columns(old, new) == []
+    for c in ("name", "layer", "kind", "run_id", "args", "corr_id", "depth", "size", "start_ns", "end_ns"):
+        assert new.column(c).to_pylist() == old.column(c).to_pylist(), c
+    # smaller by a third at least (the measured sizes are in benchmarks/README.md)
+    assert (tmp_path / part).stat().st_size < 0.75 * src.stat().st_size
+    # dictionaries hold only the entries in use (v1 parts carried the whole dataset's)
+    stored = pq.read_table(tmp_path / part)
+    assert len(stored.column("name.values").drop_null()) == len(set(old.column("name").to_pylist()))
 
 
 def test_nulls_negative_parents_and_unsorted_times_survive(tmp_path):
@@ -57,9 +94,111 @@ def test_nulls_negative_parents_and_unsorted_times_survive(tmp_path):
     _same(read_subtrees(tmp_path / "e.parquet"), empty)
 
 
+def _steps(n_steps: int, rng: np.random.Generator) -> pa.Table:
+    """Steps of a host range with launches, kernels (device rows) and nested host calls."""
+    rows = []
+    nid = 100
+    for _ in range(n_steps):
+        root = nid
+        rows.append((nid, -1, "STEP", "RANGE", None))
+        nid += 1
+        for _ in range(3):
+            op = nid
+            rows.append((nid, root, "aten::mm", "RANGE", None))
+            nid += 1
+            rows.append((nid, op, "cudaLaunchKernel", "RUNTIME", 1000 + nid))
+            launch = nid
+            nid += 1
+            rows.append((nid, launch, "gemm", "KERNEL", 1000 + launch))
+            nid += 1
+            rows.append((nid, op, "cudaMalloc", "RUNTIME", 1000 + nid))  # a host last child
+            nid += 1
+        nid += 5  # node ids of other steps in between
+    n = len(rows)
+    start = np.sort(rng.integers(0, 10**12, n))
+    start[rng.integers(0, n, 3)] = [-(2**63), 2**63 - 1, 0]  # wrap around in the differences
+    end = start + rng.integers(-5, 10**6, n)
+    end[rng.integers(0, n, 2)] = [2**63 - 1, -(2**63)]
+    depth = rng.integers(-3, 9, n)  # not what the tree says: stored as the difference
+    depth[:2] = [2**31 - 1, -(2**31)]
+    return pa.table({
+        "node_id": pa.array([r[0] for r in rows], pa.int64()),
+        "parent_id": pa.array([r[1] for r in rows], pa.int64()),
+        "name": pa.DictionaryArray.from_arrays(  # unused and null dictionary entries, a null code
+            pa.array([[None, "STEP", "aten::mm", "cudaLaunchKernel", "gemm", "cudaMalloc"].index(r[2]) + 2
+                      for r in rows[:-1]] + [None], pa.int32()),
+            pa.array(["unused", None, None, "STEP", "aten::mm", "cudaLaunchKernel", "gemm", "cudaMalloc", "x"])),
+        "kind": pa.array([r[3] for r in rows]).dictionary_encode(),
+        "start_ns": pa.array(start, pa.int64()),
+        "end_ns": pa.array(end, pa.int64()),
+        "corr_id": pa.array([r[4] for r in rows], pa.int64()),
+        "depth": pa.array(depth, pa.int32()),
+        "size": pa.array(rng.integers(0, 4, n), pa.int64()),
+        "args": pa.array([None if i % 3 else f'{{"i": {i % 7}}}' for i in range(n)], pa.string()),
+        "run_id": pa.array(["a"] * (n // 2) + ["b"] * (n - n // 2)).dictionary_encode(),
+    })
+
+
+def test_every_transform_is_exact_on_odd_values_and_steps_cut_by_parts(tmp_path):
+    t = _steps(7, np.random.default_rng(3))
+    write_subtrees(t, tmp_path / "s.parquet")
+    back = read_subtrees(tmp_path / "s.parquet")
+    _same(back, t)
+    # a forest from reconstruction: depth and size as the tree says, kernels under their launch
+    from teller.dataset.codec import _parents, _tree_size
+
+    p = _parents(t.column("node_id").to_numpy(), t.column("parent_id").to_numpy())
+    tree = t.set_column(t.schema.get_field_index("size"), "size", pa.array(_tree_size(p)))
+    write_subtrees(tree, tmp_path / "t.parquet")
+    stored = pq.read_table(tmp_path / "t.parquet")
+    assert set(stored.column("size").to_pylist()) == {0}  # nothing but the differences from the tree
+    # kernels take their launch's id, ops without one their step's (none): 6 of the 13 rows of a step
+    assert stored.column("corr_id").null_count == 7 * 3 * 2
+    _same(read_subtrees(tmp_path / "t.parquet"), tree)
+    # parts of 10 rows cut steps of 13 rows: every part holds steps in part
+    write_subtree_parts(t, tmp_path / "ds" / "subtrees", part_rows=10)
+    _same(read_subtrees(tmp_path / "ds"), t)
+
+
+def test_parts_are_cut_at_step_boundaries_where_they_can_be(tmp_path):
+    t = pa.table({"node_id": pa.array(range(7), pa.int64()),
+                  "parent_id": pa.array([-1, 0, -1, 2, -1, 4, 4], pa.int64()),
+                  "start_ns": pa.array([0, 1, 10, 11, 20, 21, 22], pa.int64()),
+                  "end_ns": pa.array([5, 2, 15, 12, 25, 22, 23], pa.int64())})
+    parts = write_subtree_parts(t, tmp_path / "a", part_rows=3)
+    assert [pq.read_metadata(p).num_rows for p in parts] == [2, 2, 3]
+    parts = write_subtree_parts(t.slice(4), tmp_path / "b", part_rows=2)  # one step longer than a part
+    assert [pq.read_metadata(p).num_rows for p in parts] == [2, 1]
+    _same(read_subtrees(tmp_path / "b"), t.slice(4))
+
+
+def test_recode_rewrites_a_v1_dataset_and_checks_it(tmp_path):
+    from teller.cli import app
+
+    src = tmp_path / "v1"
+    (src / "subtrees").mkdir(parents=True)
+    shutil.copy(V1 / "part-00007.parquet", src / "subtrees" / "part-00000.parquet")
+    (src / "datasheet.json").write_text("{}")
+    dst = tmp_path / "v2"
+    res = CliRunner().invoke(app, ["dataset", "recode", str(src), "-o", str(dst)])
+    assert res.exit_code == 0, res.output
+    assert "recoded" in res.output and "smaller" in res.output
+    assert (dst / "datasheet.json").read_text() == "{}"
+    parts = sorted((dst / "subtrees").glob("part-*.parquet"))
+    assert [codec_of(p) for p in parts] == [CODEC]
+    assert differing_columns(read_subtrees(src), read_subtrees(dst)) == []
+    assert parts[0].stat().st_size < 0.75 * (src / "subtrees" / "part-00000.parquet").stat().st_size
+    with pytest.raises(InputError, match="is the source dataset"):
+        recode_dataset(src, src)
+    with pytest.raises(InputError, match="no subtrees/ folder"):
+        recode_dataset(tmp_path / "nothing", tmp_path / "x")
+
+
 def test_a_plain_parquet_file_is_refused_with_the_fix(tmp_path):
     pq.write_table(pa.table({"node_id": [0]}), tmp_path / "subtrees.parquet")
     with pytest.raises(InputError, match="not a TELLER subtree file.*teller dataset build"):
         read_subtrees(tmp_path)
     with pytest.raises(InputError, match="no such file"):
         read_subtrees(tmp_path / "missing")
+    with pytest.raises(InputError, match="codec 'none'"):
+        decode(pq.read_table(tmp_path / "subtrees.parquet"), "x")

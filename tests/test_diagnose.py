@@ -58,7 +58,7 @@ def test_bundled_example_against_itself(example, example_diagnosis):
         assert {x["node_id"] for x in s["suspects"]} <= sl
         assert all(n["parent"] in sl or n["parent"] == -1 for n in s["slice"]["nodes"])
         for x in s["suspects"]:
-            assert x["layer"] in ("FE", "BE", "COMM") and 0 <= x["a"] <= 1
+            assert x["layer"] in ("FE", "BE", "COMM", "OTHER", "STEP") and 0 <= x["a"] <= 1
             for item in x["evidence"]:
                 assert {"feature", "value", "reference", "z"} <= set(item)
                 assert evidence_text(item).startswith(item["feature"])
@@ -67,6 +67,45 @@ def test_bundled_example_against_itself(example, example_diagnosis):
     assert any(i["feature"] == "drv_ns" and i["z"] > 10 for x in s0["suspects"] for i in x["evidence"])
     assert all(s["score"] < 0.5 for s in on_disk["steps"] if not s["flag"])
     assert Path(d["paths"]["html"]).is_file()
+
+
+def test_suspects_are_lifted_to_their_module(example, example_diagnosis):
+    from rich.console import Console
+
+    from teller.forest import Forest
+    from teller.report.diagnose import verdict_line
+
+    d, _ = example_diagnosis
+    fa = Forest.read(example)
+    row = {int(n): i for i, n in enumerate(fa.node_id.tolist())}
+    fe = fa.layer == 1  # LAYERS.index("FE")
+    lifted_be = 0
+    for s in (x for x in d["steps"] if x["flag"]):
+        mods = []
+        for x in s["suspects"]:
+            r = row[x["node_id"]]
+            m = x["module"]
+            if x["layer"] == "FE":
+                assert m == {"node_id": x["node_id"], "family": x["family"]}
+            else:
+                # the nearest enclosing FE module, walking up the forest's parents
+                p = fa.parent[r]
+                while p >= 0 and not fe[p]:
+                    p = fa.parent[p]
+                assert (m is None) == (p < 0)
+                if m is not None:
+                    assert m["node_id"] == int(fa.node_id[p]) and m["family"].startswith("FE ")
+                    lifted_be += x["layer"] == "BE"
+            mods.append(m["family"] if m else x["family"])
+        assert s["modules"] == list(dict.fromkeys(mods))
+        first = s["suspects"][0]
+        line = verdict_line(s)
+        if first["module"] and first["module"]["family"] != first["family"]:
+            assert f"{first['family']} in {first['module']['family']}" in line
+    assert lifted_be > 0  # the example's suspects include BE ops inside modules
+    con = Console(record=True, width=200)
+    print_summary(d, con)
+    assert " in FE " in con.export_text()
 
 
 def test_report_page_is_self_contained(example_diagnosis):
@@ -118,8 +157,8 @@ def test_cli_fit_then_diagnose(example, tmp_path):
 
 @pytest.mark.parametrize("name,rule,layers", [
     ("nsys/cupy_report3.sqlite", "fixed windows", ["RT", "DRV"]),
-    ("kineto/h200_torch211_matmul.json.gz", "profiler steps", ["FE", "BE", "COMM"]),
-    ("kineto/hta_backward_thread.json", "STEP ranges", ["FE", "BE", "COMM"]),
+    ("kineto/h200_torch211_matmul.json.gz", "profiler steps", ["FE", "BE", "COMM", "OTHER", "STEP"]),
+    ("kineto/hta_backward_thread.json", "STEP ranges", ["FE", "BE", "COMM", "OTHER", "STEP"]),
 ])
 def test_foreign_traces(tmp_path, name, rule, layers):
     run = tmp_path / "run"

@@ -229,7 +229,7 @@ def test_inject_run_reports_unapplied_windows_loudly(tmp_path, monkeypatch, caps
     assert main(["inject", "run", str(ROOT / "campaigns" / "cpu_smoke.toml"), "-o", str(tmp_path)]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "window f3 (delayed_admission) on rank 0 never opened: planned to open at step 67" in err
-    assert "the process ran 45 steps" in err and "windows not applied as planned=1" in err
+    assert "the process ran 45 steps" in err and "1 fault window not applied as planned" in err
 
 
 STALL = BASE + '''preset = "tiny"

@@ -14,7 +14,13 @@ from conftest import TINY_SERVE
 from test_reconstruct_helpers import check_forest, reconciles, write_run
 
 from teller.reconstruct import reconstruct
-from teller.reconstruct.iterations import BATCH_FIELDS, GAP_MIN_NS, GAP_NAME, ITERATIONS_SCHEMA, batch_fields
+from teller.reconstruct.iterations import (
+    BATCH_FIELDS,
+    GAP_MIN_NS,
+    GAP_NAME,
+    ITERATIONS_SCHEMA,
+    batch_fields,
+)
 from teller.rundir import LAYER_CODE, LAYERS, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +96,7 @@ def test_planted_gap_becomes_a_gap_row_of_exactly_its_duration(tmp_path):
     assert it.schema.equals(ITERATIONS_SCHEMA)
     d = it.to_pydict()
     assert d["rule"] == ["engine ranges"] * 3
-    assert [(a // US, b // US) for a, b in zip(d["start_ns"], d["end_ns"])] == [(1000, 1800), (1800, 2350), (3000, 3450)]
+    assert [(a // US, b // US) for a, b in zip(d["start_ns"], d["end_ns"], strict=False)] == [(1000, 1800), (1800, 2350), (3000, 3450)]
     assert [x // US for x in d["schedule_ns"]] == [100, 100, 100]
     assert [x // US for x in d["step_ns"]] == [390, 400, 300]
     assert [x // US for x in d["post_ns"]] == [0, 0, 50]
@@ -124,7 +130,7 @@ def _check_iterations(rd: RunDir, s: dict) -> None:
     assert (d["schedule_ns"] + d["step_ns"] + d["post_ns"] <= d["host_busy_ns"]).all()
     assert all((d[k] == -1).all() for k in BATCH_FIELDS)  # these recordings predate the batch fields
     assert ((d["gpu_busy_ns"] > 0) & (d["gpu_busy_ns"] <= d["dur_ns"] + 10**9)).all()
-    for key in set(zip(d["pid"].tolist(), d["tid"].tolist())):
+    for key in set(zip(d["pid"].tolist(), d["tid"].tolist(), strict=False)):
         m = (d["pid"] == key[0]) & (d["tid"] == key[1])
         a, b = d["start_ns"][m], d["end_ns"][m]
         assert (np.diff(a) > 0).all() and (b[:-1] <= a[1:]).all()
@@ -194,7 +200,7 @@ def test_synthetic_forest_with_planted_gap(tmp_path):
     s = reconstruct(tmp_path / "run")
     assert reconciles(s)
     f = rd.read_table("forest", columns=["layer", "start_ns", "end_ns", "step_idx", "parent_id"]).to_pydict()
-    gaps = [(a, b, k) for lay, a, b, k in zip(f["layer"], f["start_ns"], f["end_ns"], f["step_idx"]) if lay == "GAP"]
+    gaps = [(a, b, k) for lay, a, b, k in zip(f["layer"], f["start_ns"], f["end_ns"], f["step_idx"], strict=False) if lay == "GAP"]
     assert gaps == [(e2, sched_start, 2)]  # exactly the planted stretch, in STEP 2's iteration
     assert sched_start - e2 == planted + 2 * (t3 - e2)
     it = rd.read_table("iterations").to_pydict()
@@ -229,8 +235,8 @@ def test_fresh_cpu_recording_gets_iterations(tmp_path):
     rd = RunDir(run)
     it = rd.read_table("iterations").to_pydict()
     assert len(it["rule"]) == s["steps"] > 0 and set(it["rule"]) == {"engine ranges"}
-    assert all(a <= b for a, b in zip(it["end_ns"][:-1], it["start_ns"][1:]))
-    assert all(d == h + g for d, h, g in zip(it["dur_ns"], it["host_busy_ns"], it["gap_ns"]))
+    assert all(a <= b for a, b in zip(it["end_ns"][:-1], it["start_ns"][1:], strict=False))
+    assert all(d == h + g for d, h, g in zip(it["dur_ns"], it["host_busy_ns"], it["gap_ns"], strict=False))
     f = rd.read_table("forest", columns=["layer", "step_idx", "start_ns", "end_ns"]).to_pydict()
     gaps = [i for i, x in enumerate(f["layer"]) if x == "GAP"]
     assert len(gaps) == s["gap_nodes"] and all(f["step_idx"][i] >= 0 for i in gaps)
@@ -249,7 +255,7 @@ def test_show_step_prints_the_iteration(tmp_path):
     lines = out.splitlines()
     assert lines[0].startswith("iteration of step 0 (rank 0, tid 1): 800.0 µs = schedule 100.0 µs + step 390.0 µs")
     assert "gap 310.0 µs (1 GAP node(s))" in lines[0] and "prefill=12 decode=0 waiting=1 kv_used=3 kv_total=64 preempted=0" in out
-    sched, stp, gap = (next(i for i, x in enumerate(lines) if x.startswith(p)) for p in ("OTHER schedule", "STEP STEP id=0", "GAP untraced"))
+    sched, stp, gap = (next(i for i, x in enumerate(lines) if x.startswith(p)) for p in ("OTHER schedule", "STEP id=0", "GAP untraced"))
     assert sched < stp < gap and "300.0 µs" in lines[gap] and "aten::mm" in out
     console = Console(record=True, width=200)
     show(tmp_path / "run", step=2, console=console)
@@ -261,14 +267,13 @@ def test_dataset_stores_whole_iterations(tmp_path):
     from teller.dataset.build import build_dataset
     from teller.dataset.codec import read_subtrees
     from teller.rca.data import step_forest
-
     from teller.rundir import RunInfo
 
     _planted(tmp_path)
     RunDir(tmp_path / "run").write_info(RunInfo(source="test"))
     build_dataset([tmp_path / "run"], tmp_path / "ds")
     sub = read_subtrees(tmp_path / "ds").to_pydict()
-    rows = {(lay, n, s // US, k) for lay, n, s, k in zip(sub["layer"], sub["name"], sub["start_ns"], sub["step_idx"])}
+    rows = {(lay, n, s // US, k) for lay, n, s, k in zip(sub["layer"], sub["name"], sub["start_ns"], sub["step_idx"], strict=False)}
     assert {("OTHER", "schedule", 1000, 0), ("GAP", GAP_NAME, 1500, 0), ("OTHER", "schedule", 1800, 1),
             ("GAP", GAP_NAME, 2300, 1), ("OTHER", "update_batch", 3400, 2)} <= rows
     assert not any(n in ("idle", "cudaMalloc") for n in sub["name"])  # in no iteration

@@ -83,7 +83,8 @@ def test_features_on_a_hand_built_step():
     inst = instance_features(fa, np.zeros(fa.n, np.int64))
     fam = list(inst.family_of())
     # COMM nodes are instances whether host ranges or NCCL kernels
-    assert fam == ["FE A", "BE aten::x", "BE aten::y", "COMM all_reduce", "COMM ncclDevKernel_AllReduce"]
+    # and so is the STEP range itself (family ``STEP``, as the labels name it)
+    assert fam == ["STEP", "FE A", "BE aten::x", "BE aten::y", "COMM all_reduce", "COMM ncclDevKernel_AllReduce"]
     x, A, y, c = (inst.X[fam.index(k)] for k in ("BE aten::x", "FE A", "BE aten::y", "COMM all_reduce"))
     assert x[F["dur_ns"]] == 180 and x[F["self_ns"]] == 140
     assert (x[F["rt_ns"]], x[F["rt_n"]], x[F["drv_ns"]], x[F["drv_n"]]) == (30, 2, 10, 1)
@@ -100,7 +101,15 @@ def test_features_on_a_hand_built_step():
     assert (nccl[F["dur_ns"]], nccl[F["k_n"]], nccl[F["comm_bytes"]]) == (40, 1, 0)
     # nearest instance ancestor
     assert inst.parent[fam.index("BE aten::x")] == fam.index("FE A")
-    assert inst.parent[fam.index("FE A")] == -1
+    assert inst.parent[fam.index("FE A")] == fam.index("STEP") and inst.parent[fam.index("STEP")] == -1
+    # the STEP instance carries the runtime-call mix of its subtree; operators leave it NaN
+    s = inst.X[fam.index("STEP")]
+    assert (s[F["memcpy_async_n"]], s[F["memcpy_async_ns"]], s[F["memcpy_sync_n"]]) == (1, 20, 0)
+    assert (s[F["alloc_n"]], s[F["alloc_ns"]]) == (1, 10)  # the driver's cuMemAlloc (no runtime call above it)
+    assert (s[F["stream_sync_n"]], s[F["device_sync_n"]]) == (0, 0)
+    assert np.isnan(s[F["pageable_n"]])  # memory kinds not given: unknown, not zero
+    assert np.isnan(x[F["memcpy_async_n"]]) and np.isnan(x[F["iter.dur"]])
+    assert (s[F["dur_ns"]], s[F["k_n"]]) == (1000, 3)
 
 
 def test_family_names_drop_parameters_and_numbers():
@@ -348,7 +357,7 @@ def test_fit_localizer_on_runs(tmp_path):
     est = fit_localizer([tmp_path / "ref"])
     assert est.extra_["reference_steps"] > 50
     assert est.extra_["reference_steps_flagged"] <= 1
-    assert est.extra_["instance_layers"] == ["FE", "BE", "COMM"]
+    assert est.extra_["instance_layers"] == ["FE", "BE", "COMM", "OTHER", "STEP"]
     write_planted_run(tmp_path / "bad", 30_000, [Plant("BE aten::mul", [10, 20], "host", 4.0)], seed=2)
     reconstruct(tmp_path / "bad")
 

@@ -310,7 +310,8 @@ def test_cli_logs_command(tmp_path, capsys):
                "--file", str(extra)])
     assert rc == 0
     err = capsys.readouterr().err
-    assert "logs aligned" in err and "lines=11" in err
+    assert "logs: 11 lines from 3 files, 4 aligned to a step by the request they name, 3 by time, 4 unaligned" in err
+    assert "log_alignment.parquet" in err and "lines=" not in err
     rows = pq.read_table(rd.artefact("log_alignment.parquet")).to_pylist()
     pre = next(r for r in rows if r["message"] == "preempted req_9")
     assert pre["level"] == "WARN" and pre["ts_ns"] == 3060 * MS

@@ -140,7 +140,8 @@ def test_command_errors(engine_dir: Path):
                cwd=engine_dir)
     assert p.returncode == 5
     p = teller("record", "-o", str(run), "--", sys.executable, "-c", "pass", cwd=engine_dir)
-    assert p.returncode == 2 and b"already holds a recording" in p.stderr
+    assert p.returncode == 2 and b"already exists and holds a run directory; pass --force" in p.stderr
+    assert str(run).encode() in p.stderr
     p = teller("record", "-o", str(run), "--force", "--", "/no/such/program", cwd=engine_dir)
     assert p.returncode == 2 and b"cannot run" in p.stderr
     (engine_dir / "bad.toml").write_text('"mymod:Engine.step" = "STAGE"\n')

@@ -1,10 +1,13 @@
 """The TELLER numeric stage (the GMM localizer of :mod:`teller.localize`) as an evaluation method.
 
-Exactly as ``benchmarks/eval_localize_h200.py`` runs it: per run, the dataset's subtree rows
-become operator instances as ``teller diagnose`` builds them (``teller.forest.Forest`` → steps by STEP
-ranges → FE/BE/COMM instances and their 13 features); ``GMMLocalizer()`` with its defaults is
-fitted on the instances of the **normal** train steps (a one-class reference of normal
-operation); a test step is flagged when its step score reaches the stage's threshold, and its
+Per run, the dataset's subtree rows become instances as ``teller diagnose`` builds them
+(``teller.forest.Forest`` → steps by STEP ranges → FE/BE/COMM, OTHER and STEP instances and their
+features, each with its step's request count for the batch normalisation); ``GMMLocalizer()``
+with its defaults is fitted on the instances of the **normal** train steps (a one-class
+reference of normal operation), warm-up steps left out as ``teller diagnose`` leaves them out
+(:func:`teller.forest.warmup_steps` on the dataset's STEP nodes; ``keep_warmup=True`` keeps
+them). The dataset stores no ``iterations.parquet`` and no memory kinds, so those columns are
+NaN. A test step is flagged when its step score reaches the stage's threshold, and its
 operator set is its candidate families (at most 5). In the horizontal view a step is flagged
 when one of its rank steps is, its score is the largest of theirs and its operators are the
 union of theirs. The stage has no fault-type head.
@@ -17,14 +20,31 @@ import pyarrow as pa
 
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
-from teller.forest import Forest, step_blocks
+from teller.forest import Forest, step_blocks, warmup_steps
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
-    INSTANCE_LAYERS,
+    FEATURES,
+    SCORED_LAYERS,
     Instances,
     instance_features,
 )
 from teller.rundir import dict_codes
+
+
+def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Requests served (from the STEP name's ``reqs=`` list) and warm-up flag of each step of a
+    dataset forest (``step_node``: the steps' STEP node ids, ascending)."""
+    import pyarrow.compute as pc
+
+    rows = fa.rows_of(step_node)
+    names = np.asarray(fa.names, dtype=object)[fa.name_codes[rows]].astype(str)
+    t = pa.table({"name": names, "pid": fa.pid[rows], "start_ns": fa.start[rows]})
+    warm = warmup_steps(t)
+    reqs = pc.extract_regex(pa.array(names), r"reqs=(?P<r>\S*)").field("r") if len(names) else pa.array([], pa.string())
+    lists = pc.split_pattern(reqs.fill_null(""), ",")
+    n = np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False), np.float64)
+    empty = np.asarray(pc.equal(reqs.fill_null(""), "").to_numpy(zero_copy_only=False), bool)
+    return np.where(empty, np.nan, n), warm
 
 
 def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
@@ -36,6 +56,7 @@ def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
     sid_all = subtrees.column("step_id").to_numpy()
     keep_cols = [c for c in subtrees.column_names if c not in ("run_id", "args")]
     parts: list[Instances] = []
+    warm_parts: list[np.ndarray] = []
     for r, name in enumerate(rdict):  # runs: tens
         g = int(np.searchsorted(steps.runs, name))
         if g >= len(steps.runs) or steps.runs[g] != name:
@@ -47,26 +68,33 @@ def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
             continue
         fa = Forest.from_table(subtrees.take(pa.array(rows)).select(keep_cols))
         step_of_row, step_node = step_blocks(fa)
-        inst = instance_features(fa, step_of_row, INSTANCE_LAYERS)
+        batch, warm = _step_context(fa, step_node)
+        inst = instance_features(fa, step_of_row, SCORED_LAYERS, step_batch=batch)
         k = np.int64(g) << 40 | step_node
         pos = np.clip(np.searchsorted(steps.unit_key, k), 0, len(steps.unit_key) - 1)
         unit = np.where(steps.unit_key[pos] == k, pos, -1)
         step = np.where(inst.step >= 0, unit[np.maximum(inst.step, 0)], -1)
-        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers))
+        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers, inst.batch))
+        warm_parts.append(unit[warm & (unit >= 0)])
         del fa
     families = sorted({f for p in parts for f in p.families})
     fidx = {f: i for i, f in enumerate(families)}
     off = np.cumsum([0] + [p.n for p in parts])
+    unit_warm = np.zeros(len(steps.unit_key), bool)
+    for w in warm_parts:
+        unit_warm[w] = True
+    steps.extra["unit_warmup"] = unit_warm
     return Instances(
         rows=np.concatenate([p.rows for p in parts]) if parts else np.zeros(0, np.int64),
         family=np.concatenate([np.array([fidx[f] for f in p.families], np.int32)[p.family] if p.n else np.zeros(0, np.int32)
                                for p in parts]) if parts else np.zeros(0, np.int32),
         families=families,
         step=np.concatenate([p.step for p in parts]) if parts else np.zeros(0, np.int64),
-        X=np.concatenate([p.X for p in parts]) if parts else np.zeros((0, 13)),
+        X=np.concatenate([p.X for p in parts]) if parts else np.zeros((0, len(FEATURES))),
         parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)])
         if parts else np.zeros(0, np.int64),
-        layers=INSTANCE_LAYERS)
+        layers=SCORED_LAYERS,
+        batch=np.concatenate([p.batch for p in parts]) if parts else np.zeros(0))
 
 
 def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:
@@ -82,11 +110,13 @@ def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:
 class TellerNumeric(Method):
     label = "TELLER numeric stage"
     kind = "teller"
-    features = "operator instances (13 features)"
-    fit_on = "normal train steps"
+    features = "operator, OTHER and STEP instances, batch-normalised"
+    fit_on = "normal train steps, warm-up out"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, keep_warmup: bool = False, **params):
         self.seed = seed
+        self.keep_warmup = keep_warmup
+        self.params = params
 
     def _inst(self, steps: StepSet) -> Instances:
         inst = steps.extra.get("instances")
@@ -99,10 +129,14 @@ class TellerNumeric(Method):
         idx = np.asarray(idx)
         idx = idx[~steps.is_anomaly[idx]]
         um = _unit_mask(steps, idx)
+        warm = steps.extra.get("unit_warmup")
+        if not self.keep_warmup and warm is not None:
+            um[:len(warm)] &= ~warm
         rows = um[inst.step] & (inst.step >= 0)
         if not rows.any():
             raise ValueError("TELLER numeric stage: the normal train steps hold no operator instances")
-        self.model_ = GMMLocalizer().fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows])
+        self.model_ = GMMLocalizer(**self.params).fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows],
+                                                      batch=None if inst.batch is None else inst.batch[rows])
         self.fitted_steps_ = int(len(idx))
         return self
 

@@ -297,11 +297,12 @@ def _shift_edges(t: pa.Table, shift: int) -> pa.Table:
 
 def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
                   tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None, normal_every: int = 1,
-                  max_normal: int | None = None) -> dict[str, Any]:
+                  max_normal: int | None = None, progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Build the dataset from run directories; returns the datasheet dict.
 
     ``normal_every`` > 1 or ``max_normal`` samples steps (:func:`sample_steps`): abnormal steps
-    are all kept, other steps one step number in k; the datasheet records the rule and the counts."""
+    are all kept, other steps one step number in k; the datasheet records the rule and the counts.
+    ``progress(done, total)`` is called after each run (a progress bar's hook)."""
     if normal_every < 1:
         raise TellerError(f"--normal-every {normal_every}: expected 1 (keep every step) or more")
     if max_normal is not None and max_normal < 1:
@@ -310,7 +311,9 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     recs, subs, logs, comms, iters, run_rows = [], [], [], [], [], []
-    for p in paths:
+    for k, p in enumerate(paths):
+        if progress is not None:
+            progress(k, len(paths))
         labels = RunDir(p).read_labels()
         status = (labels or {}).get("status", "unlabelled")
         row = {"run_id": (labels or {}).get("run_id") or p.name, "path": p.name, "status": status,
@@ -331,6 +334,8 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
         elif status != "skipped":
             row["note"] = "not reconstructed (no steps.parquet/forest.parquet)"
         run_rows.append(row)
+    if progress is not None:
+        progress(len(paths), len(paths))
     if not recs:
         raise TellerError(f"{', '.join(map(str, runs))}: no step records (no reconstructed, labelled runs); "
                           "run `teller inject run SPEC -o RUNS` first")

@@ -1,4 +1,4 @@
-"""``teller dataset build RUNS... -o DS``."""
+"""``teller dataset build RUNS... -o DS``, ``teller dataset recode SRC -o DST``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import List  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-dataset_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                          help="The labelled step dataset: records, splits, datasheet.")
+from teller.cliutil import new_app
+
+dataset_app = new_app("The labelled step dataset: records, splits, datasheet.")
 
 
 @dataset_app.callback()
@@ -23,16 +24,45 @@ def build_cmd(
     seed: int = typer.Option(0, "--seed", help="Seed of the splits."),
     normal_every: int = typer.Option(1, "--normal-every", help="Keep every abnormal step and one other step number in N (1: all)."),
     max_normal: int = typer.Option(None, "--max-normal", help="Keep at most about N other step numbers per run (a larger stride)."),
+    force: bool = typer.Option(False, "--force", help="Replace the dataset folder DS if it already exists."),
 ) -> None:
     """Write step records (vertical and horizontal views), splits and a datasheet."""
+    from rich.markup import escape
+
+    from teller.cliutil import console, fresh_dir, progress
+    from teller.dataset.build import build_dataset
+    from teller.summary import n
+
+    err = console(stderr=True)
+    with fresh_dir(out, force, kind="dataset", is_ours=lambda p: (p / "datasheet.json").is_file() or (p / "records.parquet").is_file(),
+                   sources=list(runs)), progress(err) as bar:
+        task = bar.add_task("runs", total=None)
+        s = build_dataset(list(runs), out, seed=seed, normal_every=normal_every, max_normal=max_normal,
+                          progress=lambda done, total: bar.update(task, completed=done, total=total))
+    views = ", ".join(f"{k} {v:,}" for k, v in sorted(s["by_view"].items(), key=lambda kv: -kv[1]))
+    runs_n = len(s["runs"]) if isinstance(s.get("runs"), list) else None
+    err.print(f"[green]built[/] {escape(str(out))}: {n(s['records'], 'step record')} ({views})"
+              + (f" from {n(runs_n, 'run')}" if runs_n is not None else "")
+              + f", {s['abnormal']:,} abnormal (fault prior {s['fault_prior']:.3f})")
+    err.print(f"steps: {s['steps']:,} of the {s['steps_recorded']:,} recorded kept ({s['abnormal_steps']:,} abnormal); "
+              f"{escape(s['sampling']['rule'])}" if s.get("sampling") else
+              f"steps: {s['steps']:,} of the {s['steps_recorded']:,} recorded kept ({s['abnormal_steps']:,} abnormal)")
+
+
+@dataset_app.command("recode")
+def recode_cmd(
+    src: Path = typer.Argument(..., help="Dataset folder (written by `teller dataset build`, any subtree format)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write (not SRC)."),
+) -> None:
+    """Copy a dataset with its subtrees rewritten in the current compact format (checked to read back equal)."""
     from rich.console import Console
 
-    from teller.dataset.build import build_dataset
+    from teller.dataset.codec import CODEC, recode_dataset
 
-    s = build_dataset(list(runs), out, seed=seed, normal_every=normal_every, max_normal=max_normal)
-    Console(stderr=True).print(f"[green]dataset[/]: records={s['records']}, abnormal={s['abnormal']}, "
-                               f"prior={s['fault_prior']:.3f}, views={s['by_view']}, steps={s['steps']} of {s['steps_recorded']} "
-                               f"({s['abnormal_steps']} abnormal)", highlight=False)
+    s = recode_dataset(src, out)
+    Console(stderr=True).print(f"[green]recoded[/]: {s['rows']} rows in {s['parts']} parts ({CODEC}), "
+                               f"subtrees {s['bytes_before'] / 2**20:.1f} MiB -> {s['bytes_after'] / 2**20:.1f} MiB "
+                               f"({s['bytes_before'] / max(s['bytes_after'], 1):.2f}x smaller)", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,11 +24,10 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
     ) -> None:
         """Run every method on the same split and seed; write every metric (JSON, markdown, PNG)."""
-        from rich.console import Console
-
+        from teller.cliutil import console
         from teller.evaluate.run import evaluate
 
-        con = Console(stderr=True)
+        con = console(stderr=True)
         cmd = "teller evaluate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "evaluate" else \
             f"teller evaluate {dataset} --split {split} --view {view}" + (f" --methods {methods}" if methods else "") + \
             f" --seed {seed}" + (f" --limit-steps {limit_steps}" if limit_steps else "") + f" -o {out}"

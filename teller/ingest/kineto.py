@@ -74,6 +74,8 @@ from teller.rundir import (
 KNOWN_SCHEMA_VERSIONS = (1,)
 #: Bytes of JSON text parsed at once; bounds the Python objects alive during a parse.
 CHUNK_BYTES = 4 << 20
+#: files with more text than this show a progress bar on a terminal (a few seconds of reading)
+PROGRESS_BYTES = 16 << 20
 #: Above this many µs a float64 ``ts`` no longer holds whole nanoseconds (ulp > 1 ns).
 _EXACT_US = 2.0**43
 #: Largest |time| in ns a reader keeps (about year 2116): start + base + duration stay in int64.
@@ -1051,12 +1053,13 @@ def parse_kineto_file(
     stats = _Stats()
     parts: list[pa.Table] = []
     total = len(buf)
-    show = progress if progress is not None else (total > (256 << 20) and sys.stderr.isatty())
+    show = progress if progress is not None else (total > PROGRESS_BYTES and sys.stderr.isatty())
     bar = None
     if show:
+        from rich.console import Console
         from rich.progress import Progress
 
-        bar = Progress(transient=True)
+        bar = Progress(console=Console(stderr=True), transient=True)
         bar.start()
         task = bar.add_task(f"reading {path.name}", total=total)
     try:

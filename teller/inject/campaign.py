@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,14 @@ def tp_hooks_file() -> str:
 
 def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] | None = None,
                  force: bool = False, quiet: bool = True, parallel: int = 1,
-                 refs: dict[str, str] | None = None, lane: bool = False) -> dict[str, Any]:
+                 refs: dict[str, str] | None = None, lane: bool = False,
+                 on_result: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Record, reconstruct and label every run of ``spec`` under ``out``; returns a summary.
 
     ``parallel`` > 1 records that many runs at a time (module docstring). ``refs`` (workload key
-    → run path) and ``lane`` are for lane processes: known references, and no campaign files."""
+    → run path) and ``lane`` are for lane processes: known references, and no campaign files.
+    ``on_result(result)`` is called as each run is done (a progress bar's hook; with
+    ``parallel`` > 1, as each group of lanes is collected)."""
     camp = spec if isinstance(spec, Campaign) else load_spec(spec)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,12 +115,14 @@ def run_campaign(spec: str | Path | Campaign, out: str | Path, only: list[str] |
                                                        "mechanisms": {k: m.describe() for k, m in reg.items()}},
                                                       indent=2))
     if parallel > 1:
-        results = _run_lanes(camp, order, out, parallel, force, quiet)
+        results = _run_lanes(camp, order, out, parallel, force, quiet, on_result)
     else:
         for run in order:
             for rep in range(run.repetitions):
                 res = run_one(camp, run, rep, out, refs, force=force, quiet=quiet)
                 results.append(res)
+                if on_result is not None:
+                    on_result(res)
                 if not run.faults and res["status"] == "finished":
                     refs.setdefault(_wl_key(run.workload), res["path"])
     summary = {"campaign": camp.name, "runs": len(results),
@@ -144,7 +150,7 @@ def _lane_cpus(lanes: int) -> list[list[int]]:
 
 
 def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, force: bool,
-               quiet: bool) -> list[dict[str, Any]]:
+               quiet: bool, on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Record ``order`` ``lanes`` runs at a time (module docstring); returns the run results."""
     import subprocess
 
@@ -174,6 +180,8 @@ def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, forc
         for run in runs:
             for rep in range(run.repetitions):
                 results.append(_result_from_disk(out / f"{run.name}-r{rep}"))
+                if on_result is not None:
+                    on_result(results[-1])
 
     in_lanes(normal)
     collect(normal)
@@ -185,6 +193,8 @@ def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, forc
     for run in alone:
         for rep in range(run.repetitions):
             results.append(run_one(camp, run, rep, out, refs, force=force, quiet=quiet))
+            if on_result is not None:
+                on_result(results[-1])
     return results
 
 

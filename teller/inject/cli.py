@@ -7,8 +7,9 @@ from typing import List, Optional  # noqa: UP035 (typer reads these annotations)
 
 import typer
 
-inject_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="Fault-injection campaigns: recorded runs with ground-truth labels.")
+from teller.cliutil import new_app
+
+inject_app = new_app("Fault-injection campaigns: recorded runs with ground-truth labels.")
 
 
 @inject_app.callback()
@@ -27,25 +28,52 @@ def run_cmd(
                                  "(machine-wide faults still run alone)."),
 ) -> None:
     """Record every run of SPEC with `teller record`, reconstruct it and write labels.json."""
-    from rich.console import Console
+    from rich.markup import escape
 
+    from teller.cliutil import console, progress
     from teller.inject.campaign import run_campaign
+    from teller.inject.spec import load_spec
+    from teller.summary import n
 
-    s = run_campaign(spec, out, only=only or None, force=force, quiet=not verbose, parallel=parallel)
-    con = Console(stderr=True)
-    for r in s["results"]:
+    camp = load_spec(spec)
+    planned = [f"{r.name}-r{k}" for r in camp.runs if not only or r.name in only for k in range(r.repetitions)]
+    taken = [p for p in planned if (out / p).exists() and any((out / p).iterdir())]
+    if taken and not force:
+        from teller.errors import TellerError
+
+        shown = ", ".join(str(out / p) for p in taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        raise TellerError(f"{shown}: already recorded; pass --force to replace the runs of this campaign, "
+                          "or choose another -o folder")
+    con = console(stderr=True)
+
+    def line(r: dict) -> None:
         skipped = "; ".join(f"{x['mechanism']}: {x['reason']}" for x in r.get("skipped", []))
-        con.print(f"{r['run_id']}: {r['status']}, steps={r.get('steps', 0)}, abnormal={r.get('abnormal_steps', 0)}"
-                  + (f" [yellow]skipped {skipped}[/]" if skipped else ""), highlight=False)
+        con.print(f"{escape(r['run_id'])}: {r['status']}, {n(r.get('steps', 0), 'step')}, {r.get('abnormal_steps', 0):,} abnormal"
+                  + (f" [yellow]skipped {escape(skipped)}[/]" if skipped else ""))
         for u in r.get("unapplied", []):
             rank = f" on rank {u['rank']}" if u.get("rank") is not None else ""
-            con.print(f"  [bold red]window {u['id']} ({u['mechanism']}){rank} {u['problem']}[/]: {u['detail']} "
-                      f"({u['fix']})", highlight=False)
+            con.print(f"  [bold red]window {u['id']} ({u['mechanism']}){rank} {escape(str(u['problem']))}[/]: "
+                      f"{escape(str(u['detail']))} ({escape(str(u['fix']))})")
+
+    # the workload's own output (--verbose) and a live bar would interleave: no bar then
+    with progress(con, enabled=False if verbose else None) as bar:
+        task = bar.add_task(f"campaign {camp.name}", total=len(planned))
+
+        shown: set[str] = set()
+
+        def done(r: dict) -> None:
+            line(r)
+            shown.add(r["run_id"])
+            bar.advance(task)
+
+        s = run_campaign(camp, out, only=only or None, force=force, quiet=not verbose, parallel=parallel, on_result=done)
+    for r in s["results"]:
+        if r["run_id"] not in shown:
+            line(r)
     unapplied = s.get("unapplied_windows", 0)
-    con.print(f"[green]campaign[/]: runs={s['runs']}, finished={s['finished']}, crashed={s['crashed']}, "
-              f"skipped={s['skipped']}, steps={s['steps']}, abnormal={s['abnormal_steps']}"
-              + (f", [bold red]windows not applied as planned={unapplied}[/] (labels.json: unapplied)" if unapplied else ""),
-              highlight=False)
+    con.print(f"[green]campaign[/] {escape(camp.name)}: {n(s['runs'], 'run')} ({s['finished']} finished, {s['crashed']} crashed, "
+              f"{s['skipped']} skipped), {n(s['steps'], 'step')}, {s['abnormal_steps']:,} abnormal; labels in each run's labels.json"
+              + (f"; [bold red]{n(unapplied, 'fault window')} not applied as planned[/] (labels.json: unapplied)" if unapplied else ""))
 
 
 @inject_app.command("mechanisms")

@@ -41,9 +41,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from teller.forest import Forest
+from teller.forest import COLD_STEPS, Forest, warmup_steps  # noqa: F401 (COLD_STEPS, warmup_steps: re-exported)
 from teller.inject import CATEGORY_TITLES
-from teller.reconstruct.steps import COLD_STEPS, warmup_steps  # noqa: F401 (re-exported: the rule lives with the steps)
 from teller.rundir import LAYER_CODE, RunDir
 
 MIN_REF = 20

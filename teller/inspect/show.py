@@ -13,6 +13,7 @@ from rich.tree import Tree
 from teller.errors import TellerError
 from teller.forest import Forest
 from teller.inspect.tree import fmt_ns, shapes
+from teller.logs.ids import natural_key
 from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col, recording_state
 
 _STYLE = {
@@ -43,7 +44,7 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
         ids = np.asarray(req.column("request_id").to_pylist(), dtype=object)
         sel = np_col(req, "step_id")[ids == request]
         if not len(sel):
-            known = sorted(set(ids.tolist()))[:8]
+            known = sorted(set(ids.tolist()), key=natural_key)[:8]
             raise TellerError(f"{rd.path}: request {request!r} names no step; known requests include {', '.join(known) or 'none'}")
         all_rows = forest.rows_of(np.unique(sel))
         durs = forest.end[all_rows] - forest.start[all_rows]
@@ -160,6 +161,8 @@ def _print_step_list(console: Console, forest: Forest, steps, limit: int, only: 
 def _label(forest: Forest, r: int, kernels: np.ndarray) -> str:
     layer = LAYERS[forest.layer[r]]
     name = forest.name(r)
+    if name.startswith(layer + " "):  # a STEP range's name already begins with STEP
+        name = name[len(layer) + 1:]
     if len(name) > 90:
         name = name[:87] + "..."
     dur = fmt_ns(forest.end[r] - forest.start[r])

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from teller.errors import TellerError
-from teller.localize.features import FEATURES, Instances, RunFeatures, run_features
+from teller.localize.features import (
+    FEATURES,
+    OP_FEATURES,
+    SCORED_LAYERS,
+    Instances,
+    RunFeatures,
+    run_features,
+)
 from teller.reconstruct.ensure import ensure_reconstructed
 
 if TYPE_CHECKING:
@@ -45,9 +52,34 @@ def no_reference_error(run: str | os.PathLike | None = None) -> TellerError:
     )
 
 
+def feature_matrix(est: GMMLocalizer, inst: Instances) -> np.ndarray:
+    """``inst.X`` in the estimator's feature order (an artefact fitted with fewer features, e.g.
+    before the runtime-call mix existed, gets its own columns; features it has and the
+    instances lack are NaN)."""
+    names = [str(x) for x in est.feature_names_in_]
+    if tuple(names) == FEATURES[: len(names)] and inst.X.shape[1] >= len(names):
+        return inst.X[:, : len(names)]
+    pos = {f: i for i, f in enumerate(FEATURES)}
+    X = np.full((inst.n, len(names)), np.nan)
+    for j, f in enumerate(names):
+        if f in pos and pos[f] < inst.X.shape[1]:
+            X[:, j] = inst.X[:, pos[f]]
+    return X
+
+
+def reference_mask(f: RunFeatures, keep_warmup: bool = False) -> np.ndarray:
+    """Instances of ``f`` a reference is fitted on: those in steps, warm-up steps left out
+    (:attr:`teller.localize.features.StepTable.warmup`) unless ``keep_warmup``."""
+    keep = f.instances.step >= 0
+    if not keep_warmup and f.steps.warmup is not None and len(f.steps.warmup):
+        keep &= ~f.steps.warmup[np.maximum(f.instances.step, 0)]
+    return keep
+
+
 def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: int | None = None,
-                  layers: tuple[str, ...] | None = None, **params: Any) -> GMMLocalizer:
-    """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``.
+                  layers: tuple[str, ...] | None = None, keep_warmup: bool = False, **params: Any) -> GMMLocalizer:
+    """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``; warm-up steps
+    (a process's first steps, warm-up requests) are left out unless ``keep_warmup``.
 
     A reference run not reconstructed yet (or whose forest predates steps decided in
     reconstruction) is reconstructed first, with ``window_ns`` for its fixed-window steps; a run
@@ -63,38 +95,55 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         # all reference runs must use the same instance layers; FE/BE/COMM wins when any has them
         lays = {tuple(f.instances.layers) for f in feats}
         if len(lays) > 1:
-            layers = ("FE", "BE", "COMM")
+            layers = SCORED_LAYERS
             feats = [run_features(f.path, layers=layers) for f in feats]
-    X_parts, fam_parts, grp_parts = [], [], []
-    offset = 0
+    X_parts, fam_parts, grp_parts, b_parts = [], [], [], []
+    offset = warm_left = 0
+    warmup_note = ""
+    if not keep_warmup and not any(reference_mask(f).any() for f in feats):
+        # a reference of warm-up steps only (a short foreign trace): better than none
+        keep_warmup = True
+        warmup_note = "the reference holds warm-up steps only: they were kept"
     for f in feats:
-        keep = f.instances.step >= 0
+        keep = reference_mask(f, keep_warmup)
+        if not keep_warmup and f.steps.warmup is not None:
+            warm_left += int(f.steps.warmup.sum())
         X_parts.append(f.instances.X[keep])
         fam_parts.append(f.instances.family_of()[keep])
         grp_parts.append(f.instances.step[keep] + offset)  # steps of different runs stay apart
+        b_parts.append(f.instances.batch[keep] if f.instances.batch is not None else np.full(int(keep.sum()), np.nan))
         offset += f.steps.n
     X = np.concatenate(X_parts) if X_parts else np.zeros((0, len(FEATURES)))
     fam = np.concatenate(fam_parts) if fam_parts else np.zeros(0, object)
     groups = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.int64)
+    batch = np.concatenate(b_parts) if b_parts else np.zeros(0)
     if not len(X):
         raise TellerError(
-            f"reference run(s) {', '.join(str(f.path) for f in feats)} hold no operator instances inside steps; "
-            "record a reference with hook ranges (`teller record -o REF -- CMD`) and run `teller reconstruct REF`"
+            f"reference run(s) {', '.join(str(f.path) for f in feats)} hold no operator instances inside steps"
+            + ("" if keep_warmup else " outside warm-up steps") + "; record a reference with hook ranges "
+            "(`teller record -o REF -- CMD`) and run `teller reconstruct REF`"
+            + ("" if keep_warmup else ", or keep its warm-up steps (`--keep-warmup`)")
         )
     from teller.localize.gmm import GMMLocalizer
 
-    est = GMMLocalizer(**params).fit(X, families=fam, groups=groups)
+    est = GMMLocalizer(**params).fit(X, families=fam, groups=groups, batch=batch)
     flagged = total = 0
     for f in feats:
         loc = localize(est, f.instances)
-        flagged += int(loc.steps.flag.sum())
-        total += len(loc.steps.steps)
+        kept = np.ones(len(loc.steps.steps), bool)
+        if not keep_warmup and f.steps.warmup is not None and len(f.steps.warmup):
+            kept = ~f.steps.warmup[loc.steps.steps]
+        flagged += int(loc.steps.flag[kept].sum())
+        total += int(kept.sum())
     est.extra_ = {
         "reference_runs": [str(f.path) for f in feats],
         "instance_layers": list(feats[0].instances.layers),
         "reference_instances": int(len(X)),
         "reference_steps": total,
         "reference_steps_flagged": flagged,
+        "reference_warmup_steps": warm_left if not keep_warmup else 0,
+        "keep_warmup": bool(keep_warmup),
+        **({"warmup_note": warmup_note} if warmup_note else {}),
         "step_rules": sorted({f.steps.rule for f in feats}),
     }
     return est
@@ -129,7 +178,8 @@ class Localization:
 def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
     fam_names = inst.family_of()
-    det = est.details(inst.X, fam_names)
+    X = feature_matrix(est, inst)
+    det = est.details(X, fam_names, inst.batch)
     a = det["a"]
     ss = est.score_steps(a, inst.family, inst.step, det["z"], det["family"])
     flagged_steps = ss.steps[ss.flag]
@@ -213,7 +263,8 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
         "instances_in_steps": int((inst.step >= 0).sum()),
         "unseen_instances": n_unseen,
         "unseen_families": sorted({str(x) for x in fam_names[det["unseen"]]}),
-        "nan_feature_values": int(np.isnan(inst.X).sum() + (~np.isfinite(inst.X) & ~np.isnan(inst.X)).sum()),
+        # operator features only: the STEP/OTHER and iteration columns are NaN by design elsewhere
+        "nan_feature_values": int((~np.isfinite(X[:, : min(len(OP_FEATURES), X.shape[1])])).sum()),
         "steps_scored": int(len(ss.steps)),
         "steps_flagged": int(ss.flag.sum()),
         "suspicious_instances": int(s0.sum()),
@@ -231,8 +282,8 @@ def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndar
     if not len(idx):
         return []
     fam = inst.family_of()[idx]
-    ref = est.reference_value(fam, loc.component[idx])
-    X = inst.X[idx]
+    ref = est.reference_value(fam, loc.component[idx], None if inst.batch is None else inst.batch[idx])
+    X = feature_matrix(est, inst)[idx]
     Z = loc.z[idx]
     names = list(est.feature_names_in_)
     out = []
@@ -255,7 +306,7 @@ def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndar
 
 
 def load_or_fit(reference: list[str | os.PathLike] | None, localizer: str | os.PathLike | None,
-                window_ns: int | None = None, run: str | os.PathLike | None = None,
+                window_ns: int | None = None, run: str | os.PathLike | None = None, keep_warmup: bool = False,
                 **params: Any) -> tuple[GMMLocalizer, str]:
     """The estimator from ``--localizer`` or fitted on ``--reference`` runs, and a description."""
     if localizer is not None and reference:
@@ -266,8 +317,8 @@ def load_or_fit(reference: list[str | os.PathLike] | None, localizer: str | os.P
         return GMMLocalizer.load(localizer), f"localizer {localizer}"
     if not reference:
         raise no_reference_error(run)
-    est = fit_localizer([Path(r) for r in reference], window_ns=window_ns, **params)
-    return est, "reference " + ", ".join(str(r) for r in reference)
+    est = fit_localizer([Path(r) for r in reference], window_ns=window_ns, keep_warmup=keep_warmup, **params)
+    return est, "reference " + ", ".join(str(r) for r in reference) + (" (warm-up steps kept)" if keep_warmup else "")
 
 
 def __getattr__(name: str) -> Any:

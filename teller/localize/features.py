@@ -23,6 +23,20 @@ Features of an instance x (nanoseconds, counts and bytes; every sum runs over x'
 ``comm_bytes``        communication size: bytes of the outermost COMM nodes in x's subtree
 ====================  ==========================================================================
 
+The STEP range itself and the OTHER ranges (``OTHER schedule``, ``OTHER update_batch``) are
+instances too (:data:`SCORED_LAYERS`; a STEP node's family is ``STEP``, as the labels name it).
+They carry the runtime-call mix of their subtree as well (:data:`MIX_FEATURES`: synchronous and
+asynchronous memcpy calls, pageable copies, stream/event and device synchronizations,
+allocations: counts and time; ``pageable_n`` is NaN where the copies' memory kinds are not known),
+and a STEP instance its iteration (:data:`ITER_FEATURES`, from ``iterations.parquet`` through
+:func:`read_iterations`; NaN when the run has none). On the other instances those columns are
+NaN, which the localizer leaves out of their distances.
+
+Every instance also carries the batch its step served (:attr:`Instances.batch`, the step's
+request count): :class:`teller.localize.gmm.GMMLocalizer` normalises the features by it. Steps
+that are warm-up (:func:`teller.forest.warmup_steps`, or the ``warmup`` column of
+``iterations.parquet``) are marked in :attr:`StepTable.warmup`; references leave them out.
+
 Subtree sums use the forest's depth-first row layout (every subtree is the block
 ``[row, row + size)``: one cumulative sum per feature); a forest not laid out that way (a
 hand-built or foreign one whose parents merely precede their children) falls back to summing
@@ -46,24 +60,30 @@ import numpy as np
 import pyarrow as pa
 
 from teller.errors import TellerError
-from teller.forest import Forest, family_names
+from teller.forest import Forest, family_names, warmup_steps
 from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS
 from teller.rundir import LAYER_CODE, RunDir
 
 __all__ = [
     "FEATURES",
+    "OP_FEATURES",
+    "MIX_FEATURES",
+    "ITER_FEATURES",
+    "ITERATIONS_COLUMNS",
     "INSTANCE_LAYERS",
+    "SCORED_LAYERS",
     "FALLBACK_LAYERS",
     "StepTable",
     "Instances",
     "family_names",
     "instance_features",
+    "read_iterations",
     "read_steps",
     "run_features",
 ]
 
-#: Feature names, in column order of the feature matrix.
-FEATURES = (
+#: Operator features, every instance (the first columns of the feature matrix).
+OP_FEATURES = (
     "dur_ns",
     "self_ns",
     "rt_ns",
@@ -78,6 +98,61 @@ FEATURES = (
     "overlap",
     "comm_bytes",
 )
+#: Runtime-call mix of a STEP or OTHER instance's subtree (NaN on operator instances).
+MIX_FEATURES = (
+    "memcpy_sync_n",
+    "memcpy_sync_ns",
+    "memcpy_async_n",
+    "memcpy_async_ns",
+    "pageable_n",
+    "stream_sync_n",
+    "stream_sync_ns",
+    "device_sync_n",
+    "device_sync_ns",
+    "alloc_n",
+    "alloc_ns",
+)
+#: Iteration and batch context of a STEP instance (``iterations.parquet``; NaN when absent or -1).
+ITER_FEATURES = (
+    "iter.dur",
+    "iter.gap",
+    "iter.schedule",
+    "iter.post",
+    "iter.host_busy",
+    "iter.gpu_busy",
+    "batch.n_requests",
+    "batch.prefill",
+    "batch.decode",
+    "batch.waiting",
+    "batch.kv_frac",
+    "batch.preempted",
+)
+#: Feature names, in column order of the feature matrix.
+FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
+#: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
+SCORED_LAYERS = (*INSTANCE_LAYERS, "OTHER", "STEP")
+#: ``iterations.parquet`` (the reconstruction's engine iterations, one row per steps.parquet row).
+ITERATIONS_COLUMNS = {
+    "step_id": pa.int64(), "step_idx": pa.int64(), "pid": pa.int64(), "tid": pa.int64(), "rank": pa.int32(),
+    "start_ns": pa.int64(), "end_ns": pa.int64(), "dur_ns": pa.int64(), "step_ns": pa.int64(),
+    "schedule_ns": pa.int64(), "post_ns": pa.int64(), "gap_ns": pa.int64(), "host_busy_ns": pa.int64(),
+    "gpu_busy_ns": pa.int64(), "n_requests": pa.int32(), "prefill": pa.int64(), "decode": pa.int64(),
+    "waiting": pa.int64(), "kv_used": pa.int64(), "kv_total": pa.int64(), "preempted": pa.int64(),
+    "warmup": pa.bool_(), "rule": pa.string(),
+}
+#: ITER_FEATURES from iterations.parquet columns (``batch.kv_frac`` = kv_used / kv_total)
+_ITER_SOURCE = {"iter.dur": "dur_ns", "iter.gap": "gap_ns", "iter.schedule": "schedule_ns", "iter.post": "post_ns",
+                "iter.host_busy": "host_busy_ns", "iter.gpu_busy": "gpu_busy_ns", "batch.n_requests": "n_requests",
+                "batch.prefill": "prefill", "batch.decode": "decode", "batch.waiting": "waiting",
+                "batch.preempted": "preempted"}
+#: runtime/driver call names of each mix class
+_MIX_CALLS = {
+    "memcpy_sync": r"^(cuda|cu)Memcpy(?!.*Async)",
+    "memcpy_async": r"^(cuda|cu)Memcpy.*Async",
+    "stream_sync": r"^(cuda|cu)(StreamSynchronize|EventSynchronize)",
+    "device_sync": r"^(cudaDeviceSynchronize|cuCtxSynchronize|cudaThreadSynchronize)",
+    "alloc": r"^(cuda|cu)(Malloc|Free|MemAlloc|MemFree|HostAlloc|MemHostAlloc|MallocHost|FreeHost|MemFreeHost)",
+}
 
 
 
@@ -107,10 +182,59 @@ class StepTable:
     n_requests: np.ndarray
     rule: str  # "STEP ranges" | "profiler steps" | "fixed windows"
     detail: str
+    warmup: np.ndarray | None = None  # per step: warm-up (left out of references)
+    iterations: np.ndarray | None = None  # (steps, len(ITER_FEATURES)) float64, NaN unknown; None: no table
 
     @property
     def n(self) -> int:
         return len(self.step_num)
+
+    def batch(self) -> np.ndarray:
+        """Requests each step served (float; NaN where unknown)."""
+        b = self.n_requests.astype(np.float64)
+        return np.where(b > 0, b, np.nan)
+
+
+def read_iterations(rd: RunDir, steps: pa.Table | None = None) -> pa.Table | None:
+    """``iterations.parquet`` of the run in ``rd`` checked against the contract
+    (:data:`ITERATIONS_COLUMNS`, one row per ``steps.parquet`` row in the same order), or None
+    when the run has none (reconstructed before iterations existed, or by another tool)."""
+    if not rd.has_table("iterations"):
+        return None
+    path = rd.path / "iterations.parquet"
+    fix = f"re-run `teller reconstruct {rd.path}`"
+    try:
+        t = rd.read_table("iterations")
+    except Exception as e:  # unreadable Parquet: name the file
+        raise TellerError(f"{path}: unreadable ({e}); {fix}") from e
+    missing = [c for c in ITERATIONS_COLUMNS if c not in t.column_names]
+    if missing:
+        raise TellerError(f"{path}: lacks columns {missing}; {fix}")
+    if steps is not None:
+        if t.num_rows != steps.num_rows:
+            raise TellerError(f"{path}: {t.num_rows} rows, steps.parquet {steps.num_rows} (one iteration per step "
+                              f"expected); {fix}")
+        a, b = _np(t, "step_id"), _np(steps, "step_id")
+        bad = np.flatnonzero(a != b)
+        if len(bad):
+            raise TellerError(f"{path}: row {int(bad[0])} has step_id {int(a[bad[0]])} where steps.parquet has "
+                              f"{int(b[bad[0]])} (rows must follow steps.parquet); {fix}")
+    return t
+
+
+def iteration_matrix(t: pa.Table) -> np.ndarray:
+    """:data:`ITER_FEATURES` of every row of an ``iterations.parquet`` table (n × 12, float64;
+    -1, the contract's "not recorded", becomes NaN)."""
+    out = np.full((t.num_rows, len(ITER_FEATURES)), np.nan)
+    for j, name in enumerate(ITER_FEATURES):
+        if name == "batch.kv_frac":
+            used, total = _np(t, "kv_used").astype(np.float64), _np(t, "kv_total").astype(np.float64)
+            ok = (used >= 0) & (total > 0)
+            out[ok, j] = used[ok] / total[ok]
+            continue
+        v = _np(t, _ITER_SOURCE[name]).astype(np.float64)
+        out[:, j] = np.where(v >= 0, v, np.nan)
+    return out
 
 
 def read_steps(rd: RunDir, fa: Forest) -> StepTable:
@@ -134,10 +258,16 @@ def read_steps(rd: RunDir, fa: Forest) -> StepTable:
     if step_of_row.size and int(step_of_row.max()) >= steps.num_rows:
         raise TellerError(f"{fa.path}: step_idx {int(step_of_row.max())} beyond the {steps.num_rows} rows of "
                           f"{rd.path / 'steps.parquet'}; {fix}")
+    it = read_iterations(rd, steps)
+    if it is not None:
+        warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        iters = iteration_matrix(it)
+    else:  # the same rule the reconstruction writes into iterations.parquet
+        warm, iters = warmup_steps(steps), None
     return StepTable(step_of_row, _np(steps, "step_num"), _np(steps, "rank"), _np(steps, "step_id"),
                      _np(steps, "start_ns"), _np(steps, "end_ns"),
                      [x or "" for x in steps.column("name").to_pylist()], _np(steps, "n_requests", np.int32, 0),
-                     rule, detail)
+                     rule, detail, warm, iters)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -181,6 +311,7 @@ class Instances:
     X: np.ndarray  # (n, len(FEATURES)) float64
     parent: np.ndarray  # index (into these instances) of the nearest instance ancestor, -1 none
     layers: tuple[str, ...]
+    batch: np.ndarray | None = None  # requests of the instance's step (NaN unknown); None: not known at all
 
     @property
     def n(self) -> int:
@@ -196,15 +327,31 @@ class Instances:
         remap[idx] = np.arange(len(idx))
         par = self.parent[idx]
         return Instances(self.rows[idx], self.family[idx], self.families, self.step[idx], self.X[idx],
-                         remap[np.where(par >= 0, par, self.n)], self.layers)
+                         remap[np.where(par >= 0, par, self.n)], self.layers,
+                         None if self.batch is None else self.batch[idx])
+
+
+def _name_class(fa: Forest, pattern: str) -> np.ndarray:
+    """Rows whose name matches ``pattern`` (a regex, tested once per distinct name)."""
+    import re
+
+    rx = re.compile(pattern)
+    hit = np.array([bool(rx.search(x or "")) for x in fa.names] or [False])
+    return hit[fa.name_codes] if fa.n else np.zeros(0, bool)
 
 
 def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
-                      layers: tuple[str, ...] | None = None) -> Instances:
-    """Instances of ``layers`` (default FE/BE/COMM, else RT/DRV when none exist) and φ(x)."""
+                      layers: tuple[str, ...] | None = None, step_batch: np.ndarray | None = None,
+                      step_iter: np.ndarray | None = None, pageable: np.ndarray | None = None) -> Instances:
+    """Instances of ``layers`` (default :data:`SCORED_LAYERS`, else RT/DRV when the run has no
+    FE/BE/COMM node) and φ(x) (:data:`FEATURES`).
+
+    ``step_batch`` (per step: requests served) gives :attr:`Instances.batch`; ``step_iter``
+    (steps × :data:`ITER_FEATURES`) the iteration columns of STEP instances; ``pageable`` (per
+    row: a copy from or to pageable host memory) the ``pageable_n`` column (NaN without it)."""
     n = fa.n
     if layers is None:
-        layers = INSTANCE_LAYERS
+        layers = SCORED_LAYERS
         if not np.isin(fa.layer, [LAYER_CODE[x] for x in INSTANCE_LAYERS]).any():
             layers = FALLBACK_LAYERS
     codes = [LAYER_CODE[x] for x in layers]
@@ -230,31 +377,97 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
         return fa.subtree_sums(v, rows).astype(np.float64)
 
     k_ns = ss(np.where(kern, dur, zeros))
-    X = np.column_stack([
-        dur[rows].astype(np.float64),
-        self_ns[rows].astype(np.float64),
-        ss(np.where(rt, dur, zeros)),
-        ss(rt.astype(np.int64)),
-        ss(np.where(drv, dur, zeros)),
-        ss(drv.astype(np.int64)),
-        ss(kern.astype(np.int64)),
-        k_ns,
-        ss(np.where(mem, np.maximum(fa.nbytes, 0), zeros)),
-        ss(np.where(mem, dur, zeros)),
-        ss(np.where(sync, dur, zeros)),
-        np.divide(ss(np.where(kern, ovl, zeros)), k_ns, out=np.zeros(len(rows)), where=k_ns > 0),
-        ss(np.where(outer_comm, np.maximum(fa.nbytes, 0), zeros)),
-    ]) if len(rows) else np.zeros((0, len(FEATURES)))
-    # families: the forest's (one encoding), renumbered over the families the instances have
-    used, family = np.unique(fa.family[rows], return_inverse=True)
+    X = np.full((len(rows), len(FEATURES)), np.nan)
+    if len(rows):
+        X[:, :len(OP_FEATURES)] = np.column_stack([
+            dur[rows].astype(np.float64),
+            self_ns[rows].astype(np.float64),
+            ss(np.where(rt, dur, zeros)),
+            ss(rt.astype(np.int64)),
+            ss(np.where(drv, dur, zeros)),
+            ss(drv.astype(np.int64)),
+            ss(kern.astype(np.int64)),
+            k_ns,
+            ss(np.where(mem, np.maximum(fa.nbytes, 0), zeros)),
+            ss(np.where(mem, dur, zeros)),
+            ss(np.where(sync, dur, zeros)),
+            np.divide(ss(np.where(kern, ovl, zeros)), k_ns, out=np.zeros(len(rows)), where=k_ns > 0),
+            ss(np.where(outer_comm, np.maximum(fa.nbytes, 0), zeros)),
+        ])
+        lay = fa.layer[rows]
+        whole = np.isin(lay, [LAYER_CODE["STEP"], LAYER_CODE["OTHER"]])  # STEP and OTHER instances
+        if whole.any():
+            # runtime-call mix: runtime calls, and driver calls not made by a recorded runtime call
+            call = rt | (drv & (fa.nearest_ancestor(rt) < 0))
+            wrows = np.flatnonzero(whole)
+            cols: list[np.ndarray] = []
+            for cls in ("memcpy_sync", "memcpy_async", "pageable", "stream_sync", "device_sync", "alloc"):
+                if cls == "pageable":
+                    cols.append(fa.subtree_sums((pageable & mem).astype(np.int64), rows[wrows]).astype(np.float64)
+                                if pageable is not None else np.full(len(wrows), np.nan))
+                    continue
+                m = call & _name_class(fa, _MIX_CALLS[cls])
+                cols.append(fa.subtree_sums(m.astype(np.int64), rows[wrows]).astype(np.float64))
+                cols.append(fa.subtree_sums(np.where(m, dur, zeros), rows[wrows]).astype(np.float64))
+            o = len(OP_FEATURES)
+            X[wrows, o:o + len(MIX_FEATURES)] = np.column_stack(cols)
+        if step_iter is not None:
+            srows = np.flatnonzero((lay == LAYER_CODE["STEP"]) & (step_of_row[rows] >= 0))
+            o = len(OP_FEATURES) + len(MIX_FEATURES)
+            X[srows, o:] = step_iter[step_of_row[rows[srows]]]
+    # families: the forest's (one encoding), renumbered over the families the instances have;
+    # every STEP node is one family, ``STEP``, as the labels name it
+    fam_rows = fa.family[rows]
+    used, family = np.unique(fam_rows, return_inverse=True)
     families = [fa.families[i] for i in used.tolist()]
     family = family.reshape(-1).astype(np.int32)
+    is_step_inst = fa.layer[rows] == LAYER_CODE["STEP"]
+    if is_step_inst.any():
+        named = ["STEP" if f.startswith("STEP") else f for f in families]
+        families, remap = np.unique(np.asarray(named, dtype=object).astype(str), return_inverse=True)
+        families = [str(f) for f in families]
+        family = remap.reshape(-1).astype(np.int32)[family]
     # nearest instance ancestor, as an index into the instances
     idx_of_row = np.full(n + 1, -1, np.int64)
     idx_of_row[rows] = np.arange(len(rows))
     anc = fa.nearest_ancestor(is_inst)[rows]
     parent = idx_of_row[np.where(anc >= 0, anc, n)]
-    return Instances(rows, family, families, step_of_row[rows], X, parent, tuple(layers))
+    step = step_of_row[rows]
+    batch = None
+    if step_batch is not None:
+        batch = np.full(len(rows), np.nan)
+        ok = step >= 0
+        batch[ok] = np.asarray(step_batch, np.float64)[step[ok]]
+    return Instances(rows, family, families, step, X, parent, tuple(layers), batch)
+
+
+def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:
+    """Per forest row: a copy whose source or destination is pageable host memory (CUPTI's
+    memcpy ``src_kind``/``dst_kind``, kept in the ``args`` column), or None when the forest keeps
+    no memory kinds (no ``args``, or no copy has them)."""
+    import pyarrow.parquet as pq
+
+    p = Path(run) / "forest.parquet"
+    try:
+        if "args" not in pq.ParquetFile(p).schema_arrow.names:
+            return None
+        args = pq.read_table(p, columns=["args"], read_dictionary=["args"]).column("args")
+    except (OSError, pa.ArrowInvalid):
+        return None
+    if len(args) != fa.n:
+        return None
+    mem = fa.kind_or_layer("MEMCPY", "MEM")
+    if not mem.any():
+        return None
+    from teller.rundir import dict_codes
+
+    codes, values = dict_codes(pa.table({"args": args}), "args")
+    vals = [v or "" for v in values]
+    has = np.array([("src_kind" in v) for v in vals] or [False])[codes]
+    if not (has & mem).any():
+        return None
+    pg = np.array([("Pageable" in v) for v in vals] or [False])[codes]
+    return pg & mem
 
 
 @dataclass
@@ -274,7 +487,8 @@ def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) 
     rd = RunDir(run).require()
     fa = Forest.read(rd.path)
     st = read_steps(rd, fa)
-    inst = instance_features(fa, st.step_of_row, layers)
+    pg = pageable_rows(rd.path, fa)
+    inst = instance_features(fa, st.step_of_row, layers, step_batch=st.batch(), step_iter=st.iterations, pageable=pg)
     edges = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
     in_step = int((inst.step >= 0).sum())
     summary = {
@@ -287,5 +501,8 @@ def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) 
         "instances_outside_steps": inst.n - in_step,
         "families": len(inst.families),
         "preorder_layout": fa.preorder,
+        "warmup_steps": int(st.warmup.sum()) if st.warmup is not None else 0,
+        "iterations": st.iterations is not None,
+        "pageable_kinds": pg is not None,
     }
     return RunFeatures(rd.path, fa, st, inst, edges, summary)

@@ -40,6 +40,15 @@ it, and a rare high mode would claim all of them), so ρ(x) is then the best cen
 max_{k central} g_k(x): x is normal when it lies within the radius of some central component,
 counting excesses only; a rare mode (a non-central component) still explains nothing.
 
+Batch normalisation (``batch_norm``, default on, when ``fit`` is given each instance's
+``batch``: the requests its step served): before step 1, each log feature of family f is
+regressed on log(batch) over the reference (least squares, slope clipped to
+[0, ``max_slope``]) and the slope's share is taken out, L' = L − b_f (log batch − centre_f).
+An attention op of a 60-request decode step is compared with what the reference's trend says
+60 requests cost, not with the median of small steps; a feature that does not follow the batch
+keeps b = 0. ``context_features`` (default the batch size and token counts) are context only:
+never scored (a large batch is not a fault).
+
 NaN features are marginalized (left out of the distances and densities). Instances of a family
 never seen in the reference get ``a = unseen_score`` and are reported as unseen.
 
@@ -77,11 +86,16 @@ from teller.errors import TellerError
 from teller.localize.features import FEATURES
 
 ARTEFACT_KIND = "teller.localize.GMMLocalizer"
-ARTEFACT_VERSION = 1
+ARTEFACT_VERSION = 2
 _LOG2PI = math.log(2 * math.pi)
 
 
+#: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
+MIN_SAMPLES_PER_DIM = 10
+
+
 @dataclass
+
 class StepScores:
     """Step-level output of :meth:`GMMLocalizer.score_steps`, all arrays."""
 
@@ -124,6 +138,9 @@ class GMMLocalizer(BaseEstimator):
         max_fit_samples: int = 5000,
         reg_covar: float = 1e-4,
         random_state: int = 0,
+        batch_norm: bool = True,
+        max_slope: float = 1.0,
+        context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode"),
     ):
         self.max_components = max_components
         self.min_scale = min_scale
@@ -147,15 +164,19 @@ class GMMLocalizer(BaseEstimator):
         self.max_fit_samples = max_fit_samples
         self.reg_covar = reg_covar
         self.random_state = random_state
+        self.batch_norm = batch_norm
+        self.max_slope = max_slope
+        self.context_features = context_features
 
     # ---------------------------------------------------------------------------------------
     # fitting
 
     def fit(self, X: np.ndarray, y: Any = None, *, families: np.ndarray, groups: np.ndarray | None = None,
-            feature_names: tuple[str, ...] = FEATURES) -> "GMMLocalizer":
+            feature_names: tuple[str, ...] = FEATURES, batch: np.ndarray | None = None) -> "GMMLocalizer":
         """Fit one mixture per family on reference instances ``X`` (n × d) of ``families`` (n,);
         ``groups`` (the step of each instance) keeps a step's instances in one calibration fold
-        and calibrates the family shift test."""
+        and calibrates the family shift test; ``batch`` (n,: requests of each instance's step,
+        NaN unknown) sets the batch normalisation (module docstring)."""
         X = np.asarray(X, dtype=np.float64)
         fam = np.asarray(families).astype(str)
         if X.ndim != 2 or len(X) != len(fam):
@@ -184,7 +205,10 @@ class GMMLocalizer(BaseEstimator):
         self.radius_ = np.zeros(F)
         self.shift_radius_ = np.zeros(F)
         self.varying_ = np.zeros(F, np.int64)
+        self.slope_ = np.zeros((F, d))
+        self.batch_center_ = np.zeros(F)
         self.nan_values_ = 0
+        u_all = self._log_batch(batch, len(X))
         rng = np.random.default_rng(self.random_state)
         g = None if groups is None else np.asarray(groups).astype(np.int64)
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
@@ -193,7 +217,7 @@ class GMMLocalizer(BaseEstimator):
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
-            z_cal[idx] = self._fit_family(f, X[idx], fold[idx], rng)
+            z_cal[idx] = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
         # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
         self.shift_radius_ = chi2.isf(self.tail, np.maximum(self.varying_, 1)).astype(np.float64)
         if self.shift_test and g is not None:
@@ -215,7 +239,45 @@ class GMMLocalizer(BaseEstimator):
     def _transform_raw(self, Xf: np.ndarray) -> np.ndarray:
         L = np.log1p(np.maximum(Xf, 0.0))
         L[~np.isfinite(Xf)] = np.nan
+        ctx = [i for i, x in enumerate(self.feature_names_in_) if str(x) in set(self.context_features or ())]
+        if ctx:
+            L[:, ctx] = np.nan  # context only: never scored
         return L
+
+    def _log_batch(self, batch: np.ndarray | None, n: int) -> np.ndarray:
+        """log(batch) per row (NaN where unknown or when batch normalisation is off)."""
+        if batch is None or not self.batch_norm:
+            return np.full(n, np.nan)
+        b = np.asarray(batch, np.float64)
+        if b.shape != (n,):
+            raise ValueError(f"batch must have one value per row ({n}), got shape {b.shape}")
+        with np.errstate(all="ignore"):
+            return np.where(b > 0, np.log(b), np.nan)
+
+    def _fit_slope(self, f: int, L: np.ndarray, u: np.ndarray) -> None:
+        """Per-feature slope of the log features on log(batch) over family f's reference rows."""
+        ok = np.isfinite(u)
+        if ok.sum() < max(self.min_family_size, 2) or float(np.std(u[ok])) < 0.1:
+            return  # the reference saw one batch size: nothing to learn
+        uc = float(np.mean(u[ok]))
+        du = u[ok] - uc
+        Lk = L[ok]
+        fin = np.isfinite(Lk)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mL = np.nanmean(np.where(fin, Lk, np.nan), axis=0)
+            cov = np.nansum(np.where(fin, (Lk - mL) * du[:, None], np.nan), axis=0)
+            var = np.sum(np.where(fin, du[:, None] ** 2, 0.0), axis=0)
+            b = np.where((var > 0) & np.isfinite(cov), cov / np.where(var > 0, var, 1.0), 0.0)
+        self.slope_[f] = np.clip(b, 0.0, self.max_slope)
+        self.batch_center_[f] = uc
+
+    def _debatch(self, f: int, L: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """L minus family f's batch trend (rows of unknown batch unchanged)."""
+        if not self.slope_[f].any():
+            return L
+        du = np.where(np.isfinite(u), u - self.batch_center_[f], 0.0)
+        return L - du[:, None] * self.slope_[f]
 
     def _mixture(self, Z: np.ndarray, floor: np.ndarray, k: int | None, rng: np.random.Generator):
         """Weights, means and floored variances of a diagonal mixture on ``Z`` (k components, or
@@ -227,7 +289,13 @@ class GMMLocalizer(BaseEstimator):
             # too few samples to trust a spread: one robust unit at least
             return np.ones(1), Z.mean(axis=0, keepdims=True), np.maximum(np.maximum(Z.var(axis=0, keepdims=True), floor), 1.0)
         if k is None:
-            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)))
+            # a diagonal component holds 2 parameters per varying dimension: at least
+            # MIN_SAMPLES_PER_DIM samples per dimension and component, or the extra components
+            # fit the reference's own noise (a step-level family of 150 steps in 8 dimensions
+            # gets one component; operator families of thousands keep their choice)
+            dims = max(1, int((Z.std(axis=0) > 0).sum()))
+            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)),
+                       max(1, n // (MIN_SAMPLES_PER_DIM * dims)))
             ks = range(1, kmax + 1)
         else:
             ks = [max(1, min(k, len(np.unique(Z, axis=0))))]
@@ -260,12 +328,17 @@ class GMMLocalizer(BaseEstimator):
         central[np.argmax(w)] = True
         return central
 
-    def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
+                    u: np.ndarray | None = None) -> np.ndarray:
         """Fit family f; returns the (held-out, when cross-fitting) deviations z of its rows."""
         L = self._transform_raw(Xf)
+        if u is not None:
+            self._fit_slope(f, L, u)
+            L = self._debatch(f, L, u)
         nan = np.isnan(L)
-        self.nan_values_ += int(nan.sum())
-        with np.errstate(all="ignore"):
+        self.nan_values_ += int((~np.isfinite(Xf)).sum())
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (features of other layers)
             med = np.nanmedian(L, axis=0) if len(L) else np.zeros(L.shape[1])
             q75, q25 = (np.nanpercentile(L, [75, 25], axis=0) if len(L) else (np.zeros(L.shape[1]),) * 2)
             varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum()) if len(L) else 0
@@ -359,17 +432,18 @@ class GMMLocalizer(BaseEstimator):
         hit = (self.families_[pos] == fam) if len(self.families_) else np.zeros(len(fam), bool)
         return np.where(hit, pos, -1)
 
-    def details(self, X: np.ndarray, families: np.ndarray) -> dict[str, np.ndarray]:
+    def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
         nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
         from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
-        family median)."""
+        family median). ``batch``: requests of each row's step (the batch normalisation)."""
         self._check()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
             raise ValueError(f"X must have {self.n_features_in_} features, got shape {X.shape}")
         n, d = X.shape
         codes = self.family_codes(families)
+        u_all = self._log_batch(batch, n)
         a = np.full(n, np.nan)
         m2_out = np.full(n, np.nan)
         comp = np.full(n, -1, np.int64)
@@ -382,7 +456,7 @@ class GMMLocalizer(BaseEstimator):
             idx = order[bounds[f + 1]:bounds[f + 2]]
             if not len(idx):
                 continue
-            L = self._transform_raw(X[idx])
+            L = self._debatch(f, self._transform_raw(X[idx]), u_all[idx])
             finite = ~np.isnan(L)
             Z = (L - self.median_[f]) / self.scale_[f]
             m2, logp = self._components(f, Z, finite)
@@ -405,21 +479,24 @@ class GMMLocalizer(BaseEstimator):
         a[unseen] = self.unseen_score
         return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
 
-    def score_samples(self, X: np.ndarray, families: np.ndarray) -> np.ndarray:
+    def score_samples(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Anomaly score a(x) = 1 − ρ(x) of every instance (``unseen_score`` for unseen families)."""
-        return self.details(X, families)["a"]
+        return self.details(X, families, batch)["a"]
 
-    def predict(self, X: np.ndarray, families: np.ndarray) -> np.ndarray:
+    def predict(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Suspicious instances: a(x) ≥ ``instance_threshold``."""
-        return self.score_samples(X, families) >= self.instance_threshold
+        return self.score_samples(X, families, batch) >= self.instance_threshold
 
-    def reference_value(self, families: np.ndarray, component: np.ndarray) -> np.ndarray:
-        """Raw feature values at the centre of each row's component (n × d): the reference's typical value."""
+    def reference_value(self, families: np.ndarray, component: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
+        """Raw feature values at the centre of each row's component (n × d): the reference's
+        typical value (at the row's batch size, when given)."""
         codes = self.family_codes(families)
         out = np.full((len(codes), self.n_features_in_), np.nan)
         ok = (codes >= 0) & (component >= 0)
         c, k = codes[ok], component[ok]
         L = self.means_[c, k] * self.scale_[c] + self.median_[c]
+        u = self._log_batch(batch, len(codes))[ok]
+        L = L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c]
         out[ok] = np.expm1(L)
         return out
 
@@ -509,6 +586,7 @@ class GMMLocalizer(BaseEstimator):
             "covariances": self.covariances_, "central": self.central_, "n_components": self.n_components_,
             "n_samples": self.n_samples_, "radius": self.radius_,
             "shift_radius": self.shift_radius_, "varying": self.varying_,
+            "slope": self.slope_, "batch_center": self.batch_center_,
         }
         path = os.fspath(path)
         tmp = path + ".tmp.npz"
@@ -532,7 +610,10 @@ class GMMLocalizer(BaseEstimator):
         if header.get("version", 0) > ARTEFACT_VERSION:
             raise TellerError(f"{path}: localizer artefact version {header['version']} is newer than this teller; upgrade teller")
         known = cls().get_params()
-        est = cls(**{k: v for k, v in header["params"].items() if k in known})
+        params = {k: v for k, v in header["params"].items() if k in known}
+        if isinstance(params.get("context_features"), list):  # JSON has no tuples
+            params["context_features"] = tuple(params["context_features"])
+        est = cls(**params)
         est.families_ = data["families"]
         est.feature_names_in_ = data["feature_names"]
         est.n_features_in_ = len(est.feature_names_in_)
@@ -541,6 +622,10 @@ class GMMLocalizer(BaseEstimator):
         est.central_ = data["central"].astype(bool)
         est.n_components_, est.n_samples_, est.radius_ = data["n_components"], data["n_samples"], data["radius"]
         est.shift_radius_, est.varying_ = data["shift_radius"], data["varying"]
+        F, d = est.median_.shape
+        # version 1 artefacts: no batch normalisation
+        est.slope_ = data["slope"] if "slope" in data else np.zeros((F, d))
+        est.batch_center_ = data["batch_center"] if "batch_center" in data else np.zeros(F)
         est.nan_values_ = int(header.get("nan_values", 0))
         est.extra_ = header.get("extra", {})
         return est

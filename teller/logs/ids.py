@@ -217,3 +217,13 @@ class RequestIndex:
         pl, pr, pp = (np.concatenate(x).astype(np.int64) for x in (lines, reqs, poss))
         o = np.lexsort((pr, pp, pl))
         return pl[o], pr[o], pp[o]
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(s: str) -> tuple:
+    """Sort key that orders ids as a person counts: ``req_2`` before ``req_10`` (runs of digits
+    compare as numbers, the text between them as text). For lists shown to a user; stored
+    tables keep their own order."""
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(_DIGITS.split(str(s))))

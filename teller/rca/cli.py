@@ -44,7 +44,9 @@ def print_metrics(res: dict, con) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``rca`` command group to the ``teller`` app."""
-    rca = typer.Typer(no_args_is_help=True, help="Root-cause models: abnormal steps, fault type, evidence operators, explanation.")
+    from teller.cliutil import new_app
+
+    rca = new_app("Root-cause models: abnormal steps, fault type, evidence operators, explanation.")
 
     @rca.command("train")
     def train_cmd(
@@ -65,16 +67,17 @@ def register(app: typer.Typer) -> None:
         max_units: Optional[int] = typer.Option(None, "--max-units", help="Use a random sample of this many units (smoke runs)."),
     ) -> None:
         """Train a root-cause model on a dataset split; writes model.safetensors, config.json, tokenizers, reference."""
-        from rich.console import Console
+        from rich.markup import escape
 
+        from teller.cliutil import console
         from teller.rca.train import train
 
-        con = Console(stderr=True)
+        con = console(stderr=True)
         s = train(dataset, out, variant=variant, split=split, device=device, epochs=epochs, max_steps=max_steps, seed=seed,
                   config=config, backbone=str(backbone) if backbone else None, resume=resume, max_minutes=max_minutes,
-                  batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m))
-        con.print(f"[green]trained[/]: steps={s['steps']}, first_loss={s['first_loss']:.4f}, last_loss={s['last_loss']:.4f}, "
-                  f"parameters={s['parameters']}, model_mib={s['checkpoint_bytes'] / 2**20:.1f}, out={out}")
+                  batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False))
+        con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
+                  f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 
     @rca.command("predict")
     def predict_cmd(
@@ -93,13 +96,14 @@ def register(app: typer.Typer) -> None:
         import json
 
         import pyarrow.parquet as pq
-        from rich.console import Console
+        from rich.markup import escape
 
+        from teller.cliutil import console
         from teller.rca import load
         from teller.rca.data import load_dataset
         from teller.rca.train import evaluate
 
-        con = Console(stderr=True)
+        con = console(stderr=True)
         m = load(model, device=device)
         ds = load_dataset(dataset, max_units=max_units, seed=seed)
         sp = split or m.meta.get("training", {}).get("split", "request")
@@ -109,6 +113,6 @@ def register(app: typer.Typer) -> None:
         print_metrics(res, con)
         if metrics:
             metrics.write_text(json.dumps(res, indent=1))
-        con.print(f"[green]predicted[/]: units={len(pred)}, out={out}")
+        con.print(f"[green]predicted[/] {len(pred):,} units into {escape(str(out))}")
 
     app.add_typer(rca, name="rca")

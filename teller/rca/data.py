@@ -227,6 +227,8 @@ class StepForest:
         lut = {r: i for i, r in enumerate(self.runs)}
         codes = np.asarray([lut.get(r, -1) for r in run_ids], np.int64)
         k = codes << 40 | np.asarray(step_ids, np.int64)
+        if not len(self.key):  # a forest without serialized steps: nothing to find
+            return np.full(len(k), -1, np.int64)
         order = np.argsort(self.key, kind="stable")
         j = np.minimum(np.searchsorted(self.key[order], k), len(order) - 1)
         hit = (codes >= 0) & (self.key[order][j] == k)

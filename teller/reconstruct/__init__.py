@@ -45,10 +45,27 @@ from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
 from teller.reconstruct.comm import comm_edges, describe
 from teller.reconstruct.forest import extent, join, nest, preorder
-from teller.reconstruct.iterations import GAP_MIN_NS, GAP_NAME, IDLE_NAME, ITERATIONS_SCHEMA, ITERATION_RULES, Roots, batch_fields, engine_iterations, gpu_busy
+from teller.reconstruct.iterations import (
+    GAP_MIN_NS,
+    GAP_NAME,
+    IDLE_NAME,
+    ITERATION_RULES,
+    ITERATIONS_SCHEMA,
+    Roots,
+    batch_fields,
+    engine_iterations,
+    gpu_busy,
+)
 from teller.reconstruct.ranges import pair
-from teller.reconstruct.steps import RULES, ForestRows, Steps, decide_steps, steps_tables, warmup_steps
 from teller.reconstruct.clocks import Clocks, check_clocks
+from teller.reconstruct.steps import (
+    RULES,
+    ForestRows,
+    Steps,
+    decide_steps,
+    steps_tables,
+    warmup_steps,
+)
 from teller.rundir import (
     EVENT_SCHEMA,
     FLAG_CLOCK_REPAIRED,

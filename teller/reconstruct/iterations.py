@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.rundir import IS_GPU_KIND, LAYER_CODE
+from teller.rundir import LAYER_CODE
 
 #: Shortest untraced stretch of an iteration that becomes a GAP node.
 GAP_MIN_NS = 20_000

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.forest import gpu_rows
+from teller.forest import COLD_STEPS, gpu_rows, warmup_steps  # noqa: F401 (re-exported; the rule lives with the forest model)
 from teller.reconstruct.forest import innermost
 from teller.rundir import IS_GPU_KIND, KIND_CODE, LAYER_CODE
 
@@ -373,24 +373,3 @@ def _fixed_windows(f: ForestRows, window_ns: int | None) -> Steps:
     return Steps(table, RULES[2], f"no step holds an operator: windows of {window_ns / 1e6:g} ms by root start time", step_idx)
 
 
-#: a process's first steps pay one-off costs (CUDA context, lazy kernel loading, allocator growth)
-COLD_STEPS = 2
-
-
-def warmup_steps(steps: pa.Table) -> np.ndarray:
-    """Steps kept out of every reference: those serving only the workload's warm-up requests
-    (``reqs=warmup_…``) and the first :data:`COLD_STEPS` steps of each process."""
-    n = steps.num_rows
-    if not n:
-        return np.zeros(0, bool)
-    name = steps.column("name").cast(pa.string())
-    warm = pc.match_substring_regex(name, r"reqs=warmup_[^,\s]*(,warmup_[^,\s]*)*(\s|$)").fill_null(False)
-    warm = np.asarray(warm.to_numpy(zero_copy_only=False), bool)
-    pid = steps.column("pid").to_numpy().astype(np.int64)
-    start = steps.column("start_ns").to_numpy().astype(np.int64)
-    order = np.lexsort((start, pid))
-    first = np.r_[True, pid[order][1:] != pid[order][:-1]]
-    grp_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    rank_in_pid = np.empty(n, np.int64)
-    rank_in_pid[order] = np.arange(n) - grp_start
-    return warm | (rank_in_pid < COLD_STEPS)

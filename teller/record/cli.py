@@ -21,17 +21,23 @@ def register(app: typer.Typer) -> None:
         be_depth: int = typer.Option(1, "--be-depth", help="Depth of aten-op (BE) ranges inside steps: 0 off, 1 the ops the framework calls, N also their decompositions. See --be-backend for the cost."),
         be_backend: Optional[str] = typer.Option(None, "--be-backend", help="How BE ranges are recorded. dispatch (default): a Python TorchDispatchMode per step, about 5 µs per op, nothing deferred. profiler: PyTorch's profiler, C++ callbacks on every thread, about 0.3 µs per op while serving; its session is stopped and exported every TELLER_BE_PERIOD_S (10 s) of steps and at exit (3-5 µs per op, stalling the step that ends a period) and converted after the run: for bounded recordings (benchmarks, fault campaigns)."),
         flush_interval: float = typer.Option(2.0, "--flush-interval", help="Seconds between buffer flushes in each recorded process (a crash loses at most this much)."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing recording in RUN."),
+        force: bool = typer.Option(False, "--force", help="Replace the run directory RUN if it already exists."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Also print every counter of the summary (all of them are in RUN/run.json)."),
         command: Optional[List[str]] = typer.Argument(None, help="The command to run, after --, e.g. -- python serve.py --port 8000"),
     ) -> None:
         """Run CMD unchanged and record it: hook ranges, GPU activity, logs → RUN."""
+        from teller.cliutil import console, fresh_dir
         from teller.record.launcher import record as do_record
+        from teller.summary import counter_lines, record_lines
 
-        summary = do_record(out, command or [], engine=engine, collector=collector, hooks=hooks,
-                            be_depth=be_depth, flush_s=flush_interval, force=force,
-                            be_backend=be_backend)
-        from rich.console import Console
-
-        parts = ", ".join(f"{k}={v}" for k, v in summary.items() if not isinstance(v, (dict, list)))
-        Console(stderr=True).print(f"[green]recorded[/]: {parts}", highlight=False)
+        with fresh_dir(out, force):
+            summary = do_record(out, command or [], engine=engine, collector=collector, hooks=hooks,
+                                be_depth=be_depth, flush_s=flush_interval, force=force,
+                                be_backend=be_backend)
+        err = console(stderr=True)
+        for line in record_lines(summary):
+            err.print(line)
+        if verbose:
+            for line in counter_lines("record", summary):
+                err.print(line, markup=False)
         sys.exit(summary["exit_code"])

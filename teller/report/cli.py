@@ -26,21 +26,24 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the paths written."),
         model: Optional[Path] = typer.Option(None, "--model", help="Root-cause model directory (`teller rca train -o DIR`); default: the one shipped with teller."),
         no_model: bool = typer.Option(False, "--no-model", help="The numeric stage alone: no fault type or explanation."),
+        keep_warmup: bool = typer.Option(False, "--keep-warmup", help="Keep the reference runs' warm-up steps (warm-up requests only, or a process's first 2 steps) in the reference; by default they are left out."),
     ) -> None:
         """Find abnormal steps and the operators behind them: diagnosis.json (+ --html report)."""
         # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
-        from rich.console import Console
+        from rich.markup import escape
 
+        from teller.cliutil import console, status
         from teller.report.diagnose import diagnose, print_summary
 
-        err = Console(stderr=True)
-        diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
-                        window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {m}"),
-                        model=False if no_model else model)
+        err = console(stderr=True)
+        with status(err, f"diagnosing {escape(str(run))} …"):
+            diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
+                            window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {escape(str(m))}"),
+                            model=False if no_model else model, keep_warmup=keep_warmup)
         if not quiet:
-            print_summary(diag, Console(), top=top)
+            print_summary(diag, console(), top=top)
         for kind, p in diag["paths"].items():
-            err.print(f"[green]wrote[/] {kind}: {p}")
+            err.print(f"[green]wrote[/] {kind}: {escape(str(p))}")
 
     @app.command("export")
     def export_cmd(
@@ -50,11 +53,12 @@ def register(app: typer.Typer) -> None:
         diagnosis: Optional[Path] = typer.Option(None, "--diagnosis", help="A diagnosis.json to mark on the trace (default: RUN/diagnosis.json when it exists)."),
     ) -> None:
         """Write the run as a trace the Perfetto UI or chrome://tracing opens: threads, GPU streams, launch flows, steps, diagnosis."""
-        from rich.console import Console
+        from rich.markup import escape
 
+        from teller.cliutil import console
         from teller.report.export import export_trace
 
         s = export_trace(run, out, fmt=fmt, diagnosis=diagnosis)
         extra = f", {s['annotated_steps']} flagged steps marked" if s["annotated_steps"] else ""
-        Console(stderr=True).print(f"[green]wrote[/] {s['output']} ({s['format']}, {s['bytes'] / 1e6:.1f} MB): "
+        console(stderr=True).print(f"[green]wrote[/] {escape(str(s['output']))} ({s['format']}, {s['bytes'] / 1e6:.1f} MB): "
                                    f"{s['slices']} slices on {s['tracks']} tracks, {s['flows']} launch flows{extra}")

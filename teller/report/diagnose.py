@@ -14,10 +14,14 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "summary": {steps, flagged, instances, unseen families, counts that reconcile, seconds},
      "steps": [ per step, in time order:
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
-         "score", "flag", "top_family",
+         "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
          flagged steps also: "requests", "candidates": [{family, suspiciousness, instances, max_a, unseen}],
          "suspects": [{node_id, family, layer, name, start_ns, dur_ns, a, distance, evidence:
-                       [{feature, value, reference, ratio, z}]}],
+                       [{feature, value, reference, ratio, z}],
+                       module: {node_id, family} | null (the nearest enclosing FE module; the
+                       suspect itself when it is one)}],
+         "modules": [family...] (the suspects lifted to their modules, in suspect order; a
+                    suspect outside every FE module stands for itself),
          "explained": [{node_id, family, by}],
          "slice": {"nodes": [{id, parent, layer, name, start_ns, dur_ns, relevance, suspect}],
                    "edges": {"p": [[u, v]...], "t": [...], "c": [...]}, "dropped", "info"}} ]}
@@ -72,12 +76,14 @@ def _requests_by_step(path: Path, step_ids: list[int]) -> dict[int, list[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from teller.logs.ids import natural_key
+
     t = rd.read_table("requests")
     t = t.filter(pc.is_in(t.column("step_id"), value_set=pa.array(step_ids, pa.int64())))
     out: dict[int, list[str]] = {}
     for sid, rq in zip(t.column("step_id").to_pylist(), t.column("request_id").to_pylist(), strict=True):
         out.setdefault(int(sid), []).append(rq)
-    return out
+    return {sid: sorted(rq, key=natural_key) for sid, rq in out.items()}
 
 
 def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, source: str,
@@ -102,6 +108,9 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
     index = StepIndex(st.step_of_row)
     names = np.asarray(fa.names, dtype=object)
     fam_names = inst.families
+    fe = fa.layer == LAYERS.index("FE")
+    fe_of = np.where(fe, np.arange(fa.n), fa.nearest_ancestor(fe))  # the enclosing module (or itself)
+    fe_family = np.asarray(fa.families, dtype=object)[fa.family] if fa.n else np.zeros(0, object)
     steps_out: list[dict[str, Any]] = []
     order = np.lexsort((st.rank, st.start))
     slice_nodes = 0
@@ -111,6 +120,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
             "name": st.names[i], "start_ns": int(st.start[i]), "end_ns": int(st.end[i]),
             "instances": int(n_inst[i]) if n_steps else 0, "score": _f(score[i]), "flag": bool(flag[i]),
             "top_family": fam_names[top[i]] if top[i] >= 0 else None,
+            "warmup": bool(st.warmup[i]) if st.warmup is not None else False,
         }
         res = loc.flagged.get(i)
         if res is not None:
@@ -126,9 +136,13 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
                 {"node_id": int(fa.node_id[r]), "family": fam_names[inst.family[k]], "layer": LAYERS[fa.layer[r]],
                  "name": str(names[fa.name_codes[r]]), "start_ns": int(fa.start[r]), "dur_ns": int(fa.end[r] - fa.start[r]),
                  "a": _f(loc.a[k]), "distance": _f(loc.m2[k], 2), "collective": bool(loc.collective[k]),
-                 "evidence": [{kk: (_f(v) if isinstance(v, float) else v) for kk, v in item.items()} for item in e]}
+                 "evidence": [{kk: (_f(v) if isinstance(v, float) else v) for kk, v in item.items()} for item in e],
+                 "module": ({"node_id": int(fa.node_id[fe_of[r]]), "family": str(fe_family[fe_of[r]])}
+                            if fe_of[r] >= 0 else None)}
                 for k, r, e in zip(sus.tolist(), srows.tolist(), ev, strict=True)
             ]
+            d["modules"] = list(dict.fromkeys(x["module"]["family"] if x["module"] else x["family"]
+                                              for x in d["suspects"]))
             d["explained"] = [{"node_id": int(fa.node_id[inst.rows[k]]), "family": fam_names[inst.family[k]],
                                "by": int(fa.node_id[inst.rows[b]])} for k, b in list(res.explained.items())[:50]]
             rows = index.rows(i)
@@ -190,7 +204,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
              localizer: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
              html: bool = False, window_ns: int | None = None, slice_config: SliceConfig | None = None,
              params: dict[str, Any] | None = None, note: Any = None,
-             model: str | os.PathLike | bool | None = None) -> dict[str, Any]:
+             model: str | os.PathLike | bool | None = None, keep_warmup: bool = False) -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
 
     ``model``: the root-cause model that names the fault type, the evidence operators and the
@@ -200,7 +214,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 
     ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
     not reconstructed yet is reconstructed here, once, through the same public call
-    (:func:`ensure_reconstructed`), so its steps are decided by the same rule either way.
+    (:func:`ensure_reconstructed`), so its steps are decided by the same rule either way. The
+    reference runs' warm-up steps are left out of the reference unless ``keep_warmup``.
     Returns the diagnosis dict with ``"paths"`` added (the files written)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
@@ -209,7 +224,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     run = ensure_reconstructed(run, note, window_ns)
     for r in reference or []:
         ensure_reconstructed(r, note, window_ns)
-    est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, **(params or {}))
+    est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, keep_warmup=keep_warmup,
+                              **(params or {}))
     t_fit = time.perf_counter() - t0
     layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
     rf = run_features(run, layers=layers)
@@ -274,7 +290,7 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     out += f" in step {step['step_num']} on rank {step['rank']}: evidence {ops}"
     ev = [x for x in step.get("suspects") or [] if x.get("evidence")]
     if ev:
-        out += f"; measured: {ev[0]['family']} {evidence_text(ev[0]['evidence'][0])} against the reference"
+        out += f"; measured: {suspect_name(ev[0])} {evidence_text(ev[0]['evidence'][0])} against the reference"
     out += "."
     if mech and reg[mech].cause:
         out += f" Cause: {reg[mech].cause}."
@@ -319,7 +335,10 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage.
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     path = Path(model) if model is not None else DEFAULT_MODEL
-    flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0]
+    # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
+    # are left to the numeric stage
+    by_step_ranges = diag.get("steps_rule", {}).get("rule", "STEP ranges") == "STEP ranges"
+    flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0 and by_step_ranges]
     try:
         from teller.rca import load
     except ImportError as e:  # torch / transformers not installed: the numeric stage alone
@@ -344,6 +363,13 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         from teller.forest import Forest
 
         forest = Forest.read(rd.path).table
+    import pyarrow.compute as pc
+
+    # only STEP nodes (rows that are their own step) have subtrees the model can read
+    step_ids = set(forest.filter(pc.equal(forest.column("node_id"), forest.column("step_id"))).column("node_id").to_pylist())
+    flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
+    if not flagged:
+        return info
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
     inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
@@ -403,11 +429,21 @@ def evidence_text(item: dict[str, Any]) -> str:
     return f"{f} {_fmt_value(f, item['value'])} vs {_fmt_value(f, item['reference'])} ({ratio}z={item['z']:+.1f})"
 
 
+def suspect_name(sp: dict[str, Any]) -> str:
+    """A suspect with its module: ``BE aten::t in FE LlamaMLP`` (the family alone when it is the
+    module, or lies in none)."""
+    mod = sp.get("module")
+    if mod and mod.get("family") and mod["family"] != sp["family"]:
+        return f"{sp['family']} in {mod['family']}"
+    return sp["family"]
+
+
 def verdict_line(x: dict[str, Any]) -> str:
-    """One flagged step in a line: type, operator, why (the model's), or the numeric evidence."""
+    """One flagged step in a line: type, operator (with its module), why (the model's), or the
+    numeric evidence."""
     head = f"step {x['step_num']} (rank {x['rank']}, {fmt_ns(x['end_ns'] - x['start_ns'])})"
     sus = x.get("suspects") or []
-    ev = f"{sus[0]['family']}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
+    ev = f"{suspect_name(sus[0])}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
     if x.get("fault_type") and not x.get("model_says_normal"):
         if x.get("explanation"):
             return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
@@ -470,7 +506,7 @@ def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, deta
     for x in [w for w in worst if w["flag"]][:detail]:
         con.print(f"[bold]step {x['step_num']}[/] (rank {x['rank']}, node {x['node_id']}, score {x['score']:.2f}):")
         for sp in x.get("suspects", [])[:5]:
-            con.print(f"  [red]{sp['family']}[/] node {sp['node_id']} a={sp['a']:.2f} {fmt_ns(sp['dur_ns'])}")
+            con.print(f"  [red]{suspect_name(sp)}[/] node {sp['node_id']} a={sp['a']:.2f} {fmt_ns(sp['dur_ns'])}")
             for item in sp["evidence"]:
                 con.print(f"      {evidence_text(item)}")
         if x.get("slice"):

@@ -10,7 +10,9 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add the ``tpe`` command group to the ``teller`` app."""
-    tpe = typer.Typer(no_args_is_help=True, help="Trace Pair Encoding: a structure-preserving tokenizer for call trees.")
+    from teller.cliutil import new_app
+
+    tpe = new_app("Trace Pair Encoding: a structure-preserving tokenizer for call trees.")
 
     @tpe.command("train")
     def train_cmd(
@@ -24,19 +26,13 @@ def register(app: typer.Typer) -> None:
         max_token_nodes: Optional[int] = typer.Option(None, "--max-token-nodes", help="No token stands for more nodes than this (default: no limit)."),
     ) -> None:
         """Learn TPE merges from the steps of reconstructed runs."""
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rich.markup import escape
 
+        from teller.cliutil import console, progress
         from teller.tpe.trainer import train
 
-        con = Console(stderr=True)
-        with Progress(TextColumn("merges"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=con, transient=True) as bar:
+        con = console(stderr=True)
+        with progress(con) as bar:
             task = bar.add_task("merges", total=None)
 
             def progress(done: int, total: int) -> None:
@@ -48,10 +44,9 @@ def register(app: typer.Typer) -> None:
         tok.save(out)
         t = tok.meta["training"]
         red = 1 - t["tokens_after"] / t["symbols"] if t["symbols"] and t["sequences_used"] == t["sequences"] else None
-        con.print(f"[green]trained[/]: vocab_size={len(tok)}, base={tok.n_base}, merges={t['merges']}, steps={t['sequences']}, "
-                  f"symbols={t['symbols']}, distinct_steps={t['distinct_sequences']}"
-                  + (f", corpus_reduction={red:.1%}" if red is not None else "")
-                  + f", stop='{t['stop']}', seconds={t['seconds']}, out={out}")
+        con.print(f"[green]trained[/] {escape(str(out))}: {len(tok):,} tokens ({tok.n_base:,} base symbols, {t['merges']:,} merges) "
+                  f"from {t['sequences']:,} steps ({t['distinct_sequences']:,} distinct, {t['symbols']:,} symbols) in {t['seconds']} s")
+        con.print((f"the corpus shrinks by {red:.1%}; " if red is not None else "") + f"stopped: {escape(str(t['stop']))}")
 
     @tpe.command("encode")
     def encode_cmd(
@@ -63,8 +58,9 @@ def register(app: typer.Typer) -> None:
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
-        from rich.console import Console
+        from rich.markup import escape
 
+        from teller.cliutil import console
         from teller.rundir import RunDir
         from teller.tpe.tokenizer import TraceTokenizer
 
@@ -81,8 +77,8 @@ def register(app: typer.Typer) -> None:
         pq.write_table(table, dest, compression="zstd")
         n_nodes, n_tok = int(enc.n_nodes.sum()), int(enc.lengths().sum())
         per_step = 1 - enc.lengths() / np.maximum(enc.n_nodes, 1)
-        Console(stderr=True).print(
-            f"[green]encoded[/]: steps={len(enc)}, nodes={n_nodes}, tokens={n_tok}, unknown={int(enc.n_unknown.sum())}, "
-            f"mean_step_reduction={float(per_step.mean()) if len(enc) else 0:.1%}, out={dest}")
+        console(stderr=True).print(
+            f"[green]encoded[/] {len(enc):,} steps of {escape(str(run))} into {escape(str(dest))}: {n_nodes:,} nodes → {n_tok:,} tokens "
+            f"({float(per_step.mean()) if len(enc) else 0:.1%} fewer per step on average, {int(enc.n_unknown.sum()):,} unknown)")
 
     app.add_typer(tpe, name="tpe")

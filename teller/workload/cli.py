@@ -9,10 +9,9 @@ from typing import Optional
 
 import typer
 
-from teller.cliutil import run_app
+from teller.cliutil import new_app, run_app
 
-workload_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                           help="Workloads to record: a real serving engine with a request arrival process.")
+workload_app = new_app("Workloads to record: a real serving engine with a request arrival process.")
 
 
 @workload_app.callback()

@@ -1,0 +1,303 @@
+"""The numeric stage's context: warm-up steps out of references, batch normalisation, STEP/OTHER
+instances and their runtime-call mix, pageable copies, iterations.parquet, suspects lifted to
+their FE module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_localize import N, forest_table
+
+from teller.errors import TellerError
+from teller.forest import COLD_STEPS, Forest, warmup_steps
+from teller.localize import fit_localizer, localize
+from teller.localize.features import (
+    FEATURES,
+    ITER_FEATURES,
+    ITERATIONS_COLUMNS,
+    instance_features,
+    pageable_rows,
+    read_iterations,
+    read_steps,
+    run_features,
+)
+from teller.localize.gmm import GMMLocalizer
+from teller.rundir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "h200_normal_a"
+F = {name: i for i, name in enumerate(FEATURES)}
+
+
+def test_the_warmup_rule_is_one_function():
+    from teller.inject import labels
+
+    assert labels.warmup_steps is warmup_steps and labels.COLD_STEPS == COLD_STEPS == 2
+    t = pa.table({
+        "name": ["STEP id=0 reqs=warmup_0,warmup_1", "STEP id=1 reqs=warmup_0", "STEP id=2 reqs=warmup_0,req_1",
+                 "STEP id=3 reqs=req_1", "STEP id=9 reqs=warmup_3", "STEP id=0 reqs=req_0", "STEP id=1 reqs=req_0",
+                 "STEP id=2 reqs=req_0"],
+        "pid": [1, 1, 1, 1, 1, 2, 2, 2],
+        "start_ns": [0, 10, 20, 30, 40, 5, 15, 25],
+    })
+    # warm-up requests only, or a process's first two steps; a mixed batch is not warm-up
+    assert warmup_steps(t).tolist() == [True, True, False, False, True, True, True, False]
+    with pytest.raises(TellerError, match="pid"):
+        warmup_steps(t.drop_columns(["pid"]))
+
+
+@pytest.fixture(scope="module")
+def planted_ref(tmp_path_factory):
+    from teller.reconstruct import reconstruct
+    from teller.testing.planted import Plant, write_planted_run
+
+    p = tmp_path_factory.mktemp("ref") / "ref"
+    # the process's first two steps are cold: 8x slower multiplications
+    write_planted_run(p, 30_000, [Plant("BE aten::mul", [0, 1], "host", 8.0)], seed=1)
+    reconstruct(p)
+    return p
+
+
+def test_references_leave_warmup_steps_out(planted_ref):
+    rf = run_features(planted_ref)
+    assert rf.steps.warmup.tolist()[:3] == [True, True, False] and int(rf.steps.warmup.sum()) == 2
+    out = fit_localizer([rf])
+    kept = fit_localizer([rf], keep_warmup=True)
+    assert out.extra_["reference_warmup_steps"] == 2 and not out.extra_["keep_warmup"]
+    assert kept.extra_["reference_steps"] == out.extra_["reference_steps"] + 2
+    assert kept.extra_["reference_warmup_steps"] == 0
+    # the cold steps would have widened the family's radius
+    f_out = list(out.families_).index("BE aten::mul")
+    f_kept = list(kept.families_).index("BE aten::mul")
+    assert out.radius_[f_out] < 0.5 * kept.radius_[f_kept]
+    # so the cold steps of a run judged against the warm-up-free reference stand out
+    loc = localize(out, rf.instances)
+    assert {0, 1} <= set(loc.flagged)
+    assert "BE aten::mul" in {c["family"] for c in loc.flagged[1].candidates}
+    assert 1 not in localize(kept, rf.instances).flagged
+
+
+def test_cli_keep_warmup(planted_ref, tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from teller.localize.cli import register as register_localize
+    from teller.report.cli import register
+
+    app = typer.Typer()
+    register(app)
+    register_localize(app)
+    r = CliRunner().invoke(app, ["localize", "fit", str(planted_ref), "-o", str(tmp_path / "a.npz")])
+    assert r.exit_code == 0, r.output
+    assert "2 warm-up steps left out" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["localize", "fit", str(planted_ref), "--keep-warmup", "-o", str(tmp_path / "b.npz")])
+    assert r.exit_code == 0 and "warm-up" not in r.output
+    assert GMMLocalizer.load(tmp_path / "b.npz").extra_["keep_warmup"] is True
+    r = CliRunner().invoke(app, ["diagnose", str(planted_ref), "-r", str(planted_ref), "--keep-warmup", "--no-model",
+                                 "-o", str(tmp_path / "d"), "-q"])
+    assert r.exit_code == 0, r.output
+    d = json.loads((tmp_path / "d" / "diagnosis.json").read_text())
+    assert d["reference"].endswith("(warm-up steps kept)") and d["localizer"]["keep_warmup"]
+    assert [s["warmup"] for s in d["steps"][:3]] == [True, True, False]
+
+
+def _batched(rng, batch, factor=1.0):
+    """A family whose time grows as batch^0.8 (a decode op), with 5% noise."""
+    X = np.zeros((len(batch), len(FEATURES)))
+    X[:, F["dur_ns"]] = 10_000 * batch ** 0.8 * np.exp(rng.normal(0, 0.05, len(batch))) * factor
+    X[:, F["self_ns"]] = X[:, F["dur_ns"]] / 2
+    X[:, F["k_n"]] = 3
+    return X
+
+
+def test_batch_normalisation():
+    rng = np.random.default_rng(0)
+    b = rng.integers(1, 9, 400).astype(float)  # a small-batch reference: 1..8 requests
+    X = _batched(rng, b)
+    fam = np.array(["BE aten::mm"] * len(b))
+    on = GMMLocalizer().fit(X, families=fam, batch=b)
+    off = GMMLocalizer(batch_norm=False).fit(X, families=fam, batch=b)
+    assert 0.6 < on.slope_[0, F["dur_ns"]] < 1.0 and on.slope_[0, F["k_n"]] == pytest.approx(0, abs=0.05)
+    assert not off.slope_.any()
+    big = np.full(20, 60.0)
+    normal, slow = _batched(rng, big), _batched(rng, big, factor=4.0)
+    # 60 requests at the reference's trend: normal once normalised, an outlier without
+    assert (on.score_samples(normal, fam[:20], big) < 0.5).all()
+    assert (off.score_samples(normal, fam[:20], big) > 0.5).all()
+    # 4x the trend is an anomaly either way
+    assert (on.score_samples(slow, fam[:20], big) > 0.5).all()
+    # unknown batch: no normalisation
+    np.testing.assert_allclose(on.score_samples(normal, fam[:20], np.full(20, np.nan)),
+                               GMMLocalizer().fit(X, families=fam).score_samples(normal, fam[:20]), atol=1e-9)
+    # the reference value named as evidence is the trend's value at the row's batch
+    ref = on.reference_value(fam[:1], np.zeros(1, np.int64), big[:1])[0, F["dur_ns"]]
+    assert ref == pytest.approx(10_000 * 60 ** 0.8, rel=0.2)
+
+
+def test_batch_normalisation_survives_save_load(tmp_path):
+    rng = np.random.default_rng(1)
+    b = rng.integers(1, 9, 300).astype(float)
+    fam = np.array(["BE aten::mm"] * len(b))
+    est = GMMLocalizer().fit(_batched(rng, b), families=fam, batch=b)
+    est.save(tmp_path / "l.npz")
+    back = GMMLocalizer.load(tmp_path / "l.npz")
+    assert back.get_params() == est.get_params()
+    probe, pb = _batched(rng, np.full(5, 40.0)), np.full(5, 40.0)
+    np.testing.assert_allclose(back.score_samples(probe, fam[:5], pb), est.score_samples(probe, fam[:5], pb))
+
+
+def _mix_step():
+    return N("STEP", "STEP id=0 reqs=a,b", 0, 10_000,
+             N("OTHER", "update_batch", 100, 5000,
+               N("RT", "cudaMemcpy", 200, 1200, N("MEM", "Memcpy HtoD", 300, 1100, stream=7, nbytes=64)),
+               N("RT", "cudaStreamSynchronize", 1300, 2300, N("SYNC", "Stream Synchronize", 1300, 2300, kind="SYNC")),
+               N("RT", "cudaMalloc", 2400, 2900),
+               N("RT", "cudaDeviceSynchronize", 3000, 3100)),
+             N("BE", "aten::copy_", 6000, 7000,
+               N("RT", "cudaMemcpyAsync", 6100, 6200, N("MEM", "Memcpy HtoD", 6300, 6400, stream=7, nbytes=64))))
+
+
+def test_step_and_other_instances_carry_the_runtime_call_mix(tmp_path):
+    tab = forest_table([_mix_step()])
+    fa = Forest.from_table(tab)
+    inst = instance_features(fa, np.zeros(fa.n, np.int64), step_batch=np.array([2.0]))
+    fam = list(inst.family_of())
+    assert fam == ["STEP", "OTHER update_batch", "BE aten::copy_"]
+    s, o, be = (inst.X[i] for i in range(3))
+    assert (o[F["memcpy_sync_n"]], o[F["memcpy_sync_ns"]], o[F["memcpy_async_n"]]) == (1, 1000, 0)
+    assert (o[F["stream_sync_n"]], o[F["stream_sync_ns"]]) == (1, 1000)
+    assert (o[F["device_sync_n"]], o[F["device_sync_ns"]], o[F["alloc_n"]], o[F["alloc_ns"]]) == (1, 100, 1, 500)
+    assert (s[F["memcpy_sync_n"]], s[F["memcpy_async_n"]], s[F["memcpy_async_ns"]]) == (1, 1, 100)
+    assert np.isnan(be[F["memcpy_sync_n"]]) and be[F["dur_ns"]] == 1000
+    assert inst.batch.tolist() == [2.0, 2.0, 2.0]
+    # the memory kinds CUPTI records (src_kind/dst_kind in args) give the pageable copies
+    args = [None] * fa.n
+    mem_rows = np.flatnonzero(np.asarray(tab.column("kind").cast(pa.string()).to_pylist()) == "MEMCPY")
+    args[mem_rows[0]] = json.dumps({"copy_kind": "HtoD", "src_kind": "Pageable", "dst_kind": "Device"})
+    args[mem_rows[1]] = json.dumps({"copy_kind": "HtoD", "src_kind": "Pinned", "dst_kind": "Device"})
+    run = tmp_path / "run"
+    run.mkdir()
+    pq.write_table(tab.append_column("args", pa.array(args, pa.string())), run / "forest.parquet")
+    pg = pageable_rows(run, fa)
+    assert pg.tolist() == [i == mem_rows[0] for i in range(fa.n)]
+    inst = instance_features(fa, np.zeros(fa.n, np.int64), pageable=pg)
+    assert (inst.X[0, F["pageable_n"]], inst.X[1, F["pageable_n"]]) == (1, 1)
+    # no memory kinds recorded: unknown
+    pq.write_table(tab, run / "forest.parquet")
+    assert pageable_rows(run, fa) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# iterations.parquet
+
+
+@pytest.fixture(scope="module")
+def example_run(tmp_path_factory):
+    from teller.reconstruct import reconstruct
+
+    if not EXAMPLE.is_dir():
+        pytest.skip("examples/h200_normal_a not present")
+    p = tmp_path_factory.mktemp("it") / "run"
+    shutil.copytree(EXAMPLE, p)
+    reconstruct(p)
+    return p
+
+
+def _write_iterations(run: Path, gap_ns: np.ndarray, warmup: np.ndarray, rows: slice | None = None) -> pa.Table:
+    """An iterations.parquet exactly as the contract lays it out, from the run's steps."""
+    st = RunDir(run).read_table("steps")
+    n = st.num_rows
+    start = st.column("start_ns").to_numpy()
+    end = st.column("end_ns").to_numpy()
+    step = end - start
+    sched = np.full(n, 2_000_000)
+    cols = {
+        "step_id": st.column("step_id").to_numpy(), "step_idx": np.arange(n), "pid": st.column("pid").to_numpy(),
+        "tid": np.full(n, 7), "rank": st.column("rank").to_numpy(), "start_ns": start - sched - gap_ns,
+        "end_ns": end, "dur_ns": step + sched + gap_ns, "step_ns": step, "schedule_ns": sched,
+        "post_ns": np.zeros(n), "gap_ns": gap_ns, "host_busy_ns": step + sched, "gpu_busy_ns": step // 2,
+        "n_requests": st.column("n_requests").to_numpy(), "prefill": np.full(n, 40), "decode": np.full(n, 8),
+        "waiting": np.zeros(n), "kv_used": np.full(n, 30), "kv_total": np.full(n, -1), "preempted": np.full(n, -1),
+        "warmup": warmup, "rule": ["engine ranges"] * n,
+    }
+    t = pa.table({k: pa.array(np.asarray(v) if k != "rule" else v, ITERATIONS_COLUMNS[k]) for k, v in cols.items()},
+                 schema=pa.schema([pa.field(k, v) for k, v in ITERATIONS_COLUMNS.items()]))
+    if rows is not None:
+        t = t.slice(rows.start, rows.stop)
+    pq.write_table(t, run / "iterations.parquet")
+    return t
+
+
+def test_iterations_are_read_when_present(example_run, tmp_path):
+    rd = RunDir(example_run)
+    # reconstruct wrote the run's own iterations: their features are on the STEP instances
+    assert read_iterations(rd) is not None
+    fa = Forest.read(example_run)
+    st = read_steps(rd, fa)
+    assert st.iterations is not None and st.warmup is not None
+    rf = run_features(example_run)
+    step_rows = np.flatnonzero(rf.instances.family_of() == "STEP")
+    assert len(step_rows) == st.n and np.isfinite(rf.instances.X[step_rows][:, F["iter.dur"]]).all()
+    # absent (a run reconstructed before iterations existed): step-only features
+    old = tmp_path / "old"
+    shutil.copytree(example_run, old)
+    (old / "iterations.parquet").unlink()
+    assert read_iterations(RunDir(old)) is None and read_steps(RunDir(old), fa).iterations is None
+
+    ref = tmp_path / "ref"
+    bad = tmp_path / "bad"
+    shutil.copytree(example_run, ref)
+    shutil.copytree(example_run, bad)
+    n = st.n
+    gaps = np.random.default_rng(0).integers(100_000, 150_000, n)
+    rule_warm = warmup_steps(rd.read_table("steps"))
+    _write_iterations(ref, gaps, rule_warm)
+    slow = gaps.copy()
+    slow[[20, 30]] = 50_000_000  # the engine thread held up before scheduling: 50 ms untraced
+    warm = rule_warm.copy()
+    warm[5] = True  # the table's warm-up column is what counts
+    _write_iterations(bad, slow, warm)
+    sb = read_steps(RunDir(bad), fa)
+    assert sb.warmup[5] and not rule_warm[5]
+    j = {f: i for i, f in enumerate(ITER_FEATURES)}
+    assert sb.iterations[20, j["iter.gap"]] == 50_000_000 and sb.iterations[0, j["batch.prefill"]] == 40
+    assert np.isnan(sb.iterations[:, j["batch.kv_frac"]]).all()  # kv_total not recorded (-1)
+    assert np.isnan(sb.iterations[:, j["batch.preempted"]]).all()
+    rb = run_features(bad)
+    X = rb.instances.X[rb.instances.family_of() == "STEP"]
+    assert X[20, F["iter.gap"]] == 50_000_000 and X[20, F["iter.schedule"]] == 2_000_000
+    # fitted on the normal iterations, the held-up ones are flagged, at the STEP, by the gap
+    est = fit_localizer([ref])
+    loc = localize(est, rb.instances)
+    assert {20, 30} <= set(loc.flagged)
+    from teller.localize import evidence
+
+    for s in (20, 30):
+        res = loc.flagged[s]
+        assert "STEP" in [c["family"] for c in res.candidates]
+        k = [i for i in res.suspects.tolist() if rb.instances.family_of()[i] == "STEP"][0]
+        ev = evidence(est, rb.instances, loc, np.array([k]))[0]
+        assert ev[0]["feature"] in ("iter.gap", "iter.dur")
+    # the batch context is context, not a score: n_requests/prefill/decode never count
+    assert est.context_features == ("batch.n_requests", "batch.prefill", "batch.decode")
+
+
+def test_bad_iterations_tables_are_refused(example_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(example_run, run)
+    rd = RunDir(run)
+    fa = Forest.read(run)
+    n = rd.read_table("steps").num_rows
+    _write_iterations(run, np.zeros(n, np.int64), np.zeros(n, bool), rows=slice(0, n - 1))
+    with pytest.raises(TellerError, match=r"iterations\.parquet.*rows.*re-run `teller reconstruct"):
+        read_steps(rd, fa)
+    t = _write_iterations(run, np.zeros(n, np.int64), np.zeros(n, bool))
+    pq.write_table(t.drop_columns(["gap_ns"]), run / "iterations.parquet")
+    with pytest.raises(TellerError, match=r"iterations\.parquet: lacks columns \['gap_ns'\]"):
+        read_steps(rd, fa)
