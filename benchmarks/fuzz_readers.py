@@ -12,9 +12,13 @@ then sorts the outcome into:
 - ``traceback``, ``hang`` (the child ran past the timeout) and ``wrong`` (exit 0 but unbalanced
   counts, or planted damage not reported).
 
+``recorded``: the families of ``damage.RECORDED_DAMAGE`` on copies of the bundled recording
+(no host side, nulls, a copied chunk, corrupt pages, missing columns or ``events/``, a thread an
+hour off), judged against the intact run.
+
 Usage::
 
-    python benchmarks/fuzz_readers.py --n 2 [--only kineto|nsys|logs|rundir] [--timeout 120]
+    python benchmarks/fuzz_readers.py --n 2 [--only kineto|nsys|logs|rundir|recorded] [--timeout 120]
 
 Also times the hang case of issue 15 (one byte flipped mid-stream in a multi-MB ``.json.gz``)
 against the intact file with ``--salvage-timing``.
@@ -84,6 +88,12 @@ def child(src: str, run: str, skip_ingest: bool) -> None:
         res["clock"] = info.clock
     except Exception as e:  # noqa: BLE001
         res["info_error"] = repr(e)
+    rj = Path(run) / "reconstruct.json"
+    if rj.is_file():
+        r = json.loads(rj.read_text())
+        res["reconstruct_summary"] = {k: r.get(k) for k in ("events_in", "nodes", "steps", "max_depth", "binding_coverage",
+                                                            "requests", "gpu_bound", "dropped_copied_events", "reconciled")}
+        res["reconstruct_summary"]["clocks"] = r.get("clocks")
     la = Path(run) / "log_alignment.parquet"
     if la.is_file():
         import pyarrow.parquet as pq
@@ -115,6 +125,21 @@ def judge(res: dict | None, planted: dict, names: list[str]) -> tuple[str, str]:
     expect, k = planted.get("expect"), planted.get("planted", 0)
     if expect == "error":
         return "wrong", "exit 0 on input that must be refused"
+    rs = res.get("reconstruct_summary") or {}
+    if planted.get("ref") is not None and not rs.get("reconciled", True):
+        return "wrong", "reconstruct counts do not reconcile"
+    if expect in ("same", "error_or_same"):
+        diff = {k: (rs.get(k), v) for k, v in planted["ref"].items() if rs.get(k) != v}
+        if diff:
+            return "wrong", f"differs from the intact run: {diff}"
+    if expect == "copies" and (rs.get("dropped_copied_events") != k or rs.get("steps") != planted["ref"]["steps"]):
+        return "wrong", f"copied chunk of {k} events: dropped {rs.get('dropped_copied_events')}, steps {rs.get('steps')}"
+    if expect in ("no_host", "unbound_all") and rs.get("gpu_bound"):
+        return "wrong", f"{rs.get('gpu_bound')} GPU rows bound without a launch call"
+    if expect == "skew_repaired":
+        c = rs.get("clocks") or {}
+        if c.get("threads_repaired") != 1 or c.get("after_repair_gpu_before_launch") or rs.get("steps") != planted["ref"]["steps"]:
+            return "wrong", f"thread shifted by 1 h: clocks {c}"
     if expect == "duplicates":
         got = c.get("repaired_by_reason", {}).get("exact_duplicate", 0) + c.get("skipped_by_reason", {}).get("exact_duplicate", 0)
         if got < k:
@@ -204,7 +229,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2, help="damaged variants per family and trace")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--timeout", type=float, default=120.0)
-    ap.add_argument("--only", choices=("kineto", "nsys", "logs", "rundir"), action="append")
+    ap.add_argument("--only", choices=("kineto", "nsys", "logs", "rundir", "recorded"), action="append")
     ap.add_argument("--traces", nargs="*", help="substrings of the trace file names to use")
     ap.add_argument("--salvage-timing", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("SRC", "RUN"))
@@ -217,7 +242,7 @@ def main() -> int:
     if a.salvage_timing:
         return salvage_timing(a.timeout)
     rng = random.Random(a.seed)
-    only = set(a.only or ("kineto", "nsys", "logs", "rundir"))
+    only = set(a.only or ("kineto", "nsys", "logs", "rundir", "recorded"))
     tally: dict[str, Counter] = defaultdict(Counter)
     bad: list[str] = []
     t_start = time.time()
@@ -251,6 +276,15 @@ def main() -> int:
             if "rundir" in only:
                 for name, d, planted in rundir_variants(ref, tmp, rng):
                     jobs.append((f"rundir/{name}", d, planted, True))
+        if "recorded" in only:  # damaged copies of the bundled recording (reconstruct + stats only)
+            ref_run = damage.recorded_copy(tmp / "recorded_ref")
+            ref = (run_child(ref_run, ref_run, a.timeout, True) or {}).get("reconstruct_summary") or {}
+            ref = {k: ref.get(k) for k in ("events_in", "nodes", "steps", "max_depth", "binding_coverage", "requests")}
+            for fam, build in damage.RECORDED_DAMAGE.items():
+                for i in range(a.n):
+                    d = damage.recorded_copy(tmp / f"recorded_{fam}_{i}")
+                    planted = {**build(d, rng), "ref": ref}
+                    jobs.append((f"recorded/{fam}", d, planted, True))
         for k, (label, p, planted, skip) in enumerate(jobs):
             run = p if skip else tmp / f"run_{k}"
             t = time.time()

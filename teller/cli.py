@@ -54,6 +54,7 @@ def reconstruct(
     with status(err, f"reconstructing {escape(str(run))} …"):
         summary = do_reconstruct(run, step_patterns=step_pattern or None, **window)
     _print_summary("reconstruct", summary, reconstruct_lines(summary, str(run)), verbose)
+    _print_warnings(summary.get("warnings") or [], run)
     if not no_logs:
         from teller.logs import align_run
 

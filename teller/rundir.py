@@ -69,11 +69,13 @@ FLAG_REPAIRED = 1  # input was damaged and fixed (pop without push, negative dur
 FLAG_TRUNCATED = 2  # range still open at thread end / file end: end set to the last seen time
 FLAG_UNBOUND = 4  # GPU activity whose correlation id matches no host call
 FLAG_DUPLICATE = 8  # a second record with an id already seen (kept, not merged)
+FLAG_CLOCK_REPAIRED = 16  # its thread's clock was off and its times were moved (reconstruction)
 FLAG_NAMES = {
     FLAG_REPAIRED: "repaired",
     FLAG_TRUNCATED: "truncated",
     FLAG_UNBOUND: "unbound",
     FLAG_DUPLICATE: "duplicate",
+    FLAG_CLOCK_REPAIRED: "clock_repaired",
 }
 
 _DICT_STR = pa.dictionary(pa.int32(), pa.string())
@@ -334,8 +336,58 @@ class RunDir:
         tmp.replace(out)
         return out
 
-    def event_files(self) -> list[Path]:
-        return sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+    def event_files(self, skip_copies: bool = False) -> list[Path]:
+        """The events files, sorted by name; ``skip_copies``: without the exact copies of an
+        earlier file (:meth:`copied_event_files`), as every reader of the events sees them."""
+        files = sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+        if skip_copies and len(files) > 1:
+            copies = self.copied_event_files()
+            files = [f for f in files if f not in copies]
+        return files
+
+    def copied_event_files(self) -> dict[Path, Path]:
+        """Events files that hold exactly the rows of another file, each mapped to the one kept
+        (the shorter name, then the first by name): a chunk copied inside ``events/`` (``471-00003 (copy).parquet``) would
+        otherwise count its events twice and double its steps (docs/design.md §17).
+
+        Candidates share row count and the row-group statistics of ``start_ns``/``end_ns``
+        (metadata only); only those are read and compared. Cached per listing of the folder."""
+        files = sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
+        stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()])
+        if getattr(self, "_copies", (None,))[0] == stamp:
+            return self._copies[1]
+        groups: dict[tuple, list[Path]] = {}
+        for f in files:
+            try:
+                md = pq.ParquetFile(f).metadata
+                names = [md.schema.column(i).name for i in range(md.num_columns)]
+                key: tuple = (md.num_rows,)
+                for c in ("start_ns", "end_ns"):
+                    if c not in names:
+                        continue
+                    j = names.index(c)
+                    for g in range(md.num_row_groups):
+                        st = md.row_group(g).column(j).statistics
+                        key += (st.min, st.max) if st is not None and st.has_min_max else (None,)
+            except (pa.ArrowInvalid, OSError):
+                continue  # unreadable: the readers name it
+            if md.num_rows:
+                groups.setdefault(key, []).append(f)
+        copies: dict[Path, Path] = {}
+        for same in groups.values():
+            kept: list[tuple[Path, pa.Table]] = []
+            for f in sorted(same, key=lambda p: (len(p.name), p.name)):  # "x.parquet" before "x (copy).parquet"
+                try:
+                    t = pq.read_table(f)
+                except (pa.ArrowInvalid, OSError):
+                    continue
+                orig = next((k for k, kt in kept if kt.schema.equals(t.schema) and kt.equals(t)), None)
+                if orig is None:
+                    kept.append((f, t))
+                else:
+                    copies[f] = orig
+        self._copies = (stamp, copies)
+        return copies
 
     def read_events(self, columns: list[str] | None = None) -> pa.Table:
         """All events of the run as one table (dictionaries unified).
@@ -348,14 +400,14 @@ class RunDir:
         """
         want = list(columns) if columns is not None else list(EVENT_COLUMNS)
         tables = []
-        for f in self.event_files():
+        for f in self.event_files(skip_copies=True):
             try:
                 pf = pq.ParquetFile(f)
                 names = set(pf.schema_arrow.names)
                 _check_event_file(f, pf, names)
                 t = pf.read(columns=[c for c in want if c in names])
             except (pa.ArrowInvalid, OSError) as e:
-                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
+                raise TellerError(unreadable_parquet(f, e)) from e
             for c in want:
                 if c not in names:  # an optional column: its default
                     t = t.append_column(EVENT_SCHEMA.field(c), events_table({}, t.num_rows).column(c))
@@ -402,6 +454,77 @@ class RunDir:
         return json.loads(p.read_text()) if p.is_file() else None
 
 
+def recording_state(rd: "RunDir") -> dict[str, Any]:
+    """Whether the run is complete, and if not what was lost, from ``run.json`` and
+    ``proc/*.json`` (docs/design.md §17, killed recordings). Keys: ``status`` (``complete``,
+    ``killed``, ``interrupted``: the launcher died before finishing run.json, ``recording``: its
+    launcher is still alive), ``partial`` (bool), ``lost`` (counts) and ``words`` (lines for the
+    console). Runs that were not recorded here (ingested traces) are ``complete``."""
+    info = rd.read_info()
+    status = info.extra.get("status")
+    out: dict[str, Any] = {"status": "complete", "partial": False, "lost": {}, "words": []}
+    if info.source != "teller record" or status is None:
+        return out
+    procs = []
+    for f in sorted((rd.path / "proc").glob("*.json")) if (rd.path / "proc").is_dir() else []:
+        try:
+            p = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(p, dict):
+            procs.append(p)
+    unfinished = [p for p in procs if p.get("status") != "exited"]
+    pending = sum(int(c.get("pending_ranges", 0) or 0) + int(c.get("open_ranges", 0) or 0)
+                  for p in unfinished for c in (p.get("collectors") or {}).values() if isinstance(c, dict))
+    dropped = sum(int(v) for v in (info.dropped_records or {}).values() if isinstance(v, (int, float)))
+    words = out["words"]
+    launcher = info.extra.get("launcher") or {}
+    if status == "running":
+        alive = False
+        lpid = launcher.get("pid")
+        if isinstance(lpid, int) and lpid > 0 and launcher.get("host") == _hostname():
+            try:
+                os.kill(lpid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                alive = True
+        if alive:
+            out["status"] = "recording"
+            words.append(f"the recording is still running (launcher pid {lpid}); what is read now is partial")
+        else:
+            out["status"] = "interrupted"
+            last = max((int(p.get("update_wall_ns") or 0) for p in procs), default=0)
+            when = f", last flush {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last / 1e9))} UTC" if last else ""
+            words.append(f"the recording was interrupted: its launcher{f' (pid {lpid})' if lpid else ''} ended without "
+                         f"finishing run.json (killed?), so the exit code, the process reports and log lines after it "
+                         f"are missing{when}")
+        out["partial"] = True
+    elif info.extra.get("killed_by") or (isinstance(info.exit_code, int) and info.exit_code >= 128):
+        out["status"] = "killed"
+        out["partial"] = True
+        by = info.extra.get("killed_by") or f"signal {info.exit_code - 128}"
+        words.append(f"the recorded command was killed ({by}, exit code {info.exit_code}): the run is partial")
+    if unfinished:
+        out["partial"] = True
+        out["lost"]["processes_unfinished"] = len(unfinished)
+        out["lost"]["pending_ranges"] = pending
+        pids = ", ".join(str(p.get("pid")) for p in unfinished[:5])
+        words.append(f"{len(unfinished)} recorded process(es) (pid {pids}) ended without their last flush: events "
+                     f"since it are lost" + (f", {pending:,} ranges still open or unwritten at that flush" if pending else ""))
+    if dropped:
+        out["lost"]["dropped_records"] = dropped
+        words.append(f"{dropped:,} records were dropped while recording ({', '.join(f'{k} {v:,}' for k, v in info.dropped_records.items() if v)})")
+    return out
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 #: Event columns a file must have; the others (``layer``, ``flags``, ``args``) have defaults.
 OPTIONAL_EVENT_COLUMNS = ("layer", "flags", "args")
 REQUIRED_EVENT_COLUMNS = tuple(c for c in EVENT_COLUMNS if c not in OPTIONAL_EVENT_COLUMNS)
@@ -435,6 +558,14 @@ def _check_event_file(path: Path, pf: pq.ParquetFile, names: set[str]) -> None:
             nulls += k
         if nulls:
             raise TellerError(f"{path}: column {c!r} has {nulls} null values (first at row {row}); {_EVENTS_FIX}")
+
+
+def unreadable_parquet(path: Path, err: BaseException) -> str:
+    """One line naming an events file Parquet cannot decode (a corrupt page behind an intact
+    footer, a cut file) and the fix (docs/design.md §17)."""
+    why = " ".join(str(err).split()) or type(err).__name__
+    return (f"{path}: unreadable Parquet ({why[:300]}); the file is damaged: move it out of "
+            f"{path.parent} to use the rest of the run, or re-run the recording/ingest that wrote it")
 
 
 def now_unix_ns() -> int:

@@ -130,6 +130,12 @@ def reconstruct_lines(s: dict[str, Any], run: str) -> list[str]:
         fixes.append(f"{n(int(s['truncated']), 'range')} never closed ended at the last event of its thread")
     if s.get("duplicate"):
         fixes.append(f"{n(int(s['duplicate']), 'record')} repeating an id already seen kept apart")
+    if s.get("dropped_copied_events"):
+        fixes.append(f"{n(int(s['dropped_copied_events']), 'event')} of copied events files left out")
+    clocks = s.get("clocks") if isinstance(s.get("clocks"), dict) else {}
+    if clocks.get("threads_repaired"):
+        fixes.append(f"the clock of {n(int(clocks['threads_repaired']), 'thread')} moved onto the GPU's "
+                     f"({int(clocks.get('repaired_rows', 0)):,} rows flagged clock_repaired)")
     line = "repaired: " + "; ".join(fixes) if fixes else "nothing repaired"
     if s.get("reconciled") is False:
         line += "; [bold red]counts do not reconcile[/] (events in ≠ nodes + consumed range ends): see reconstruct.json"

@@ -339,3 +339,145 @@ def log_lines(rng: random.Random, t0_ns: int, n_good: int = 20, n_bad: int = 6) 
     lines = good + bad + _ODD_LOG_LINES
     rng.shuffle(lines)
     return b"\n".join(lines) + b"\n", len(bad)
+
+
+# --------------------------------------------------------------------------------------------
+# recorded runs (a copy of a run directory as `teller record` wrote it, damaged in place)
+
+RECORDED_RUN = HERE.parent / "examples" / "h200_faulty_op_delay"
+HOUR_NS = 3600 * 10**9
+
+
+def _chunks(run: Path) -> list[Path]:
+    return sorted((run / "events").glob("*.parquet"))
+
+
+def _rewrite(run: Path, fn) -> None:
+    import pyarrow.parquet as pq
+
+    for f in _chunks(run):
+        pq.write_table(fn(pq.read_table(f)), f)
+
+
+def _keep_kinds(kinds: set[str]):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return lambda t: t.filter(pc.is_in(t["kind"].cast(pa.string()), pa.array(sorted(kinds))))
+
+
+def r_kernels_only(run: Path, rng: random.Random) -> dict:
+    """Only the GPU rows (a trace without its host side)."""
+    _rewrite(run, _keep_kinds({"KERNEL", "MEMCPY", "MEMSET"}))
+    return {"expect": "no_host"}
+
+
+def r_single_kernel(run: Path, rng: random.Random) -> dict:
+    import pyarrow.parquet as pq
+
+    import pyarrow as pa
+
+    t = _keep_kinds({"KERNEL"})(pa.concat_tables([pq.read_table(f) for f in _chunks(run)]))
+    for f in _chunks(run):
+        f.unlink()
+    k = rng.randrange(t.num_rows)
+    pq.write_table(t.slice(k, 1), run / "events" / "471-00000.parquet")
+    return {"expect": "no_host", "events": 1}
+
+
+def r_no_runtime(run: Path, rng: random.Random) -> dict:
+    """Ranges and GPU rows but no runtime/driver calls (an nsys export with RUNTIME empty)."""
+    _rewrite(run, _keep_kinds({"NVTX_PUSH", "NVTX_POP", "RANGE", "MARKER", "KERNEL", "MEMCPY", "MEMSET", "SYNC"}))
+    return {"expect": "unbound_all"}
+
+
+def r_null_start(run: Path, rng: random.Random) -> dict:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = rng.choice([c for c in _chunks(run) if pq.ParquetFile(c).metadata.num_rows > 10])
+    t = pq.read_table(f)
+    start = t.column("start_ns").to_numpy().copy()
+    mask = np.zeros(len(start), bool)
+    mask[rng.sample(range(len(start)), 3)] = True
+    pq.write_table(t.set_column(t.schema.get_field_index("start_ns"), "start_ns", pa.array(start, mask=mask)), f)
+    return {"expect": "error", "file": f.name, "words": "null values"}
+
+
+def r_copied_chunk(run: Path, rng: random.Random) -> dict:
+    """A chunk copied inside events/ (the bytes, or the rows rewritten with other settings)."""
+    import pyarrow.parquet as pq
+
+    f = rng.choice(_chunks(run))
+    dst = f.with_name(f.stem + " (copy).parquet")
+    if rng.random() < 0.5:
+        shutil.copy(f, dst)
+    else:
+        pq.write_table(pq.read_table(f), dst, compression="snappy", row_group_size=1000)
+    return {"expect": "copies", "planted": pq.ParquetFile(f).metadata.num_rows}
+
+
+def r_corrupt_pages(run: Path, rng: random.Random) -> dict:
+    """Bytes flipped in the data pages of one chunk, its footer intact."""
+    import pyarrow.parquet as pq
+
+    f = max(_chunks(run), key=lambda c: c.stat().st_size)
+    md = pq.ParquetFile(f).metadata
+    b = bytearray(f.read_bytes())
+    body = len(b) - md.serialized_size - 8
+    for _ in range(40):
+        i = rng.randrange(4, body)
+        b[i] ^= 0xFF
+    f.write_bytes(bytes(b))
+    return {"expect": "error_or_same", "file": f.name, "words": "move it out of"}
+
+
+def _drop(col: str):
+    def fn(run: Path, rng: random.Random) -> dict:
+        _rewrite(run, lambda t: t.drop_columns([col]))
+        return {"expect": "error" if col in ("pid", "tid", "start_ns") else "same", "words": col}
+
+    fn.__name__ = f"r_no_{col}"
+    return fn
+
+
+def r_no_events_dir(run: Path, rng: random.Random) -> dict:
+    shutil.rmtree(run / "events")
+    return {"expect": "error", "file": "events", "words": "missing"}
+
+
+def r_thread_shift(run: Path, rng: random.Random) -> dict:
+    """One host thread's events moved by +1 h (its clock wrong)."""
+    import pyarrow.compute as pc
+
+    def fn(t):
+        m = pc.equal(t["tid"], 537)
+        for c in ("start_ns", "end_ns"):
+            t = t.set_column(t.schema.get_field_index(c), c, pc.if_else(m, pc.add(t[c], HOUR_NS), t[c]))
+        return t
+
+    _rewrite(run, fn)
+    return {"expect": "skew_repaired", "thread": "pid 471 thread 537"}
+
+
+RECORDED_DAMAGE: dict[str, Callable[[Path, random.Random], dict]] = {
+    "kernels_only": r_kernels_only,
+    "single_kernel": r_single_kernel,
+    "no_runtime": r_no_runtime,
+    "null_start": r_null_start,
+    "copied_chunk": r_copied_chunk,
+    "corrupt_pages": r_corrupt_pages,
+    "no_args": _drop("args"),
+    "no_flags": _drop("flags"),
+    "no_layer": _drop("layer"),
+    "no_pid": _drop("pid"),
+    "no_events_dir": r_no_events_dir,
+    "thread_shift": r_thread_shift,
+}
+
+
+def recorded_copy(dst: Path) -> Path:
+    """A fresh copy of the bundled recording (``RECORDED_RUN``) to damage."""
+    shutil.copytree(RECORDED_RUN, dst)
+    return dst

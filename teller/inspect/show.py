@@ -7,13 +7,14 @@ from collections import Counter
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.tree import Tree
 
 from teller.errors import TellerError
 from teller.forest import Forest
 from teller.inspect.tree import fmt_ns, shapes
 from teller.logs.ids import natural_key
-from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col
+from teller.rundir import LAYER_CODE, LAYERS, RunDir, np_col, recording_state
 
 _STYLE = {
     "STEP": "bold magenta", "FE": "bold cyan", "BE": "cyan", "COMM": "bold yellow", "RT": "green",
@@ -28,6 +29,9 @@ def show(run: str | os.PathLike, step: int | None = None, request: str | None = 
     with neither, a list of steps and the tree of the first one."""
     rd = RunDir(run).require()
     console = console or Console()
+    rec = recording_state(rd)
+    for line in rec["words"]:  # a partial run says so before its trees
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     forest = Forest.read(rd.path, columns=["flags", "step_idx", "pid", "tid"])
     steps = rd.read_table("steps") if rd.has_table("steps") else None
     kernels = forest.subtree_counts(forest.layer == LAYER_CODE["K"])

@@ -9,10 +9,22 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from teller.forest import Forest
-from teller.rundir import KINDS, LAYER_CODE, LAYERS, RunDir, flag_counts, kind_codes, np_col
+from teller.rundir import KINDS, LAYER_CODE, LAYERS, RunDir, flag_counts, kind_codes, np_col, recording_state
+
+#: reconstruct.json counters and how to say them (the count goes first).
+_REPAIR_WORDS = (
+    ("truncated", "ranges were still open when their thread (or the recording) ended and were closed at its last event (truncated)"),
+    ("repaired_negative_duration", "events ended before they started and became instants (repaired)"),
+    ("repaired_partial_overlap", "events stuck out of their parent and were clipped to it (repaired)"),
+    ("repaired_pops_without_push", "range ends had no start and were dropped"),
+    ("unbound", "GPU rows matched no launch call and stay roots (unbound)"),
+    ("duplicate", "ranges reuse an id already seen (kept, flagged duplicate)"),
+    ("dropped_copied_events", "events of copied events files were left out (not counted twice)"),
+)
 
 
 def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
@@ -52,7 +64,36 @@ def collect_stats(run: str | os.PathLike) -> dict[str, Any]:
     out["source"] = info.source
     if info.dropped_records:
         out["dropped_records"] = info.dropped_records
+    out["health"] = run_health(rd.path, out.get("reconstruct"))
     return out
+
+
+def run_health(run: str | os.PathLike, reconstruct: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What is wrong with a run, in words: partial-run status (:func:`teller.rundir.recording_state`),
+    the readers' warnings (``run.json``), reconstruction's warnings (clock skew, copied files) and
+    its repairs and drops. Returns ``status``, ``partial``, ``lost`` and ``lines``."""
+    rd = RunDir(run)
+    rec = recording_state(rd)
+    lines = list(rec["words"])
+    info = rd.read_info()
+    warns = info.extra.get("warnings") or (info.counts or {}).get("warnings") or []
+    lines += [f"input: {w}" for w in warns if isinstance(w, str)]
+    if reconstruct is None and (rd.path / "reconstruct.json").is_file():
+        try:
+            reconstruct = json.loads((rd.path / "reconstruct.json").read_text())
+        except ValueError:
+            reconstruct = None
+    if isinstance(reconstruct, dict):
+        rec_words = set(rec["words"])
+        lines += [w for w in reconstruct.get("warnings") or [] if isinstance(w, str) and w not in rec_words]
+        for key, what in _REPAIR_WORDS:
+            v = reconstruct.get(key)
+            if isinstance(v, int) and v:
+                lines.append(f"{v:,} {what}")
+        cr = (reconstruct.get("flags") or {}).get("clock_repaired")
+        if cr:
+            lines.append(f"{cr:,} rows had their thread's clock repaired (clock_repaired)")
+    return {"status": rec["status"], "partial": rec["partial"], "lost": rec["lost"], "lines": lines}
 
 
 def stats(run: str | os.PathLike, console: Console | None = None) -> dict[str, Any]:
@@ -85,6 +126,11 @@ def stats(run: str | os.PathLike, console: Console | None = None) -> dict[str, A
         console.print("nothing repaired")
     if "log_lines" in s:
         console.print(f"log lines: {s['log_lines']:,}  aligned by: " + ", ".join(f"{k} {v:,}" for k, v in s["log_rules"].items()))
-    if s.get("dropped_records"):
+    if any(v for v in (s.get("dropped_records") or {}).values() if isinstance(v, (int, float))):
         console.print(f"[yellow]dropped records while recording[/]: {s['dropped_records']}")
+    h = s["health"]
+    state = "partial" if h["partial"] else "complete"
+    console.print(f"[bold]run: {state}[/]" + (f" ({h['status']})" if h["status"] != state else ""))
+    for line in h["lines"]:
+        console.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     return s

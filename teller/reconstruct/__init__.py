@@ -57,6 +57,7 @@ from teller.reconstruct.iterations import (
     gpu_busy,
 )
 from teller.reconstruct.ranges import pair
+from teller.reconstruct.clocks import Clocks, check_clocks
 from teller.reconstruct.steps import (
     RULES,
     ForestRows,
@@ -66,6 +67,9 @@ from teller.reconstruct.steps import (
     warmup_steps,
 )
 from teller.rundir import (
+    EVENT_SCHEMA,
+    FLAG_CLOCK_REPAIRED,
+    OPTIONAL_EVENT_COLUMNS,
     FLAG_DUPLICATE,
     FLAG_NAMES,
     FLAG_REPAIRED,
@@ -77,6 +81,8 @@ from teller.rundir import (
     LAYERS,
     RunDir,
     kind_codes,
+    recording_state,
+    unreadable_parquet,
 )
 
 __all__ = ["reconstruct"]
@@ -113,16 +119,35 @@ class _Numeric:
 
     def __init__(self, rd: RunDir):
         self.files = []
-        for f in rd.event_files():
+        self.copies = rd.copied_event_files()
+        for f in rd.event_files(skip_copies=True):
             try:
                 self.files.append((f, pq.ParquetFile(f)))
             except (pa.ArrowInvalid, OSError) as e:
-                raise TellerError(f"{f}: unreadable Parquet ({e}); delete the file or re-run the recording/ingest that wrote it") from e
+                raise TellerError(unreadable_parquet(f, e)) from e
         self.n = sum(pf.metadata.num_rows for _, pf in self.files)
+        self.copied_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in self.copies)
+
+    def _has(self, pf: pq.ParquetFile, f: Path, name: str) -> bool:
+        """Whether file ``f`` has column ``name``; an optional one (layer, flags, args) may be
+        absent and reads as its default, a required one is an error naming the file."""
+        if name in pf.schema_arrow.names:
+            return True
+        if name in OPTIONAL_EVENT_COLUMNS:
+            return False
+        raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
+
+    def _row_group(self, f: Path, pf: pq.ParquetFile, g: int, name: str) -> pa.ChunkedArray:
+        try:
+            return pf.read_row_group(g, columns=[name]).column(0)
+        except (pa.ArrowInvalid, OSError) as e:  # a corrupt page behind an intact footer
+            raise TellerError(unreadable_parquet(f, e)) from e
 
     def _fits_int32(self, name: str) -> bool:
         """Row-group statistics say every value fits int32 (no statistics: assume not)."""
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 st = pf.metadata.row_group(g).column(idx).statistics
@@ -133,7 +158,10 @@ class _Numeric:
     def constant(self, name: str) -> int | None:
         """The single value of a column without nulls, when row-group statistics prove it."""
         vals = set()
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                vals.add(0 if name == "flags" else -1)
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 st = pf.metadata.row_group(g).column(idx).statistics
@@ -144,7 +172,9 @@ class _Numeric:
 
     def all_null(self, name: str) -> bool:
         """Row-group statistics say the column holds only nulls (e.g. ``args`` of NVTX events)."""
-        for _, pf in self.files:
+        for f, pf in self.files:
+            if not self._has(pf, f, name):
+                continue
             idx = pf.schema_arrow.get_field_index(name)
             for g in range(pf.metadata.num_row_groups):
                 col = pf.metadata.row_group(g).column(idx)
@@ -152,6 +182,15 @@ class _Numeric:
                 if st is None or st.null_count is None or st.null_count != col.num_values:
                     return False
         return True
+
+    def _string_chunks(self, f: Path, pf: pq.ParquetFile, name: str):
+        """The chunks of a string column, row group by row group; an absent ``layer`` column
+        reads as "" (decided by reconstruction)."""
+        if not self._has(pf, f, name):
+            yield pa.DictionaryArray.from_arrays(pa.array(np.zeros(pf.metadata.num_rows, np.int32)), pa.array([""]))
+            return
+        for g in range(pf.metadata.num_row_groups):
+            yield from self._row_group(f, pf, g, name).chunks
 
     def strings(self, name: str) -> tuple[np.ndarray, pa.Array]:
         """A string column as (int32 codes, dictionary), nulls as "".
@@ -165,19 +204,16 @@ class _Numeric:
         spans: list[tuple[int, int, int]] = []  # (row offset, rows, index into dicts)
         pos = 0
         for f, pf in self.files:
-            if name not in pf.schema_arrow.names:
-                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
-            for g in range(pf.metadata.num_row_groups):
-                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
-                    if not pa.types.is_dictionary(ch.type):
-                        ch = ch.dictionary_encode()
-                    d = ch.dictionary
-                    if not dicts or not (len(d) == len(dicts[-1]) and d.equals(dicts[-1])):
-                        dicts.append(d)
-                    idx = ch.indices.fill_null(len(d)) if ch.indices.null_count else ch.indices
-                    out[pos : pos + len(ch)] = idx.to_numpy(zero_copy_only=False)
-                    spans.append((pos, len(ch), len(dicts) - 1))
-                    pos += len(ch)
+            for ch in self._string_chunks(f, pf, name):
+                if not pa.types.is_dictionary(ch.type):
+                    ch = ch.dictionary_encode()
+                d = ch.dictionary
+                if not dicts or not (len(d) == len(dicts[-1]) and d.equals(dicts[-1])):
+                    dicts.append(d)
+                idx = ch.indices.fill_null(len(d)) if ch.indices.null_count else ch.indices
+                out[pos : pos + len(ch)] = idx.to_numpy(zero_copy_only=False)
+                spans.append((pos, len(ch), len(dicts) - 1))
+                pos += len(ch)
         _release()
         if not dicts:
             return out, pa.array([""], pa.string())
@@ -194,16 +230,18 @@ class _Numeric:
     def __call__(self, name: str, narrow: bool = False) -> np.ndarray:
         """Column ``name`` as numpy (nulls → -1): int64, or int32 when ``narrow`` and the values
         fit (or the column is int32 already)."""
-        for f, pf in self.files:
-            if name not in pf.schema_arrow.names:
-                raise TellerError(f"{f}: not a canonical events file (missing column {name!r}); write it with teller.rundir.RunDir.write_events")
-        typ = self.files[0][1].schema_arrow.field(name).type if self.files else pa.int64()
+        present = [self._has(pf, f, name) for f, pf in self.files]
+        typ = next((pf.schema_arrow.field(name).type for (_, pf), p in zip(self.files, present, strict=True) if p), EVENT_SCHEMA.field(name).type)
         small = pa.types.is_integer(typ) and typ.bit_width <= 32
         out = np.empty(self.n, dtype=np.int32 if small or (narrow and self._fits_int32(name)) else np.int64)
         pos = 0
-        for _, pf in self.files:
+        for (f, pf), p in zip(self.files, present, strict=True):
+            if not p:  # an absent optional column: its default (flags 0)
+                out[pos : pos + pf.metadata.num_rows] = 0 if name == "flags" else -1
+                pos += pf.metadata.num_rows
+                continue
             for g in range(pf.metadata.num_row_groups):
-                for ch in pf.read_row_group(g, columns=[name]).column(0).chunks:
+                for ch in self._row_group(f, pf, g, name).chunks:
                     if ch.null_count:
                         ch = ch.fill_null(-1)
                     out[pos : pos + len(ch)] = ch.to_numpy(zero_copy_only=False)
@@ -285,7 +323,17 @@ class Events:
 
 
 def load_events(rd: RunDir) -> Events:
-    """Read the event columns every phase needs (the rest are read where they are used)."""
+    """Read the event columns every phase needs (the rest are read where they are used).
+
+    A run without ``events/`` is refused (it would reconstruct to nothing and say nothing),
+    except a recording made with ``--collector none`` (logs only, by choice)."""
+    if not rd.events_dir.is_dir():
+        info = rd.read_info()
+        if (info.collector or {}).get("resolved") != "none":
+            what = ("the recording ended before its first flush" if info.source == "teller record"
+                    else "the folder was moved or deleted")
+            raise TellerError(f"{rd.events_dir}: missing, so the run holds no events ({what}?); restore the "
+                              f"folder, or re-run `teller record -o {rd.path} -- CMD` / `teller ingest SRC -o {rd.path}`")
     cols = _Numeric(rd)
     lane, lanes = factorize([cols(c) for c in LANE_COLS])
     proc_of_lane, _ = factorize([lanes[0], lanes[1], lanes[2]])
@@ -468,6 +516,47 @@ def _bind(hs: np.ndarray, gpu_ev: np.ndarray, kind: np.ndarray, lane: np.ndarray
         ok = m >= 0
         bound_pos[todo[ok]] = call_pos[m[ok]]
     return bound_pos
+
+
+def check_thread_clocks(ev: Events, nested: Nested, bound: Bound) -> Clocks:
+    """GPU work that starts before its launch call, and threads whose events lie outside the
+    run (:mod:`.clocks`); a thread whose clock is clearly off (most of its pairs before launch)
+    has its host events moved by the estimated offset, flagged FLAG_CLOCK_REPAIRED. A uniform
+    shift per thread leaves its nesting and the binding (by correlation id) as they were."""
+    hs, gpu_ev, launch = nested.hs, nested.gpu_ev, bound.launch
+    nl = len(ev.lane_tid)
+    ok = launch >= 0
+    call = hs[launch[ok]]
+    first = np.flatnonzero(segment_starts(ev.lane[hs])) if len(hs) else np.zeros(0, np.int64)
+    lanes = ev.lane[hs[first]] if len(hs) else np.zeros(0, np.int64)
+    lane_first = np.zeros(nl, np.int64)
+    lane_last = np.zeros(nl, np.int64)
+    is_host = np.zeros(nl, bool)
+    if len(hs):
+        lane_first[lanes] = ev.start[hs[first]]
+        lane_last[lanes] = np.maximum.reduceat(ev.end[hs].astype(np.int64), first)
+        is_host[lanes] = True
+    info = ev.rd.read_info()
+    span = None
+    if isinstance(info.start_wall, (int, float)) and isinstance(info.end_wall, (int, float)) and info.source == "teller record":
+        w = (info.end_wall - info.start_wall) * 1e9
+        span = int(w) if np.isfinite(w) and 0 < w < 2**62 else None
+
+    def lane_name(ln: int) -> str:
+        rank = int(ev.lane_rank[ln])
+        return f"pid {int(ev.lane_pid[ln])} thread {int(ev.lane_tid[ln])}" + (f" (rank {rank})" if rank > 0 else "")
+
+    clk = check_clocks(ev.lane[call], ev.start[call], ev.start[gpu_ev[ok]], nl, lane_first, lane_last, is_host, span, lane_name)
+    if clk.offset.any():
+        moved = hs[clk.offset[ev.lane[hs]] != 0]
+        shift = clk.offset[ev.lane[moved]]
+        ev.start[moved] += shift.astype(ev.start.dtype)
+        ev.end[moved] += shift.astype(ev.end.dtype)
+        ev.flags[moved] |= FLAG_CLOCK_REPAIRED
+        clk.report["repaired_rows"] = int(len(moved))
+    else:
+        clk.report["repaired_rows"] = 0
+    return clk
 
 
 @dataclass
@@ -802,6 +891,8 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, 
     clock.lap("nest")
     bound = bind_gpu(ev, nested)
     clock.lap("bind")
+    clocks = check_thread_clocks(ev, nested, bound)
+    clock.lap("clocks")
     lay = preorder_rows(ev, named, nested, bound)
     clock.lap("preorder")
     steps, requests = make_steps(ev, named, lay, window_ns)
@@ -816,13 +907,13 @@ def reconstruct(run: str | os.PathLike, step_patterns: list[str] | None = None, 
     rd.write_table(requests, "requests")
     rd.write_table(pay.edges, "comm_edges")
     clock.lap("write")
-    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, iters, clock)
+    summary = _summary(ev, paired, nested, bound, lay, pay, steps, requests, iters, clocks, clock)
     (rd.path / "reconstruct.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
 def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layout, pay: Payload, steps: Steps,
-             requests: pa.Table, iters: Iters, clock: _PhaseClock) -> dict[str, Any]:
+             requests: pa.Table, iters: Iters, clocks: Clocks, clock: _PhaseClock) -> dict[str, Any]:
     """``reconstruct.json``: counts that reconcile, repairs, binding coverage, steps, iterations,
     timings. ``nodes`` counts the GAP rows (``gap_nodes``), ``events_in`` only the input."""
     n, m = ev.n - iters.gap_rows, lay.m
@@ -832,6 +923,8 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
     return {
         "events_in": int(n),
         "nodes": int(m),
+        "copied_event_files": {f.name: o.name for f, o in ev.cols.copies.items()},
+        "dropped_copied_events": int(ev.cols.copied_rows),
         "pops_consumed": paired.pops_consumed,
         "repaired_pops_without_push": paired.pops_without_push,
         "gap_nodes": iters.gap_rows,
@@ -859,7 +952,19 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "max_depth": int(lay.depth.max(initial=-1)) if m else 0,
         "layers": {name: int(c) for name, c in zip(LAYERS, layer_counts, strict=True)},
         "flags": {FLAG_NAMES[b]: int(((node_flags & b) != 0).sum()) for b in FLAG_NAMES},
+        "clocks": clocks.report,
+        "recording": (rec := recording_state(ev.rd)),
+        "warnings": rec["words"] + _warnings(ev, clocks),
         "seconds": round(time.perf_counter() - clock.t0, 3),
         "cpu_seconds": round(time.process_time() - clock.c0, 3),
         "timings": clock.timings,
     }
+
+
+def _warnings(ev: Events, clocks: Clocks) -> list[str]:
+    """What reconstruction found wrong with the input, in words (reconstruct.json ``warnings``)."""
+    out = []
+    for f, o in ev.cols.copies.items():
+        out.append(f"{f.name} holds exactly the events of {o.name} (a copied chunk): left out, "
+                   f"{pq.ParquetFile(f).metadata.num_rows:,} events not counted twice")
+    return out + clocks.words

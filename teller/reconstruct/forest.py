@@ -241,6 +241,12 @@ def preorder(pop: np.ndarray, parent: np.ndarray, is_step: np.ndarray, gpu_paren
     """
     h, g = len(pop), len(gpu_parent)
     it = np.int32 if h + g < 2**31 - 2 else np.int64
+    if h == 0:  # no host event at all (a trace of kernels only): every GPU row is a root
+        order = sort_with_ties([gpu_lane.astype(np.int64)], [gpu_start, np.arange(g)])
+        none, zero = np.zeros(0, it), np.zeros(0, np.int32)
+        return {"hpos": none, "gpos": np.arange(g, dtype=it), "order": order, "hparent": none,
+                "gparent": np.full(g, -1, it), "hdepth": zero, "gdepth": np.zeros(g, np.int32),
+                "hsize": none, "hstep": none, "gstep": np.full(g, -1, it)}
     idx = np.arange(h, dtype=it)
     # depth: ancestors of i are the earlier nodes not yet closed at i
     depth = np.cumsum(np.bincount(pop, minlength=h + 1)[:h], dtype=np.int32)

@@ -28,12 +28,14 @@ its own environment from scratch drops the ``TELLER_*`` settings; programs that 
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -261,6 +263,21 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def _die_with_launcher(launcher_pid: int) -> None:
+    """In the child, before it runs the command: SIGTERM it when the launcher dies (Linux
+    ``PR_SET_PDEATHSIG``). A SIGKILLed launcher can neither capture logs nor finish ``run.json``,
+    so the command it recorded is ended with it (its runtime flushes on SIGTERM) instead of
+    serving on unlogged; docs/design.md §12."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != launcher_pid:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _end_tree(proc: subprocess.Popen) -> int:
     """SIGTERM the command and every process below it, SIGKILL what is left after the grace;
     returns the command's return code."""
@@ -365,10 +382,13 @@ def record(
                           "utc_offset_s": int(time.localtime(t0 / 1e9).tm_gmtoff)},
                    collector=settings, start_wall=t0 / 1e9)
     info.extra["status"] = "running"
+    # a later command tells a live recording from one whose launcher was killed by this pid
+    info.extra["launcher"] = {"pid": os.getpid(), "host": socket.gethostname()}
     run.write_info(info)
 
     try:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                preexec_fn=functools.partial(_die_with_launcher, os.getpid()) if sys.platform == "linux" else None)
     except (FileNotFoundError, PermissionError) as e:
         info.extra["status"] = "failed to start"
         info.exit_code = 127

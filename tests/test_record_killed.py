@@ -1,0 +1,138 @@
+"""Killed recordings: the workload SIGKILLed, and the launcher (`teller record`) SIGKILLed.
+
+Either way every later command (`reconstruct`, `stats`, `show`) says the run is partial and
+what was lost; a killed launcher takes the recorded command down with it (docs/design.md §12)
+instead of leaving it serving unlogged, and `run.json` left at ``"status": "running"`` reads as
+an interrupted recording, not a live one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from teller.cli import main
+from teller.rundir import RunDir, recording_state
+
+pytestmark = pytest.mark.slow  # records a program in subprocesses
+
+ENGINE = '''
+import time
+class Engine:
+    def step(self, batch):
+        time.sleep(0.01)
+        self.inner(batch)
+        return len(batch["reqs"])
+    def inner(self, batch):
+        time.sleep(0.001)
+'''
+HOOKS = '''
+"mymod:Engine.step" = "STEP"
+"mymod:Engine.inner" = "FE"
+[requests]
+"mymod:Engine.step" = "args[0]['reqs'][*]"
+'''
+PROG = '''
+import sys
+sys.path.insert(0, '.')
+import mymod
+e = mymod.Engine()
+i = 0
+while True:
+    e.step({"reqs": [f"req_{i}"]})
+    print(f"served req_{i}", flush=True)
+    i += 1
+'''
+
+
+def _wait_for(pred, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (a zombie waiting for its new parent counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    (tmp_path / "mymod.py").write_text(ENGINE)
+    (tmp_path / "hooks.toml").write_text(HOOKS)
+    (tmp_path / "prog.py").write_text(PROG)
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--hooks",
+                          "hooks.toml", "--flush-interval", "0.2", "--", sys.executable, "prog.py"],
+                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _wait_for(lambda: len(list((run / "events").glob("*.parquet"))) >= 2 and any((run / "proc").glob("*.json")))
+    return p, run
+
+
+def _later_commands(run: Path, capsys) -> tuple[dict, str, str, str]:
+    assert main(["reconstruct", str(run)]) == 0
+    rec_err = capsys.readouterr().err
+    assert main(["stats", str(run)]) == 0
+    stats_out = capsys.readouterr().out
+    assert main(["show", str(run), "--step", "0"]) == 0
+    show_out = capsys.readouterr().out
+    summary = json.loads((run / "reconstruct.json").read_text())
+    return summary, " ".join(rec_err.split()), " ".join(stats_out.split()), " ".join(show_out.split())
+
+
+def test_workload_sigkilled(tmp_path: Path, capsys):
+    p, run = _start(tmp_path)
+    try:
+        child = int(next((run / "proc").glob("*.json")).stem)
+        os.kill(child, signal.SIGKILL)
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + signal.SIGKILL
+    state = recording_state(RunDir(run))
+    assert state["status"] == "killed" and state["partial"]
+    assert state["lost"]["processes_unfinished"] == 1
+    summary, rec_err, stats_out, show_out = _later_commands(run, capsys)
+    assert summary["recording"]["status"] == "killed"
+    for text in (rec_err, stats_out, show_out):
+        assert "killed (SIGKILL, exit code 137)" in text and "the run is partial" in text, text[-800:]
+        assert f"(pid {child}) ended without their last flush" in text
+    assert "run: partial (killed)" in stats_out
+
+
+def test_launcher_sigkilled_takes_the_command_down(tmp_path: Path, capsys):
+    p, run = _start(tmp_path)
+    child = int(next((run / "proc").glob("*.json")).stem)
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=60)
+        _wait_for(lambda: _gone(child), timeout=30)  # the engine did not outlive its launcher
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "running" and info["exit_code"] is None  # nobody was left to finish it
+    assert info["launcher"]["pid"] == p.pid
+    state = recording_state(RunDir(run))
+    assert state["status"] == "interrupted" and state["partial"]
+    summary, rec_err, stats_out, show_out = _later_commands(run, capsys)
+    assert summary["recording"]["status"] == "interrupted"
+    assert summary["steps"] > 0  # what was flushed is kept
+    for text in (rec_err, stats_out, show_out):
+        assert f"the recording was interrupted: its launcher (pid {p.pid}) ended without finishing run.json" in text, text[-800:]
+    assert "run: partial (interrupted)" in stats_out
