@@ -373,9 +373,8 @@ def r_kernels_only(run: Path, rng: random.Random) -> dict:
 
 
 def r_single_kernel(run: Path, rng: random.Random) -> dict:
-    import pyarrow.parquet as pq
-
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     t = _keep_kinds({"KERNEL"})(pa.concat_tables([pq.read_table(f) for f in _chunks(run)]))
     for f in _chunks(run):

@@ -28,7 +28,7 @@ from teller.errors import TellerError
 from teller.inspect.stats import collect_stats
 from teller.logs import align_run
 from teller.reconstruct import reconstruct
-from teller.rundir import FLAG_CLOCK_REPAIRED, RunDir
+from teller.rundir import FLAG_CLOCK_REPAIRED
 
 
 @pytest.fixture(scope="module")

@@ -440,7 +440,7 @@ def write_subtree_parts(forest: pa.Table, folder: str | Path, part_rows: int = P
     cuts = _cuts(forest, part_rows)
     paths = [folder / f"part-{k:05d}.parquet" for k in range(len(cuts))]
     ends = cuts[1:] + [forest.num_rows]
-    jobs = [(forest.slice(a, b - a), path) for a, b, path in zip(cuts, ends, paths)]
+    jobs = [(forest.slice(a, b - a), path) for a, b, path in zip(cuts, ends, paths, strict=False)]
     # parts are independent: encoded and compressed on several cores (numpy and Parquet release the GIL)
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1, 8))) as pool:
         list(pool.map(lambda job: write_subtrees(*job), jobs))

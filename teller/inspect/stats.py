@@ -13,7 +13,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from teller.forest import Forest
-from teller.rundir import KINDS, LAYER_CODE, LAYERS, RunDir, flag_counts, kind_codes, np_col, recording_state
+from teller.rundir import (
+    KINDS,
+    LAYER_CODE,
+    LAYERS,
+    RunDir,
+    flag_counts,
+    kind_codes,
+    np_col,
+    recording_state,
+)
 
 #: reconstruct.json counters and how to say them (the count goes first).
 _REPAIR_WORDS = (

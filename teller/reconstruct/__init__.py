@@ -43,6 +43,7 @@ from teller.errors import TellerError
 from teller.forest import FOREST_SCHEMA
 from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
+from teller.reconstruct.clocks import Clocks, check_clocks
 from teller.reconstruct.comm import comm_edges, describe
 from teller.reconstruct.forest import extent, join, nest, preorder
 from teller.reconstruct.iterations import (
@@ -57,7 +58,6 @@ from teller.reconstruct.iterations import (
     gpu_busy,
 )
 from teller.reconstruct.ranges import pair
-from teller.reconstruct.clocks import Clocks, check_clocks
 from teller.reconstruct.steps import (
     RULES,
     ForestRows,
@@ -69,7 +69,6 @@ from teller.reconstruct.steps import (
 from teller.rundir import (
     EVENT_SCHEMA,
     FLAG_CLOCK_REPAIRED,
-    OPTIONAL_EVENT_COLUMNS,
     FLAG_DUPLICATE,
     FLAG_NAMES,
     FLAG_REPAIRED,
@@ -79,6 +78,7 @@ from teller.rundir import (
     KINDS,
     LAYER_CODE,
     LAYERS,
+    OPTIONAL_EVENT_COLUMNS,
     RunDir,
     kind_codes,
     recording_state,
