@@ -17,28 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from test_record_launcher import ENGINE, HOOKS, gone
 
 from teller.cli import main
 from teller.rundir import RunDir, recording_state
 
 pytestmark = pytest.mark.slow  # records a program in subprocesses
 
-ENGINE = '''
-import time
-class Engine:
-    def step(self, batch):
-        time.sleep(0.01)
-        self.inner(batch)
-        return len(batch["reqs"])
-    def inner(self, batch):
-        time.sleep(0.001)
-'''
-HOOKS = '''
-"mymod:Engine.step" = "STEP"
-"mymod:Engine.inner" = "FE"
-[requests]
-"mymod:Engine.step" = "args[0]['reqs'][*]"
-'''
 PROG = '''
 import sys
 sys.path.insert(0, '.')
@@ -46,7 +31,7 @@ import mymod
 e = mymod.Engine()
 i = 0
 while True:
-    e.step({"reqs": [f"req_{i}"]})
+    e.step({"reqs": [f"req_{i}"], "sleep": 0.01})
     print(f"served req_{i}", flush=True)
     i += 1
 '''
@@ -59,15 +44,6 @@ def _wait_for(pred, timeout: float = 60.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached in time")
-
-
-def _gone(pid: int) -> bool:
-    """The process has ended (a zombie waiting for its new parent counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return True
-    return state in ("Z", "X")
 
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
@@ -121,9 +97,9 @@ def test_launcher_sigkilled_takes_the_command_down(tmp_path: Path, capsys):
     try:
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=60)
-        _wait_for(lambda: _gone(child), timeout=30)  # the engine did not outlive its launcher
+        _wait_for(lambda: gone(child), timeout=30)  # the engine did not outlive its launcher
     finally:
-        if not _gone(child):
+        if not gone(child):
             os.kill(child, signal.SIGKILL)
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "running" and info["exit_code"] is None  # nobody was left to finish it
