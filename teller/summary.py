@@ -99,6 +99,17 @@ def ingest_lines(s: dict[str, Any], src: str, out: str) -> list[str]:
     return lines
 
 
+#: reconstruct.json counters of repairs and drops: (key, what is counted, what was done)
+_REPAIRS = (
+    ("repaired_pops_without_push", "range end", "with no start dropped"),
+    ("repaired_negative_duration", "range", "ending before its start set to zero length"),
+    ("repaired_partial_overlap", "range", "sticking out of its parent clipped to it"),
+    ("truncated", "range", "never closed ended at the last event of its thread"),
+    ("duplicate", "record", "repeating an id already seen kept apart"),
+    ("dropped_copied_events", "event", "of copied events files left out"),
+)
+
+
 def reconstruct_lines(s: dict[str, Any], run: str) -> list[str]:
     """Three lines: the forest, steps and requests; GPU binding; what was repaired and why."""
     run = escape(str(run))
@@ -119,19 +130,7 @@ def reconstruct_lines(s: dict[str, Any], run: str) -> list[str]:
                      + (f"; {miss:,} with no launching call in the trace" if miss else ""))
     else:
         lines.append("GPU work: none in the trace (host ranges only)")
-    fixes = []
-    if s.get("repaired_pops_without_push"):
-        fixes.append(f"{n(int(s['repaired_pops_without_push']), 'range end')} with no start dropped")
-    if s.get("repaired_negative_duration"):
-        fixes.append(f"{n(int(s['repaired_negative_duration']), 'range')} ending before its start set to zero length")
-    if s.get("repaired_partial_overlap"):
-        fixes.append(f"{n(int(s['repaired_partial_overlap']), 'range')} sticking out of its parent clipped to it")
-    if s.get("truncated"):
-        fixes.append(f"{n(int(s['truncated']), 'range')} never closed ended at the last event of its thread")
-    if s.get("duplicate"):
-        fixes.append(f"{n(int(s['duplicate']), 'record')} repeating an id already seen kept apart")
-    if s.get("dropped_copied_events"):
-        fixes.append(f"{n(int(s['dropped_copied_events']), 'event')} of copied events files left out")
+    fixes = [f"{n(int(s[key]), noun)} {what}" for key, noun, what in _REPAIRS if s.get(key)]
     clocks = s.get("clocks") if isinstance(s.get("clocks"), dict) else {}
     if clocks.get("threads_repaired"):
         fixes.append(f"the clock of {n(int(clocks['threads_repaired']), 'thread')} moved onto the GPU's "
