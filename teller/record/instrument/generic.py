@@ -140,31 +140,29 @@ def load_hooks(path: str | Path) -> HookSpec:
             raise InputError(p, f"entry {target!r}: tag {tag!r} is not one of {', '.join(TAGS)}",
                              "use one of those tags")
         hooks[target] = tag.upper()
-    requests: dict[str, RequestPath] = {}
-    for target, expr in dict(data.get("requests", {})).items():
-        if target not in hooks:
-            raise InputError(p, f"[requests] entry {target!r} names a method that is not hooked",
-                             f'add "{target}" = "STEP" above, or remove the entry')
-        if not isinstance(expr, str):
-            raise InputError(p, f"[requests] entry {target!r}: expected a string path", 'e.g. "args[0].reqs[*].rid"')
-        try:
-            requests[target] = RequestPath.parse(expr)
-        except ValueError as e:
-            raise InputError(p, f"[requests] entry {target!r}: path {expr!r} {e}",
-                             'e.g. "args[0].reqs[*].rid"') from e
-    batch: dict[str, RequestPath] = {}
-    for target, expr in dict(data.get("batch", {})).items():
-        if hooks.get(target) != "STEP":
-            raise InputError(p, f"[batch] entry {target!r} names a method that is not a STEP hook",
-                             f'add "{target}" = "STEP" above, or remove the entry')
-        if not isinstance(expr, str):
-            raise InputError(p, f"[batch] entry {target!r}: expected a string path", 'e.g. "self.batch_stats"')
-        try:
-            batch[target] = RequestPath.parse(expr)
-        except ValueError as e:
-            raise InputError(p, f"[batch] entry {target!r}: path {expr!r} {e}", 'e.g. "self.batch_stats"') from e
+    requests = _path_table(p, data, "requests", hooks, step_only=False, example="args[0].reqs[*].rid")
+    batch = _path_table(p, data, "batch", hooks, step_only=True, example="self.batch_stats")
     return HookSpec(str(p), hooks, requests, batch)
 
+
+
+def _path_table(p: Path, data: dict, table: str, hooks: dict[str, str], step_only: bool,
+                example: str) -> dict[str, RequestPath]:
+    """The ``[table]`` of a hooks file: hooked method → attribute path (``[requests]``: any
+    hooked method; ``[batch]``: STEP hooks only)."""
+    out: dict[str, RequestPath] = {}
+    for target, expr in dict(data.get(table, {})).items():
+        if (hooks.get(target) != "STEP") if step_only else (target not in hooks):
+            raise InputError(p, f"[{table}] entry {target!r} names a method that is not "
+                             + ("a STEP hook" if step_only else "hooked"),
+                             f'add "{target}" = "STEP" above, or remove the entry')
+        if not isinstance(expr, str):
+            raise InputError(p, f"[{table}] entry {target!r}: expected a string path", f'e.g. "{example}"')
+        try:
+            out[target] = RequestPath.parse(expr)
+        except ValueError as e:
+            raise InputError(p, f"[{table}] entry {target!r}: path {expr!r} {e}", f'e.g. "{example}"') from e
+    return out
 
 class GenericInstrumentor(Instrumentor):
     """Wraps the methods a hooks file names, whatever the engine."""
