@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from teller.forest import COLD_STEPS, Forest, warmup_steps  # noqa: F401 (COLD_STEPS, warmup_steps: re-exported)
 from teller.inject import CATEGORY_TITLES
+from teller.reconstruct.iterations import read_iterations
 from teller.rundir import LAYER_CODE, RunDir
 
 MIN_REF = 20
@@ -124,24 +125,13 @@ class StepMeasures:
         self.fam_layer = np.array([f.split(" ", 1)[0] for f in self.families], dtype=object)
 
     def _iterations(self, rd: RunDir) -> dict[str, np.ndarray] | None:
-        """``iterations.parquet`` as arrays in steps.parquet's order, or None when the run has
-        none (reconstructed before iterations existed) or they are steps only (foreign traces)."""
-        if not rd.has_table("iterations") or not len(self.step_id):
+        """``iterations.parquet`` as arrays (:func:`teller.reconstruct.iterations.read_iterations`:
+        one row per steps.parquet row, same order), or None when the run has none (reconstructed
+        before iterations existed) or they are steps only (foreign traces)."""
+        it = read_iterations(rd, self.steps) if len(self.step_id) else None
+        if it is None or it.column("rule")[0].as_py() != "engine ranges":
             return None
-        it = rd.read_table("iterations", columns=["step_id", "start_ns", "end_ns", "gap_ns", "rule"])
-        if it.num_rows != len(self.step_id) or "start_ns" not in it.column_names:
-            return None
-        if "rule" in it.column_names and it.column("rule")[0].as_py() != "engine ranges":
-            return None
-        sid = it.column("step_id").to_numpy().astype(np.int64)
-        order = np.argsort(sid, kind="stable")
-        pos = order[np.searchsorted(sid[order], self.step_id)]
-        if not np.array_equal(sid[pos], self.step_id):
-            return None
-        out = {c: it.column(c).to_numpy().astype(np.int64)[pos] for c in ("start_ns", "end_ns")}
-        out["gap_ns"] = (it.column("gap_ns").to_numpy().astype(np.int64)[pos] if "gap_ns" in it.column_names
-                         else np.zeros(len(pos), np.int64))
-        return out
+        return {c: it.column(c).to_numpy().astype(np.int64) for c in ("start_ns", "end_ns", "gap_ns")}
 
     def first_steps(self, request_ids: list[str]) -> np.ndarray:
         """The step ids of the first step each named request ran in (requests that never ran are

@@ -61,6 +61,7 @@ import pyarrow as pa
 
 from teller.errors import TellerError
 from teller.forest import Forest, family_names, warmup_steps
+from teller.reconstruct.iterations import ITERATIONS_SCHEMA, read_iterations
 from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS
 from teller.rundir import LAYER_CODE, RunDir
 
@@ -131,15 +132,8 @@ ITER_FEATURES = (
 FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
 #: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
 SCORED_LAYERS = (*INSTANCE_LAYERS, "OTHER", "STEP")
-#: ``iterations.parquet`` (the reconstruction's engine iterations, one row per steps.parquet row).
-ITERATIONS_COLUMNS = {
-    "step_id": pa.int64(), "step_idx": pa.int64(), "pid": pa.int64(), "tid": pa.int64(), "rank": pa.int32(),
-    "start_ns": pa.int64(), "end_ns": pa.int64(), "dur_ns": pa.int64(), "step_ns": pa.int64(),
-    "schedule_ns": pa.int64(), "post_ns": pa.int64(), "gap_ns": pa.int64(), "host_busy_ns": pa.int64(),
-    "gpu_busy_ns": pa.int64(), "n_requests": pa.int32(), "prefill": pa.int64(), "decode": pa.int64(),
-    "waiting": pa.int64(), "kv_used": pa.int64(), "kv_total": pa.int64(), "preempted": pa.int64(),
-    "warmup": pa.bool_(), "rule": pa.string(),
-}
+#: ``iterations.parquet``'s columns and types (:data:`teller.reconstruct.iterations.ITERATIONS_SCHEMA`).
+ITERATIONS_COLUMNS = {fld.name: fld.type for fld in ITERATIONS_SCHEMA}
 #: ITER_FEATURES from iterations.parquet columns (``batch.kv_frac`` = kv_used / kv_total)
 _ITER_SOURCE = {"iter.dur": "dur_ns", "iter.gap": "gap_ns", "iter.schedule": "schedule_ns", "iter.post": "post_ns",
                 "iter.host_busy": "host_busy_ns", "iter.gpu_busy": "gpu_busy_ns", "batch.n_requests": "n_requests",
@@ -193,33 +187,6 @@ class StepTable:
         """Requests each step served (float; NaN where unknown)."""
         b = self.n_requests.astype(np.float64)
         return np.where(b > 0, b, np.nan)
-
-
-def read_iterations(rd: RunDir, steps: pa.Table | None = None) -> pa.Table | None:
-    """``iterations.parquet`` of the run in ``rd`` checked against the contract
-    (:data:`ITERATIONS_COLUMNS`, one row per ``steps.parquet`` row in the same order), or None
-    when the run has none (reconstructed before iterations existed, or by another tool)."""
-    if not rd.has_table("iterations"):
-        return None
-    path = rd.path / "iterations.parquet"
-    fix = f"re-run `teller reconstruct {rd.path}`"
-    try:
-        t = rd.read_table("iterations")
-    except Exception as e:  # unreadable Parquet: name the file
-        raise TellerError(f"{path}: unreadable ({e}); {fix}") from e
-    missing = [c for c in ITERATIONS_COLUMNS if c not in t.column_names]
-    if missing:
-        raise TellerError(f"{path}: lacks columns {missing}; {fix}")
-    if steps is not None:
-        if t.num_rows != steps.num_rows:
-            raise TellerError(f"{path}: {t.num_rows} rows, steps.parquet {steps.num_rows} (one iteration per step "
-                              f"expected); {fix}")
-        a, b = _np(t, "step_id"), _np(steps, "step_id")
-        bad = np.flatnonzero(a != b)
-        if len(bad):
-            raise TellerError(f"{path}: row {int(bad[0])} has step_id {int(a[bad[0]])} where steps.parquet has "
-                              f"{int(b[bad[0]])} (rows must follow steps.parquet); {fix}")
-    return t
 
 
 def iteration_matrix(t: pa.Table) -> np.ndarray:

@@ -32,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.rundir import LAYER_CODE
+from teller.errors import TellerError
+from teller.rundir import LAYER_CODE, RunDir
 
 #: Shortest untraced stretch of an iteration that becomes a GAP node.
 GAP_MIN_NS = 20_000
@@ -82,6 +83,33 @@ def batch_fields(names: pa.Array) -> dict[str, np.ndarray]:
         out[key] = np.asarray(pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False), np.int64)
     return out
 
+
+
+def read_iterations(rd: RunDir, steps: pa.Table | None = None) -> pa.Table | None:
+    """``iterations.parquet`` of the run in ``rd`` checked against :data:`ITERATIONS_SCHEMA`'s
+    columns (and, given ``steps``, one row per ``steps.parquet`` row in the same order), or None
+    when the run has none (reconstructed before iterations existed, or by another tool)."""
+    if not rd.has_table("iterations"):
+        return None
+    path = rd.path / "iterations.parquet"
+    fix = f"re-run `teller reconstruct {rd.path}`"
+    try:
+        t = rd.read_table("iterations")
+    except Exception as e:  # unreadable Parquet: name the file
+        raise TellerError(f"{path}: unreadable ({e}); {fix}") from e
+    missing = [c for c in ITERATIONS_SCHEMA.names if c not in t.column_names]
+    if missing:
+        raise TellerError(f"{path}: lacks columns {missing}; {fix}")
+    if steps is not None:
+        if t.num_rows != steps.num_rows:
+            raise TellerError(f"{path}: {t.num_rows} rows, steps.parquet {steps.num_rows} (one iteration per step "
+                              f"expected); {fix}")
+        a, b = (np.asarray(pc.fill_null(x.column("step_id"), -1), np.int64) for x in (t, steps))
+        bad = np.flatnonzero(a != b)
+        if len(bad):
+            raise TellerError(f"{path}: row {int(bad[0])} has step_id {int(a[bad[0]])} where steps.parquet has "
+                              f"{int(b[bad[0]])} (rows must follow steps.parquet); {fix}")
+    return t
 
 @dataclass
 class Roots:
