@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.errors import TellerError
-from teller.forest import FOREST_SCHEMA
+from teller.forest import FOREST_SCHEMA, warmup_steps
 from teller.reconstruct import layers as L
 from teller.reconstruct._np import factorize, index_dtype, pack, segment_starts, sort_with_ties
 from teller.reconstruct.clocks import Clocks, check_clocks
@@ -64,7 +64,6 @@ from teller.reconstruct.steps import (
     Steps,
     decide_steps,
     steps_tables,
-    warmup_steps,
 )
 from teller.rundir import (
     EVENT_SCHEMA,

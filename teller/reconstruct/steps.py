@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from teller.forest import COLD_STEPS, gpu_rows, warmup_steps  # noqa: F401 (re-exported; the rule lives with the forest model)
+from teller.forest import gpu_rows
 from teller.reconstruct.forest import innermost
 from teller.rundir import IS_GPU_KIND, KIND_CODE, LAYER_CODE
 
