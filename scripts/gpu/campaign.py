@@ -64,6 +64,34 @@ def _record(a, camp, todo, runs, red, refs, done, until, t0) -> None:
             return
 
 
+def _relabel_short_references(camp, runs: Path, todo) -> None:
+    """Relabel fault runs that had fewer than MIN_REF fault-free steps of their own (a KV-pressure
+    run is all window) against a finished fault-free run of the same workload under RUNS: lane
+    processes do not share their references (``teller inject run`` in one process does this)."""
+    from teller.inject.campaign import _wl_key
+    from teller.inject.labels import MIN_REF, label_run
+    from teller.rundir import RunDir
+
+    normal = {}
+    for r in camp.runs:
+        d = runs / f"{r.name}-r0"
+        if not r.faults and (d / "steps.parquet").is_file():
+            normal.setdefault(_wl_key(r.workload), d)
+    for r in todo:
+        d = runs / f"{r.name}-r0"
+        if not r.faults or not (d / "labels.json").is_file():
+            continue
+        rd = RunDir(d)
+        labels = rd.read_labels() or {}
+        lsum = labels.get("label_summary") or {}
+        ref = normal.get(_wl_key(r.workload))
+        if ref is None or lsum.get("reference") != "own fault-free steps" or lsum.get("reference_steps", MIN_REF) >= MIN_REF:
+            continue
+        labels["label_summary"] = label_run(d, labels, reference=ref)
+        rd.write_labels(labels)
+        print(json.dumps({"relabelled": d.name, "reference": ref.name, "abnormal_steps": labels["label_summary"]["abnormal"]}), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
@@ -123,6 +151,7 @@ def main() -> int:
         for p in procs:
             p.wait()
         _record(a, camp, beside, runs, red, refs, done, until, t0)
+        _relabel_short_references(camp, runs, camp.runs)
     lane = f"-{a.lane}" if a.lane is not None else ""
     (red / f"campaign_progress{lane}.json").write_text(json.dumps(done, indent=1, default=str))
     if a.no_pack:

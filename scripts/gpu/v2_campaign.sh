@@ -1,28 +1,53 @@
-# Record dataset v2 (campaigns/h200_v2.toml) on the H200 in one device call and reduce it there:
-#   bash scripts/gpu/v2_campaign.sh RECORD_S [MAX_NORMAL]
-# Runs in eight lanes of two cores (scripts/gpu/campaign.py --lanes 8, co-located hogs in the lanes);
-# no run starts after RECORD_S seconds. Then `teller dataset build` writes data/h200_v2 there, and
-# $OUT gets: h200_v2.tar.NN (15 MiB parts), examples_v2.tar (the ex-* raw runs), runs_meta.tar
-# (labels, steps, iterations, requests, step labels of every run), the campaign log, env.txt (netns probe, GPU clocks).
+# Record one part of dataset v2 (campaigns/h200_v2.toml) on the H200 in one device call and reduce it there:
+#   bash scripts/gpu/v2_campaign.sh 1|2 [MAX_NORMAL]
+# then, here: teller dataset merge h200_v2_p1 h200_v2_p2 -o data/h200_v2 (docs/results.md).
+# Part 1: the two ex-* runs (one at a time), then 26 runs in eight lanes of two cores
+# (scripts/gpu/campaign.py --lanes 8; CPU hogs pinned to their lane's cores). Part 2: the
+# GPU-compute hogs alone (three lanes at once, windows at the same times), then the GPU
+# memory-bandwidth hogs alone, then 19 runs in the lanes: a GPU hog shares the one GPU with every
+# lane, so no run of another category is recorded beside it. Each phase has a time after which no run starts,
+# and is killed 120 s after it. Fault runs with too few fault-free steps of their own (KV
+# pressure) are relabelled against the fault-free run of their workload recorded in the same part.
+# $OUT gets: h200_v2_pN.tar.NN (15 MiB parts of the part's dataset), runs_meta_pN.tar (labels,
+# steps, iterations, requests, step labels of every run), examples_v2.tar (part 1: the ex-* raw
+# runs), the campaign log, env.txt (GPU clocks).
 set -o pipefail
-rec_s=${1:?usage: v2_campaign.sh RECORD_S [MAX_NORMAL]}
+part=${1:?usage: v2_campaign.sh 1|2 [MAX_NORMAL]}
 W=/tmp/v2
 mkdir -p $W
 source scripts/gpu/setup.sh
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONPATH=$PWD
 t0=$(date +%s)
-{ command -v ip > /dev/null || echo "netns: no ip command"; ip netns add teller-probe && ip netns exec teller-probe ip link set lo up && echo "netns: ok"; ip netns del teller-probe; } > $OUT/env.txt 2>&1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv >> $OUT/env.txt 2>&1
-# bounded twice: no run starts after RECORD_S, and the whole campaign is killed 150 s later (each
-# run also has its own hard deadline, teller.inject.campaign.HARD_DEADLINE_EXTRA_S)
-timeout --kill-after=20 $(( rec_s + 150 )) python3 scripts/gpu/campaign.py campaigns/h200_v2.toml $W/runs $W/out \
-  --lanes 8 --co-located-in-lanes --until $(( t0 + rec_s )) --no-pack --keep-raw ex-loop-stall ex-normal > $OUT/campaign.log 2>&1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv > $OUT/env.txt 2>&1
+nproc >> $OUT/env.txt
+phase() {  # phase NO_START_AFTER_S NAME...
+  local until=$(( t0 + $1 )); shift
+  local left=$(( until - $(date +%s) ))
+  [ $left -gt 0 ] || { echo "phase not started (time): $*"; return; }
+  timeout --kill-after=20 $(( left + 120 )) python3 scripts/gpu/campaign.py campaigns/h200_v2.toml $W/runs $W/out \
+    --lanes 8 --co-located-in-lanes --until $until --no-pack --keep-raw ex-loop-stall ex-normal --only "$@"
+  echo "phase rc $? after $(( $(date +%s) - t0 )) s: $*"
+}
+if [ "$part" = 1 ]; then
+  phase 290 ex-loop-stall ex-normal normal-a normal-b normal-c normal-tp-a straggler-rank-a straggler-rank-c \
+    throttled-collective-a throttled-collective-b netem-a targeted-op-delay-a targeted-op-delay-c \
+    host-cpu-contention-a host-cpu-contention-b host-cpu-contention-c kv-cache-pressure-a kv-cache-pressure-b kv-cache-pressure-c \
+    allocator-churn-a allocator-churn-b hidden-host-sync-a hidden-host-sync-c pageable-copies-a pageable-copies-b \
+    gil-contention-a delayed-admission-a scheduler-stall-a > $OUT/campaign.log 2>&1
+else
+  phase 10 gpu-compute-contention-a gpu-compute-contention-b gpu-compute-contention-c > $OUT/campaign.log 2>&1
+  phase 130 gpu-membw-hog-a gpu-membw-hog-b gpu-membw-hog-c >> $OUT/campaign.log 2>&1
+  phase 310 normal-d normal-tp-c straggler-rank-b throttled-collective-c targeted-op-delay-b allocator-churn-c \
+    hidden-host-sync-b pageable-copies-c gil-contention-b gil-contention-c delayed-admission-b delayed-admission-c \
+    scheduler-stall-b scheduler-stall-c loop-stall-a loop-stall-b loop-stall-c mixed-a mixed-c >> $OUT/campaign.log 2>&1
+fi
 echo "recorded after $(( $(date +%s) - t0 )) s: $(ls -d $W/runs/*-r0 | wc -l) runs"
-grep -h '"run_id"' $OUT/campaign.log | cut -c1-160 | tail -70
-tar cf $OUT/examples_v2.tar -C $W/out/reduced ex-loop-stall-r0 ex-normal-r0 2>/dev/null
-(cd $W/runs && tar cf $OUT/runs_meta.tar $(ls -d *-r0 | while read r; do for f in labels.json steps.parquet iterations.parquet requests.parquet step_labels.parquet reconstruct.json run.json; do [ -e $r/$f ] && echo $r/$f; done; done))
-rm -rf data/h200_v2
-timeout 150 python3 -m teller dataset build $(ls -d $W/runs/*-r0 | grep -v '/ex-') -o data/h200_v2 --max-normal ${2:-200} 2>&1 | tail -12
-du -sh data/h200_v2
-(cd data && tar cf - h200_v2 | split -b 15m -d - $OUT/h200_v2.tar.)
+grep -h '"run_id"\|relabelled\|phase' $OUT/campaign.log | cut -c1-170
+[ "$part" = 1 ] && tar cf $OUT/examples_v2.tar -C $W/out/reduced ex-loop-stall-r0 ex-normal-r0 2>/dev/null
+(cd $W/runs && tar cf $OUT/runs_meta_p$part.tar $(ls -d *-r0 | while read r; do for f in labels.json steps.parquet iterations.parquet requests.parquet step_labels.parquet reconstruct.json run.json; do [ -e $r/$f ] && echo $r/$f; done; done))
+ds=h200_v2_p$part
+rm -rf data/$ds
+timeout 150 python3 -m teller dataset build $(ls -d $W/runs/*-r0 | grep -v '/ex-') -o data/$ds --max-normal ${2:-150} 2>&1 | tail -12
+du -sh data/$ds
+(cd data && tar cf - $ds | split -b 15m -d - $OUT/$ds.tar.)
 ls -la $OUT; echo "done after $(( $(date +%s) - t0 )) s"
