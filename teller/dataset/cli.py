@@ -1,4 +1,4 @@
-"""``teller dataset build RUNS... -o DS``, ``teller dataset recode SRC -o DST``."""
+"""``teller dataset build RUNS... -o DS``, ``teller dataset merge DS... -o DS``, ``teller dataset recode SRC -o DST``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,32 @@ def build_cmd(
     err.print(f"steps: {s['steps']:,} of the {s['steps_recorded']:,} recorded kept ({s['abnormal_steps']:,} abnormal); "
               f"{escape(s['sampling']['rule'])}" if s.get("sampling") else
               f"steps: {s['steps']:,} of the {s['steps_recorded']:,} recorded kept ({s['abnormal_steps']:,} abnormal)")
+
+
+@dataset_app.command("merge")
+def merge_cmd(
+    parts: List[Path] = typer.Argument(..., help="Datasets written by `teller dataset build` from disjoint runs, in order."),
+    out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write (not one of the parts)."),
+    seed: int = typer.Option(None, "--seed", help="Seed of the splits (default: the parts' seed; needed when they differ)."),
+    force: bool = typer.Option(False, "--force", help="Replace the dataset folder DS if it already exists."),
+) -> None:
+    """Merge datasets built from parts of a campaign into the one a single build over all their runs writes."""
+    from rich.markup import escape
+
+    from teller.cliutil import console, fresh_dir, progress
+    from teller.dataset.merge import check_parts, merge_datasets
+    from teller.summary import n
+
+    err = console(stderr=True)
+    check_parts(list(parts), out)  # before fresh_dir: -o naming a part is refused, never replaced
+    with fresh_dir(out, force, kind="dataset", is_ours=lambda p: (p / "datasheet.json").is_file() or (p / "records.parquet").is_file()), \
+            progress(err) as bar:
+        task = bar.add_task("datasets", total=None)
+        s = merge_datasets(list(parts), out, seed=seed, progress=lambda done, total: bar.update(task, completed=done, total=total))
+    views = ", ".join(f"{k} {v:,}" for k, v in sorted(s["by_view"].items(), key=lambda kv: -kv[1]))
+    err.print(f"[green]merged[/] {n(len(parts), 'dataset')} into {escape(str(out))}: {n(s['records'], 'step record')} ({views}) "
+              f"from {n(len(s['runs']), 'run')}, {s['abnormal']:,} abnormal (fault prior {s['fault_prior']:.3f}); "
+              f"splits recomputed with seed {s['seed']}")
 
 
 @dataset_app.command("recode")
