@@ -91,6 +91,14 @@ def test_merge_equals_one_build_over_all_the_runs(built):
     for c in ("split_request", "split_run"):  # drawn over all the records, not part by part
         assert rec.column(c).to_pylist() != parts[0].column(c).to_pylist() + parts[1].column(c).to_pylist(), c
     assert rec.column("record_id").to_pylist() == list(range(rec.num_rows))
+    # two model shapes (the CPU runs' hidden 128, the H200 run's hidden 1024): the shape with fewer
+    # records is the workload-disjoint test, and only it
+    wl, sw = np.array(rec.column("workload").to_pylist()), np.array(rec.column("split_workload").to_pylist())
+    shapes, counts = np.unique(wl, return_counts=True)
+    assert sorted(shapes) == ["2 layers, hidden 1024", "2 layers, hidden 128"]
+    held = shapes[np.argmin(counts)]
+    assert set(sw[wl == held]) == {"test"} and "test" not in set(sw[wl != held])
+    assert json.loads((merged / "datasheet.json").read_text())["held_out_workloads"] == [held]
 
 
 def test_merge_refuses_overlapping_parts(built, tmp_path):

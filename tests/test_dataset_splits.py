@@ -26,3 +26,29 @@ def test_splits_invariants(rows, seed):
         if m in s["held_out_mechanisms"]:
             assert v == "test"
     assert s == assign_splits(run, req, mech, cat, seed)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 20), st.sampled_from(["2 layers", "4 layers", "8 layers"])),
+                min_size=1, max_size=200), st.integers(0, 5))
+def test_workload_split(rows, seed):
+    run = np.array([f"r{a}" for a, _, _ in rows], dtype=object)
+    req = np.array([f"q{b}" for _, b, _ in rows], dtype=object)
+    wl = np.array([w for _, _, w in rows], dtype=object)
+    mech = np.array([""] * len(rows), dtype=object)
+    s = assign_splits(run, req, mech, mech, seed, workload=wl)
+    shapes, counts = np.unique(wl.astype(str), return_counts=True)
+    if len(shapes) < 2:
+        assert "split_workload" not in s and s["held_out_workloads"] == []
+        return
+    main = shapes[int(np.argmax(counts))]
+    assert s["held_out_workloads"] == sorted(set(shapes) - {main})
+    sw, sr = np.array(s["split_workload"]), np.array(s["split_request"])
+    # every other shape is test, the trained shape never is; its records keep their request split (test → train)
+    assert (sw[wl != main] == "test").all()
+    assert (sw[wl == main] != "test").all()
+    assert (sw[(wl == main) & (sr == "val")] == "val").all()
+    assert (sw[(wl == main) & (sr != "val")] == "train").all()
+    # the other splits do not depend on the workloads
+    s0 = assign_splits(run, req, mech, mech, seed)
+    assert all(s[k] == s0[k] for k in ("split_request", "split_run", "split_mechanism"))

@@ -9,7 +9,8 @@ Writes, all Parquet (columnar, zstd):
   (every rank's step), step_num, rank, view, start_ns, end_ns, duration_ns, log_text (the
   step's aligned log lines that name this request or no request), is_anomaly, in_window,
   fault_type, mechanism, operator_labels, layer, explanation, effect_ms, ref_p99_ms,
-  run_status, provenance (JSON: run directory name, campaign, forest row range per rank, label rule),
+  run_status, workload (the served model's shape, :func:`workload_shape`), provenance (JSON: run
+  directory name, campaign, forest row range per rank, label rule),
   comm_edge_rows (rows of ``comm_edges.parquet``: for horizontal records the collectives
   matched between the record's ranks, i.e. each rank's COMM node and its peer's; for vertical
   records the edges touching the step),
@@ -92,6 +93,19 @@ def sample_steps(v: pa.Table, normal_every: int, max_normal: int | None = None) 
     return np.isin(num, keep_num) | (num % k == 0)
 
 
+def workload_shape(rd: RunDir, labels: dict[str, Any] | None) -> str:
+    """The served model's shape, as the ``workload`` column names it (``"2 layers, hidden 1024"``):
+    from run.json's ``model_config`` (what the recorder saw), else the campaign's workload spec in
+    labels.json (tensor-parallel workloads record no config of their own); "" when neither says."""
+    mc = rd.read_info().model_config or {}
+    wl = (labels or {}).get("workload") or {}
+    layers = mc.get("num_hidden_layers", wl.get("layers"))
+    hidden = mc.get("hidden_size", wl.get("hidden"))
+    if layers is None:
+        return ""
+    return f"{int(layers)} layers" + (f", hidden {int(hidden)}" if hidden is not None else "")
+
+
 def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1,
                  max_normal: int | None = None) -> dict[str, Any] | None:
     rd = RunDir(run)
@@ -136,7 +150,7 @@ def _run_records(run: Path, labels: dict[str, Any] | None, normal_every: int = 1
         "fault_type": v.column("fault_type"), "mechanism": v.column("mechanism"),
         "operator_labels": v.column("operator_labels"), "layer": v.column("layer"),
         "explanation": v.column("explanation"), "effect_ms": v.column("effect_ms"), "ref_p99_ms": v.column("ref_p99_ms"),
-        "run_status": [status] * n, "provenance": prov,
+        "run_status": [status] * n, "workload": [workload_shape(rd, labels)] * n, "provenance": prov,
     }
     vert = pa.table(rec)
     horiz = _horizontal(vert) if len(np.unique(v.column("rank").to_numpy())) > 1 else None

@@ -34,25 +34,30 @@ def _step_counts(records: pa.Table) -> dict[str, Any]:
 
 
 def write_datasheet(records: pa.Table, runs: list[dict[str, Any]], out: Path, seed: int = 0,
-                    held_out: list[str] | None = None, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+                    held_out: dict[str, list[str]] | None = None, sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``datasheet.json`` and ``datasheet.md``; returns the JSON dict."""
     ab = records.column("is_anomaly").to_pylist()
     n, na = records.num_rows, sum(bool(x) for x in ab)
+    held_out = held_out or {}
+    split_cols = [c for c in ("split_request", "split_run", "split_mechanism", "split_workload") if c in records.column_names]
     sheet: dict[str, Any] = {
         "records": n, "abnormal": na, "fault_prior": (na / n) if n else 0.0, "seed": seed,
         "by_view": _counts(records, "view"),
         "abnormal_by_category": _counts(records, "fault_type", ab),
         "abnormal_by_mechanism": _counts(records, "mechanism", ab),
-        "by_split": {s: _counts(records, s) for s in ("split_request", "split_run", "split_mechanism")},
-        "abnormal_by_split": {s: _counts(records, s, ab) for s in ("split_request", "split_run", "split_mechanism")},
+        "by_split": {s: _counts(records, s) for s in split_cols},
+        "abnormal_by_split": {s: _counts(records, s, ab) for s in split_cols},
         "requests": len(set(zip(records.column("run_id").to_pylist(), records.column("request_id").to_pylist(), strict=False))),
-        "runs": runs, "held_out_mechanisms": held_out or [],
+        "runs": runs, "held_out_mechanisms": held_out.get("mechanisms", []),
         "in_window_without_effect": int(sum(1 for a, w in zip(ab, records.column("in_window").to_pylist(), strict=False) if w and not a)),
         "tpe_fields": "null until a tokenizer is attached (teller.dataset.build.attach_tpe)",
     }
     cats = sheet["abnormal_by_category"]
     sheet["category_share_of_abnormal"] = {k: v / na for k, v in cats.items()} if na else {}
     sheet.update(_step_counts(records))
+    if "workload" in records.column_names:
+        sheet["by_workload"] = _counts(records, "workload")
+        sheet["held_out_workloads"] = held_out.get("workloads", [])
     sheet["sampling"] = sampling or {"normal_every": 1, "rule": "all steps"}
     sheet["steps_recorded"] = sum(int(r.get("steps", 0)) for r in runs)
     (out / "datasheet.json").write_text(json.dumps(sheet, indent=2, default=str))
@@ -69,10 +74,16 @@ def write_datasheet(records: pa.Table, runs: list[dict[str, Any]], out: Path, se
     lines += [f"| {k} | {v} | {v / sheet['abnormal_steps']:.2f} |" for k, v in sc.items()] if sc else ["| - | 0 | - |"]
     lines += ["", "| mechanism | abnormal records | abnormal steps |", "|---|---|---|"]
     lines += [f"| {k} | {v} | {sheet['abnormal_steps_by_mechanism'].get(k, 0)} |" for k, v in sheet["abnormal_by_mechanism"].items()]
-    for s in ("split_request", "split_run", "split_mechanism"):
+    if "by_workload" in sheet:
+        lines += ["", "| workload (model shape) | records |", "|---|---|"]
+        lines += [f"| {k or '(unknown)'} | {v} |" for k, v in sheet["by_workload"].items()]
+    for s in split_cols:
         lines += ["", f"| {s} | records | abnormal |", "|---|---|---|"]
         lines += [f"| {k} | {v} | {sheet['abnormal_by_split'][s].get(k, 0)} |" for k, v in sheet["by_split"][s].items()]
-    lines += ["", f"Held-out mechanisms (mechanism-disjoint test): {', '.join(held_out or []) or 'none'}.", "",
+    wl_line = ([f"Held-out workloads (workload-disjoint test): {', '.join(sheet['held_out_workloads']) or 'none'}.", ""]
+               if "split_workload" in records.column_names else [])
+    lines += ["", f"Held-out mechanisms (mechanism-disjoint test): {', '.join(sheet['held_out_mechanisms']) or 'none'}.", "",
+              *wl_line,
               "| run | status | steps recorded | steps kept | records | skipped faults |", "|---|---|---|---|---|---|"]
     for r in runs:
         sk = "; ".join(f"{x['mechanism']}: {x['reason']}" for x in r.get("skipped", []))

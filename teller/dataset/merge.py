@@ -38,7 +38,7 @@ from teller.dataset.splits import split_table
 from teller.errors import InputError, TellerError
 
 #: the records' columns a merge recomputes (the builder adds them after the runs' records)
-DERIVED = ("record_id", *TPE_FIELDS, "split_request", "split_run", "split_mechanism")
+DERIVED = ("record_id", *TPE_FIELDS, "split_request", "split_run", "split_mechanism", "split_workload")
 #: the tables concatenated as they are (each optional in a part)
 TABLES = ("logs", "comm_edges", "iterations")
 _NOT_A_DATASET = "give dataset folders written by `teller dataset build`"

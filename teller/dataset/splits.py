@@ -1,11 +1,15 @@
-"""Splits of the step records: request-disjoint 80/10/10, run-disjoint, mechanism-disjoint.
+"""Splits of the step records: request-disjoint 80/10/10, run-disjoint, mechanism-disjoint, workload-disjoint.
 
-All three are deterministic given the seed. ``split_request``: the (run, request) pairs are
+All are deterministic given the seed. ``split_request``: the (run, request) pairs are
 shuffled and cut 80/10/10, so every step of a request lands in one split (a request id such as
 ``req_3`` names a different request in every run). ``split_run``: whole runs, shuffled and cut
 80/10/10 (at least one run in test when there are three or more). ``split_mechanism``: for
 every category with two or more mechanisms one mechanism (drawn with the seed) is held out for
 test; records of the others, and normal records, follow their request split (val stays val).
+``split_workload`` (only when the runs served two or more model shapes, the ``workload`` column
+of :mod:`.build`): the shape with the most records is trained on (its records follow their
+request split, test folded into train), every other shape is test: a model trained on one model
+shape is scored on runs of another.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ def _cut(n: int, rng: np.random.Generator, fractions: tuple[float, float, float]
 
 
 def assign_splits(run_id: np.ndarray, request_id: np.ndarray, mechanism: np.ndarray, category: np.ndarray,
-                  seed: int = 0) -> dict[str, list[str]]:
-    """Split names per record for the three protocols (arrays of equal length)."""
+                  seed: int = 0, workload: np.ndarray | None = None) -> dict[str, list[str]]:
+    """Split names per record for the protocols (arrays of equal length); ``split_workload`` only
+    when ``workload`` holds two or more shapes. Also returns the held-out mechanisms and workloads."""
     names = np.array(SPLITS, dtype=object)
     key = np.char.add(np.char.add(run_id.astype(str), "\x1f"), request_id.astype(str))
     uk, inv = np.unique(key, return_inverse=True)
@@ -48,17 +53,30 @@ def assign_splits(run_id: np.ndarray, request_id: np.ndarray, mechanism: np.ndar
         if len(ms) >= 2:
             held.add(ms[int(rng.integers(len(ms)))])
     mcode = np.where(np.isin(mech, sorted(held)), 2, np.where(req == 2, 0, req)) if held else req.copy()
-    return {"split_request": names[req].tolist(), "split_run": names[run].tolist(),
-            "split_mechanism": names[mcode].tolist(), "held_out_mechanisms": sorted(held)}
+    out: dict[str, list[str]] = {"split_request": names[req].tolist(), "split_run": names[run].tolist(),
+                                 "split_mechanism": names[mcode].tolist()}
+    held_wl: list[str] = []
+    if workload is not None:
+        wl = workload.astype(str)
+        uw, counts = np.unique(wl, return_counts=True)
+        if len(uw) >= 2:
+            main = uw[int(np.argmax(counts))]  # the most records; ties: the first in sorted order
+            out["split_workload"] = names[np.where(wl == main, np.where(req == 2, 0, req), 2)].tolist()
+            held_wl = sorted(set(uw.tolist()) - {main})
+    out["held_out_mechanisms"], out["held_out_workloads"] = sorted(held), held_wl  # type: ignore[assignment]
+    return out
 
 
-def split_table(records: pa.Table, seed: int = 0) -> tuple[pa.Table, list[str]]:
-    """Add the three split columns to a records table; returns it and the held-out mechanisms."""
+def split_table(records: pa.Table, seed: int = 0) -> tuple[pa.Table, dict[str, list[str]]]:
+    """Add the split columns to a records table; returns it and what is held out
+    (``{"mechanisms": [...], "workloads": [...]}``)."""
+    wl = (np.asarray(records.column("workload").to_pylist(), dtype=object)
+          if "workload" in records.column_names else None)
     s = assign_splits(np.asarray(records.column("run_id").to_pylist(), dtype=object),
                       np.asarray(records.column("request_id").to_pylist(), dtype=object),
                       np.asarray(records.column("mechanism").to_pylist(), dtype=object),
-                      np.asarray(records.column("fault_type").to_pylist(), dtype=object), seed)
-    held = s.pop("held_out_mechanisms")
+                      np.asarray(records.column("fault_type").to_pylist(), dtype=object), seed, workload=wl)
+    held = {"mechanisms": s.pop("held_out_mechanisms"), "workloads": s.pop("held_out_workloads")}
     for k, v in s.items():
         records = records.append_column(k, pa.array(v, pa.string()).dictionary_encode())
     return records, held
