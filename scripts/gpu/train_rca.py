@@ -40,7 +40,7 @@ def main() -> int:
     ap.add_argument("--work", default="/tmp/rca_work")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--config", default="small")
-    ap.add_argument("--splits", nargs="+", default=["request", "run", "mechanism"])
+    ap.add_argument("--splits", nargs="+", default=["request", "run", "mechanism"], help="request run mechanism workload")
     ap.add_argument("--shares", nargs="+", type=float, default=[0.4, 0.3, 0.3],
                     help="share of the training time left for each split")
     ap.add_argument("--deadline-s", type=float, default=480.0, help="wall-clock budget of the whole script")

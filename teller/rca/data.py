@@ -59,7 +59,7 @@ from teller.errors import InputError, TellerError
 
 #: Fault classes of the fault head: index 0 is "no fault", then the dataset's five categories.
 FAULT_TYPES = ("normal", "communication", "kernel", "memory", "runtime", "scheduling")
-PROTOCOLS = ("request", "run", "mechanism")
+PROTOCOLS = ("request", "run", "mechanism", "workload")  # workload: only datasets of two or more model shapes
 SPLIT_PARTS = ("train", "val", "test")
 #: anchor priority of a node's layer (lower is more operator-like)
 _LAYER_PRIORITY = {"STEP": 0, "FE": 1, "OTHER": 1, "COMM": 1, "BE": 2}
@@ -113,7 +113,8 @@ class Units:
     def part(self, protocol: str, name: str) -> np.ndarray:
         """Indices of the units in part ``name`` of ``protocol``."""
         if protocol not in self.splits:
-            raise TellerError(f"--split {protocol}: expected one of {', '.join(PROTOCOLS)}")
+            why = (" (this dataset has one model shape, so no split_workload)" if protocol == "workload" else "")
+            raise TellerError(f"--split {protocol}: expected one of {', '.join(self.splits)}{why}")
         return np.flatnonzero(self.splits[protocol] == name)
 
 
@@ -143,7 +144,8 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
         missing = [c for c in _RECORD_COLUMNS if c not in have]
         if missing:
             raise InputError(p, f"lacks the columns {missing}", "rebuild it with `teller dataset build`")
-        records = pq.read_table(p, columns=_RECORD_COLUMNS, filters=[("run_id", "in", list(runs))] if runs else None)
+        cols = _RECORD_COLUMNS + (["split_workload"] if "split_workload" in have else [])
+        records = pq.read_table(p, columns=cols, filters=[("run_id", "in", list(runs))] if runs else None)
         if not records.num_rows:
             raise TellerError(f"{p}: no records" + (f" of the runs {list(runs)}" if runs else ""))
     t = records.sort_by("record_id")
@@ -192,7 +194,8 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
     ukeys = np.asarray(keys, dtype=object)[first]
     pick = np.asarray([zlib.crc32(k.encode()) for k in ukeys.tolist()], np.int64) % counts
     rep = by_unit[starts + pick]
-    splits = {p: np.asarray(t.column(f"split_{p}").cast(pa.string()).to_pylist(), dtype=object)[rep] for p in PROTOCOLS}
+    splits = {p: np.asarray(t.column(f"split_{p}").cast(pa.string()).to_pylist(), dtype=object)[rep]
+              for p in PROTOCOLS if f"split_{p}" in t.column_names}
     return Units(
         run_id=run[first], view=view[first], step_num=t.column("step_num").to_numpy()[first].astype(np.int64),
         step_ids=[s_val[s_off[i]:s_off[i + 1]].copy() for i in fi],
