@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from teller.inject import CATEGORY_TITLES  # noqa: E402
 from teller.rca.api import SHARD_BYTES, weight_files  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
 from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
@@ -36,13 +37,18 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     parts = weight_files(DEFAULT_MODEL / "model.safetensors")
     assert parts and all(f.stat().st_size <= SHARD_BYTES + (1 << 20) for f in parts)  # no file over the repo's bound
     assert res["model"]["variant"] in ("mot", "single")
+    assert res["model"]["dataset"] == "data/h200_v2" and res["model"]["split"] == "request"  # what it learnt from
     flagged = [s for s in res["steps"] if s["flag"]]
     assert flagged
     typed = [s for s in flagged if s.get("fault_type") and not s.get("model_says_normal")]
     # the fault window of this run is a targeted op delay on the MLP (labels.json)
     labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
-    assert any(w.get("mechanism") == "targeted_op_delay" for w in labels.get("windows", labels.get("faults", [])))
-    assert len(typed) >= 5 and {s["fault_type"] for s in typed} == {"kernel"}
+    (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
+    in_window = [s for s in typed if s["start_ns"] < win["end_tau_ns"] and s["end_ns"] > win["start_tau_ns"]]
+    outside = [s for s in typed if s not in in_window]
+    # the steps the delay slowed are typed kernel at the MLP; few typed steps lie outside the window
+    assert len(in_window) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
+    assert 2 * len(outside) < len(in_window)
     forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id"])
     step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
     for s in flagged:
@@ -50,11 +56,13 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
         for op in s.get("evidence_operators", []):
             assert step_of[op["node_id"]] == s["node_id"]  # a node of the step's own tree
     for s in typed:
-        assert "LlamaMLP" in " ".join(s["evidence_families"])
+        assert s["evidence_families"]
         assert 0.5 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= 0.5
         e = s["explanation"]
-        assert e.endswith(".") and len(e) < 600 and e.startswith("CUDA/kernel fault")
+        assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
         assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e and "measured:" in e
+    for s in in_window:
+        assert "LlamaMLP" in " ".join(s["evidence_families"]) and s["explanation"].startswith("CUDA/kernel fault")
     json.dumps(res)  # JSON-safe
 
 

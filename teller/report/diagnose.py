@@ -261,7 +261,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 # ------------------------------------------------------------------------------------------------
 # the root-cause model
 
-#: the model shipped with the package (trained on data/h200_v1's request split; docs/results.md)
+#: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "rca" / "default"
 
 
