@@ -1,14 +1,19 @@
 """The numeric stage (GMM localizer, teller/localize/) on the labelled H200 dataset, from the dataset alone.
 
-    python benchmarks/eval_localize_h200.py                      # data/h200_v1 → benchmarks/results/localize_h200.json
-    python benchmarks/eval_localize_h200.py --ds DS --out FILE
+    python benchmarks/eval_localize_h200.py                      # data/h200_v2 → benchmarks/results/localize_h200_v2.json
+    python benchmarks/eval_localize_h200.py --ds data/h200_v1 --out benchmarks/results/localize_h200.json
+    python benchmarks/eval_localize_h200.py --ds DS --out FILE [--campaign TOML] [--keep-warmup] [--no-variants]
 
 Vertical view only: one step = one rank's step, i.e. one ``(run_id, step_id)`` of
 ``records.parquet``; its request rows are collapsed (the labels are per step). The forest rows of
 every kept step come from the dataset's subtrees (``read_subtrees``); per run they are turned into the localizer's
-operator instances exactly as ``teller diagnose`` does on a run directory (``Forest`` →
-``step_blocks``: each subtree block one step, the rule "STEP ranges" → ``instance_features``), then all runs are concatenated
-(instance parents and steps renumbered).
+instances as ``teller diagnose`` does on a run directory: ``Forest`` → steps (the STEP nodes; a row
+belongs to the step whose STEP row has its ``step_idx``, so the schedule/update ranges and GAP rows
+of the engine iteration count with it) → ``instance_features`` over :data:`SCORED_LAYERS` (FE/BE/COMM,
+OTHER and STEP), with each step's batch (requests served, for the batch normalisation), its
+iteration columns (``iterations.parquet`` rows of the dataset, joined on ``(run_id, step_id)``;
+NaN where the dataset has none, as in ``data/h200_v1``) and the pageable-copy flag where the
+subtrees keep CUPTI memory kinds. All runs are then concatenated (instance parents and steps renumbered).
 
 The estimator models normal operation (a one-class reference, docs/design.md §6): it is fitted on the
 NORMAL steps (``is_anomaly`` false) of the train side only, with its default hyper-parameters,
@@ -22,10 +27,15 @@ nothing tuned. Protocols (train side → scored steps):
 - ``split_run``: whole runs; a step's records share one split.
 - ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs, as
   ``teller diagnose --reference`` is meant to be used.
+- ``split_workload`` (when the campaign spec gives runs of more than one model depth, as
+  ``campaigns/h200_v2.toml``: repetitions a/b 2 decoder layers, c 4): fitted on the runs of the
+  shallowest model, every step of the other runs scored. Skipped when the spec is absent or has one depth.
 - ``split_request_first_record`` (a variant): a step takes the split of its first record.
 
-Reference variants (``reference_variants`` in the JSON; ``--no-variants`` skips them): all normal
-train steps, without the labeller's warm-up steps, outside fault windows, fault-free runs only.
+The reference is the normal train steps without warm-up steps, as ``teller diagnose`` leaves them
+out (``iterations.parquet``'s ``warmup`` column where the dataset has one, else the labeller's rule;
+``--keep-warmup`` keeps them). Reference variants (``reference_variants`` in the JSON;
+``--no-variants`` skips them): with warm-up steps, outside fault windows, fault-free runs only.
 
 Predictions per step: flagged or not (the step score reaches ``step_threshold``) and, when
 flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evaluate`` reads a
@@ -44,6 +54,7 @@ import argparse
 import json
 import resource
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +65,18 @@ import pyarrow.parquet as pq
 
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
+from teller.evaluate.scores import auroc
 from teller.forest import Forest, family_names, step_blocks
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
+    ITER_FEATURES,
+    SCORED_LAYERS,
     Instances,
     instance_features,
+    iteration_matrix,
 )
+from teller.rundir import LAYER_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("communication", "kernel", "memory", "runtime", "scheduling")
@@ -123,6 +139,29 @@ def load_steps(ds: Path) -> dict[str, Any]:
     warm_req = np.char.startswith(_str(t.column("request_id")).astype(str), "warmup_")
     only_warm = np.bincount(inv, weights=warm_req, minlength=n) == np.bincount(inv, minlength=n)
     steps["warmup"] = only_warm | (steps["step_num"] < 2)
+    steps["warmup_rule"] = "labeller (warm-up requests only, first two steps)"
+    steps["iter"] = np.full((n, len(ITER_FEATURES)), np.nan)
+    steps["batch"] = np.full(n, np.nan)
+    steps["iterations"] = 0
+    if (ds / "iterations.parquet").exists():
+        it = pq.read_table(ds / "iterations.parquet")
+        irun = _str(it.column("run_id")).astype(str)
+        g = np.clip(np.searchsorted(runs, irun), 0, len(runs) - 1)
+        k = g.astype(np.int64) << 40 | it.column("step_id").to_numpy().astype(np.int64)
+        pos = np.clip(np.searchsorted(ukey, k), 0, n - 1)
+        hit = (runs[g] == irun) & (ukey[pos] == k)
+        mat = iteration_matrix(it)
+        steps["iter"][pos[hit]] = mat[hit]
+        nreq = it.column("n_requests").to_numpy(zero_copy_only=False).astype(np.float64)
+        steps["batch"][pos[hit]] = np.where(nreq > 0, nreq, np.nan)[hit]
+        warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
+        has = np.zeros(n, bool)
+        has[pos[hit]] = True
+        w = steps["warmup"].copy()
+        w[pos[hit]] = warm[hit]
+        steps["warmup"] = w
+        steps["iterations"] = int(has.sum())
+        steps["warmup_rule"] = "iterations.parquet warmup column (the labeller's rule where a step has no row)"
     return steps
 
 
@@ -130,8 +169,45 @@ def load_steps(ds: Path) -> dict[str, Any]:
 # instances of every step, from the dataset's subtrees
 
 
-def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str, Any]]:
-    """Operator instances of all kept steps; ``step`` indexes ``steps`` (-1: outside a kept step)."""
+def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of a dataset forest as ``teller diagnose`` sees them: one per STEP node, holding every
+    row with the STEP row's ``step_idx`` (the engine iteration: schedule/update ranges and GAP rows
+    beside the STEP subtree); rows of forests without ``step_idx`` fall back to ``step_blocks``.
+    Returns the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
+    step_of_row, ids = step_blocks(fa)
+    if "step_idx" not in fa.table.column_names or not len(ids):
+        return step_of_row, ids
+    sidx = fa.table.column("step_idx").to_numpy(zero_copy_only=False).astype(np.int64)
+    srow = np.flatnonzero(fa.layer == LAYER_CODE["STEP"])
+    srow = srow[np.argsort(fa.node_id[srow], kind="stable")]
+    key = sidx[srow]
+    if (key < 0).any() or len(np.unique(key)) != len(key):
+        return step_of_row, ids  # no usable step_idx: the STEP subtrees alone
+    o = np.argsort(key)
+    pos = np.clip(np.searchsorted(key[o], sidx), 0, len(key) - 1)
+    hit = (sidx >= 0) & (key[o][pos] == sidx)
+    return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
+
+
+def _pageable(fa: Forest, args: pa.ChunkedArray | None) -> np.ndarray | None:
+    """Per row: a copy from or to pageable host memory (CUPTI memory kinds in ``args``), or None
+    when the subtrees keep no memory kinds (as :func:`teller.localize.features.pageable_rows`)."""
+    if args is None:
+        return None
+    col = args.combine_chunks() if isinstance(args, pa.ChunkedArray) else args
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col.cast(pa.string()))
+    vals = [v or "" for v in col.dictionary.to_pylist()]
+    codes = col.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
+    has = np.array([("src_kind" in v) for v in vals] + [False])[codes]
+    mem = fa.kind_or_layer("MEMCPY", "MEM")
+    if not (has & mem).any():
+        return None
+    return np.array([("Pageable" in v) for v in vals] + [False])[codes] & mem
+
+
+def load_instances(ds: Path, steps: dict[str, Any], layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
+    """Instances of all kept steps; ``step`` indexes ``steps`` (-1: outside a kept step)."""
     t0 = time.perf_counter()
     sub = read_subtrees(ds)
     t_read = time.perf_counter() - t0
@@ -146,6 +222,7 @@ def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str
     parts: list[Instances] = []
     fam_sets: list[list[str]] = []
     missing_steps = 0
+    pageable_runs = 0
     rules: set[str] = set()
     for r, name in enumerate(rdict.tolist()):  # runs: 50
         rows = order[bounds[r]:bounds[r + 1]]
@@ -154,18 +231,28 @@ def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str
         g = int(np.searchsorted(runs, name))
         if g >= len(runs) or runs[g] != name:
             continue  # a run without vertical records
-        fa = Forest.from_table(sub.take(pa.array(rows)).drop_columns(["run_id"]))
-        step_of_row, step_node = step_blocks(fa)
-        rules.add("STEP ranges")
-        inst = instance_features(fa, step_of_row, INSTANCE_LAYERS)
+        part = sub.take(pa.array(rows))
+        args = part.column("args") if "args" in part.column_names else None
+        fa = Forest.from_table(part.drop_columns([c for c in ("run_id", "args") if c in part.column_names]))
+        del part
+        step_of_row, step_node = _iteration_blocks(fa)
+        rules.add("STEP ranges (rows by step_idx)" if "step_idx" in fa.table.column_names else "STEP ranges")
         # step index → global step index via the STEP node id
         k = np.int64(g) << 40 | step_node
         pos = np.clip(np.searchsorted(key_steps, k, sorter=korder), 0, len(korder) - 1)
         hit = key_steps[korder[pos]] == k
         gstep = np.where(hit, korder[pos], -1)
         missing_steps += int((~hit).sum())
+        gs = np.maximum(gstep, 0)
+        batch = np.where(hit, steps["batch"][gs], np.nan)
+        if np.isnan(batch).all():
+            batch = np.where(hit, steps["requests"][gs].astype(np.float64), np.nan)  # no iterations: request rows
+        it = np.where(hit[:, None], steps["iter"][gs], np.nan)
+        pg = _pageable(fa, args)
+        pageable_runs += pg is not None
+        inst = instance_features(fa, step_of_row, layers, step_batch=batch, step_iter=it, pageable=pg)
         step = np.where(inst.step >= 0, gstep[np.maximum(inst.step, 0)], -1)
-        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers))
+        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers, inst.batch))
         fam_sets.append(inst.families)
         del fa
     families = sorted({f for fs in fam_sets for f in fs})
@@ -179,12 +266,16 @@ def load_instances(ds: Path, steps: dict[str, Any]) -> tuple[Instances, dict[str
         step=np.concatenate([p.step for p in parts]),
         X=np.concatenate([p.X for p in parts]),
         parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)]),
-        layers=INSTANCE_LAYERS,
+        layers=tuple(layers),
+        batch=np.concatenate([p.batch for p in parts]),
     )
     covered = np.zeros(len(key_steps), bool)
     covered[inst.step[inst.step >= 0]] = True
     info = {"forest_rows": int(sub.num_rows), "instances": int(inst.n), "instances_outside_kept_steps": int((inst.step < 0).sum()),
-            "families": len(families), "step_rules": sorted(rules), "step_nodes_without_records": missing_steps,
+            "families": len(families), "layers": list(layers), "step_rules": sorted(rules),
+            "runs_with_memory_kinds": int(pageable_runs), "steps_with_iterations": int(steps["iterations"]),
+            "instances_per_layer": {x: int((np.char.startswith(np.asarray(families, dtype=str), f"{x} ")
+                                            | (np.asarray(families, dtype=str) == x))[inst.family].sum()) for x in layers}, "step_nodes_without_records": missing_steps,
             "steps_without_instances": int((~covered).sum()), "read_s": round(t_read, 2),
             "features_s": round(time.perf_counter() - t0 - t_read, 2)}
     return inst, info
@@ -236,7 +327,8 @@ def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit
     the candidates lifted to label granularity (the suspects' :func:`lifted_families`)."""
     t0 = time.perf_counter()
     fit_rows = _mask_rows(inst, fit_steps)
-    est = GMMLocalizer().fit(inst.X[fit_rows], families=inst.family_of()[fit_rows], groups=inst.step[fit_rows])
+    est = GMMLocalizer().fit(inst.X[fit_rows], families=inst.family_of()[fit_rows], groups=inst.step[fit_rows],
+                             batch=None if inst.batch is None else inst.batch[fit_rows])
     t_fit = time.perf_counter() - t0
     ref = localize(est, inst.subset(fit_rows))  # in-sample flag rate (fit_localizer's reference_steps_flagged)
     ref_flagged = int(ref.steps.flag.sum())
@@ -262,6 +354,26 @@ def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit
             "seconds": {"fit": round(t_fit, 2), "localize": round(t_loc, 2)}}
 
 
+def _auroc(truth: np.ndarray, score: np.ndarray) -> float | None:
+    """AUROC of the step score (steps without instances score below every scored step)."""
+    s = np.asarray(score, np.float64).copy()
+    fin = np.isfinite(s)
+    s[~fin] = (s[fin].min() - 1.0) if fin.any() else 0.0
+    if truth.all() or not truth.any():
+        return None
+    return float(auroc(truth, s))
+
+
+def run_layers(campaign: Path | None) -> dict[str, int]:
+    """Decoder layers of every run of a campaign spec (``[workload] layers``, a run's
+    ``workload = {layers = N}`` overriding it), keyed by the run name; {} without a spec."""
+    if campaign is None or not campaign.exists():
+        return {}
+    spec = tomllib.loads(campaign.read_text())
+    base = int(spec.get("workload", {}).get("layers", 0))
+    return {r["name"]: int(r.get("workload", {}).get("layers", base)) for r in spec.get("runs", [])}
+
+
 def summarize(name: str, steps: dict[str, Any], test_steps: np.ndarray, r: dict[str, Any], detail: bool = True) -> dict[str, Any]:
     flag, pred, pred_lifted = r["flag"], r["pred"], r["pred_lifted"]
     labels = steps["labels"]
@@ -274,7 +386,9 @@ def summarize(name: str, steps: dict[str, Any], test_steps: np.ndarray, r: dict[
         "test_steps": int(test_steps.sum()), "test_abnormal": int(sel_ab.sum()),
         "test_requests_per_step_median": float(np.median(steps["requests"][test_steps])) if test_steps.any() else None,
         "test_steps_without_instances": int((test_steps & ~np.isfinite(r["score"])).sum()),
-        "step": step_metrics(ab[test_steps], flag[test_steps]),
+        "step": {**step_metrics(ab[test_steps], flag[test_steps]), "auroc": _auroc(ab[test_steps], r["score"][test_steps])},
+        "normal_flagged": {"steps": int((test_steps & ~ab).sum()), "flagged": int((test_steps & ~ab & flag).sum()),
+                           "rate": float((test_steps & ~ab & flag).sum() / max(int((test_steps & ~ab).sum()), 1))},
         "operator": _ops_metrics(labels, pred, test_steps),
         "operator_lifted": _ops_metrics(labels, pred_lifted, test_steps),
         "recall_per_category": {c: float((sel_ab & (steps["fault_type"] == c) & flag).sum() / m)
@@ -319,11 +433,19 @@ def summarize(name: str, steps: dict[str, Any], test_steps: np.ndarray, r: dict[
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ds", default=str(ROOT / "data" / "h200_v1"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "localize_h200.json"))
+    ap.add_argument("--ds", default=str(ROOT / "data" / "h200_v2"))
+    ap.add_argument("--out", default=None, help="results JSON (default benchmarks/results/localize_<dataset name>.json)")
+    ap.add_argument("--campaign", default=None,
+                    help="campaign spec giving each run's model depth, for split_workload (default campaigns/<dataset name>.toml)")
+    ap.add_argument("--keep-warmup", action="store_true", help="keep warm-up steps in the reference (teller diagnose --keep-warmup)")
+    ap.add_argument("--eval-split", choices=("test", "val"), default="test",
+                    help="score the request/run splits' val side instead of test (for choosing changes)")
+    ap.add_argument("--protocols", default=None, help="comma-separated subset of the protocols (default all)")
     ap.add_argument("--no-variants", action="store_true", help="skip the reference-set variants")
     a = ap.parse_args(argv)
     ds = Path(a.ds)
+    out_path = Path(a.out) if a.out else ROOT / "benchmarks" / "results" / f"localize_{ds.name}.json"
+    campaign = Path(a.campaign) if a.campaign else ROOT / "campaigns" / f"{ds.name}.toml"
     w0, c0 = time.perf_counter(), time.process_time()
     steps = load_steps(ds)
     t_steps = time.perf_counter() - w0
@@ -331,34 +453,56 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lifted = lifted_families(inst)
     sp = steps["split"]
     normal = ~steps["is_anomaly"]
-    fault_free = np.isin(steps["runs"][steps["run_code"]], [r for r in steps["runs"].tolist() if r.startswith("normal-")])
+    run_of_step = steps["runs"][steps["run_code"]]
+    fault_free = np.isin(run_of_step, [r for r in steps["runs"].tolist() if r.startswith("normal-")])
+    ev = a.eval_split
     req = sp["split_request"]
     first = req["first"]
     # name: (train steps, test steps, main row); the reference is the train steps' normal ones
     protocols = {
         # every step holding a test request is test (every test record is scored); the reference is
         # the steps holding no test request: mostly small batches, since a big batch almost always holds one
-        "split_request": (req["train"] & ~req["test"], req["test"], True),
-        "split_run": (sp["split_run"]["train"], sp["split_run"]["test"], True),
+        "split_request": (req["train"] & ~req["test"] & ~req["val"] if ev == "val" else req["train"] & ~req["test"], req[ev], True),
+        "split_run": (sp["split_run"]["train"], sp["split_run"][ev], True),
         # a normal reference recorded apart (the fault-free runs), every step of the other runs scored
         "fault_free_reference": (fault_free, ~fault_free, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
         # decide the split of many consecutive steps
-        "split_request_first_record": (first == "train", first == "test", False),
+        "split_request_first_record": (first == "train", first == ev, False),
     }
+    layers_of = run_layers(campaign)
+    depth = np.array([layers_of.get(r.rsplit("-r", 1)[0], 0) for r in run_of_step.tolist()], np.int64)
+    depths = sorted(set(depth[depth > 0].tolist()))
+    workload = None
+    if len(depths) > 1 and (depth > 0).all():
+        # train on the runs of the shallowest model, score every step of the deeper ones
+        protocols["split_workload"] = (depth == depths[0], depth != depths[0], True)
+        workload = {"campaign": str(campaign.relative_to(ROOT) if campaign.is_relative_to(ROOT) else campaign),
+                    "train_layers": depths[0], "test_layers": depths[1:],
+                    "runs_per_layers": {int(d): sorted({r for r, x in zip(run_of_step.tolist(), depth.tolist(), strict=True) if x == d})
+                                        for d in depths}}
+    if a.protocols:
+        want = a.protocols.split(",")
+        unknown = sorted(set(want) - set(protocols))
+        if unknown:
+            raise SystemExit(f"--protocols: unknown {unknown}; choose from {sorted(protocols)}")
+        protocols = {k: v for k, v in protocols.items() if k in want}
+    base = normal if a.keep_warmup else normal & ~steps["warmup"]
+    base_name = "normal train steps" + ("" if a.keep_warmup else ", warm-up out")
     refs = {
-        "normal train steps": normal,
-        "without warm-up steps": normal & ~steps["warmup"],
-        "outside fault windows": normal & ~steps["in_window"],
-        "fault-free runs only": normal & fault_free,
+        base_name: base,
+        "normal train steps, warm-up kept" if not a.keep_warmup else "normal train steps, warm-up out":
+            normal if not a.keep_warmup else normal & ~steps["warmup"],
+        "outside fault windows": base & ~steps["in_window"],
+        "fault-free runs only": base & fault_free,
     }
     main_rows, variants = {}, []
     for pname, (train, test, is_main) in protocols.items():
         for rname, ref in refs.items():
-            if rname != "normal train steps" and (a.no_variants or pname == "fault_free_reference" and rname != "without warm-up steps"):
+            if rname != base_name and (a.no_variants or pname in ("fault_free_reference", "split_workload")):
                 continue
             r = run_protocol(steps, inst, lifted, train & ref, test)
-            if is_main and rname == "normal train steps":
+            if is_main and rname == base_name:
                 main_rows[pname] = summarize(pname, steps, test, r)
             variants.append({"reference": rname, **summarize(pname, steps, test, r, detail=False)})
     out = {
@@ -367,8 +511,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": int(len(steps["step_id"])), "records": steps["records"],
         "abnormal_steps": int(steps["is_anomaly"].sum()),
         "labels_renamed_by_family_names": steps["labels_renamed"],
-        "fit": "GMMLocalizer() defaults, fitted on the normal steps (is_anomaly false) of the train split: "
-               "a one-class reference of normal operation",
+        "fit": "GMMLocalizer() defaults, fitted on the normal steps (is_anomaly false) of the train split "
+               f"({base_name}): a one-class reference of normal operation, batch-normalised",
+        "eval_split": ev,
+        "warmup_rule": steps["warmup_rule"],
+        "split_workload": workload,
         "instances": info,
         "protocols": main_rows,
         "reference_variants": variants,
@@ -376,18 +523,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "total_cpu": round(time.process_time() - c0, 1)},
         "peak_rss_mib": round(_peak_mib(), 0),
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w") as fh:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "w") as fh:
         json.dump(out, fh, indent=1)
     for v in variants:
         s, op, ol = v["step"], v["operator"], v["operator_lifted"]
         print(f"{v['protocol']:26s} {v['reference']:22s} fit {v['fit_steps']:4d} test {v['test_steps']:4d} ({v['test_abnormal']:4d} abn): "
-              f"step P {s['precision']:.2f} R {s['recall']:.2f} F1 {s['f1']:.2f} | op M+ P {op['macro_plus_precision']:.2f} "
+              f"step P {s['precision']:.2f} R {s['recall']:.2f} F1 {s['f1']:.2f} AUROC {s['auroc'] or float('nan'):.3f} "
+              f"normal flagged {v['normal_flagged']['rate']:.3f} | op M+ P {op['macro_plus_precision']:.2f} "
               f"R {op['macro_plus_recall']:.2f} F1 {op['macro_plus_f1']:.2f} J {op['macro_plus_jaccard']:.2f} | lifted F1 "
               f"{ol['macro_plus_f1']:.2f} | " + " ".join(f"{k[:4]} {x:.2f}" for k, x in v["recall_per_category"].items()))
     for v in main_rows.values():
         print(f"{v['protocol']}: per mechanism recall " + ", ".join(f"{k} {x['flagged']}/{x['abnormal']}" for k, x in v["per_mechanism"].items()))
-    print(f"total {out['seconds']['total_wall']} s wall, {out['seconds']['total_cpu']} s CPU, peak RSS {out['peak_rss_mib']:.0f} MiB -> {a.out}")
+    print(f"total {out['seconds']['total_wall']} s wall, {out['seconds']['total_cpu']} s CPU, peak RSS {out['peak_rss_mib']:.0f} MiB -> {out_path}")
     return out
 
 
