@@ -39,6 +39,7 @@ from teller.rca.text import (
     EXPL,
     NO,
     OPS,
+    PAD,
     SEP,
     SPECIALS,
     TYPE,
@@ -227,6 +228,37 @@ class RCA:
                     still.append(r)
             active = still
 
+    def _decode_cached(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], choose) -> None:
+        """What :meth:`_decode` does, for the MoT model and one token per turn, with its key/value
+        cache (:meth:`teller.rca.model.MoTModel.extend`): the prompt and trace are run once, then
+        each new token costs one position instead of the whole sequence. The rows start with
+        targets of one length; a finished row is fed padding until every row is done."""
+        from teller.rca.model import KVCache
+
+        if len({len(t) for t in targets}) != 1:
+            return self._decode(prep, idx, targets, choose)
+        cache = KVCache()
+        p, pv = prompt_batch(prep, idx, self.device)
+        tr = trace_batch(prep, idx, self.device)
+        t, tv = target_batch([np.asarray(x, np.int64) for x in targets], self.device)
+        with self._amp():
+            logits = self.net(p, pv, tr, t, tv, cache=cache)["lm"][:, -1].float().cpu().numpy()
+        done = [False] * len(idx)
+        for _ in range(self.cfg.max_expl_tokens + self.cfg.max_ops_tokens + 16):
+            nxt = []
+            for r in range(len(idx)):
+                add = None if done[r] else choose(r, logits[r])
+                if add and len(add) != 1:
+                    raise ValueError("cached decoding appends one token per turn")
+                if add:
+                    targets[r].extend(add)
+                done[r] = not add
+                nxt.append(add[0] if add else PAD)
+            if all(done):
+                break
+            with self._amp():
+                logits = self.net.extend(cache, torch.tensor(nxt, dtype=torch.long, device=self.device)).cpu().numpy()
+
     def _free_token(self, logits: np.ndarray, history: list[int], no_repeat: int = 3) -> int:
         """Greedy explanation token: no special token but <eos>, no repeated ``no_repeat``-gram
         (a small model's loops), <eos> at the length bound."""
@@ -278,7 +310,7 @@ class RCA:
                     t = self._free_token(logits, sub_t[r][1:])
                     return None if t == EOS else [t]
 
-                self._decode(prep, idx[rows], sub_t, choose)
+                self._decode_cached(prep, idx[rows], sub_t, choose)
                 for k, t in zip(rows, sub_t, strict=True):
                     targets[k] = t
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)

@@ -31,6 +31,7 @@ SDPA attention functions of transformers accept, in 5.17 and 5.24 alike.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -211,7 +212,10 @@ class MoTModel(nn.Module):
         self.op_head = nn.Linear(H, 1)
 
     def forward(self, prompt: torch.Tensor, prompt_valid: torch.Tensor, trace: dict[str, torch.Tensor],
-                target: torch.Tensor, target_valid: torch.Tensor) -> dict[str, torch.Tensor]:
+                target: torch.Tensor, target_valid: torch.Tensor, cache: "KVCache | None" = None) -> dict[str, torch.Tensor]:
+        """The three heads over [prompt | trace | target]. With ``cache`` (decoding) every layer's
+        keys and values are kept in it, and ``cache.valid``/``cache.last_pos`` record the layout,
+        so :meth:`extend` can append target tokens one at a time."""
         base = self.lm.model
         emb = base.embed_tokens
         hp, ht, hy = emb(prompt), self.trace(trace["ids"], trace["depth"], trace["parent_off"], trace["dur"]), emb(target)
@@ -222,22 +226,72 @@ class MoTModel(nn.Module):
         pos = _positions(valid)
         pe = base.rotary_emb(h, pos)
         mask = _mask(valid, _mask_dtype(h))
+        kw = {} if cache is None else {_cache_kw(): cache}
         for i, lay in enumerate(base.layers):
             x = torch.cat([lay.input_layernorm(h[:, :P]), self.trace_ln1[i](h[:, P:P + T]),
                            lay.input_layernorm(h[:, P + T:])], 1)
-            a = lay.self_attn(x, position_embeddings=pe, attention_mask=mask)[0]  # shared by both streams
+            a = lay.self_attn(x, position_embeddings=pe, attention_mask=mask, **kw)[0]  # shared by both streams
             h = h + a
             hl = torch.cat([h[:, :P], h[:, P + T:]], 1)
             hl = hl + lay.mlp(lay.post_attention_layernorm(hl))
             htr = h[:, P:P + T]
             htr = htr + self.trace_mlp[i](self.trace_ln2[i](htr))
             h = torch.cat([hl[:, :P], htr, hl[:, P:]], 1)
+        if cache is not None:
+            cache.valid, cache.last_pos = valid, pos[:, -1]
         ht = self.trace_norm(h[:, P:P + T])
         tv = trace["valid"].to(ht.dtype)[..., None]
         pooled = (ht * tv).sum(1) / tv.sum(1).clamp(min=1.0)
         logits = self.lm.lm_head(base.norm(h[:, P + T:]))
         return {"fault": self.fault_head(pooled).float(), "ops": self.op_head(ht).squeeze(-1).float(),
                 "lm": logits.float()}
+
+    def extend(self, cache: "KVCache", token: torch.Tensor) -> torch.Tensor:
+        """Append one target token per row (``token``: (B,)) after :meth:`forward` filled
+        ``cache``; returns the next-token logits (B, V). The token only attends to the cached
+        positions (the prompt and trace states never depend on the target: the mask is causal and
+        they come first), so each new token costs one position instead of the whole sequence."""
+        base = self.lm.model
+        h = base.embed_tokens(token[:, None])
+        valid = torch.cat([cache.valid, torch.ones_like(cache.valid[:, :1])], 1)
+        pos = (cache.last_pos + 1)[:, None]
+        pe = base.rotary_emb(h, pos)
+        m = torch.zeros((valid.shape[0], 1, 1, valid.shape[1]), dtype=_mask_dtype(h), device=h.device)
+        m.masked_fill_(~valid[:, None, None, :], torch.finfo(m.dtype).min)
+        for lay in base.layers:  # the new token is in the log stream: the text branch's norms and MLP
+            h = h + lay.self_attn(lay.input_layernorm(h), position_embeddings=pe, attention_mask=m, **{_cache_kw(): cache})[0]
+            h = h + lay.mlp(lay.post_attention_layernorm(h))
+        cache.valid, cache.last_pos = valid, pos[:, 0]
+        return self.lm.lm_head(base.norm(h))[:, 0].float()
+
+
+class KVCache:
+    """Keys and values per decoder layer for :meth:`MoTModel.extend` (what the attention modules'
+    cache argument needs: ``update`` appends along the sequence and returns the whole)."""
+
+    def __init__(self) -> None:
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.valid: torch.Tensor | None = None
+        self.last_pos: torch.Tensor | None = None
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        if layer_idx in self.k:
+            key, value = torch.cat([self.k[layer_idx], key], 2), torch.cat([self.v[layer_idx], value], 2)
+        self.k[layer_idx], self.v[layer_idx] = key, value
+        return key, value
+
+
+@functools.cache
+def _cache_kw() -> str:
+    """The attention modules' name for the cache argument (``past_key_values`` until
+    transformers 5.2x renamed it ``cache``)."""
+    import inspect
+
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    return "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
+
 
 
 class SingleModel(nn.Module):
