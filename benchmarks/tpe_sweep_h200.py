@@ -114,9 +114,14 @@ def load_steps(subtrees: pa.Table, normalizer=None, duration: str = "self") -> S
     row = np.arange(len(nid), dtype=np.int64)
     # a step's rows are the block [step_id, step_id + size) of its run's forest: the parent of a
     # node is `node_id - parent_id` rows above it, inside the same block (its step's root has none);
-    # node ids of several runs collide, so the table is renumbered by row
-    inside = (par >= sid) & (nid != sid)
-    gpar = np.where(inside, row - (nid - par), -1)
+    # rows outside every step (step_id -1: schedule ranges and their calls, as data/h200_v2 keeps
+    # them) find their parent the same way; node ids of several runs collide, so the table is
+    # renumbered by row
+    up = row - (nid - par)
+    inside = (par >= 0) & (nid != sid) & (up >= 0) & (up < row)
+    idx = np.flatnonzero(inside)
+    inside[idx] = (nid[up[idx]] == par[idx]) & (rcode[up[idx]] == rcode[idx])
+    gpar = np.where(inside, up, -1)
     table = subtrees.set_column(subtrees.column_names.index("parent_id"), "parent_id", pa.array(gpar))
     table = table.set_column(table.column_names.index("node_id"), "node_id", pa.array(row))
     forest = Forest.from_table(table, path="subtrees")
