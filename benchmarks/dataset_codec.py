@@ -13,7 +13,12 @@ current format (``teller-subtrees/2``) to ``--out`` with :func:`teller.dataset.c
   below for a coder that models each name's distribution; low ``--floor-bits`` bits counted as
   uniform, as they measure to be).
 
+    git checkout 644acca -- data/h200_v1   # dataset v1, in git history
     python benchmarks/dataset_codec.py data/h200_v1 --out /tmp/h200_v1_v2 --json benchmarks/results/dataset_codec_h200_v1.json
+
+The figures in benchmarks/README.md and ``benchmarks/results/dataset_codec_h200_v1.json`` were
+measured on dataset v1 (``data/h200_v1``, no longer in the working tree); ``data/h200_v2`` is
+already in ``teller-subtrees/2``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Compact subtree storage: exact round trip on real forests and on the committed v1 dataset,
-edge cases of every transform, parts cut at steps, ``teller dataset recode``, and clear errors."""
+"""Compact subtree storage: exact round trip on real forests, on a committed part of data/h200_v2
+and on a file in the first format (tests/data/), edge cases of every transform, parts cut at steps,
+``teller dataset recode``, and clear errors."""
 
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ from teller.dataset.codec import (
 from teller.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
-V1 = ROOT / "data" / "h200_v1" / "subtrees"
+V2 = ROOT / "data" / "h200_v2" / "subtrees"
+#: format-1 file: the first 6,500 stored rows of part 7 of data/h200_v1 (which is in git history:
+#: ``git checkout 644acca -- data/h200_v1``), its dictionaries cut to the entries in use plus a few
+#: unused ones; it starts inside a step, holds two whole steps and ends inside a fourth
+V1_FILE = ROOT / "tests" / "data" / "subtrees_v1_part7_head.parquet"
+#: the same rows as read from the whole v1 part (dictionary columns as plain strings)
+V1_EXPECTED = ROOT / "tests" / "data" / "subtrees_v1_part7_head.expected.parquet"
 
 
 def _same(a: pa.Table, b: pa.Table) -> None:
@@ -53,25 +60,51 @@ def test_round_trip_on_a_real_h200_forest_is_exact_and_smaller(tmp_path):
     assert out.stat().st_size < 0.6 * plain.stat().st_size
 
 
-@pytest.mark.parametrize("part", ["part-00000.parquet", "part-00007.parquet"])
-def test_committed_v1_parts_re_encoded_read_back_the_same(part, tmp_path):
-    """Whole parts of data/h200_v1 (part 0 ends inside a step, part 7 starts inside one: their
-    parents, depths and sizes are partly outside the file) re-encoded in the current format."""
-    src = V1 / part
-    assert codec_of(src) == CODEC_V1
-    old = read_subtrees(src)
-    assert old.num_rows > 800_000
-    write_subtrees(old, tmp_path / part)
-    new = read_subtrees(tmp_path / part)
+def test_a_format_1_file_reads_back_the_rows_of_the_whole_part(tmp_path):
+    """A v1 file (parents, depths and sizes of its first and last step partly outside the file)
+    read through the format-1 path gives the rows the whole part gave; re-encoded in the current
+    format it reads back the same and is smaller."""
+    assert codec_of(V1_FILE) == CODEC_V1
+    assert pq.read_metadata(V1_FILE).num_rows == 6_500
+    old = read_subtrees(V1_FILE)
+    want = pq.read_table(V1_EXPECTED)
+    assert old.column_names == want.column_names
+    for c in old.column_names:
+        col = old.column(c)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        assert col.equals(want.column(c).cast(col.type)), c
+    par = old.column("parent_id").to_numpy()
+    roots = np.flatnonzero(par == -1)
+    assert len(roots) == 3 and roots[0] > 0  # starts inside a step, ends inside one
+    write_subtrees(old, tmp_path / "v2.parquet")
+    assert codec_of(tmp_path / "v2.parquet") == CODEC
+    new = read_subtrees(tmp_path / "v2.parquet")
     assert new.schema == old.schema
     assert differing_columns(old, new) == []
     for c in ("name", "layer", "kind", "run_id", "args", "corr_id", "depth", "size", "start_ns", "end_ns"):
         assert new.column(c).to_pylist() == old.column(c).to_pylist(), c
-    # smaller by a third at least (the measured sizes are in benchmarks/README.md)
-    assert (tmp_path / part).stat().st_size < 0.75 * src.stat().st_size
-    # dictionaries hold only the entries in use (v1 parts carried the whole dataset's)
-    stored = pq.read_table(tmp_path / part)
+    # smaller by a third at least (whole parts: benchmarks/README.md)
+    assert (tmp_path / "v2.parquet").stat().st_size < 0.75 * V1_FILE.stat().st_size
+    # dictionaries hold only the entries in use (the v1 file carries unused ones)
+    src = pq.read_table(V1_FILE)
+    stored = pq.read_table(tmp_path / "v2.parquet")
+    assert len(src.column("name").chunk(0).dictionary) > len(set(old.column("name").to_pylist()))
     assert len(stored.column("name.values").drop_null()) == len(set(old.column("name").to_pylist()))
+
+
+def test_committed_v2_part_re_encodes_to_the_same_rows_and_size(tmp_path):
+    """The smallest part of data/h200_v2, in the current format: read, written again and read back
+    value for value, at about the committed size (the writer is deterministic)."""
+    src = V2 / "part-00011.parquet"
+    assert codec_of(src) == CODEC
+    old = read_subtrees(src)
+    assert old.num_rows == pq.read_metadata(src).num_rows > 200_000
+    assert {"run_id", "step_id", "step_idx", "layer", "name", "start_ns", "end_ns"} <= set(old.column_names)
+    write_subtrees(old, tmp_path / src.name)
+    new = read_subtrees(tmp_path / src.name)
+    assert new.schema == old.schema and differing_columns(old, new) == []
+    assert abs((tmp_path / src.name).stat().st_size - src.stat().st_size) <= 0.02 * src.stat().st_size
 
 
 def test_nulls_negative_parents_and_unsorted_times_survive(tmp_path):
@@ -177,7 +210,7 @@ def test_recode_rewrites_a_v1_dataset_and_checks_it(tmp_path):
 
     src = tmp_path / "v1"
     (src / "subtrees").mkdir(parents=True)
-    shutil.copy(V1 / "part-00007.parquet", src / "subtrees" / "part-00000.parquet")
+    shutil.copy(V1_FILE, src / "subtrees" / "part-00000.parquet")
     (src / "datasheet.json").write_text("{}")
     dst = tmp_path / "v2"
     res = CliRunner().invoke(app, ["dataset", "recode", str(src), "-o", str(dst)])

@@ -1,5 +1,5 @@
 """teller evaluate: metrics against hand-computed cases, every classical method on a slice of
-data/h200_v1, and the command's outputs."""
+data/h200_v2, and the command's outputs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,8 +23,9 @@ from teller.evaluate.scores import (
     step_scores,
 )
 
-DS = Path(__file__).resolve().parent.parent / "data" / "h200_v1"
-PART = DS / "subtrees" / "part-00001.parquet"
+DS = Path(__file__).resolve().parent.parent / "data" / "h200_v2"
+#: three tensor-parallel runs with a straggler rank (both ranks in this part), a scheduler stall, a delayed operator
+PART = DS / "subtrees" / "part-00006.parquet"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ def test_bleu_hand_case():
 
 
 # ------------------------------------------------------------------------------------------------
-# a slice of data/h200_v1: the steps of one subtree part that lie wholly inside it
+# a slice of data/h200_v2: the steps of one subtree part that lie wholly inside it
 
 
 @pytest.fixture(scope="module")
@@ -158,15 +160,16 @@ def slice_ds(tmp_path_factory) -> Path:
     ids = rec.column("step_ids").to_pylist()
     runs = rec.column("run_id").to_pylist()
     ok &= np.array([all(f"{r}|{i}" in whole for i in lst) for r, lst in zip(runs, ids, strict=True)])
-    # keep a sample of the vertical steps per run (all horizontal ones: one small TP run)
+    # keep a sample of the vertical steps per run, every rank of the sampled steps of a TP run
     rng = np.random.default_rng(0)
+    tp_runs = set(pc.unique(rec.filter(pc.greater(rec.column("rank"), 0)).column("run_id")).to_pylist())
     vert = np.asarray(rec.column("view").to_pylist()) == "vertical"
     snum = rec.column("step_num").to_numpy()
     ab = rec.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     keep_keys = set()
     for r in sorted(set(np.asarray(runs)[ok & vert].tolist())):
         m = ok & vert & (np.asarray(runs) == r)
-        if "tp" in r:  # a tensor-parallel run: 20 abnormal and 20 other step numbers, every rank of each
+        if r in tp_runs:  # a tensor-parallel run: 20 abnormal and 20 other step numbers, every rank of each
             ab_nums = np.unique(snum[m & ab])
             other = np.setdiff1d(np.unique(snum[m]), ab_nums)
             nums = np.r_[rng.choice(ab_nums, min(20, len(ab_nums)), replace=False), rng.choice(other, 20, replace=False)]
@@ -320,3 +323,19 @@ def test_horizontal_view_joins_rank_steps(slice_ds):
     p = m.predict(h, idx)
     assert p.flag.any()
     assert all(every <= set(ops) for ops, fl in zip(p.operators, p.flag, strict=True) if fl)
+
+
+@pytest.mark.parametrize("name", ["rf", "xgb"])
+def test_operator_heads_give_one_column_per_family_even_for_one(name):
+    """A training set whose abnormal steps vary in one operator family only still gives one
+    probability column per family (a single-output model returns two class columns)."""
+    from teller.baselines import make
+
+    rng = np.random.default_rng(0)
+    X = rng.random((60, 4))
+    for k in (1, 3):
+        Y = (X[:, :k] > 0.5).astype(np.int64)
+        m = make(name, seed=0)
+        P = m._ops_proba(m._fit_ops(X, Y), X)
+        assert P.shape == (60, k)
+        assert ((P > 0.5) == Y.astype(bool)).mean() > 0.9  # the fitted steps are ranked as labelled

@@ -1,4 +1,4 @@
-"""The RCA models on a slice of data/h200_v1 (tiny config, CPU): inputs, training, schema
+"""The RCA models on a slice of data/h200_v2 (tiny config, CPU): inputs, training, schema
 projection, save/load, the CLI round trip."""
 
 from __future__ import annotations
@@ -20,15 +20,16 @@ from hypothesis import strategies as st  # noqa: E402
 from teller.rca.data import FAULT_TYPES, ReferenceStats, load_dataset, truncate_order  # noqa: E402
 from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v1"
-RUNS = ["ex-op-delay-r0", "ex-straggler-tp-r0"]
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v2"
+#: a run with a delayed operator, and a tensor-parallel run with a straggler rank (horizontal units)
+RUNS = ["targeted-op-delay-b-r0", "straggler-rank-b-r0"]
 
 
 @pytest.fixture(scope="module")
 def ds():
     torch.set_num_threads(1)
     if not (DATA / "records.parquet").is_file():
-        pytest.skip("data/h200_v1 is not in this checkout")
+        pytest.skip("data/h200_v2 is not in this checkout")
     return load_dataset(DATA, runs=RUNS, max_units=90, seed=1)
 
 
@@ -37,7 +38,7 @@ def trained(ds, tmp_path_factory):
     from teller.rca.train import train
 
     out = tmp_path_factory.mktemp("rca") / "mot"
-    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=4, max_steps=40, seed=0, progress=False,
+    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=5, max_steps=40, seed=0, progress=False,
               log=lambda m: None)
     return out, s
 
@@ -142,7 +143,7 @@ def test_save_load_gives_identical_predictions(trained, ds):
     # the checkpoint resumes: two more steps continue the step counter
     from teller.rca.train import train
 
-    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=4, max_steps=42, resume=True,
+    s = train(ds, out, variant="mot", split="request", config="tiny", epochs=5, max_steps=42, resume=True,
               progress=False, log=lambda m: None)
     assert s["steps"] == 42
 
@@ -206,10 +207,10 @@ def test_cli_train_predict_round_trip(tmp_path, ds):
 
     small = tmp_path / "ds"
     small.mkdir()
-    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", ["ex-op-delay-r0"])])
+    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [RUNS[0]])])
     rec = rec.filter(pc.less(rec.column("step_num"), 30))
     pq.write_table(rec, small / "records.parquet")
-    sub = read_steps(DATA, ["ex-op-delay-r0"])
+    sub = read_steps(DATA, [RUNS[0]])
     sub = sub.filter(pc.is_in(sub.column("step_id"), value_set=pa.array(np.unique(rec.column("step_id").to_numpy()))))
     write_subtree_parts(sub, small / "subtrees")
     model = tmp_path / "m"

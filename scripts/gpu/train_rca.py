@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", choices=("mot", "single"), required=True)
-    ap.add_argument("--data", default=str(REPO / "data" / "h200_v1"))
+    ap.add_argument("--data", default=str(REPO / "data" / "h200_v2"))
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
     ap.add_argument("--work", default="/tmp/rca_work")
     ap.add_argument("--device", default="cuda")

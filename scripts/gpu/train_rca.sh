@@ -1,7 +1,7 @@
 # Train and evaluate one RCA variant on the H200 (one device call of under 10 minutes):
 #   bash scripts/gpu/train_rca.sh mot      then      bash scripts/gpu/train_rca.sh single
 # Needs nothing beyond the GPU image (torch, transformers, tokenizers, safetensors, pyarrow,
-# scikit-learn are there) and data/h200_v1 in the tree. Results: $OUT/metrics_VARIANT.json,
+# scikit-learn are there) and data/h200_v2 in the tree. Results: $OUT/metrics_VARIANT.json,
 # $OUT/rca_VARIANT.tar (the request split's model), $OUT/train_VARIANT.log.
 set -o pipefail
 variant=${1:?usage: train_rca.sh mot|single [deadline seconds]}

@@ -345,10 +345,11 @@ class _RF(_Supervised):
         return RandomForestClassifier(n_estimators=200, class_weight="balanced", n_jobs=1, random_state=self.seed)
 
     def _fit_ops(self, X: np.ndarray, Y: np.ndarray) -> Any:
-        return self._model(Y).fit(X, Y)  # one multi-output forest for every family
+        return self._model(Y).fit(X, Y if Y.shape[1] > 1 else Y.ravel())  # one multi-output forest for every family
 
     def _ops_proba(self, head: Any, X: np.ndarray) -> np.ndarray:
-        return np.column_stack([p[:, 1] for p in head.predict_proba(X)])
+        proba = head.predict_proba(X)  # one (n, 2) array when a single family is fitted, else one per family
+        return np.column_stack([p[:, 1] for p in (proba if isinstance(proba, list) else [proba])])
 
 
 class _XGB(_Supervised):
@@ -365,10 +366,12 @@ class _XGB(_Supervised):
                              n_jobs=1, random_state=self.seed, verbosity=0, **kw)
 
     def _fit_ops(self, X: np.ndarray, Y: np.ndarray) -> Any:
+        self.n_ops_ = Y.shape[1]  # one family: a binary model, whose probabilities have two columns
         return self._model(np.zeros(1), multiclass=True).fit(X, Y)  # XGBoost's own multi-label mode
 
     def _ops_proba(self, head: Any, X: np.ndarray) -> np.ndarray:
-        return np.asarray(head.predict_proba(X)).reshape(len(X), -1)
+        p = np.asarray(head.predict_proba(X)).reshape(len(X), -1)
+        return p[:, 1:] if getattr(self, "n_ops_", 0) == 1 and p.shape[1] == 2 else p
 
     def _fit_head(self, X: np.ndarray, y: np.ndarray, multiclass: bool = False) -> Any:
         u = np.unique(y)

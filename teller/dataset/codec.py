@@ -27,12 +27,14 @@ bits are measurement jitter; the rest is structure that the rows already imply. 
 with BYTE_STREAM_SPLIT for the numbers of varying width, all under zstd. Every transform is exact
 in 64-bit two's complement (differences wrap as the sums that undo them do), and a column that
 does not fit its transform (nulls, a missing partner column) is stored as it is. On the H200
-recordings (``data/h200_v1``) this stores a row in 4.05 bytes instead of 5.55 (v1; 10.5 as
-plain Parquet), 3.4 of them the two times, whose nanosecond jitter no lossless transform removes
+recordings of dataset v1 (``data/h200_v1``, where it was measured; in git history: ``git checkout
+644acca -- data/h200_v1``) this stores a row in 4.05 bytes instead of 5.55 (v1; 10.5 as plain
+Parquet), 3.4 of them the two times, whose nanosecond jitter no lossless transform removes
 (``benchmarks/dataset_codec.py``, ``benchmarks/README.md``). Reading costs a few numpy passes per
 tree level (:func:`_decode_times`).
 
-Format ``teller-subtrees/1`` (read only; ``data/h200_v1`` is stored in it): ``start_ns``,
+Format ``teller-subtrees/1`` (read only; dataset v1 was stored in it, ``data/h200_v2`` is in
+format 2; ``tests/data/subtrees_v1_part7_head.parquet`` keeps a small file of it): ``start_ns``,
 ``node_id`` and ``corr_id`` as differences from the previous row, ``end_ns`` as the duration,
 ``parent_id`` as above, ``corr_id_valid`` always. ``teller dataset recode SRC -o DST`` rewrites
 a dataset's subtrees in the current format.

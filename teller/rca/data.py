@@ -2,11 +2,11 @@
 
 **Why per step.** A dataset record is one request in one step and view, but its labels
 (``is_anomaly``, ``fault_type``, ``operator_labels``, ``explanation``) are the step's: they are
-constant over the ~12 (up to ~70) records of a step (checked on ``data/h200_v1``: 11,001 units,
-none with two label sets). The records of a step differ only in the request id and in which of
-the step's log lines they carry. So an example is a *unit*: a vertical step ``(run, step_id)``
-or a horizontal step ``(run, step_num)`` over its ranks; its log text is the ordered union of
-its records' lines.
+constant over the ~12 (up to ~70) records of a step (checked on dataset v1, ``data/h200_v1``, in
+git history: 11,001 units, none with two label sets). The records of a step differ only in the
+request id and in which of the step's log lines they carry. So an example is a *unit*: a
+vertical step ``(run, step_id)`` or a horizontal step ``(run, step_num)`` over its ranks; its log
+text is the ordered union of its records' lines.
 
 **Splits per unit.** Run- and mechanism-disjoint parts are already unit-level (a step's records
 share a run; a held-out mechanism's steps are all test). ``split_request`` splits requests, and
