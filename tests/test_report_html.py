@@ -222,3 +222,17 @@ def test_tree_is_capped_to_the_most_relevant_nodes():
     assert {n["id"] for n in base if n["suspect"]} <= ids  # suspects and their callers always kept
     assert 90_199 in ids and 90_000 not in ids  # the most relevant fillers
     assert f"{len(base) + 200 - H.MAX_TREE_NODES} nodes of lower relevance left out" in dom.by_id("evidence")["text"]
+
+
+def test_symbols_inside_explanations_get_legend_entries():
+    d = sample_diagnosis(ranks=1)
+    for s in d["steps"]:
+        if s.get("explanation"):
+            s["explanation"] = (f"CUDA/kernel fault in step {s['step_num']} on rank 0: evidence FE LlamaMLP; measured: "
+                                "FE LlamaMLP k_ns 1.53 ms vs 22.7 µs (67.7×, z=+24.5) against the reference.")
+    dom = parse(render_html(d))
+    assert "z=+24.5" in dom.by_id("verdict")["text"]
+    legend = dom.inside("legend", "dt")
+    assert "z" in {e["attrs"].get("data-term") for e in legend}
+    assert "k_ns" in {e["attrs"].get("data-feature") for e in legend}
+    assert "GPU kernel time" in dom.by_id("legend")["text"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,8 @@ _TERMS = {
     "no score": ("no score", "a step with no operator instance to score (grey)"),
     "units": ("ns, µs, ms, s", "nanoseconds, microseconds, milliseconds, seconds"),
     "sd": ("sd", "standard deviations"),
+    "z": ("z=", "in an explanation: the deviation from the reference in its standard deviations "
+                "(the same number as “deviation”)"),
 }
 
 
@@ -272,14 +275,16 @@ class _Page:
         return "\n".join(out)
 
     def _groups(self) -> list[dict[str, Any]]:
-        """Flagged steps grouped by verdict (kind, fault type, evidence operators), worst first."""
+        """Flagged steps grouped by verdict, worst first: the steps with a fault type by (type, first
+        evidence operator), the numeric stage's alone by their first evidence operator, and the
+        steps the model reads as normal in one group."""
         groups: dict[tuple, dict[str, Any]] = {}
         for x in self.flagged:
             kind = ("fault" if x.get("fault_type") and not x.get("model_says_normal")
                     else "normal" if x.get("model_says_normal") else "numeric")
-            ops = tuple(_evidence_ops(x))
-            key = (kind, x.get("fault_type") if kind == "fault" else None, ops)
-            groups.setdefault(key, {"kind": kind, "fault_type": key[1], "ops": ops, "steps": []})["steps"].append(x)
+            ops = _evidence_ops(x)
+            key = (kind, x.get("fault_type") if kind == "fault" else None, ops[0] if ops and kind != "normal" else None)
+            groups.setdefault(key, {"kind": kind, "fault_type": key[1], "steps": []})["steps"].append(x)
         order = {"fault": 0, "numeric": 1, "normal": 2}
         return sorted(groups.values(), key=lambda g: (order[g["kind"]], -len(g["steps"]), _worst_first(g["steps"][0])))
 
@@ -297,8 +302,9 @@ class _Page:
             cls = "card fault-card"
         elif g["kind"] == "normal":
             ps = [x["abnormal_probability"] for x in steps if x.get("abnormal_probability") is not None]
-            pr = f" ({self.term('abnormal probability')} at most {max(ps):.2f})" if ps else ""
-            title = f'<span class="fault">Numeric outlier the root-cause model reads as normal</span>{pr}'
+            pr = f' <span class="prob">{self.term("abnormal probability")} at most {max(ps):.2f}</span>' if ps else ""
+            what = "Numeric outlier" if len(steps) == 1 else f"{len(steps):,} numeric outliers"
+            title = f'<span class="fault">{what} the root-cause model reads as normal</span>{pr}'
             cls = "card normal-card"
         else:
             title = '<span class="fault">Abnormal step</span> <span class="prob">fault type not named</span>'
@@ -309,15 +315,41 @@ class _Page:
         if len(steps) > len(shown):
             links += f' <span class="cut">and {len(steps) - len(shown):,} more</span>'
         rows.append(f"<dt>{'Step' if len(steps) == 1 else f'{len(steps):,} steps'}</dt><dd>{links}</dd>")
-        ops = g["ops"]
+        if g["kind"] == "normal":  # one line per step: what the numeric stage measured
+            lines = [f"<li>step {int(x['step_num'])}: {self._numeric_why(x)}</li>" for x in steps[:8]]
+            if len(steps) > 8:
+                lines.append(f'<li class="cut">and {len(steps) - 8:,} more</li>')
+            rows.append(f"<dt>Measured</dt><dd><ul class=\"plain\">{''.join(lines)}</ul></dd></dl></div>")
+            return "\n".join(rows)
+        count: dict[str, int] = {}
+        for x in steps:
+            for o in _evidence_ops(x):
+                count[o] = count.get(o, 0) + 1
+        ops = sorted(count, key=lambda o: -count[o])[:8]
         rows.append(f"<dt>{self.term('evidence operators', 'Evidence operators')}</dt><dd>"
-                    + (", ".join(f'<code class="op">{_e(o)}</code>' for o in ops) if ops else
-                       '<span class="muted">the whole step</span>') + "</dd>")
-        why = _e(rep["explanation"]) if g["kind"] == "fault" and rep.get("explanation") else self._numeric_why(rep)
+                    + (", ".join(f'<code class="op">{_e(o)}</code>'
+                                 + (f' <span class="muted">({count[o]} of {len(steps)} steps)</span>' if count[o] < len(steps) else "")
+                                 for o in ops) if ops else '<span class="muted">the whole step</span>') + "</dd>")
+        if g["kind"] == "fault" and rep.get("explanation"):
+            why = self._explained(rep["explanation"])
+        else:
+            why = self._numeric_why(rep)
         label = "Why" if len(steps) == 1 else f"Why (step {rep['step_num']})"
         rows.append(f'<dt>{_e(label)}</dt><dd class="why">{why}</dd>')
         rows.append("</dl></div>")
         return "\n".join(rows)
+
+    def _explained(self, text: str) -> str:
+        """An explanation sentence, escaped, its feature names and ``z=`` registered for the legend."""
+        for f in FEATURE_WORDS:
+            if f != "family" and re.search(rf"(?<![\w.]){re.escape(f)}(?![\w.])", text):
+                self.features.add(f)
+        if re.search(r"\bz=", text):
+            self.terms.add("z")
+        if "×" in text:
+            self.terms.add("ratio")
+        self.terms.add("units")
+        return _e(text)
 
     def _numeric_why(self, x: dict[str, Any]) -> str:
         """The strongest measurement of a flagged step in words (HTML)."""
@@ -337,9 +369,10 @@ class _Page:
         f = it["feature"]
         z = it.get("z")
         dev = f", {z:+.1f} {self.term('sd')}" if z is not None else ""
+        r = it.get("ratio")
+        paren = ", ".join(p for p in ((_e(_ratio(r)) if r else ""), dev.lstrip(", ")) if p)
         return (f"{self.feature(f)} {self.term('observed', 'observed')} <b>{_e(fmt_value(f, it.get('value')))}</b> vs "
-                f"{_e(fmt_value(f, it.get('reference')))} {self.term('reference')} "
-                f"({_e(_ratio(it.get('ratio')))}{dev})")
+                f"{_e(fmt_value(f, it.get('reference')))} {self.term('reference')}" + (f" ({paren})" if paren else ""))
 
     def _step_link(self, x: dict[str, Any]) -> str:
         rank = f" (rank {x['rank']})" if self._multi_rank() else ""
@@ -526,7 +559,7 @@ class _Page:
                       + ", ".join(f'<code class="op">{_e(o.get("name"))}</code> <span class="muted">node {int(o["node_id"])}</span>'
                                   for o in ops[:8]) + "</dd>")
         if x.get("explanation") and not x.get("model_says_normal"):
-            dl.append(f'<dt>Why</dt><dd class="why">{_e(x["explanation"])}</dd>')
+            dl.append(f'<dt>Why</dt><dd class="why">{self._explained(x["explanation"])}</dd>')
         else:
             dl.append(f'<dt>Strongest measurement</dt><dd class="why">{self._numeric_why(x)}</dd>')
         rq = x.get("requests") or []
@@ -671,8 +704,8 @@ class _Page:
         if self.features:
             out.append('<h3>Measures</h3><dl class="legend">')
             for f in sorted(self.features):
-                out.append(f'<dt data-feature="{_e(f)}">{_e(FEATURE_WORDS.get(f, f))}</dt><dd><code>{_e(f)}</code> '
-                           "in diagnosis.json (the numeric stage's feature)</dd>")
+                out.append(f'<dt data-feature="{_e(f)}"><code>{_e(f)}</code></dt><dd>{_e(FEATURE_WORDS.get(f, f))} '
+                           '<span class="muted">(the numeric stage\'s feature of this name in diagnosis.json)</span></dd>')
             out.append("</dl>")
         out.append("</section>")
         return "\n".join(out)
@@ -820,7 +853,7 @@ ul.tree details[open]>summary::before{content:"\\25BE"}ul.tree .leaf{margin-left
 li.suspect>.node,li.suspect>details>summary>.node{background:#fee2e2;outline:1px solid #ef4444;border-radius:3px}
 .tag{font-size:10px;background:#b91c1c;color:#fff;border-radius:3px;padding:0 4px;margin-left:6px}
 dl.legend{grid-template-columns:minmax(120px,max-content) 1fr;font-size:13px}
-#notes ul{margin:0;padding-left:18px;font-size:13px}
+ul.plain{margin:0;padding-left:0;list-style:none}#notes ul{margin:0;padding-left:18px;font-size:13px}
 """
 
 _PAGE = """<!DOCTYPE html>
