@@ -236,3 +236,10 @@ def test_symbols_inside_explanations_get_legend_entries():
     assert "z" in {e["attrs"].get("data-term") for e in legend}
     assert "k_ns" in {e["attrs"].get("data-feature") for e in legend}
     assert "GPU kernel time" in dom.by_id("legend")["text"]
+
+
+@pytest.mark.parametrize("span", [1, 3, 999, 10**6 + 7, 3 * 10**10])
+def test_time_ticks_are_round_and_cover_the_run(span):
+    ticks = H._ticks(span)
+    assert ticks[0] == 0 and ticks[-1] <= span and 1 <= len(ticks) <= 11
+    assert span == 1 or len(ticks) >= 2

@@ -680,7 +680,8 @@ class _Page:
         tag = ' <span class="tag">suspect</span>' if n.get("suspect") else ""
         if n.get("suspect"):
             self.terms.add("suspect")
-        return (f'<span class="name">{self.layer(n.get("layer", "OTHER"))}{_e(_strip_layer(n.get("name")))}{tag}</span>'
+        return (f'<span class="name" title="{_e(n.get("name"))} (node {int(n["id"])})">{self.layer(n.get("layer", "OTHER"))}'
+                f'{_e(_strip_layer(n.get("name")))}{tag}</span>'
                 f'<span class="num obs">{_e(fmt_ns(dur))}</span>'
                 f'<span class="num ref">{_e(fmt_ns(ref)) if ref is not None else "—"}</span>'
                 f'<span class="num ratio{hot}">{_e(_ratio(ratio))}</span>'
@@ -804,7 +805,7 @@ def _ticks(span: int) -> list[int]:
         if span / (step * m) <= 10:
             step *= m
             break
-    return list(range(0, int(span) + 1, int(step)))
+    return list(range(0, int(span) + 1, max(1, int(step))))
 
 
 _CSS = """
