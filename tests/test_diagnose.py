@@ -231,3 +231,8 @@ def test_metric_definitions():
     assert o["jaccard"] == pytest.approx((1 + 0.5 + 0) / 3)
     assert o["macro_plus_f1"] == pytest.approx((2 / 3 + 0) / 2)
     assert o["macro_plus_recall"] == pytest.approx(0.5) and o["operator_positive_steps"] == 2
+
+
+def test_iteration_durations_are_shown_as_durations():
+    assert evidence_text({"feature": "iter.gap", "value": 4.38e7, "reference": 1.06e5, "ratio": 412.2, "z": 18.5}) == \
+        "iter.gap 43.80 ms vs 106.0 µs (412.2×, z=+18.5)"

@@ -204,6 +204,10 @@ def test_big_runs_are_cut_and_say_so():
     notes = " ".join(dom.by_id("notes")["text"].split())
     assert "Left out of this page" in notes and f"{len(flagged) - H.MAX_DETAILED_STEPS} more flagged steps" in notes
     assert f"more than {H.MAX_BARS_PER_LANE:,} steps" in notes and "not marked" in notes
+    # every link points at an anchor of the page
+    anchors = {e["attrs"]["id"] for e in dom.elements if e["attrs"].get("id", "").startswith("step-")}
+    hrefs = {e["attrs"]["href"][1:] for e in dom.elements if e["tag"] == "a"}
+    assert hrefs and hrefs <= anchors
     # binned bars still name their steps and the highest score
     assert any("steps 0–" in e["text"] and "flagged" in e["text"] for e in dom.by_class("bin", "rect"))
     assert len(page) < 3_000_000

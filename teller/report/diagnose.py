@@ -436,10 +436,14 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
 # console summary
 
 
+#: iteration features that are durations in ns (teller.localize.features.ITER_FEATURES)
+_ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
+
+
 def _fmt_value(feature: str, v: float | None) -> str:
     if v is None:
         return "?"
-    if feature.endswith("_ns"):
+    if feature.endswith("_ns") or feature in _ITER_NS:
         return fmt_ns(v)
     if feature.endswith("bytes"):
         for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

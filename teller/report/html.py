@@ -50,6 +50,11 @@ MAX_SUSPECTS = 8
 MAX_TREE_NODES = 60
 MAX_REQUESTS = 20
 
+#: iteration features that are durations in ns
+_ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
+#: operator names longer than this are shortened on the page (in full in their hover title)
+MAX_NAME = 72
+
 #: layer tags (docs/design.md §4) in words
 LAYER_WORDS = {
     "STEP": "engine step (one scheduler iteration)",
@@ -169,8 +174,7 @@ def fmt_value(feature: str, v: float | None) -> str:
     """A feature value in its unit."""
     if v is None:
         return "?"
-    if feature.endswith("_ns") or feature in ("iter.dur", "iter.gap", "iter.schedule", "iter.post",
-                                              "iter.host_busy", "iter.gpu_busy"):
+    if feature.endswith("_ns") or feature in _ITER_NS:
         return fmt_ns(v)
     if feature.endswith("bytes"):
         for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -327,7 +331,7 @@ class _Page:
                 count[o] = count.get(o, 0) + 1
         ops = sorted(count, key=lambda o: -count[o])[:8]
         rows.append(f"<dt>{self.term('evidence operators', 'Evidence operators')}</dt><dd>"
-                    + (", ".join(f'<code class="op">{_e(o)}</code>'
+                    + (", ".join(_op(o)
                                  + (f' <span class="muted">({count[o]} of {len(steps)} steps)</span>' if count[o] < len(steps) else "")
                                  for o in ops) if ops else '<span class="muted">the whole step</span>') + "</dd>")
         if g["kind"] == "fault" and rep.get("explanation"):
@@ -359,7 +363,7 @@ class _Page:
             return (f"the step's score is {x['score']:.2f}" if x.get("score") is not None else "abnormal") + (
                 f"; most deviating family {_e(fam)}" if fam else "")
         sp, it = sus[0], sus[0]["evidence"][0]
-        where = f'<code class="op">{_e(_suspect_name(sp))}</code>'
+        where = _op(_suspect_name(sp))
         if "note" in it:
             return f"{where}: {_e(it['note'])}"
         return f"{where}: {self._measure(it)}"
@@ -376,9 +380,10 @@ class _Page:
 
     def _step_link(self, x: dict[str, Any]) -> str:
         rank = f" (rank {x['rank']})" if self._multi_rank() else ""
-        if x["index"] in self.detailed:
+        if x["index"] in self.anchored:
             return f'<a href="#step-{int(x["index"])}">{int(x["step_num"])}{rank}</a>'
         return f"{int(x['step_num'])}{rank}"
+
 
     def _multi_rank(self) -> bool:
         if not hasattr(self, "_mr"):
@@ -483,7 +488,7 @@ class _Page:
         cls = "bar flagged" if s.get("flag") else "bar"
         rect = (f'<rect class="{cls}" data-index="{int(s["index"])}" x="{x0:.2f}" y="{y}" width="{w:.2f}" '
                 f'height="{lane_h - 4}" fill="{score_colour(s.get("score"))}"><title>{_e(self._bar_title(s))}</title></rect>')
-        if s.get("flag") and s["index"] in self.detailed:
+        if s.get("flag") and s["index"] in self.anchored:
             return f'<a href="#step-{int(s["index"])}">{rect}</a>'
         return rect
 
@@ -519,7 +524,7 @@ class _Page:
             out.append('<table id="other-flagged"><tr><th>step</th><th>rank</th><th>duration</th>'
                        f"<th>{self.term('score')}</th><th>verdict</th></tr>")
             for x in rows:
-                out.append(f"<tr><td>{int(x['step_num'])}</td><td>{int(x['rank'])}</td><td>{_e(fmt_ns(_dur(x)))}</td>"
+                out.append(f"<tr id=\"step-{int(x['index'])}\"><td>{int(x['step_num'])}</td><td>{int(x['rank'])}</td><td>{_e(fmt_ns(_dur(x)))}</td>"
                            f"<td>{_score(x)}</td><td>{self._short_verdict(x)}</td></tr>")
             out.append("</table>")
             if len(rest) > len(rows):
@@ -556,7 +561,7 @@ class _Page:
         ops = x.get("evidence_operators") or []
         if ops:
             dl.append(f"<dt>{self.term('evidence operators', 'Evidence operators')}</dt><dd>"
-                      + ", ".join(f'<code class="op">{_e(o.get("name"))}</code> <span class="muted">node {int(o["node_id"])}</span>'
+                      + ", ".join(f'{_op(o.get("name"))} <span class="muted">node {int(o["node_id"])}</span>'
                                   for o in ops[:8]) + "</dd>")
         if x.get("explanation") and not x.get("model_says_normal"):
             dl.append(f'<dt>Why</dt><dd class="why">{self._explained(x["explanation"])}</dd>')
@@ -597,8 +602,10 @@ class _Page:
             mod = sp.get("module") or {}
             where = (f'<br><span class="muted">in <code>{_e(mod["family"])}</code></span>'
                      if mod.get("family") and mod["family"] != sp.get("family") else "")
-            name = (f'{self.layer(sp.get("layer", "OTHER"))}<code class="op">{_e(_strip_layer(sp.get("family") or sp.get("name")))}'
-                    f'</code> <span class="muted">node {int(sp["node_id"])}</span>{where}')
+            label = _strip_layer(sp.get("family") or sp.get("name"))
+            if label == sp.get("layer"):  # a STEP or OTHER range: its own name says more
+                label = _strip_layer(sp.get("name")) or label
+            name = (f'{self.layer(sp.get("layer", "OTHER"))}{_op(label)} <span class="muted">node {int(sp["node_id"])}</span>{where}')
             a = sp.get("a")
             for j, it in enumerate(ev):
                 first = f'<td rowspan="{len(ev)}">{name}</td><td rowspan="{len(ev)}">{"—" if a is None else f"{a:.2f}"}</td>' if j == 0 else ""
@@ -731,6 +738,7 @@ class _Page:
 
     def render(self) -> str:
         self.detailed = {x["index"] for x in self.flagged[:MAX_DETAILED_STEPS]}
+        self.anchored = {x["index"] for x in self.flagged[:MAX_DETAILED_STEPS + MAX_TABLE_ROWS]}  # have an #step-INDEX
         d = self.d
         s = d.get("summary", {})
         rule = d.get("steps_rule", {}).get("rule", "")
@@ -752,6 +760,14 @@ def _worst_first(x: dict[str, Any]) -> tuple:
 
 def _score(x: dict[str, Any]) -> str:
     return "none" if x.get("score") is None else f"{x['score']:.2f}"
+
+
+def _op(name: Any) -> str:
+    """An operator name as a code chip, shortened past :data:`MAX_NAME` characters."""
+    name = str(name or "?")
+    if len(name) <= MAX_NAME:
+        return f'<code class="op">{_e(name)}</code>'
+    return f'<code class="op" title="{_e(name)}">{_e(name[:MAX_NAME - 1])}…</code>'
 
 
 def _strip_layer(name: Any) -> str:
