@@ -247,3 +247,17 @@ def test_time_ticks_are_round_and_cover_the_run(span):
     ticks = H._ticks(span)
     assert ticks[0] == 0 and ticks[-1] <= span and 1 <= len(ticks) <= 11
     assert span == 1 or len(ticks) >= 2
+
+
+def test_many_numeric_verdicts_share_a_card():
+    flagged = tuple(range(1, 40, 2))
+    d = sample_diagnosis(model=False, ranks=1, flagged=flagged)
+    for k, s in enumerate(x for x in d["steps"] if x["flag"]):  # two steps each for 4 modules, the rest alone
+        s["modules"] = [f"FE M{k // 2}" if k < 8 else f"FE Solo{k}"]
+    dom = parse(render_html(d))
+    cards = dom.by_class("card", "div")
+    assert len(cards) == H.MAX_NUMERIC_CARDS + 1
+    assert [int(c["attrs"]["data-steps"]) for c in cards] == [2, 2, 2, 2, len(flagged) - 8]
+    assert "12 other abnormal steps" in cards[-1]["text"] and "and 4 more" in cards[-1]["text"]
+    linked = {e["attrs"]["href"] for e in dom.inside("verdict", "a")}
+    assert linked == {f"#step-{s['index']}" for s in d["steps"] if s["flag"]}

@@ -44,6 +44,9 @@ MAX_DETAILED_STEPS = 25
 MAX_TABLE_ROWS = 500
 #: verdict groups shown; steps named per group
 MAX_GROUPS = 12
+#: cards of the numeric stage's own verdict groups (steps with the same first suspect); the other
+#: steps it flags share one card
+MAX_NUMERIC_CARDS = 4
 MAX_STEPS_PER_GROUP = 30
 #: suspects listed per step; nodes per evidence tree
 MAX_SUSPECTS = 8
@@ -289,8 +292,17 @@ class _Page:
             ops = _evidence_ops(x)
             key = (kind, x.get("fault_type") if kind == "fault" else None, ops[0] if ops and kind != "normal" else None)
             groups.setdefault(key, {"kind": kind, "fault_type": key[1], "steps": []})["steps"].append(x)
-        order = {"fault": 0, "numeric": 1, "normal": 2}
-        return sorted(groups.values(), key=lambda g: (order[g["kind"]], -len(g["steps"]), _worst_first(g["steps"][0])))
+        order = {"fault": 0, "numeric": 1, "rest": 2, "normal": 3}
+        out = sorted(groups.values(), key=lambda g: (order[g["kind"]], -len(g["steps"]), _worst_first(g["steps"][0])))
+        # the numeric stage's verdicts beyond the largest few groups share one card, a line per step
+        numeric = [g for g in out if g["kind"] == "numeric"]
+        rest = [g for i, g in enumerate(numeric) if i >= MAX_NUMERIC_CARDS or len(g["steps"]) == 1]
+        if len(rest) > 1:
+            out = [g for g in out if not any(g is r for r in rest)]
+            steps = sorted((x for g in rest for x in g["steps"]), key=_worst_first)
+            out.append({"kind": "rest", "fault_type": None, "steps": steps})
+            out.sort(key=lambda g: order[g["kind"]])
+        return out
 
     def _group_card(self, g: dict[str, Any]) -> str:
         steps = g["steps"]
@@ -310,6 +322,10 @@ class _Page:
             what = "Numeric outlier" if len(steps) == 1 else f"{len(steps):,} numeric outliers"
             title = f'<span class="fault">{what} the root-cause model reads as normal</span>{pr}'
             cls = "card normal-card"
+        elif g["kind"] == "rest":
+            title = (f'<span class="fault">{len(steps):,} other abnormal steps</span> '
+                     '<span class="prob">fault type not named; each with its own evidence</span>')
+            cls = "card numeric-card"
         else:
             title = '<span class="fault">Abnormal step</span> <span class="prob">fault type not named</span>'
             cls = "card numeric-card"
@@ -319,7 +335,7 @@ class _Page:
         if len(steps) > len(shown):
             links += f' <span class="cut">and {len(steps) - len(shown):,} more</span>'
         rows.append(f"<dt>{'Step' if len(steps) == 1 else f'{len(steps):,} steps'}</dt><dd>{links}</dd>")
-        if g["kind"] == "normal":  # one line per step: what the numeric stage measured
+        if g["kind"] in ("normal", "rest"):  # one line per step: what the numeric stage measured
             lines = [f"<li>step {int(x['step_num'])}: {self._numeric_why(x)}</li>" for x in steps[:8]]
             if len(steps) > 8:
                 lines.append(f'<li class="cut">and {len(steps) - 8:,} more</li>')
