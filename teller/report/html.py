@@ -10,7 +10,7 @@ The page reads top to bottom:
 2. **Timeline**: every step of the run as a bar on one lane per rank, coloured by its score,
    flagged steps outlined and marked; hovering a bar names the step, its duration and score, and a
    flagged bar links to its evidence.
-3. **Evidence** of each flagged step (worst first; a collapsible section each, anchored
+3. **Evidence** of each flagged step (in the verdict's order, worst first within a group; a collapsible section each, anchored
    ``#step-INDEX`` with ``index`` as in diagnosis.json): the suspects with what was measured
    against the reference, and the causal slice as a collapsible tree of its most relevant
    operators, each with its observed duration next to the reference's typical one.
@@ -50,7 +50,7 @@ MAX_NUMERIC_CARDS = 4
 MAX_STEPS_PER_GROUP = 30
 #: suspects listed per step; nodes per evidence tree
 MAX_SUSPECTS = 8
-MAX_TREE_NODES = 60
+MAX_TREE_NODES = 40
 MAX_REQUESTS = 20
 
 #: iteration features that are durations in ns
@@ -228,6 +228,9 @@ class _Page:
         self.steps: list[dict[str, Any]] = list(diag.get("steps", []))
         self.flagged = sorted((s for s in self.steps if s.get("flag")), key=_worst_first)
         self.has_model = bool(diag.get("model"))
+        self.groups = self._groups()
+        # the evidence follows the verdict: group by group, worst first within each
+        self.flagged = [x for g in self.groups for x in g["steps"]]
         self.terms: set[str] = set()
         self.layers: set[str] = set()
         self.features: set[str] = set()
@@ -270,7 +273,7 @@ class _Page:
                            "the evidence is the numeric stage's.</p>")
         if s.get("warning"):
             out.append(f'<p class="warning">Warning: {_e(s["warning"])}</p>')
-        groups = self._groups()
+        groups = self.groups
         for g in groups[:MAX_GROUPS]:
             out.append(self._group_card(g))
         if len(groups) > MAX_GROUPS:
@@ -525,7 +528,7 @@ class _Page:
         if not self.flagged:
             return ""
         out = ['<section id="evidence"><h2>Evidence of the flagged steps</h2>',
-               '<p class="muted">Worst first. Each tree is the causal slice of the step: the operators most '
+               '<p class="muted">In the order of the verdict, worst first within a group. Each tree is the causal slice of the step: the operators most '
                f"tied to its {self.term('suspect')}s, with the {self.term('observed')} duration next to the "
                f"{self.term('reference')}'s typical one.</p>"]
         for i, x in enumerate(self.flagged[:MAX_DETAILED_STEPS]):
