@@ -624,7 +624,7 @@ class _Page:
             label = _strip_layer(sp.get("family") or sp.get("name"))
             if label == sp.get("layer"):  # a STEP or OTHER range: its own name says more
                 label = _strip_layer(sp.get("name")) or label
-            name = (f'{self.layer(sp.get("layer", "OTHER"))}{_op(label)} <span class="muted">node {int(sp["node_id"])}</span>{where}')
+            name = (f'{self.layer(sp.get("layer", "OTHER"))}{_op(label, 40)} <span class="muted">node {int(sp["node_id"])}</span>{where}')
             a = sp.get("a")
             for j, it in enumerate(ev):
                 first = f'<td rowspan="{len(ev)}">{name}</td><td rowspan="{len(ev)}">{"—" if a is None else f"{a:.2f}"}</td>' if j == 0 else ""
@@ -707,7 +707,7 @@ class _Page:
         if n.get("suspect"):
             self.terms.add("suspect")
         return (f'<span class="name" title="{_e(n.get("name"))} (node {int(n["id"])})">{self.layer(n.get("layer", "OTHER"))}'
-                f'{_e(_strip_layer(n.get("name")))}{tag}</span>'
+                f'{tag}{_e(_strip_layer(n.get("name")))}</span>'
                 f'<span class="num obs">{_e(fmt_ns(dur))}</span>'
                 f'<span class="num ref">{_e(fmt_ns(ref)) if ref is not None else "—"}</span>'
                 f'<span class="num ratio{hot}">{_e(_ratio(ratio))}</span>'
@@ -781,12 +781,12 @@ def _score(x: dict[str, Any]) -> str:
     return "none" if x.get("score") is None else f"{x['score']:.2f}"
 
 
-def _op(name: Any) -> str:
-    """An operator name as a code chip, shortened past :data:`MAX_NAME` characters."""
+def _op(name: Any, limit: int = MAX_NAME) -> str:
+    """An operator name as a code chip, shortened past ``limit`` characters (in full on hover)."""
     name = str(name or "?")
-    if len(name) <= MAX_NAME:
+    if len(name) <= limit:
         return f'<code class="op">{_e(name)}</code>'
-    return f'<code class="op" title="{_e(name)}">{_e(name[:MAX_NAME - 1])}…</code>'
+    return f'<code class="op" title="{_e(name)}">{_e(name[:limit - 1])}…</code>'
 
 
 def _strip_layer(name: Any) -> str:
@@ -887,7 +887,7 @@ ul.tree details[open]>summary::before{content:"\\25BE"}ul.tree .leaf{margin-left
 .node .obs{font-weight:600}.node .ref{color:#4b5563}.node .ratio.hot{color:#b91c1c;font-weight:700}
 .rel{font-size:11px;color:#6b7280;white-space:nowrap}.relbar{display:inline-block;height:7px;background:#93c5fd;margin-right:4px;vertical-align:middle}
 li.suspect>.node,li.suspect>details>summary>.node{background:#fee2e2;outline:1px solid #ef4444;border-radius:3px}
-.tag{font-size:10px;background:#b91c1c;color:#fff;border-radius:3px;padding:0 4px;margin-left:6px}
+.tag{font-size:10px;background:#b91c1c;color:#fff;border-radius:3px;padding:0 4px;margin-right:6px}
 dl.legend{grid-template-columns:minmax(120px,max-content) 1fr;font-size:13px}
 ul.plain{margin:0;padding-left:0;list-style:none}#notes ul{margin:0;padding-left:18px;font-size:13px}
 """
