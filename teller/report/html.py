@@ -52,6 +52,8 @@ MAX_STEPS_PER_GROUP = 30
 MAX_SUSPECTS = 8
 MAX_TREE_NODES = 40
 MAX_REQUESTS = 20
+#: a suspect's calls are shown folded when it has more than this many
+FOLD_OVER = 12
 
 #: iteration features that are durations in ns
 _ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
@@ -674,7 +676,9 @@ class _Page:
             cls = ' class="suspect"' if n.get("suspect") else ""
             if not ch:
                 return f'<li{cls} data-node="{int(n["id"])}"><div class="node leaf">{line}</div></li>'
-            opened = " open" if depth < 1 or sus_below(n) else ""
+            # unfolded down to the suspects; a suspect's (or the root's) own calls only when few
+            below = any(sus_below(c) for c in ch)
+            opened = " open" if below or ((n.get("suspect") or depth < 1) and len(ch) <= FOLD_OVER) else ""
             inner = "".join(render(c, depth + 1) for c in ch)
             return (f'<li{cls} data-node="{int(n["id"])}"><details{opened}><summary><div class="node">{line}</div>'
                     f'</summary><ul>{inner}</ul></details></li>')
