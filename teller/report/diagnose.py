@@ -28,10 +28,10 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
                    "edges": {"p": [[u, v]...], "t": [...], "c": [...]}, "dropped", "info"}} ]}
 
 Node ids are forest ``node_id`` values (``teller show RUN --step N`` prints the same tree).
-A slice node's ``reference_dur_ns`` is the reference's typical duration of that operator (the
-centre of the reference component nearest to it, at the step's batch size), the ``reference`` of
-its ``dur_ns`` evidence; null for nodes that are not scored instances (RT, DRV, K, ...) and for
-families the reference never saw.
+A slice node's ``reference_dur_ns`` is the reference's typical duration of that operator (its
+family's median duration in the reference runs, at the step's batch size; an evidence item's
+``reference`` is instead the centre of the mode the instance was matched to); null for nodes that
+are not scored instances (RT, DRV, K, ...) and for families the reference never saw.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def _requests_by_step(path: Path, step_ids: list[int]) -> dict[int, list[str]]:
 
 def _reference_durations(est: GMMLocalizer, inst: Any, loc: Localization, inst_of_row: np.ndarray,
                          rows: np.ndarray) -> list[float | None]:
-    """The reference's typical ``dur_ns`` of the forest ``rows`` that are scored instances (the
-    centre of the component :func:`localize` matched them to), None for the others."""
+    """The reference's typical ``dur_ns`` of the forest ``rows`` that are scored instances (their
+    family's median duration in the reference, at the step's batch size), None for the others."""
     out: list[float | None] = [None] * len(rows)
     names = list(est.feature_names_in_)
     if "dur_ns" not in names or not len(rows):
@@ -104,8 +104,7 @@ def _reference_durations(est: GMMLocalizer, inst: Any, loc: Localization, inst_o
     if not len(has):
         return out
     ki = k[has]
-    ref = est.reference_value(inst.family_of()[ki], loc.component[ki],
-                              None if inst.batch is None else inst.batch[ki])[:, names.index("dur_ns")]
+    ref = est.reference_median(inst.family_of()[ki], None if inst.batch is None else inst.batch[ki])[:, names.index("dur_ns")]
     ref = np.where(loc.unseen[ki], np.nan, ref)
     for j, v in zip(has.tolist(), ref.tolist(), strict=True):
         out[j] = _f(v, 1)

@@ -131,8 +131,9 @@ _TERMS = {
     "anomaly": ("anomaly", "how unexplained a suspect is, 0 to 1 (1: outside every normal mode of its "
                            "operator family in the reference)"),
     "observed": ("observed", "the value measured in this run"),
-    "reference": ("reference", "the typical value of the same operator in the fault-free reference runs "
-                               "(the centre of its nearest normal mode, at the step's batch size)"),
+    "reference": ("reference", "the typical value of the same operator in the fault-free reference runs, at "
+                               "the step's batch size: for a suspect's measures the centre of the normal mode "
+                               "it lies nearest to, in the evidence tree the operator's median duration"),
     "ratio": ("ratio", "observed divided by reference (×)"),
     "deviation": ("deviation", "distance from the reference in its standard deviations (sd); "
                                "+ slower or larger, − faster or smaller"),
