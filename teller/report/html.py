@@ -38,7 +38,7 @@ MAX_BARS_PER_LANE = 1500
 MAX_LANES = 32
 #: flagged steps marked individually on the timeline
 MAX_MARKERS = 400
-#: flagged steps with a full evidence section (worst first)
+#: flagged steps with a full evidence section (in the order of the verdict)
 MAX_DETAILED_STEPS = 25
 #: rows of the table of the other flagged steps
 MAX_TABLE_ROWS = 500
@@ -539,7 +539,7 @@ class _Page:
         rest = self.flagged[MAX_DETAILED_STEPS:]
         if rest:
             msg = (f"{len(rest):,} more flagged steps without an evidence section (at most {MAX_DETAILED_STEPS}, "
-                   "worst first)")
+                   "in the order of the verdict)")
             self.cuts.append(msg)
             out.append(f'<h3>Other flagged steps</h3><p class="cut">{_e(msg)}; their evidence is in diagnosis.json.</p>')
             rows = rest[:MAX_TABLE_ROWS]
