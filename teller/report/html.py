@@ -10,10 +10,11 @@ The page reads top to bottom:
 2. **Timeline**: every step of the run as a bar on one lane per rank, coloured by its score,
    flagged steps outlined and marked; hovering a bar names the step, its duration and score, and a
    flagged bar links to its evidence.
-3. **Evidence** of each flagged step (in the verdict's order, worst first within a group; a collapsible section each, anchored
-   ``#step-INDEX`` with ``index`` as in diagnosis.json): the suspects with what was measured
-   against the reference, and the causal slice as a collapsible tree of its most relevant
-   operators, each with its observed duration next to the reference's typical one.
+3. **Evidence** of each flagged step (in the verdict's order, worst first within a group; a
+   collapsible section each, anchored ``#step-INDEX`` with ``index`` as in diagnosis.json): the
+   suspects with what was measured against the reference, and the causal slice as a collapsible
+   tree of its most relevant operators, each with its observed duration next to the reference's
+   typical one (``reference_dur_ns``).
 4. **Legend**: every term, abbreviation and layer tag the page shows, in words.
 
 Big runs stay readable: the timeline bins steps when a lane holds more than
