@@ -111,10 +111,17 @@ def test_suspects_are_lifted_to_their_module(example, example_diagnosis):
 def test_report_page_is_self_contained(example_diagnosis):
     d, out = example_diagnosis
     page = (out / "report.html").read_text()
-    assert "<script" in page and "<style>" in page
-    for bad in ("src=\"http", "href=\"http", "src='http", "@import", "<link"):
+    assert "<style>" in page and "<script" not in page
+    for bad in ("src=\"http", "href=\"http", "src='http", "@import", "<link", "url("):
         assert bad not in page
-    assert '"step_num"' in page and "</script><" not in page.split('id="diagnosis-data">')[1].split("</script>")[0]
+    flagged = [s for s in d["steps"] if s["flag"]]
+    assert flagged and all(f'id="step-{s["index"]}"' in page for s in flagged[:25])
+    assert page.index('id="verdict"') < page.index('id="timeline"') < page.index('id="legend"')
+    # the evidence trees show the reference's typical duration of the scored nodes
+    nodes = [n for s in flagged for n in s["slice"]["nodes"]]
+    assert all("reference_dur_ns" in n for n in nodes)
+    assert any(n["reference_dur_ns"] for n in nodes if n["layer"] in ("FE", "BE"))
+    assert all(n["reference_dur_ns"] is None for n in nodes if n["layer"] in ("RT", "DRV", "K"))
 
 
 def test_console_summary(example_diagnosis):
@@ -224,3 +231,8 @@ def test_metric_definitions():
     assert o["jaccard"] == pytest.approx((1 + 0.5 + 0) / 3)
     assert o["macro_plus_f1"] == pytest.approx((2 / 3 + 0) / 2)
     assert o["macro_plus_recall"] == pytest.approx(0.5) and o["operator_positive_steps"] == 2
+
+
+def test_iteration_durations_are_shown_as_durations():
+    assert evidence_text({"feature": "iter.gap", "value": 4.38e7, "reference": 1.06e5, "ratio": 412.2, "z": 18.5}) == \
+        "iter.gap 43.80 ms vs 106.0 µs (412.2×, z=+18.5)"

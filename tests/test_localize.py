@@ -368,3 +368,15 @@ def test_fit_localizer_on_runs(tmp_path):
     for s, res in loc.flagged.items():
         if rf.steps.step_num[s] in (10, 20):
             assert res.candidates[0]["family"] == "BE aten::mul"
+
+
+def test_reference_median_is_the_family_median():
+    X, fam = _reference(np.random.default_rng(0))
+    est = GMMLocalizer().fit(X, families=fam)
+    med = est.reference_median(np.array(["FE att", "BE const", "BE mm", "BE new"], dtype=object))
+    j = F["dur_ns"]
+    assert med[0, j] == pytest.approx(np.median(X[fam == "FE att", j]), rel=0.01)
+    assert med[1, j] == pytest.approx(3000, rel=1e-6)
+    # two modes (1 µs and 8 µs): the median lies between them, whatever mode a row is nearest to
+    assert 900 < med[2, j] < 9000
+    assert np.isnan(med[3]).all()  # a family the reference never saw

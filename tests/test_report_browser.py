@@ -1,118 +1,78 @@
-"""The HTML report in a real headless browser (Chromium): it loads without script errors and shows
-the timeline, the flagged steps and, for the chosen step, the slice tree with suspects highlighted.
+"""The HTML report in a real headless browser (Chromium), opened from a file with the network off:
+the page the browser builds has the verdict before the timeline, every step as a bar, every
+flagged step's evidence section and the legend, no element injected by operator names, and it
+renders to a non-blank screenshot of the window's size.
 
-Skips only when no Chromium binary is installed (CI installs Debian's ``chromium``)."""
+Skips only when no Chromium binary is installed (CI has Debian's ``chromium``)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from report_sample import NASTY, sample_diagnosis
+from test_report_html import parse
 
-from teller.report.diagnose import diagnose
-from teller.testing.planted import Plant, write_planted_run
+from teller.report.html import write_html
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on this machine")]
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(CHROMIUM is None, reason="no chromium, chromium-browser or google-chrome on PATH")]
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-extensions", "--disable-dev-shm-usage", "--virtual-time-budget=10000"]
+         "--disable-extensions", "--disable-dev-shm-usage", "--proxy-server=127.0.0.1:9",
+         "--proxy-bypass-list=<-loopback>"]
 
 
-class _Dom(HTMLParser):
-    """Elements with their attributes and text, enough to query ids and classes."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements: list[dict] = []
-        self._stack: list[dict] = []
-
-    def handle_starttag(self, tag, attrs):
-        el = {"tag": tag, "attrs": dict(attrs), "text": "", "parents": [e["attrs"].get("id") for e in self._stack]}
-        self.elements.append(el)
-        if tag not in ("meta", "br", "img", "input", "link"):
-            self._stack.append(el)
-
-    def handle_endtag(self, tag):
-        for i in range(len(self._stack) - 1, -1, -1):
-            if self._stack[i]["tag"] == tag:
-                del self._stack[i:]
-                break
-
-    def handle_data(self, data):
-        for el in self._stack:
-            el["text"] += data
-
-    def by_id(self, i):
-        return next((e for e in self.elements if e["attrs"].get("id") == i), None)
-
-    def by_class(self, c, tag=None):
-        return [e for e in self.elements if c in (e["attrs"].get("class") or "").split() and (tag is None or e["tag"] == tag)]
-
-
-def dump_dom(url: str) -> tuple[_Dom, str]:
+def chromium(*args: str) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as prof:
-        r = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={prof}", "--enable-logging=stderr", "--v=0",
-                            "--dump-dom", url], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "HOME": prof})
+        r = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={prof}", "--enable-logging=stderr", "--v=0", *args],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": prof})
     assert r.returncode == 0, r.stderr[-2000:]
-    dom = _Dom()
-    dom.feed(r.stdout)
-    return dom, r.stderr
+    return r
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("browser")
-    write_planted_run(tmp / "ref", 30_000, [], seed=1)
-    write_planted_run(tmp / "bad", 30_000, [Plant("BE aten::mul", [15, 40], "host", 5.0)], seed=2)
-    d = diagnose(tmp / "bad", reference=[tmp / "ref"], out=tmp / "out", html=True)
-    return d, Path(d["paths"]["html"])
+def page(tmp_path_factory) -> tuple[dict, Path]:
+    d = sample_diagnosis()
+    return d, write_html(d, tmp_path_factory.mktemp("browser") / "report.html")
 
 
-def test_report_loads_and_shows_the_worst_step(report):
-    d, page = report
-    dom, log = dump_dom(page.as_uri())
-    body = next(e for e in dom.elements if e["tag"] == "body")
-    assert body["attrs"].get("data-ready") == "1", "the page script did not finish"
-    assert dom.by_id("errors")["text"].strip() == ""
-    assert "Uncaught" not in log
-    # timeline: one bar per step, flagged ones marked
-    bars = dom.by_class("step-bar", "rect")
-    assert len(bars) == len(d["steps"])
+def test_the_browser_builds_the_page(page):
+    d, path = page
+    r = chromium("--dump-dom", path.as_uri())
+    dom = parse(r.stdout)
+    assert "Uncaught" not in r.stderr and "ERR_" not in r.stderr
+    ids = [e["attrs"].get("id") for e in dom.elements]
+    assert ids.index("verdict") < ids.index("timeline") < ids.index("evidence") < ids.index("legend")
+    assert len(dom.by_class("bar", "rect")) == len(d["steps"])
     flagged = [s for s in d["steps"] if s["flag"]]
-    assert len(dom.by_class("flagged", "rect")) == len(flagged) >= 2
-    assert len([e for e in dom.elements if e["tag"] == "tr" and "pick" in (e["attrs"].get("class") or "")]) == len(flagged)
-    # the worst flagged step is shown, with its slice tree and highlighted suspects
-    worst = max(flagged, key=lambda s: (s["score"], -s["start_ns"]))
-    assert body["attrs"].get("data-step") == str(worst["index"])
-    assert f"Step {worst['step_num']}" in dom.by_id("step-title")["text"]
-    sus = dom.by_class("suspect", "li")
-    assert sus and {int(e["attrs"]["data-node"]) for e in sus} == {x["node_id"] for x in worst["suspects"]}
-    assert all("slice-tree" in e["parents"] for e in sus)
-    first = worst["suspects"][0]
-    assert first["family"] in dom.by_id("suspects")["text"]
-    assert first["evidence"][0]["feature"] in dom.by_id("suspects")["text"]
-    assert len([e for e in dom.elements if e["tag"] == "li" and "slice-tree" in e["parents"]]) == len(worst["slice"]["nodes"])
+    assert {int(e["attrs"]["data-index"]) for e in dom.by_class("step", "details")} == {s["index"] for s in flagged}
+    assert not [e for e in dom.elements if e["tag"] in ("script", "lambda", "bad", "slow")]
+    assert NASTY in dom.by_id("evidence")["text"]
 
 
-def test_a_step_chosen_by_the_url(report):
-    d, page = report
-    planted = next(s for s in d["steps"] if s["step_num"] == 15)
-    dom, _ = dump_dom(page.as_uri() + f"#step={planted['index']}")
-    assert next(e for e in dom.elements if e["tag"] == "body")["attrs"].get("data-step") == str(planted["index"])
-    text = dom.by_id("suspects")["text"]
-    assert "BE aten::mul" in text and "self_ns" in text
-    assert dom.by_class("suspect", "li")
-    calm = next(s for s in d["steps"] if not s["flag"])
-    dom, _ = dump_dom(page.as_uri() + f"#step={calm['index']}")
-    body = next(e for e in dom.elements if e["tag"] == "body")
-    assert body["attrs"].get("data-ready") == "1" and body["attrs"].get("data-step") == str(calm["index"])
-    assert dom.by_id("errors")["text"].strip() == ""
-    assert "not flagged" in dom.by_id("slice-tree")["text"] and not dom.by_class("suspect", "li")
+def test_screenshot_is_drawn(page, tmp_path):
+    _, path = page
+    out = tmp_path / "report.png"
+    chromium(f"--screenshot={out}", "--window-size=1280,1600", "--hide-scrollbars", path.as_uri())
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (1280, 1600)
+    try:
+        from PIL import Image
+    except ImportError:  # the size check above stands
+        return
+    img = Image.open(out).convert("RGB")
+    colours = img.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, bars, badges: not a blank page
+    # the header band is the page's dark header, the verdict's red card border shows below it
+    assert img.getpixel((640, 10))[0] < 60
+    reds = sum(n for n, (r, g, b) in colours if r > 150 and g < 60 and b < 60)
+    assert reds > 200

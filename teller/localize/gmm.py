@@ -500,6 +500,20 @@ class GMMLocalizer(BaseEstimator):
         out[ok] = np.expm1(L)
         return out
 
+    def reference_median(self, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
+        """Raw feature values at each row's family median in the reference (n × d; at the row's
+        batch size, when given): the family's typical value whatever mode a row falls in. NaN for
+        families the reference never saw."""
+        codes = self.family_codes(families)
+        out = np.full((len(codes), self.n_features_in_), np.nan)
+        ok = codes >= 0
+        c = codes[ok]
+        L = self.median_[c]
+        u = self._log_batch(batch, len(codes))[ok]
+        L = L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c]
+        out[ok] = np.expm1(L)
+        return out
+
     def _shift_groups(self, a: np.ndarray, codes: np.ndarray, step: np.ndarray, z: np.ndarray):
         """(step, family) groups of instances sorted by (step, family, -a): group starts, steps,
         families, the shift statistic m²_shift and sizes. m²_shift = Σ_j max(t_j, 0)² (Σ t_j² when

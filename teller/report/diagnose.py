@@ -23,10 +23,15 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
          "modules": [family...] (the suspects lifted to their modules, in suspect order; a
                     suspect outside every FE module stands for itself),
          "explained": [{node_id, family, by}],
-         "slice": {"nodes": [{id, parent, layer, name, start_ns, dur_ns, relevance, suspect}],
+         "slice": {"nodes": [{id, parent, layer, name, start_ns, dur_ns, reference_dur_ns,
+                             relevance, suspect}],
                    "edges": {"p": [[u, v]...], "t": [...], "c": [...]}, "dropped", "info"}} ]}
 
 Node ids are forest ``node_id`` values (``teller show RUN --step N`` prints the same tree).
+A slice node's ``reference_dur_ns`` is the reference's typical duration of that operator (its
+family's median duration in the reference runs, at the step's batch size; an evidence item's
+``reference`` is instead the centre of the mode the instance was matched to); null for nodes that
+are not scored instances (RT, DRV, K, ...) and for families the reference never saw.
 """
 
 from __future__ import annotations
@@ -86,6 +91,26 @@ def _requests_by_step(path: Path, step_ids: list[int]) -> dict[int, list[str]]:
     return {sid: sorted(rq, key=natural_key) for sid, rq in out.items()}
 
 
+def _reference_durations(est: GMMLocalizer, inst: Any, loc: Localization, inst_of_row: np.ndarray,
+                         rows: np.ndarray) -> list[float | None]:
+    """The reference's typical ``dur_ns`` of the forest ``rows`` that are scored instances (their
+    family's median duration in the reference, at the step's batch size), None for the others."""
+    out: list[float | None] = [None] * len(rows)
+    names = list(est.feature_names_in_)
+    if "dur_ns" not in names or not len(rows):
+        return out
+    k = inst_of_row[rows]
+    has = np.flatnonzero(k >= 0)
+    if not len(has):
+        return out
+    ki = k[has]
+    ref = est.reference_median(inst.family_of()[ki], None if inst.batch is None else inst.batch[ki])[:, names.index("dur_ns")]
+    ref = np.where(loc.unseen[ki], np.nan, ref)
+    for j, v in zip(has.tolist(), ref.tolist(), strict=True):
+        out[j] = _f(v, 1)
+    return out
+
+
 def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, source: str,
                     slice_config: SliceConfig | None = None) -> dict[str, Any]:
     """The diagnosis dict of one run (slices built for flagged steps only)."""
@@ -111,6 +136,8 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
     fe = fa.layer == LAYERS.index("FE")
     fe_of = np.where(fe, np.arange(fa.n), fa.nearest_ancestor(fe))  # the enclosing module (or itself)
     fe_family = np.asarray(fa.families, dtype=object)[fa.family] if fa.n else np.zeros(0, object)
+    inst_of_row = np.full(fa.n, -1, np.int64)
+    inst_of_row[inst.rows] = np.arange(inst.n)
     steps_out: list[dict[str, Any]] = []
     order = np.lexsort((st.rank, st.start))
     slice_nodes = 0
@@ -149,12 +176,15 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
             sl = build_slice(fa, rows, srows, row_a[rows], pairs, cfg, gpu)
             slice_nodes += len(sl.rows)
             par_ids = np.where(sl.parent >= 0, fa.node_id[np.maximum(sl.parent, 0)], -1)
+            ref_dur = _reference_durations(est, inst, loc, inst_of_row, sl.rows)
             d["slice"] = {
                 "nodes": [
                     {"id": int(fa.node_id[r]), "parent": int(p), "layer": LAYERS[fa.layer[r]],
                      "name": str(names[fa.name_codes[r]]), "start_ns": int(fa.start[r]),
-                     "dur_ns": int(fa.end[r] - fa.start[r]), "relevance": _f(rv, 3), "suspect": bool(sm)}
-                    for r, p, rv, sm in zip(sl.rows.tolist(), par_ids.tolist(), sl.relevance.tolist(), sl.suspect.tolist(), strict=True)
+                     "dur_ns": int(fa.end[r] - fa.start[r]), "reference_dur_ns": rd, "relevance": _f(rv, 3),
+                     "suspect": bool(sm)}
+                    for r, p, rd, rv, sm in zip(sl.rows.tolist(), par_ids.tolist(), ref_dur, sl.relevance.tolist(),
+                                                sl.suspect.tolist(), strict=True)
                 ],
                 "edges": {k: fa.node_id[v].tolist() for k, v in (("p", sl.edges_p), ("t", sl.edges_t), ("c", sl.edges_c))},
                 "dropped": int(sl.dropped),
@@ -405,10 +435,14 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
 # console summary
 
 
+#: iteration features that are durations in ns (teller.localize.features.ITER_FEATURES)
+_ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
+
+
 def _fmt_value(feature: str, v: float | None) -> str:
     if v is None:
         return "?"
-    if feature.endswith("_ns"):
+    if feature.endswith("_ns") or feature in _ITER_NS:
         return fmt_ns(v)
     if feature.endswith("bytes"):
         for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
