@@ -53,8 +53,11 @@ if mode == "fit":
     est.save(art)
     info = {"families": int(len(est.families_)), **est.extra_}
 else:
-    kw = {"localizer": art} if mode == "load" else {"reference": [ref]}
-    d = diagnose(run, out=out, html=True, model=False, **kw)
+    kw = {"localizer": art} if mode in ("load", "model") else {"reference": [ref]}
+    if mode == "model":  # the shipped root-cause model on the flagged steps, on one thread
+        import torch
+        torch.set_num_threads(1)
+    d = diagnose(run, out=out, html=True, **({} if mode == "model" else {"model": False}), **kw)
     s = d["summary"]
     info = {k: s[k] for k in ("steps", "steps_flagged", "instances", "slice_nodes")}
     info["phases"] = s["seconds"]
@@ -105,7 +108,7 @@ def speed(args: argparse.Namespace) -> int:
             ref, bad, events, nodes = make_pair(tmp, int(args.events), args.ranks)
         art, out = tmp / "loc.npz", tmp / "out"
         results = {}
-        for mode in ("fit", "load", "reference"):
+        for mode in ("fit", "load", "reference") + (("model",) if args.model else ()):
             best = None
             for i in range(args.repeat):
                 with con.status(f"{mode}: run {i + 1}/{args.repeat}"):
@@ -122,8 +125,8 @@ def speed(args: argparse.Namespace) -> int:
     g = 2**30
     print("\n| measurement | wall s | CPU s | peak RSS GiB | growth GiB |\n|---|---:|---:|---:|---:|")
     names = {"load": "diagnose --localizer (target)", "reference": "diagnose --reference (fit included)",
-             "fit": "localize fit"}
-    for mode in ("load", "reference", "fit"):
+             "fit": "localize fit", "model": "diagnose --localizer with the shipped root-cause model"}
+    for mode in ("load", "reference", "fit") + (("model",) if args.model else ()):
         r = results[mode]
         print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['hwm'] / g:.2f} | {(r['hwm'] - r['base_rss']) / g:.2f} |")
     print(f"\nrun: {events:,} events, {nodes:,} forest nodes, {results['load']['steps']} steps, "
@@ -338,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--ranks", type=int, default=1)
     sp.add_argument("--repeat", type=int, default=3)
     sp.add_argument("--dir", type=Path, default=None)
+    sp.add_argument("--model", action="store_true", help="also time diagnose with the shipped root-cause model")
     ap_acc = sub.add_parser("accuracy", help="step P/R/F1 and operator Macro+ F1 on planted anomalies")
     ap_acc.add_argument("--events", type=float, default=1.5e5, help="events per synthetic run")
     ap_acc.add_argument("--cpu", action="store_true", help="also record and score a CPU fault-injection campaign")

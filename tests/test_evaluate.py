@@ -3,8 +3,10 @@ data/h200_v2, and the command's outputs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -235,8 +237,13 @@ def test_split_masks_and_workload_message(vertical):
 
     train, test, desc = split_masks(vertical, "request")
     assert not (train & test).any() and train.any() and test.any()
+    # v2 serves two model shapes: the workload split trains on one and tests on the other
+    train, test, _ = split_masks(vertical, "workload")
+    assert not (train & test).any() and train.any() and test.any()
+    one_shape = copy.copy(vertical)
+    one_shape.split = {k: v for k, v in vertical.split.items() if k != "split_workload"}
     with pytest.raises(TellerError, match="one workload shape"):
-        split_masks(vertical, "workload")
+        split_masks(one_shape, "workload")
 
 
 @pytest.mark.parametrize("name", ["kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
@@ -285,21 +292,33 @@ def test_cli_writes_json_markdown_png(slice_ds, tmp_path):
     res = json.loads((out / "results.json").read_text())
     assert res["seed"] == 1 and "teller evaluate" in res["command"]
     blocks = {(b["view"], b["split"]): b for b in res["results"]}
-    assert "one workload shape" in blocks[("vertical", "workload")]["skipped"]
+    wl = blocks[("vertical", "workload")]
+    assert "skipped" not in wl and [r["method"] for r in wl["methods"]] == ["teller_numeric", "kmeans", "rf_names"]
     done = blocks[("vertical", "request")]
     assert [r["method"] for r in done["methods"]] == ["teller_numeric", "kmeans", "rf_names"]
     assert all("step" in r and "low_prior" in r for r in done["methods"])
     assert done["methods"][2]["fault_type"]["steps"] == done["test_abnormal"]
     md = (out / "results.md").read_text()
     assert "| TELLER numeric stage |" in md and "split `request`, view `vertical`, seed 1" in md
-    assert "not evaluated" in md
+    assert "split `workload`, view `vertical`, seed 1" in md
     for b in res["results"]:
         for p in b.get("plots", []):
             assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "f1_request_vertical.png").is_file() and (out / "low_prior_request_vertical.png").is_file()
-    # only an impossible split: a clear error, exit code 2, no table
-    rc = main(["evaluate", str(slice_ds), "--split", "workload", "-o", str(tmp_path / "none")])
+    # only an impossible split (a dataset of one model shape has no split_workload): a clear
+    # error, exit code 2, no table
+    one = tmp_path / "one_shape"
+    shutil.copytree(slice_ds, one)
+    rec = pq.read_table(one / "records.parquet")
+    pq.write_table(rec.drop_columns(["split_workload"]), one / "records.parquet")
+    rc = main(["evaluate", str(one), "--split", "workload", "-o", str(tmp_path / "none")])
     assert rc == 2 and not (tmp_path / "none" / "results.md").exists()
+    # beside a possible one, the impossible split is named in the tables and its block skipped
+    rc = main(["evaluate", str(one), "--split", "request,workload", "--view", "vertical", "--methods", "kmeans",
+               "-o", str(tmp_path / "mixed")])
+    res = json.loads((tmp_path / "mixed" / "results.json").read_text())
+    assert rc == 0 and "one workload shape" in {b["split"]: b for b in res["results"]}["workload"]["skipped"]
+    assert "not evaluated" in (tmp_path / "mixed" / "results.md").read_text()
 
 
 def test_horizontal_view_joins_rank_steps(slice_ds):
