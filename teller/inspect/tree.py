@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from teller.forest import Forest
@@ -25,13 +27,16 @@ def shapes(forest: Forest) -> np.ndarray:
     return sig
 
 
-def fmt_ns(ns: float) -> str:
-    """Human duration: 12.3 ms, 45.6 µs, 789 ns."""
+def fmt_ns(ns: float | None) -> str:
+    """Human duration: 12.3 ms, 45.6 µs, 789 ns ("?" for none or not a number)."""
+    if ns is None or not math.isfinite(float(ns)):
+        return "?"
     ns = float(ns)
-    if ns >= 1e9:
+    a = abs(ns)
+    if a >= 1e9:
         return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
+    if a >= 1e6:
         return f"{ns / 1e6:.2f} ms"
-    if ns >= 1e3:
+    if a >= 1e3:
         return f"{ns / 1e3:.1f} µs"
     return f"{ns:.0f} ns"

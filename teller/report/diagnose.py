@@ -59,7 +59,7 @@ from teller.localize import (
 )
 from teller.localize.features import RunFeatures, run_features
 from teller.reconstruct.ensure import ensure_reconstructed
-from teller.report.html import write_html
+from teller.report.html import fmt_value, write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
@@ -435,32 +435,13 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
 # console summary
 
 
-#: iteration features that are durations in ns (teller.localize.features.ITER_FEATURES)
-_ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
-
-
-def _fmt_value(feature: str, v: float | None) -> str:
-    if v is None:
-        return "?"
-    if feature.endswith("_ns") or feature in _ITER_NS:
-        return fmt_ns(v)
-    if feature.endswith("bytes"):
-        for unit, k in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if v >= k:
-                return f"{v / k:.1f} {unit}"
-        return f"{v:.0f} B"
-    if feature == "overlap":
-        return f"{100 * v:.0f}%"
-    return f"{v:.3g}"
-
-
 def evidence_text(item: dict[str, Any]) -> str:
     """One evidence item as text: ``self_ns 12.3 µs vs 4.1 µs (3.0×, z=+8.2)``."""
     if "note" in item:
         return item["note"]
     f = item["feature"]
     ratio = f"{item['ratio']:.1f}×, " if item.get("ratio") else ""
-    return f"{f} {_fmt_value(f, item['value'])} vs {_fmt_value(f, item['reference'])} ({ratio}z={item['z']:+.1f})"
+    return f"{f} {fmt_value(f, item['value'])} vs {fmt_value(f, item['reference'])} ({ratio}z={item['z']:+.1f})"
 
 
 def suspect_name(sp: dict[str, Any]) -> str:

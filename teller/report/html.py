@@ -33,6 +33,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from teller.inspect.tree import fmt_ns
+
 #: steps drawn one bar each per rank lane; beyond that, neighbouring steps share a bar
 MAX_BARS_PER_LANE = 1500
 #: rank lanes drawn in the timeline
@@ -160,21 +162,6 @@ _TERMS = {
 def _e(x: Any) -> str:
     """Escaped text (also for attribute values)."""
     return escape("" if x is None else str(x), quote=True)
-
-
-def fmt_ns(ns: float | None) -> str:
-    """A duration in words' units: ``83.23 ms``, ``22.7 µs``."""
-    if ns is None or not math.isfinite(float(ns)):
-        return "?"
-    ns = float(ns)
-    a = abs(ns)
-    if a >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if a >= 1e6:
-        return f"{ns / 1e6:.2f} ms"
-    if a >= 1e3:
-        return f"{ns / 1e3:.1f} µs"
-    return f"{ns:.0f} ns"
 
 
 def fmt_value(feature: str, v: float | None) -> str:
