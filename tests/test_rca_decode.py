@@ -44,3 +44,43 @@ def test_extend_gives_the_logits_of_the_whole_sequence(layers):
             full = net(prompt, pv, trace, target, torch.ones_like(target, dtype=torch.bool))["lm"][:, -1]
             assert torch.allclose(logits, full, atol=1e-4, rtol=1e-4), (logits - full).abs().max()
     assert cache.k[0].shape[2] == 12 + 20 + target.shape[1]  # one cached position per token
+
+
+def test_plain_torch_llama_equals_transformers():
+    """teller.rca.llama builds the same decoder as transformers' LlamaForCausalLM: one state dict
+    loads into both, and they give the same logits (grouped-query attention, padding in the mask)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from teller.rca import llama
+    from teller.rca.model import _mask, _positions
+
+    torch.manual_seed(0)
+    c = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    pad_token_id=0)
+    c._attn_implementation = "sdpa"
+    hf = LlamaForCausalLM(c).eval()
+    saved = {k: v for k, v in c.to_dict().items() if not k.startswith("_")}
+    assert llama.supports(saved)
+    lite = llama.LlamaLM(saved).eval()
+    missing, unexpected = lite.load_state_dict(hf.state_dict(), strict=True)
+    assert not missing and not unexpected
+    valid = torch.ones(3, 17, dtype=torch.bool)
+    valid[0, 10:13] = False
+    h = torch.randn(3, 17, 64)
+    kw = dict(inputs_embeds=h, attention_mask=_mask(valid, h.dtype), position_ids=_positions(valid), use_cache=False)
+    with torch.no_grad():
+        assert torch.allclose(lite(**kw).logits, hf(**kw).logits, atol=1e-5, rtol=1e-5)
+    for bad in ({"hidden_act": "gelu"}, {"attention_bias": True}, {"tie_word_embeddings": True},
+                {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}):
+        assert not llama.supports({**saved, **bad})  # what it does not implement goes to transformers
+
+
+def test_the_shipped_model_loads_and_predicts_without_transformers():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom teller.rca import load\nfrom teller.report.diagnose import DEFAULT_MODEL\n"
+            "m = load(DEFAULT_MODEL)\nprint(type(m.net.lm).__name__, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["LlamaLM", "False"]

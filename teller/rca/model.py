@@ -121,6 +121,10 @@ def llama_config(cfg: RCAConfig, vocab: int):
 def build_backbone(cfg: RCAConfig, vocab: int, pretrained: bool):
     """The causal LM: from ``cfg.backbone`` with ``from_pretrained`` when ``pretrained``, else
     built from ``cfg.backbone_config`` (a saved model) or from the size fields (a new model)."""
+    from teller.rca import llama
+
+    if not (pretrained and cfg.backbone) and cfg.backbone_config and llama.supports(cfg.backbone_config):
+        return llama.LlamaLM(cfg.backbone_config)  # a saved plain Llama: no transformers import (teller.rca.llama)
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
     if pretrained and cfg.backbone:
@@ -187,10 +191,14 @@ class MoTModel(nn.Module):
 
     def __init__(self, cfg: RCAConfig, text_vocab: int, trace_vocab: int, pretrained: bool = False):
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
-
         self.cfg = cfg
         self.lm = build_backbone(cfg, text_vocab, pretrained)
+        from teller.rca import llama
+
+        if isinstance(self.lm, llama.LlamaLM):
+            LlamaMLP, LlamaRMSNorm = llama.MLP, llama.RMSNorm
+        else:
+            from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
         base = self.lm.model
         if not all(hasattr(lay, a) for lay in base.layers for a in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")):
             from teller.errors import TellerError
@@ -201,13 +209,13 @@ class MoTModel(nn.Module):
         H = lc.hidden_size
         eps = getattr(lc, "rms_norm_eps", 1e-5)
         self.trace = TraceEncoder(trace_vocab, H, cfg.max_depth, cfg.max_parent_offset)
-        self.trace_ln1 = nn.ModuleList(LlamaRMSNorm(H, eps=eps) for _ in base.layers)
-        self.trace_ln2 = nn.ModuleList(LlamaRMSNorm(H, eps=eps) for _ in base.layers)
+        self.trace_ln1 = nn.ModuleList(LlamaRMSNorm(H, eps) for _ in base.layers)
+        self.trace_ln2 = nn.ModuleList(LlamaRMSNorm(H, eps) for _ in base.layers)
         self.trace_mlp = nn.ModuleList(LlamaMLP(lc) for _ in base.layers)
         if pretrained and cfg.backbone:
             for m, lay in zip(self.trace_mlp, base.layers, strict=True):
                 m.load_state_dict(lay.mlp.state_dict())
-        self.trace_norm = LlamaRMSNorm(H, eps=eps)
+        self.trace_norm = LlamaRMSNorm(H, eps)
         self.fault_head = nn.Linear(H, len(FAULT_TYPES))
         self.op_head = nn.Linear(H, 1)
 
@@ -226,7 +234,7 @@ class MoTModel(nn.Module):
         pos = _positions(valid)
         pe = base.rotary_emb(h, pos)
         mask = _mask(valid, _mask_dtype(h))
-        kw = {} if cache is None else {_cache_kw(): cache}
+        kw = {} if cache is None else {_cache_kw(base.layers[0].self_attn): cache}
         for i, lay in enumerate(base.layers):
             x = torch.cat([lay.input_layernorm(h[:, :P]), self.trace_ln1[i](h[:, P:P + T]),
                            lay.input_layernorm(h[:, P + T:])], 1)
@@ -259,7 +267,7 @@ class MoTModel(nn.Module):
         m = torch.zeros((valid.shape[0], 1, 1, valid.shape[1]), dtype=_mask_dtype(h), device=h.device)
         m.masked_fill_(~valid[:, None, None, :], torch.finfo(m.dtype).min)
         for lay in base.layers:  # the new token is in the log stream: the text branch's norms and MLP
-            h = h + lay.self_attn(lay.input_layernorm(h), position_embeddings=pe, attention_mask=m, **{_cache_kw(): cache})[0]
+            h = h + lay.self_attn(lay.input_layernorm(h), position_embeddings=pe, attention_mask=m, **{_cache_kw(lay.self_attn): cache})[0]
             h = h + lay.mlp(lay.post_attention_layernorm(h))
         cache.valid, cache.last_pos = valid, pos[:, 0]
         return self.lm.lm_head(base.norm(h))[:, 0].float()
@@ -282,15 +290,17 @@ class KVCache:
         return key, value
 
 
+def _cache_kw(attn: nn.Module) -> str:
+    """The attention module's name for its cache argument: ``cache`` (teller.rca.llama, and
+    transformers from 5.2x), ``past_key_values`` (earlier transformers)."""
+    return _forward_cache_kw(type(attn))
+
+
 @functools.cache
-def _cache_kw() -> str:
-    """The attention modules' name for the cache argument (``past_key_values`` until
-    transformers 5.2x renamed it ``cache``)."""
+def _forward_cache_kw(cls: type) -> str:
     import inspect
 
-    from transformers.models.llama.modeling_llama import LlamaAttention
-
-    return "cache" if "cache" in inspect.signature(LlamaAttention.forward).parameters else "past_key_values"
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 
