@@ -41,8 +41,11 @@ def teller(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None)
 
 
 def teller_popen(*args: str, cwd: Path) -> subprocess.Popen:
+    # a session of its own, without a controlling terminal: the signals the tests send come from
+    # another process (a supervisor's kill), never from a terminal the launcher would share with the
+    # engine (then it leaves SIGINT to the terminal: launcher._terminal_sent), wherever pytest runs
     return subprocess.Popen([sys.executable, "-m", "teller.cli", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 @pytest.fixture()
