@@ -32,7 +32,7 @@ def macro_f1(truth: Sequence[str], pred: Sequence[str], classes: Sequence[str]) 
 
 
 def evaluate_predictions(pred: list[dict[str, Any]], is_anomaly: np.ndarray, fault: np.ndarray,
-                         operator_labels: list[list[str]]) -> dict[str, Any]:
+                         operator_labels: list[list[str]], explanations: list[str] | None = None) -> dict[str, Any]:
     """Step F1, fault-type macro-F1 and operator-set metrics of ``pred`` (from ``RCA.predict``).
 
     - ``step``: the abnormal flag against ``is_anomaly``;
@@ -41,7 +41,10 @@ def evaluate_predictions(pred: list[dict[str, Any]], is_anomaly: np.ndarray, fau
     - ``fault_type_6``: six classes (normal + five) on every unit, end to end;
     - ``operator``: evidence families of predicted-abnormal units against ``operator_labels``
       (empty for normal units): per-unit P/R/F1/Jaccard with f = j = 1 when both are empty, and
-      Macro₊ on operator-positive units.
+      Macro₊ on operator-positive units;
+    - ``explanation`` (with ``explanations``, the units' reference sentences): corpus BLEU-1..4
+      (:func:`teller.evaluate.scores.bleu_scores`) of the model's own explanation against the
+      reference, on the truly abnormal units the model flagged and explained.
     """
     ab = np.asarray(is_anomaly, bool)
     names = np.asarray([FAULT_TYPES[int(f)] for f in fault], dtype=object)
@@ -57,4 +60,12 @@ def evaluate_predictions(pred: list[dict[str, Any]], is_anomaly: np.ndarray, fau
         "fault_type_6": macro_f1(names.tolist(), end.tolist(), FAULT_TYPES),
         "operator": operator_metrics(truth_ops, pred_ops),
         "explained": int(sum(bool(p["explanation"]) for p in pred)),
+        **({"explanation": _bleu(pred, ab, explanations)} if explanations is not None else {}),
     }
+
+
+def _bleu(pred: list[dict[str, Any]], ab: np.ndarray, refs: list[str]) -> dict[str, Any]:
+    from teller.evaluate.scores import bleu_scores
+
+    keep = [i for i, p in enumerate(pred) if ab[i] and p["abnormal"] and p["explanation"] and refs[i]]
+    return {"units": len(keep), **bleu_scores([pred[i]["explanation"] for i in keep], [refs[i] for i in keep])}

@@ -341,10 +341,13 @@ def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size
     prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
     pred = model.predict(prep, batch_size=batch_size, explain=explain)
     u = ds.units.select(idx)
-    res: dict[str, Any] = {"split": split, "part": part, "all": evaluate_predictions(pred, u.is_anomaly, u.fault, u.operator_labels)}
+    expl = list(u.explanation) if explain else None
+    res: dict[str, Any] = {"split": split, "part": part,
+                           "all": evaluate_predictions(pred, u.is_anomaly, u.fault, u.operator_labels, expl)}
     for v in ("vertical", "horizontal"):
         m = np.flatnonzero(u.view == v)
         if len(m):
             res[v] = evaluate_predictions([pred[i] for i in m.tolist()], u.is_anomaly[m], u.fault[m],
-                                          [u.operator_labels[i] for i in m.tolist()])
+                                          [u.operator_labels[i] for i in m.tolist()],
+                                          [expl[i] for i in m.tolist()] if expl is not None else None)
     return pred, res, idx
