@@ -40,12 +40,16 @@ def teller(*args: str, cwd: Path, timeout: float = 120, env: dict | None = None)
                           timeout=timeout, env=env)
 
 
+def _default_sigint() -> None:
+    # a suite started as a background job of a script inherits SIGINT ignored, and so would the
+    # recorded engine (the launcher passes on the dispositions it was given, as running the engine
+    # without it would): the tests that send SIGINT start the launcher from the default
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def teller_popen(*args: str, cwd: Path) -> subprocess.Popen:
-    # a session of its own, without a controlling terminal: the signals the tests send come from
-    # another process (a supervisor's kill), never from a terminal the launcher would share with the
-    # engine (then it leaves SIGINT to the terminal: launcher._terminal_sent), wherever pytest runs
     return subprocess.Popen([sys.executable, "-m", "teller.cli", *args], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint)
 
 
 @pytest.fixture()
