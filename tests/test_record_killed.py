@@ -13,11 +13,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from test_record_launcher import ENGINE, HOOKS, gone
+from test_record_launcher import ENGINE, HOOKS, gone, wait_for
 
 from teller.cli import main
 from teller.rundir import RunDir, recording_state
@@ -37,15 +36,6 @@ while True:
 '''
 
 
-def _wait_for(pred, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     (tmp_path / "mymod.py").write_text(ENGINE)
     (tmp_path / "hooks.toml").write_text(HOOKS)
@@ -55,7 +45,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     p = subprocess.Popen([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--hooks",
                           "hooks.toml", "--flush-interval", "0.2", "--", sys.executable, "prog.py"],
                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    _wait_for(lambda: len(list((run / "events").glob("*.parquet"))) >= 2 and any((run / "proc").glob("*.json")))
+    wait_for(lambda: len(list((run / "events").glob("*.parquet"))) >= 2 and any((run / "proc").glob("*.json")))
     return p, run
 
 
@@ -97,7 +87,7 @@ def test_launcher_sigkilled_takes_the_command_down(tmp_path: Path, capsys):
     try:
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=60)
-        _wait_for(lambda: gone(child), timeout=30)  # the engine did not outlive its launcher
+        wait_for(lambda: gone(child), timeout=30)  # the engine did not outlive its launcher
     finally:
         if not gone(child):
             os.kill(child, signal.SIGKILL)
