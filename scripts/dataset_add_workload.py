@@ -21,10 +21,8 @@ import pyarrow.parquet as pq
 
 from teller.dataset.build import workload_shape
 from teller.dataset.datasheet import write_datasheet
-from teller.dataset.splits import split_table
+from teller.dataset.splits import SPLIT_COLUMNS, split_table
 from teller.rundir import RunDir
-
-SPLITS = ("split_request", "split_run", "split_mechanism", "split_workload")
 
 
 def main() -> int:
@@ -38,8 +36,8 @@ def main() -> int:
             raise SystemExit(f"{meta / r}: no labels.json; give the runs' metadata folders")
         shape[r] = workload_shape(rd, rd.read_labels())
     wl = pa.array([shape[r] for r in rec.column("run_id").to_pylist()], pa.string())
-    old = {c: rec.column(c) for c in SPLITS if c in rec.column_names}
-    base = rec.drop_columns([c for c in ("workload", *SPLITS) if c in rec.column_names])
+    old = {c: rec.column(c) for c in SPLIT_COLUMNS if c in rec.column_names}
+    base = rec.drop_columns([c for c in ("workload", *SPLIT_COLUMNS) if c in rec.column_names])
     base = base.add_column(base.column_names.index("provenance"), "workload", wl)
     new, held = split_table(base, sheet.get("seed", 0))
     for c, col in old.items():

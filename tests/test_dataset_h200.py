@@ -22,12 +22,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from teller.dataset.splits import SPLIT_COLUMNS as SPLIT_COLS
+
 ROOT = Path(__file__).resolve().parents[1]
 DS = ROOT / "data" / "h200_v2"
 EXAMPLES = {"ex-op-delay-r0": ROOT / "examples" / "h200_faulty_op_delay",
             "ex-straggler-tp-r0": ROOT / "examples" / "h200_tp_straggler"}
 TABLES = ("records.parquet", "logs.parquet", "comm_edges.parquet", "iterations.parquet")
-SPLIT_COLS = ("split_request", "split_run", "split_mechanism", "split_workload")
 
 
 def _str(t: pa.Table, c: str) -> np.ndarray:

@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from teller.dataset.splits import SPLIT_COLUMNS
+
 
 def _counts(t: pa.Table, col: str, where: Any = None) -> dict[str, int]:
     vals = t.column(col).to_pylist()
@@ -39,7 +41,7 @@ def write_datasheet(records: pa.Table, runs: list[dict[str, Any]], out: Path, se
     ab = records.column("is_anomaly").to_pylist()
     n, na = records.num_rows, sum(bool(x) for x in ab)
     held_out = held_out or {}
-    split_cols = [c for c in ("split_request", "split_run", "split_mechanism", "split_workload") if c in records.column_names]
+    split_cols = [c for c in SPLIT_COLUMNS if c in records.column_names]
     sheet: dict[str, Any] = {
         "records": n, "abnormal": na, "fault_prior": (na / n) if n else 0.0, "seed": seed,
         "by_view": _counts(records, "view"),

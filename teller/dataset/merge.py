@@ -34,11 +34,11 @@ import pyarrow.parquet as pq
 from teller.dataset.build import TPE_FIELDS, _shift_edges
 from teller.dataset.codec import read_subtrees, write_subtree_parts
 from teller.dataset.datasheet import write_datasheet
-from teller.dataset.splits import split_table
+from teller.dataset.splits import SPLIT_COLUMNS, split_table
 from teller.errors import InputError, TellerError
 
 #: the records' columns a merge recomputes (the builder adds them after the runs' records)
-DERIVED = ("record_id", *TPE_FIELDS, "split_request", "split_run", "split_mechanism", "split_workload")
+DERIVED = ("record_id", *TPE_FIELDS, *SPLIT_COLUMNS)
 #: the tables concatenated as they are (each optional in a part)
 TABLES = ("logs", "comm_edges", "iterations")
 _NOT_A_DATASET = "give dataset folders written by `teller dataset build`"

@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 SPLITS = ("train", "val", "test")
+#: the split columns a records table can hold (split_workload only for two or more model shapes)
+SPLIT_COLUMNS = ("split_request", "split_run", "split_mechanism", "split_workload")
 
 
 def _cut(n: int, rng: np.random.Generator, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> np.ndarray:
