@@ -58,8 +58,8 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inv = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
         pos = position_ids[:, None, :].float()
-        with torch.autocast(device_type=x.device.type if x.device.type != "mps" else "cpu", enabled=False):
-            freqs = (inv.float() @ pos.float()).transpose(1, 2)
+        with torch.autocast(device_type=x.device.type, enabled=False):  # the angles in float32
+            freqs = (inv @ pos).transpose(1, 2)
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos(), emb.sin()
         return cos.to(x.dtype), sin.to(x.dtype)

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from teller.rca import llama
 from teller.rca.data import FAULT_TYPES
 from teller.rca.text import PAD
 
@@ -121,8 +122,6 @@ def llama_config(cfg: RCAConfig, vocab: int):
 def build_backbone(cfg: RCAConfig, vocab: int, pretrained: bool):
     """The causal LM: from ``cfg.backbone`` with ``from_pretrained`` when ``pretrained``, else
     built from ``cfg.backbone_config`` (a saved model) or from the size fields (a new model)."""
-    from teller.rca import llama
-
     if not (pretrained and cfg.backbone) and cfg.backbone_config and llama.supports(cfg.backbone_config):
         return llama.LlamaLM(cfg.backbone_config)  # a saved plain Llama: no transformers import (teller.rca.llama)
     from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
@@ -193,8 +192,6 @@ class MoTModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.lm = build_backbone(cfg, text_vocab, pretrained)
-        from teller.rca import llama
-
         if isinstance(self.lm, llama.LlamaLM):
             LlamaMLP, LlamaRMSNorm = llama.MLP, llama.RMSNorm
         else:
