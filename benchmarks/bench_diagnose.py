@@ -57,7 +57,7 @@ else:
     if mode == "model":  # the shipped root-cause model on the flagged steps, on one thread
         import torch
         torch.set_num_threads(1)
-    d = diagnose(run, out=out, html=True, **({} if mode == "model" else {"model": False}), **kw)
+    d = diagnose(run, out=out, html=True, model=None if mode == "model" else False, **kw)
     s = d["summary"]
     info = {k: s[k] for k in ("steps", "steps_flagged", "instances", "slice_nodes")}
     info["phases"] = s["seconds"]
