@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from teller.inspect.tree import fmt_ns
+from teller.localize.features import ITER_FEATURES
 
 #: steps drawn one bar each per rank lane; beyond that, neighbouring steps share a bar
 MAX_BARS_PER_LANE = 1500
@@ -58,8 +59,8 @@ MAX_REQUESTS = 20
 #: a suspect's calls are shown folded when it has more than this many
 FOLD_OVER = 12
 
-#: iteration features that are durations in ns
-_ITER_NS = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.gpu_busy")
+#: iteration features that are durations in ns (the ``iter.*`` ones; the ``batch.*`` ones are counts)
+_ITER_NS = tuple(f for f in ITER_FEATURES if f.startswith("iter."))
 #: operator names longer than this are shortened on the page (in full in their hover title)
 MAX_NAME = 72
 
