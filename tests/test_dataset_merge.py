@@ -101,6 +101,22 @@ def test_merge_equals_one_build_over_all_the_runs(built):
     assert json.loads((merged / "datasheet.json").read_text())["held_out_workloads"] == [held]
 
 
+def test_merge_of_one_shape_parts_equals_one_build(built, tmp_path):
+    """Parts of one model shape have no split_workload column, and neither has their merge."""
+    runs = built["runs"]
+    parts = []
+    for name in ("cpu_loop_stall", "cpu_normal"):
+        parts.append(tmp_path / name / "ds")
+        build_dataset([runs / name], parts[-1], **SAMPLING)
+    whole, merged = tmp_path / "whole" / "ds", tmp_path / "merged" / "ds"
+    build_dataset([runs / "cpu_loop_stall", runs / "cpu_normal"], whole, **SAMPLING)
+    merge_datasets(parts, merged)
+    rec = pq.read_table(merged / "records.parquet")
+    assert "split_workload" not in rec.column_names
+    _assert_same_table(pq.read_table(whole / "records.parquet"), rec, "records")
+    assert (whole / "datasheet.json").read_text() == (merged / "datasheet.json").read_text()
+
+
 def test_merge_refuses_overlapping_parts(built, tmp_path):
     c = tmp_path / "c"
     build_dataset([built["runs"] / "cpu_normal"], c, **SAMPLING)

@@ -121,7 +121,9 @@ def _records(p: Path, columns: list[str] | None) -> pa.Table:
         t = pq.read_table(f)
     except (OSError, pa.ArrowException) as e:
         raise InputError(f, f"unreadable ({e})", "rebuild this part with `teller dataset build`") from None
-    missing = [c for c in ("run_id", "request_id", "mechanism", "fault_type", "comm_edge_rows", *DERIVED) if c not in t.column_names]
+    # every column a build writes (split_workload only for datasets of two or more model shapes)
+    need = [c for c in ("run_id", "request_id", "mechanism", "fault_type", "comm_edge_rows", *DERIVED) if c != "split_workload"]
+    missing = [c for c in need if c not in t.column_names]
     if missing:
         raise InputError(f, f"no column {missing[0]!r}: not written by this version of `teller dataset build`",
                          "rebuild this part with `teller dataset build`")
@@ -130,7 +132,7 @@ def _records(p: Path, columns: list[str] | None) -> pa.Table:
             raise InputError(f, f"has TPE fields ({c!r} is filled)",
                              "merge before attaching a tokenizer: merge the parts built without one, then attach it "
                              "to the merged dataset (teller.dataset.build.attach_tpe)")
-    t = t.drop_columns(list(DERIVED))
+    t = t.drop_columns([c for c in DERIVED if c in t.column_names])
     if columns is not None and t.column_names != columns:
         raise InputError(f, f"has the record columns {t.column_names}, the first part {columns}",
                          "rebuild the parts with the same version of `teller dataset build`")
