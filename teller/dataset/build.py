@@ -353,28 +353,36 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     if not recs:
         raise TellerError(f"{', '.join(map(str, runs))}: no step records (no reconstructed, labelled runs); "
                           "run `teller inject run SPEC -o RUNS` first")
+    sampling = {"normal_every": normal_every, "max_normal": max_normal,
+                "rule": "all steps" if normal_every == 1 and not max_normal else
+                "every step number abnormal on some rank, and of the others those divisible by k, "
+                f"k = {normal_every}" + (f" or more so that at most about {max_normal} per run are kept" if max_normal else "")}
+    return write_dataset(recs, subs, {"logs": logs, "comm_edges": comms, "iterations": iters}, out, run_rows,
+                         seed, sampling, tpe)
+
+
+def write_dataset(recs: list[pa.Table], subs: list[pa.Table], tables: dict[str, list[pa.Table]], out: Path,
+                  run_rows: list[dict[str, Any]], seed: int, sampling: dict[str, Any] | None,
+                  tpe: Callable[[pa.Table, pa.Table], pa.Table] | None = None) -> dict[str, Any]:
+    """Write a dataset from its runs' (or parts') record, subtree and side tables, in order:
+    record ids, empty TPE fields (or ``tpe``'s), the splits of ``seed``, then the files and the
+    datasheet; returns the datasheet dict (shared by :func:`build_dataset` and
+    :func:`teller.dataset.merge.merge_datasets`, so a merge writes what one build would)."""
     records = pa.concat_tables(recs, promote_options="permissive")
     records = records.append_column("record_id", pa.array(np.arange(records.num_rows, dtype=np.int64)))
-    nulls = pa.nulls(records.num_rows, pa.list_(pa.int32()))
     for f in TPE_FIELDS:
-        records = records.append_column(f, nulls if f != "duration" else pa.nulls(records.num_rows, pa.list_(pa.int64())))
+        records = records.append_column(f, pa.nulls(records.num_rows, pa.list_(pa.int64() if f == "duration" else pa.int32())))
     records, held = split_table(records, seed)
     subtrees = pa.concat_tables([s.cast(subs[0].schema) if s.schema != subs[0].schema else s for s in subs],
                                 promote_options="permissive").unify_dictionaries()
     if tpe is not None:
         records = attach_tpe(records, subtrees, tpe)
+    out.mkdir(parents=True, exist_ok=True)
     pq.write_table(records, out / "records.parquet", compression="zstd")
     write_subtree_parts(subtrees, out / "subtrees")
-    if logs:
-        pq.write_table(pa.concat_tables(logs, promote_options="permissive"), out / "logs.parquet", compression="zstd")
-    if comms:
-        pq.write_table(pa.concat_tables(comms, promote_options="permissive"), out / "comm_edges.parquet", compression="zstd")
-    if iters:
-        pq.write_table(pa.concat_tables(iters, promote_options="permissive"), out / "iterations.parquet", compression="zstd")
-    sampling = {"normal_every": normal_every, "max_normal": max_normal,
-                "rule": "all steps" if normal_every == 1 and not max_normal else
-                "every step number abnormal on some rank, and of the others those divisible by k, "
-                f"k = {normal_every}" + (f" or more so that at most about {max_normal} per run are kept" if max_normal else "")}
+    for name, ts in tables.items():
+        if ts:
+            pq.write_table(pa.concat_tables(ts, promote_options="permissive"), out / f"{name}.parquet", compression="zstd")
     return write_datasheet(records, run_rows, out, seed=seed, held_out=held, sampling=sampling)
 
 

@@ -31,10 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from teller.dataset.build import TPE_FIELDS, _shift_edges
-from teller.dataset.codec import read_subtrees, write_subtree_parts
-from teller.dataset.datasheet import write_datasheet
-from teller.dataset.splits import SPLIT_COLUMNS, split_table
+from teller.dataset.build import TPE_FIELDS, _shift_edges, write_dataset
+from teller.dataset.codec import read_subtrees
+from teller.dataset.splits import SPLIT_COLUMNS
 from teller.errors import InputError, TellerError
 
 #: the records' columns a merge recomputes (the builder adds them after the runs' records)
@@ -187,18 +186,4 @@ def merge_datasets(parts: list[str | Path], out: str | Path, seed: int | None = 
                 tables[name].append(t)
     if progress is not None:
         progress(len(paths), len(paths))
-    # from here on as in build_dataset, over the parts' rows instead of the runs'
-    records = pa.concat_tables(recs, promote_options="permissive")
-    records = records.append_column("record_id", pa.array(np.arange(records.num_rows, dtype=np.int64)))
-    for f in TPE_FIELDS:
-        records = records.append_column(f, pa.nulls(records.num_rows, pa.list_(pa.int64() if f == "duration" else pa.int32())))
-    records, held = split_table(records, seed)
-    subtrees = pa.concat_tables([s.cast(subs[0].schema) if s.schema != subs[0].schema else s for s in subs],
-                                promote_options="permissive").unify_dictionaries()
-    out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(records, out / "records.parquet", compression="zstd")
-    write_subtree_parts(subtrees, out / "subtrees")
-    for name, ts in tables.items():
-        if ts:
-            pq.write_table(pa.concat_tables(ts, promote_options="permissive"), out / f"{name}.parquet", compression="zstd")
-    return write_datasheet(records, run_rows, out, seed=seed, held_out=held, sampling=sampling)
+    return write_dataset(recs, subs, tables, out, run_rows, seed, sampling)
