@@ -494,10 +494,7 @@ class GMMLocalizer(BaseEstimator):
         out = np.full((len(codes), self.n_features_in_), np.nan)
         ok = (codes >= 0) & (component >= 0)
         c, k = codes[ok], component[ok]
-        L = self.means_[c, k] * self.scale_[c] + self.median_[c]
-        u = self._log_batch(batch, len(codes))[ok]
-        L = L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c]
-        out[ok] = np.expm1(L)
+        out[ok] = self._raw_at_batch(self.means_[c, k] * self.scale_[c] + self.median_[c], c, batch, ok)
         return out
 
     def reference_median(self, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
@@ -508,11 +505,14 @@ class GMMLocalizer(BaseEstimator):
         out = np.full((len(codes), self.n_features_in_), np.nan)
         ok = codes >= 0
         c = codes[ok]
-        L = self.median_[c]
-        u = self._log_batch(batch, len(codes))[ok]
-        L = L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c]
-        out[ok] = np.expm1(L)
+        out[ok] = self._raw_at_batch(self.median_[c], c, batch, ok)
         return out
+
+    def _raw_at_batch(self, L: np.ndarray, c: np.ndarray, batch: np.ndarray | None, ok: np.ndarray) -> np.ndarray:
+        """Log-space values ``L`` of the rows ``ok`` (families ``c``) as raw feature values at
+        those rows' batch sizes (the family's batch slope applied; no shift without a batch)."""
+        u = self._log_batch(batch, len(ok))[ok]
+        return np.expm1(L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c])
 
     def _shift_groups(self, a: np.ndarray, codes: np.ndarray, step: np.ndarray, z: np.ndarray):
         """(step, family) groups of instances sorted by (step, family, -a): group starts, steps,
