@@ -104,7 +104,8 @@ def _reference_durations(est: GMMLocalizer, inst: Any, loc: Localization, inst_o
     if not len(has):
         return out
     ki = k[has]
-    ref = est.reference_median(inst.family_of()[ki], None if inst.batch is None else inst.batch[ki])[:, names.index("dur_ns")]
+    fam = np.asarray(inst.families, dtype=object)[inst.family[ki]]  # these rows' names only, not every instance's
+    ref = est.reference_median(fam, None if inst.batch is None else inst.batch[ki])[:, names.index("dur_ns")]
     ref = np.where(loc.unseen[ki], np.nan, ref)
     for j, v in zip(has.tolist(), ref.tolist(), strict=True):
         out[j] = _f(v, 1)
