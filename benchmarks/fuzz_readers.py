@@ -1,13 +1,18 @@
-"""Damaged real traces through ``ingest → reconstruct → stats``: how many are handled, and how.
+"""Damaged real traces through ``ingest → reconstruct → stats → diagnose → tpe``: how many are handled, and how.
 
 For every external trace (``tests/data/external``) and every damage family of ``tests/damage.py``
 (Kineto JSON, Nsight SQLite, recorder log lines, run-directory files) it builds ``--n`` damaged
-variants and runs the three commands on each in a child process under ``--timeout`` seconds,
-then sorts the outcome into:
+variants and runs the commands on each in a child process under ``--timeout`` seconds: ``ingest``,
+``reconstruct``, ``stats``, then ``diagnose --reference INTACT --html`` with the shipped root-cause
+model (the intact trace, ingested and reconstructed once, is the reference) and ``tpe train`` +
+``tpe encode`` on the damaged run (``--stages 3`` stops after ``stats``). Then it sorts the
+outcome into:
 
 - ``correct``: every command exits 0, the reader's counts balance (Kineto: events_in =
   events_out + skipped) and what was planted shows up in the counts (duplicates flagged, absurd
-  durations repaired, rows with text times rejected, bad log lines counted);
+  durations repaired, rows with text times rejected, bad log lines counted), and the later
+  stages agree with ``reconstruct`` (diagnosis steps = reconstructed steps, its counts reconcile;
+  one TPE row per step);
 - ``clear error``: a command exits 2 with one ``teller: error:`` line naming the file;
 - ``traceback``, ``hang`` (the child ran past the timeout) and ``wrong`` (exit 0 but unbalanced
   counts, or planted damage not reported).
@@ -69,7 +74,7 @@ def _stage(argv: list[str]) -> dict:
     return {"rc": rc, "err": errs[-1][:400] if errs else "", "n_err_lines": len(errs), "tail": lines[-6:]}
 
 
-def child(src: str, run: str, skip_ingest: bool) -> None:
+def child(src: str, run: str, skip_ingest: bool, reference: str | None = None) -> None:
     res: dict = {}
     if not skip_ingest:
         res["ingest"] = _stage(["ingest", src, "-o", run])
@@ -100,7 +105,32 @@ def child(src: str, run: str, skip_ingest: bool) -> None:
 
         flags = pq.read_table(la, columns=["flags"]).column("flags").to_pylist()
         res["log_bad_records"] = sum(1 for f in flags if f & 8)
+    if reference and res.get("reconstruct", {}).get("rc") == 0 and res.get("stats", {}).get("rc") == 0:
+        later(res, Path(run), reference)
     print(json.dumps(res, default=str))
+
+
+def later(res: dict, run: Path, reference: str) -> None:
+    """The user's next commands on the damaged run: a diagnosis against the intact trace (with the
+    shipped model and the HTML report), then a TPE vocabulary learned from it and its steps encoded."""
+    out = run / "fuzz_diagnosis"
+    res["diagnose"] = _stage(["diagnose", str(run), "--reference", reference, "-o", str(out), "--html", "-q"])
+    dj = out / "diagnosis.json"
+    if res["diagnose"]["rc"] == 0 and dj.is_file():
+        d = json.loads(dj.read_text())
+        s = d.get("summary", {})
+        res["diagnose_summary"] = {"steps": s.get("steps"), "flagged": s.get("steps_flagged"),
+                                   "reconciled": s.get("reconciled"), "html": (out / "report.html").is_file(),
+                                   "typed": sum(1 for st in d.get("steps", []) if st.get("fault_type"))}
+    tok = run / "fuzz_tpe"
+    res["tpe_train"] = _stage(["tpe", "train", str(run), "-o", str(tok), "--vocab-size", "300", "--max-steps", "400"])
+    if res["tpe_train"]["rc"] == 0:
+        enc = run / "fuzz_tpe.parquet"
+        res["tpe_encode"] = _stage(["tpe", "encode", str(tok), str(run), "-o", str(enc)])
+        if res["tpe_encode"]["rc"] == 0 and enc.is_file():
+            import pyarrow.parquet as pq
+
+            res["tpe_rows"] = pq.read_metadata(enc).num_rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,7 +140,7 @@ def child(src: str, run: str, skip_ingest: bool) -> None:
 def judge(res: dict | None, planted: dict, names: list[str]) -> tuple[str, str]:
     if res is None:
         return "hang", ""
-    for stage in ("ingest", "reconstruct", "stats"):
+    for stage in ("ingest", "reconstruct", "stats", "diagnose", "tpe_train", "tpe_encode"):
         r = res.get(stage)
         if r is None:
             continue
@@ -126,6 +156,14 @@ def judge(res: dict | None, planted: dict, names: list[str]) -> tuple[str, str]:
     if expect == "error":
         return "wrong", "exit 0 on input that must be refused"
     rs = res.get("reconstruct_summary") or {}
+    ds = res.get("diagnose_summary")
+    if res.get("diagnose", {}).get("rc") == 0:
+        if not ds:
+            return "wrong", "diagnose exit 0 without diagnosis.json"
+        if ds["steps"] != rs.get("steps") or not ds["reconciled"] or not ds["html"]:
+            return "wrong", f"diagnosis {ds} disagrees with reconstruct (steps {rs.get('steps')})"
+    if res.get("tpe_encode", {}).get("rc") == 0 and res.get("tpe_rows") != rs.get("steps"):
+        return "wrong", f"tpe encode wrote {res.get('tpe_rows')} rows for {rs.get('steps')} steps"
     if planted.get("ref") is not None and not rs.get("reconciled", True):
         return "wrong", "reconstruct counts do not reconcile"
     if expect in ("same", "error_or_same"):
@@ -164,8 +202,10 @@ def judge(res: dict | None, planted: dict, names: list[str]) -> tuple[str, str]:
     return "correct", ""
 
 
-def run_child(src: Path, run: Path, timeout: float, skip_ingest: bool = False) -> dict | None:
+def run_child(src: Path, run: Path, timeout: float, skip_ingest: bool = False,
+              reference: Path | None = None) -> dict | None:
     cmd = [sys.executable, __file__, "--child", str(src), str(run)] + (["--skip-ingest"] if skip_ingest else [])
+    cmd += ["--reference", str(reference)] if reference else []
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
     except subprocess.TimeoutExpired:
@@ -234,10 +274,14 @@ def main() -> int:
     ap.add_argument("--salvage-timing", action="store_true")
     ap.add_argument("--child", nargs=2, metavar=("SRC", "RUN"))
     ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--reference", help=argparse.SUPPRESS)
+    ap.add_argument("--stages", type=int, choices=(3, 5), default=5,
+                    help="3: ingest, reconstruct, stats; 5: also diagnose and tpe (default)")
+    ap.add_argument("--jobs", type=int, default=1, help="children run side by side")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
     if a.child:
-        child(a.child[0], a.child[1], a.skip_ingest)
+        child(a.child[0], a.child[1], a.skip_ingest, a.reference)
         return 0
     if a.salvage_timing:
         return salvage_timing(a.timeout)
@@ -248,7 +292,20 @@ def main() -> int:
     t_start = time.time()
     with tempfile.TemporaryDirectory(prefix="fuzz_readers_") as tmp_s:
         tmp = Path(tmp_s)
-        jobs: list[tuple[str, Path, dict, bool]] = []  # (label, src or run, planted, skip_ingest)
+        jobs: list[tuple[str, Path, dict, bool, Path | None]] = []  # (label, src or run, planted, skip_ingest, reference)
+        intact: dict[Path, Path | None] = {}
+
+        def reference_of(f: Path) -> Path | None:
+            """The intact trace ingested and reconstructed once: the reference of its damaged copies."""
+            if a.stages == 3:
+                return None
+            if f not in intact:
+                run = tmp / f"intact_{f.name.split('.')[0]}"
+                res = run_child(f, run, a.timeout)
+                ok = bool(res) and all((res.get(s) or {}).get("rc") == 0 for s in ("ingest", "reconstruct"))
+                intact[f] = run if ok else None
+            return intact[f]
+
         def pick(files: list[Path]) -> list[Path]:
             return [f for f in files if not a.traces or any(s in f.name for s in a.traces)]
 
@@ -257,25 +314,26 @@ def main() -> int:
                 for fam, build in damage.KINETO_DAMAGE.items():
                     for i in range(a.n):
                         p, planted = build(f, tmp / f"{f.name.split('.')[0]}_{fam}_{i}", rng)
-                        jobs.append((f"kineto/{fam}", p, planted, False))
+                        jobs.append((f"kineto/{fam}", p, planted, False, reference_of(f)))
         if "nsys" in only:
             for f in pick(damage.NSYS_FILES):
                 for fam, build in damage.NSYS_DAMAGE.items():
                     for i in range(a.n):
                         p, planted = build(f, tmp / f"{f.stem}_{fam}_{i}", rng)
-                        jobs.append((f"nsys/{fam}", p, planted, False))
+                        jobs.append((f"nsys/{fam}", p, planted, False, reference_of(f)))
         if only & {"logs", "rundir"}:
             ref, t0 = _reference_run(tmp, a.timeout)
+            ref_ref = ref if a.stages == 5 else None
             if "logs" in only:
                 for i in range(a.n * 3):
                     d = _copy_run(ref, tmp / f"logs_{i}")
                     (d / "logs").mkdir(exist_ok=True)
                     body, k = damage.log_lines(rng, t0)
                     (d / "logs" / "damaged.jsonl").write_bytes(body)
-                    jobs.append(("logs/jsonl", d, {"planted": k, "expect": "log_lines"}, True))
+                    jobs.append(("logs/jsonl", d, {"planted": k, "expect": "log_lines"}, True, ref_ref))
             if "rundir" in only:
                 for name, d, planted in rundir_variants(ref, tmp, rng):
-                    jobs.append((f"rundir/{name}", d, planted, True))
+                    jobs.append((f"rundir/{name}", d, planted, True, ref_ref))
         if "recorded" in only:  # damaged copies of the bundled recording (reconstruct + stats only)
             ref_run = damage.recorded_copy(tmp / "recorded_ref")
             ref = (run_child(ref_run, ref_run, a.timeout, True) or {}).get("reconstruct_summary") or {}
@@ -284,17 +342,25 @@ def main() -> int:
                 for i in range(a.n):
                     d = damage.recorded_copy(tmp / f"recorded_{fam}_{i}")
                     planted = {**build(d, rng), "ref": ref}
-                    jobs.append((f"recorded/{fam}", d, planted, True))
-        for k, (label, p, planted, skip) in enumerate(jobs):
+                    jobs.append((f"recorded/{fam}", d, planted, True, ref_run if a.stages == 5 else None))
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(k: int) -> tuple[int, str, str, float]:
+            label, p, planted, skip, reference = jobs[k]
             run = p if skip else tmp / f"run_{k}"
             t = time.time()
-            res = run_child(p, run, a.timeout, skip)
-            outcome, why = judge(res, planted, [p.name, str(p)])
-            tally[label][outcome] += 1
-            if outcome not in ("correct", "clear error"):
-                bad.append(f"{outcome:9s} {label:24s} {p.name}: {why}")
-            if a.verbose:
-                print(f"[{k + 1}/{len(jobs)}] {outcome:11s} {label} {p.name} {time.time() - t:.1f}s {why}", flush=True)
+            res = run_child(p, run, a.timeout, skip, reference)
+            outcome, why = judge(res, planted, [p.name, str(p), run.name])
+            return k, outcome, why, time.time() - t
+
+        with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+            for done, (k, outcome, why, dt) in enumerate(pool.map(one, range(len(jobs)))):
+                label, p = jobs[k][0], jobs[k][1]
+                tally[label][outcome] += 1
+                if outcome not in ("correct", "clear error"):
+                    bad.append(f"{outcome:9s} {label:24s} {p.name}: {why}")
+                if a.verbose:
+                    print(f"[{done + 1}/{len(jobs)}] {outcome:11s} {label} {p.name} {dt:.1f}s {why}", flush=True)
     total: Counter = Counter()
     print(f"{'family':26s} " + " ".join(f"{o:>11s}" for o in OUTCOMES))
     for label in sorted(tally):

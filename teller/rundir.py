@@ -459,11 +459,17 @@ def recording_state(rd: "RunDir") -> dict[str, Any]:
     ``proc/*.json`` (docs/design.md §17, killed recordings). Keys: ``status`` (``complete``,
     ``killed``, ``interrupted``: the launcher died before finishing run.json, ``recording``: its
     launcher is still alive), ``partial`` (bool), ``lost`` (counts) and ``words`` (lines for the
-    console). Runs that were not recorded here (ingested traces) are ``complete``."""
+    console). Runs that were not recorded here (ingested traces) are ``complete``, or ``damaged``
+    (partial) when the reader salvaged the events before a cut or a corruption of the file."""
     info = rd.read_info()
     status = info.extra.get("status")
     out: dict[str, Any] = {"status": "complete", "partial": False, "lost": {}, "words": []}
     if info.source != "teller record" or status is None:
+        salvaged = ((info.counts or {}).get("repaired_by_reason") or {}).get("salvaged_from_damaged_file")
+        if isinstance(salvaged, int) and salvaged > 0:
+            out.update(status="damaged", partial=True)
+            out["words"].append(f"the input trace is cut or corrupt: the {salvaged:,} complete events before the damage "
+                                "were kept, what the file held after it is lost (re-export the trace for a whole run)")
         return out
     procs = []
     for f in sorted((rd.path / "proc").glob("*.json")) if (rd.path / "proc").is_dir() else []:

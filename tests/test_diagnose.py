@@ -236,3 +236,32 @@ def test_metric_definitions():
 def test_iteration_durations_are_shown_as_durations():
     assert evidence_text({"feature": "iter.gap", "value": 4.38e7, "reference": 1.06e5, "ratio": 412.2, "z": 18.5}) == \
         "iter.gap 43.80 ms vs 106.0 µs (412.2×, z=+18.5)"
+
+
+def test_a_cut_trace_is_diagnosed_as_partial(tmp_path):
+    """A trace cut mid-file is read up to the cut; the diagnosis says the run is partial and
+    why, in diagnosis.json, on the console and in the report (issue: damage shown where the
+    user looks)."""
+    import gzip
+
+    src = EXT / "kineto" / "hta_backward_thread.json"
+    text = src.read_bytes()
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(gzip.compress(text[: int(len(text) * 0.6)]))
+    ingest(src, tmp_path / "ref")
+    ingest(cut, tmp_path / "cut")
+    d = diagnose(tmp_path / "cut", reference=[tmp_path / "ref"], out=tmp_path / "o", html=True, model=False)
+    h = d["health"]
+    assert h["partial"] and [r["status"] for r in h["runs"]] == ["damaged", "complete"]
+    assert any("cut or corrupt" in ln and ln.startswith("run ") for ln in h["lines"])
+    assert json.loads((tmp_path / "o" / "diagnosis.json").read_text())["health"] == h
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert "The input is partial" in page and "cut or corrupt" in page
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    print_summary(d, con)
+    assert "is partial (damaged)" in con.export_text()
+    # the intact trace is not partial, and says nothing
+    d2 = diagnose(tmp_path / "ref", reference=[tmp_path / "ref"], out=tmp_path / "o2", model=False)
+    assert not d2["health"]["partial"] and d2["health"]["lines"] == []

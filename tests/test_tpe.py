@@ -344,3 +344,22 @@ def test_serialize_run_of_fixed_windows_serializes_each_windows_rows(tmp_path):
         assert rows.tolist() == np.flatnonzero(f.step_idx == k).tolist()
         par = seq.parent[seq.offsets[k]:seq.offsets[k + 1]]
         assert [rows[p] if p >= 0 else -1 for p in par.tolist()] == f.parent[rows].tolist()
+
+
+def test_cli_encode_of_fixed_windows_keeps_one_row_per_step(tmp_path):
+    """A window step has no node (step_id -1 in steps.parquet): encode matches sequences to steps
+    by position and writes each window's step_num (it used to look ids up and crash)."""
+    src = Path(__file__).parent / "data" / "external" / "kineto" / "hta_alexnet.json.gz"
+    ingest(src, tmp_path / "run")
+    reconstruct(tmp_path / "run")
+    steps = pq.read_table(tmp_path / "run" / "steps.parquet")
+    assert (steps.column("step_id").to_numpy() == -1).all()
+    cli = CliRunner()
+    r = cli.invoke(_app(), ["tpe", "train", str(tmp_path / "run"), "-o", str(tmp_path / "tok"), "--vocab-size", "300"])
+    assert r.exit_code == 0, r.output
+    r = cli.invoke(_app(), ["tpe", "encode", str(tmp_path / "tok"), str(tmp_path / "run"), "-o", str(tmp_path / "e.parquet")])
+    assert r.exit_code == 0, r.output
+    t = pq.read_table(tmp_path / "e.parquet")
+    assert t.column("step_num").to_pylist() == steps.column("step_num").to_pylist()
+    f = Forest.read(tmp_path / "run")
+    assert t.column("n_nodes").to_pylist() == np.bincount(f.step_idx[f.step_idx >= 0], minlength=steps.num_rows).tolist()

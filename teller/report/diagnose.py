@@ -12,6 +12,8 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "steps_rule": {"rule": "STEP ranges" | "profiler steps" | "fixed windows", "detail": ...},
      "localizer": {hyper-parameters, families, reference summary},
      "summary": {steps, flagged, instances, unseen families, counts that reconcile, seconds},
+     "health": {"partial", "runs": [{role, path, status, partial, lost}], "lines": [...]} (what is
+                wrong with the run and its references: killed or cut input, repairs, warnings),
      "steps": [ per step, in time order:
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
          "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
@@ -264,6 +266,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     loc = localize(est, rf.instances)
     t_loc = time.perf_counter() - t0 - t_fit - t_feat
     diag = build_diagnosis(rf, est, loc, source, slice_config)
+    diag["health"] = input_health(run, reference or [])
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if model is not False:
@@ -287,6 +290,24 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
     diag["paths"] = paths
     return diag
+
+
+def input_health(run: str | os.PathLike, reference: list[str | os.PathLike]) -> dict[str, Any]:
+    """What is wrong with the diagnosed run and its references, in words
+    (:func:`teller.inspect.stats.run_health`): a partial run (killed or interrupted recording, a
+    cut trace), reader warnings, clock repairs, drops. ``partial`` is true when any of them is
+    partial; ``lines`` are prefixed with the run they concern."""
+    from teller.inspect.stats import run_health
+
+    out: dict[str, Any] = {"partial": False, "runs": [], "lines": []}
+    for role, r in [("run", run), *(("reference", x) for x in reference)]:
+        h = run_health(r)
+        out["runs"].append({"role": role, "path": str(r), "status": h["status"], "partial": h["partial"], "lost": h["lost"]})
+        out["partial"] = out["partial"] or h["partial"]
+        if h["partial"]:
+            out["lines"].append(f"{role} {r} is partial ({h['status']})")
+        out["lines"] += [f"{role} {r}: {ln}" for ln in h["lines"]]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -491,6 +512,7 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
 def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, detail: int = 3) -> None:
     """Readable summary: the worst steps, their suspects and the evidence."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = console or Console()
@@ -505,6 +527,8 @@ def print_summary(diag: dict[str, Any], console: Any = None, top: int = 10, deta
         con.print(f"[yellow]unseen in the reference[/]: {len(s['unseen_families'])} families ({shown})")
     if s.get("warning"):
         con.print(f"[yellow]warning[/]: {s['warning']}")
+    for line in (diag.get("health") or {}).get("lines", []):
+        con.print(f"[yellow]warning[/]: {escape(line)}", highlight=False, soft_wrap=True)
     print_verdicts(diag, con, top=top)
     steps = [x for x in diag["steps"] if x["score"] is not None]
     worst = sorted(steps, key=lambda x: (-x["score"], x["start_ns"]))[:top]

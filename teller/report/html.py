@@ -46,6 +46,8 @@ MAX_MARKERS = 400
 MAX_DETAILED_STEPS = 25
 #: rows of the table of the other flagged steps
 MAX_TABLE_ROWS = 500
+#: lines about the input (partial run, repairs, reader warnings) shown above the verdict
+MAX_HEALTH_LINES = 8
 #: verdict groups shown; steps named per group
 MAX_GROUPS = 12
 #: cards of the numeric stage's own verdict groups (steps with the same first suspect); the other
@@ -265,6 +267,13 @@ class _Page:
                            "the evidence is the numeric stage's.</p>")
         if s.get("warning"):
             out.append(f'<p class="warning">Warning: {_e(s["warning"])}</p>')
+        health = self.d.get("health") or {}
+        if health.get("lines"):
+            head = "The input is partial: " if health.get("partial") else "About the input: "
+            items = "".join(f"<li>{_e(x)}</li>" for x in health["lines"][:MAX_HEALTH_LINES])
+            more = len(health["lines"]) - MAX_HEALTH_LINES
+            items += f"<li>{more:,} more in diagnosis.json (health)</li>" if more > 0 else ""
+            out.append(f'<div class="warning"><p>{head}what the diagnosis reads may be incomplete.</p><ul>{items}</ul></div>')
         groups = self.groups
         for g in groups[:MAX_GROUPS]:
             out.append(self._group_card(g))

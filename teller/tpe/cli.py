@@ -56,11 +56,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Encode every step of a run: one row per step with input_ids, parent_idx, duration, depth."""
         import numpy as np
-        import pyarrow as pa
         import pyarrow.parquet as pq
         from rich.markup import escape
 
         from teller.cliutil import console
+        from teller.errors import TellerError
         from teller.rundir import RunDir
         from teller.tpe.tokenizer import TraceTokenizer
 
@@ -69,9 +69,13 @@ def register(app: typer.Typer) -> None:
         table = enc.to_arrow().rename_columns(["step_id", *enc.to_arrow().column_names[1:]])
         rd = RunDir(run)
         if rd.has_table("steps"):
+            # one sequence per row of steps.parquet, in its order (serialize_run); a window step has
+            # no node of its own (step_id -1 there), so rows are matched by position, not by id
             steps = rd.read_table("steps").select(["step_id", "step_num"])
-            pos = np.searchsorted(steps.column("step_id").to_numpy(), table.column("step_id").to_numpy())
-            table = table.add_column(1, "step_num", steps.column("step_num").take(pa.array(pos)))
+            if steps.num_rows != table.num_rows:
+                raise TellerError(f"{rd.path / 'steps.parquet'}: {steps.num_rows} steps but {table.num_rows} encoded "
+                                  f"sequences; re-run `teller reconstruct {run}`")
+            table = table.add_column(1, "step_num", steps.column("step_num"))
         dest = Path(out) if out else rd.path / "tpe.parquet"
         dest.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(table, dest, compression="zstd")
