@@ -90,12 +90,23 @@ ARTEFACT_VERSION = 2
 _LOG2PI = math.log(2 * math.pi)
 
 
+#: rows per block in the distance computations (bounds the (rows × components × features) temporaries)
+_BLOCK = 16384
+
 #: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
 MIN_SAMPLES_PER_DIM = 10
 
 
-@dataclass
+def _distinct_rows(Z: np.ndarray, cap: int) -> int:
+    """Number of distinct rows of ``Z``, counted up to ``cap``."""
+    count, rest = 0, Z
+    while len(rest) and count < cap:
+        count += 1
+        rest = rest[(rest != rest[0]).any(axis=1)]
+    return count
 
+
+@dataclass
 class StepScores:
     """Step-level output of :meth:`GMMLocalizer.score_steps`, all arrays."""
 
@@ -212,17 +223,18 @@ class GMMLocalizer(BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         g = None if groups is None else np.asarray(groups).astype(np.int64)
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
-        z_cal = np.full((len(X), d), np.nan)  # held-out deviations of every reference instance
+        z_cal = np.full((len(X), d), np.nan, order="F")  # held-out deviations of every reference instance
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
-            z_cal[idx] = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
+            cols, zf = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
+            z_cal[np.ix_(idx, cols)] = zf
         # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
         self.shift_radius_ = chi2.isf(self.tail, np.maximum(self.varying_, 1)).astype(np.float64)
         if self.shift_test and g is not None:
             ok = g >= 0
-            _, _, sf_fam, m2s, gsize = self._shift_groups(np.zeros(int(ok.sum())), inv[ok], g[ok], z_cal[ok])
+            sf_fam, m2s, gsize = self._shift_groups(inv, g, z_cal, ok)
             use = gsize >= 2
             for f in np.unique(sf_fam[use]).tolist():  # families
                 v = m2s[use & (sf_fam == f)]
@@ -236,13 +248,25 @@ class GMMLocalizer(BaseEstimator):
         names = [str(x) for x in self.feature_names_in_]
         return np.array([self.count_scale if x.endswith("_n") else self.min_scale for x in names])
 
-    def _transform_raw(self, Xf: np.ndarray) -> np.ndarray:
-        L = np.log1p(np.maximum(Xf, 0.0))
-        L[~np.isfinite(Xf)] = np.nan
-        ctx = [i for i, x in enumerate(self.feature_names_in_) if str(x) in set(self.context_features or ())]
-        if ctx:
-            L[:, ctx] = np.nan  # context only: never scored
+    def _context_mask(self) -> np.ndarray:
+        """Per feature: a context feature (never scored)."""
+        ctx = set(self.context_features or ())
+        return np.array([str(x) in ctx for x in self.feature_names_in_], bool)
+
+    @staticmethod
+    def _log_raw(Xc: np.ndarray) -> np.ndarray:
+        """log(1 + max(x, 0)), NaN where x is not finite."""
+        L = np.log1p(np.maximum(Xc, 0.0))
+        L[~np.isfinite(Xc)] = np.nan
         return L
+
+    def _debatch_cols(self, f: int, L: np.ndarray, u: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """:meth:`_debatch` of the feature columns ``cols`` only."""
+        b = self.slope_[f, cols]
+        if not b.any():
+            return L
+        du = np.where(np.isfinite(u), u - self.batch_center_[f], 0.0)
+        return L - du[:, None] * b
 
     def _log_batch(self, batch: np.ndarray | None, n: int) -> np.ndarray:
         """log(batch) per row (NaN where unknown or when batch normalisation is off)."""
@@ -254,8 +278,9 @@ class GMMLocalizer(BaseEstimator):
         with np.errstate(all="ignore"):
             return np.where(b > 0, np.log(b), np.nan)
 
-    def _fit_slope(self, f: int, L: np.ndarray, u: np.ndarray) -> None:
-        """Per-feature slope of the log features on log(batch) over family f's reference rows."""
+    def _fit_slope(self, f: int, L: np.ndarray, u: np.ndarray, cols: np.ndarray | None = None) -> None:
+        """Per-feature slope of the log features on log(batch) over family f's reference rows
+        (``L``: the feature columns ``cols``, default all)."""
         ok = np.isfinite(u)
         if ok.sum() < max(self.min_family_size, 2) or float(np.std(u[ok])) < 0.1:
             return  # the reference saw one batch size: nothing to learn
@@ -269,15 +294,8 @@ class GMMLocalizer(BaseEstimator):
             cov = np.nansum(np.where(fin, (Lk - mL) * du[:, None], np.nan), axis=0)
             var = np.sum(np.where(fin, du[:, None] ** 2, 0.0), axis=0)
             b = np.where((var > 0) & np.isfinite(cov), cov / np.where(var > 0, var, 1.0), 0.0)
-        self.slope_[f] = np.clip(b, 0.0, self.max_slope)
+        self.slope_[f, slice(None) if cols is None else cols] = np.clip(b, 0.0, self.max_slope)
         self.batch_center_[f] = uc
-
-    def _debatch(self, f: int, L: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """L minus family f's batch trend (rows of unknown batch unchanged)."""
-        if not self.slope_[f].any():
-            return L
-        du = np.where(np.isfinite(u), u - self.batch_center_[f], 0.0)
-        return L - du[:, None] * self.slope_[f]
 
     def _mixture(self, Z: np.ndarray, floor: np.ndarray, k: int | None, rng: np.random.Generator):
         """Weights, means and floored variances of a diagonal mixture on ``Z`` (k components, or
@@ -288,29 +306,44 @@ class GMMLocalizer(BaseEstimator):
         if n < self.min_family_size:
             # too few samples to trust a spread: one robust unit at least
             return np.ones(1), Z.mean(axis=0, keepdims=True), np.maximum(np.maximum(Z.var(axis=0, keepdims=True), floor), 1.0)
+        # columns constant over the sample (features a family never moves, missing values at the
+        # median) are left out of the EM: every component has them at their value with variance
+        # reg_covar, adding the same log-likelihood to each, so the fit, the responsibilities
+        # and the BIC order (its parameter count is corrected below) are those of the full data
+        kcap = self.weights_.shape[1]
+        moving = np.flatnonzero(Z.max(axis=0) > Z.min(axis=0))
+        n_const = Z.shape[1] - len(moving)
+        distinct = _distinct_rows(Z[:, moving], kcap)
         if k is None:
             # a diagonal component holds 2 parameters per varying dimension: at least
             # MIN_SAMPLES_PER_DIM samples per dimension and component, or the extra components
             # fit the reference's own noise (a step-level family of 150 steps in 8 dimensions
             # gets one component; operator families of thousands keep their choice)
             dims = max(1, int((Z.std(axis=0) > 0).sum()))
-            kmax = min(self.weights_.shape[1], max(1, n // max(self.min_family_size, 1)), len(np.unique(Z, axis=0)),
+            kmax = min(kcap, max(1, n // max(self.min_family_size, 1)), distinct,
                        max(1, n // (MIN_SAMPLES_PER_DIM * dims)))
             ks = range(1, kmax + 1)
         else:
-            ks = [max(1, min(k, len(np.unique(Z, axis=0))))]
+            ks = [max(1, min(k, distinct))]
+        if not len(moving):  # one point: one component at it
+            return np.ones(1), Z[:1].copy(), np.maximum(np.full((1, Z.shape[1]), self.reg_covar), floor)
+        Zm = Z[:, moving]
         best = None
         for kk in ks:
             gm = GaussianMixture(kk, covariance_type="diag", reg_covar=self.reg_covar, random_state=self.random_state,
                                  max_iter=200, init_params="k-means++")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
-                gm.fit(Z)
-            bic = gm.bic(Z) if len(ks) > 1 else 0.0
+                gm.fit(Zm)
+            bic = gm.bic(Zm) + 2 * kk * n_const * math.log(n) if len(ks) > 1 else 0.0
             if best is None or bic < best[0]:
                 best = (bic, gm)
         gm = best[1]
-        return gm.weights_, gm.means_, np.maximum(gm.covariances_, floor)
+        kk = len(gm.weights_)
+        mu = np.repeat(Z[:1], kk, axis=0)
+        var = np.full((kk, Z.shape[1]), self.reg_covar)
+        mu[:, moving], var[:, moving] = gm.means_, gm.covariances_
+        return gm.weights_, mu, np.maximum(var, floor)
 
     def _tail_radius(self, m2: np.ndarray, dof: int) -> float:
         """The 1 − ``tail`` point of the reference's distances, extrapolated from their
@@ -329,14 +362,21 @@ class GMMLocalizer(BaseEstimator):
         return central
 
     def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
-                    u: np.ndarray | None = None) -> np.ndarray:
-        """Fit family f; returns the (held-out, when cross-fitting) deviations z of its rows."""
-        L = self._transform_raw(Xf)
+                    u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Fit family f; returns the feature columns it has values in and its rows' (held-out,
+        when cross-fitting) deviations z in those columns."""
+        fin_x = np.isfinite(Xf)
+        self.nan_values_ += int(fin_x.size - np.count_nonzero(fin_x))
+        # the family's columns with any value (the rest: median 0, the scale floor, a unit
+        # component at 0, as a column without data would get); context columns are never scored
+        cols = np.flatnonzero(fin_x.any(axis=0) & ~self._context_mask())
+        min_scale_all = self._min_scale()
+        self.scale_[f] = min_scale_all
+        L = self._log_raw(Xf[:, cols])
         if u is not None:
-            self._fit_slope(f, L, u)
-            L = self._debatch(f, L, u)
+            self._fit_slope(f, L, u, cols)
+            L = self._debatch_cols(f, L, u, cols)
         nan = np.isnan(L)
-        self.nan_values_ += int((~np.isfinite(Xf)).sum())
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (features of other layers)
             med = np.nanmedian(L, axis=0) if len(L) else np.zeros(L.shape[1])
@@ -344,16 +384,17 @@ class GMMLocalizer(BaseEstimator):
             varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum()) if len(L) else 0
         med = np.where(np.isfinite(med), med, 0.0)
         iqr = np.where(np.isfinite(q75 - q25), q75 - q25, 0.0)
-        min_scale = self._min_scale()
+        min_scale = min_scale_all[cols]
         scale = np.maximum(iqr / 1.349, min_scale)
-        self.median_[f], self.scale_[f] = med, scale
+        self.median_[f, cols], self.scale_[f, cols] = med, scale
         Z = (L - med) / scale
         Zfit = np.where(nan, 0.0, Z)  # fit on the median where a value is missing
         floor = (min_scale / scale) ** 2  # component variance floor, in z units
         w, mu, var = self._mixture(Zfit, floor, None, rng)
         k = len(w)
         self.n_components_[f] = k
-        self.weights_[f, :k], self.means_[f, :k], self.covariances_[f, :k] = w, mu, var
+        self.weights_[f, :k] = w
+        self.means_[f, :k][:, cols], self.covariances_[f, :k][:, cols] = mu, var
         self.central_[f, :k] = self._central(w)
         self.varying_[f] = varying
         # radius: the chi-square quantile, or the reference's own 1 - tail quantile of the distance
@@ -369,36 +410,51 @@ class GMMLocalizer(BaseEstimator):
             else:
                 pw, pmu, pvar = w, mu, var
             central = self._central(pw)
-            m2, _ = self._comp_stats(Z[test], ~nan[test], pw, pmu, pvar)
+            m2, _ = self._comp_stats(Z[test], ~nan[test], pw, pmu, pvar, logp=False)
             best, z[test] = self._best_z(Z[test], ~nan[test], m2, central, pmu, pvar)
             own[test] = m2[np.arange(len(best)), best]
         own = own[np.isfinite(own)]
         dof = max(varying, 1)
         r_emp = self._tail_radius(own, dof)
         if crossfit:  # the final mixture's own distances too: it may be sharper than the folds'
-            m2, _ = self._comp_stats(Z, ~nan, w, mu, var)
+            m2, _ = self._comp_stats(Z, ~nan, w, mu, var, logp=False)
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
-        return z
+        return cols, z
 
     # ---------------------------------------------------------------------------------------
     # scoring
 
-    def _comp_stats(self, Z: np.ndarray, finite: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray):
+    def _comp_stats(self, Z: np.ndarray, finite: np.ndarray, w: np.ndarray, mu: np.ndarray, var: np.ndarray,
+                    logp: bool = True):
         """Per row and component: the squared distance m²_k (with ``one_sided`` only excesses
-        over the component's centre count) and log(π_k N_k) of the full Gaussian. NaNs are
-        marginalized."""
-        k = len(w)
-        Zc = np.where(finite, Z, 0.0)
-        fin = finite.astype(np.float64)
-        m2 = np.empty((len(Z), k))
-        logp = np.empty((len(Z), k))
-        for j in range(k):
-            diff = Zc - mu[j]
-            full = (diff ** 2 / var[j] * fin).sum(axis=1)
-            logp[:, j] = math.log(max(w[j], 1e-300)) - 0.5 * (fin @ (np.log(var[j]) + _LOG2PI)) - 0.5 * full
-            m2[:, j] = (np.maximum(diff, 0.0) ** 2 / var[j] * fin).sum(axis=1) if self.one_sided else full
-        return m2, logp
+        over the component's centre count) and, with ``logp``, log(π_k N_k) of the full Gaussian
+        (else None). NaNs are marginalized: ``finite`` is ``~isnan(Z)``. Columns with no finite
+        value are left out (they add nothing); rows are taken in blocks (bounded temporaries)."""
+        k, n = len(w), len(Z)
+        cols = np.flatnonzero(finite.any(axis=0)) if n else np.zeros(0, np.int64)
+        if len(cols) < Z.shape[1]:
+            Z, finite, mu, var = Z[:, cols], finite[:, cols], mu[:, cols], var[:, cols]
+        ivar = 1.0 / var
+        m2 = np.empty((n, k))
+        lp = np.empty((n, k)) if logp else None
+        if logp:
+            logw = np.log(np.maximum(w, 1e-300))
+            lognorm = np.log(var) + _LOG2PI  # (k, d)
+        for lo in range(0, n, _BLOCK):
+            Zb, fb = Z[lo:lo + _BLOCK], finite[lo:lo + _BLOCK]
+            D = Zb[:, None, :] - mu[None]  # (b, k, d); NaN where Z is missing
+            if logp or not self.one_sided:
+                full = np.einsum("bkd,kd->bk", np.where(fb[:, None, :], D * D, 0.0), ivar)
+                if logp:
+                    lp[lo:lo + _BLOCK] = logw - 0.5 * (fb.astype(np.float64) @ lognorm.T) - 0.5 * full
+                if not self.one_sided:
+                    m2[lo:lo + _BLOCK] = full
+            if self.one_sided:
+                np.fmax(D, 0.0, out=D)  # missing values (NaN) count 0
+                D *= D
+                m2[lo:lo + _BLOCK] = np.einsum("bkd,kd->bk", D, ivar)
+        return m2, lp
 
     @staticmethod
     def _best_m2(m2: np.ndarray, central: np.ndarray) -> np.ndarray:
@@ -409,14 +465,14 @@ class GMMLocalizer(BaseEstimator):
                 var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Nearest central component of each row and the row's deviation from it, per feature, in
         that component's standard deviations (NaN where the feature is missing)."""
-        m2c = np.where(central, m2, np.inf)
-        best = np.argmin(m2c, axis=1)
-        z = np.where(finite, (Z - mu[best]) / np.sqrt(var[best]), np.nan)
+        best = np.argmin(np.where(central, m2, np.inf), axis=1)
+        z = np.empty(Z.shape)
+        sd = np.sqrt(var)
+        for j in np.unique(best).tolist():  # components (at most max_components)
+            rows = np.flatnonzero(best == j) if len(mu) > 1 else slice(None)
+            z[rows] = (Z[rows] - mu[j]) / sd[j]
+        z[~finite] = np.nan
         return best, z
-
-    def _components(self, f: int, Z: np.ndarray, finite: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        k = int(self.n_components_[f])
-        return self._comp_stats(Z, finite, self.weights_[f, :k], self.means_[f, :k], self.covariances_[f, :k])
 
     def _check(self) -> None:
         if not hasattr(self, "families_"):
@@ -447,34 +503,40 @@ class GMMLocalizer(BaseEstimator):
         a = np.full(n, np.nan)
         m2_out = np.full(n, np.nan)
         comp = np.full(n, -1, np.int64)
-        z = np.full((n, d), np.nan)
-        z_ref = np.full((n, d), np.nan)
+        z = np.full((n, d), np.nan, order="F")  # column-major: the shift test reads it by feature
+        z_ref = np.full((n, d), np.nan, order="F")
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
+        ctx = self._context_mask()
         for f in range(len(self.families_)):  # loop over families, vectorized inside
             idx = order[bounds[f + 1]:bounds[f + 2]]
             if not len(idx):
                 continue
-            L = self._debatch(f, self._transform_raw(X[idx]), u_all[idx])
-            finite = ~np.isnan(L)
-            Z = (L - self.median_[f]) / self.scale_[f]
-            m2, logp = self._components(f, Z, finite)
-            logp -= logp.max(axis=1, keepdims=True)
-            r = np.exp(logp)
-            r /= r.sum(axis=1, keepdims=True)
+            Xf = X[idx]
+            # the family's columns with any value (operator families leave the STEP/OTHER ones NaN)
+            cols = np.flatnonzero(np.isfinite(Xf).any(axis=0) & ~ctx)
             k = int(self.n_components_[f])
             central = self.central_[f, :k]
+            L = self._debatch_cols(f, self._log_raw(Xf[:, cols]), u_all[idx], cols)
+            finite = ~np.isnan(L)
+            Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
+            mu, var = self.means_[f, :k][:, cols], self.covariances_[f, :k][:, cols]
+            m2, logp = self._comp_stats(Z, finite, self.weights_[f, :k], mu, var, logp=not self.one_sided)
             g = expit((self.radius_[f] - m2) / 2.0)
             if self.one_sided:  # the best central explanation (see the module docstring)
                 rho = np.where(central, g, 0.0).max(axis=1)
             else:
+                logp -= logp.max(axis=1, keepdims=True)
+                r = np.exp(logp)
+                r /= r.sum(axis=1, keepdims=True)
                 rho = (r * g)[:, central].sum(axis=1)
             a[idx] = np.clip(1.0 - rho, 0.0, 1.0)
-            best, z[idx] = self._best_z(Z, finite, m2, central, self.means_[f, :k], self.covariances_[f, :k])
+            best, zc = self._best_z(Z, finite, m2, central, mu, var)
             comp[idx] = best
             m2_out[idx] = m2[np.arange(len(idx)), best]
-            z_ref[idx] = np.where(finite, Z, np.nan)
+            z[np.ix_(idx, cols)] = zc
+            z_ref[np.ix_(idx, cols)] = Z
         unseen = codes < 0
         a[unseen] = self.unseen_score
         return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
@@ -514,27 +576,34 @@ class GMMLocalizer(BaseEstimator):
         u = self._log_batch(batch, len(ok))[ok]
         return np.expm1(L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c])
 
-    def _shift_groups(self, a: np.ndarray, codes: np.ndarray, step: np.ndarray, z: np.ndarray):
-        """(step, family) groups of instances sorted by (step, family, -a): group starts, steps,
-        families, the shift statistic m²_shift and sizes. m²_shift = Σ_j max(t_j, 0)² (Σ t_j² when
-        two-sided) with t_j = Σ z_j / √n over the group's instances (their deviations from their
-        own components): n instances all a little slow add up to a large t."""
-        o = np.lexsort((-a, codes, step))
-        st, fam, zs = step[o], codes[o], z[o]
-        new = np.r_[True, (st[1:] != st[:-1]) | (fam[1:] != fam[:-1])] if len(st) else np.zeros(0, bool)
-        gstart = np.flatnonzero(new)
-        gsize = np.diff(np.r_[gstart, len(st)])
-        if not len(gstart):
-            return o, gstart, fam[gstart], np.zeros(0), gsize
-        return o, gstart, fam[gstart], self._group_m2(zs, gstart), gsize
+    def _shift_groups(self, codes: np.ndarray, step: np.ndarray, z: np.ndarray, ok: np.ndarray):
+        """(step, family) groups of the instances ``ok``: their families, the shift statistic
+        m²_shift and sizes. m²_shift = Σ_j max(t_j, 0)² (Σ t_j² when two-sided) with t_j = Σ z_j /
+        √n over the group's instances (their deviations from their own components): n instances
+        all a little slow add up to a large t."""
+        nf = int(codes.max(initial=0)) + 1
+        keys, gid_ok = np.unique(step[ok].astype(np.int64) * nf + codes[ok], return_inverse=True)
+        gid = np.full(len(ok), -1, np.int64)
+        gid[ok] = gid_ok.reshape(-1)
+        gsize = np.bincount(gid_ok.reshape(-1), minlength=len(keys))
+        return keys % nf, self._group_m2(z, gid, len(keys)), gsize
 
-    def _group_m2(self, zs: np.ndarray, gstart: np.ndarray) -> np.ndarray:
-        """m²_shift of row groups starting at ``gstart`` (rows of ``zs`` grouped contiguously)."""
-        fin = np.isfinite(zs)
-        sums = np.add.reduceat(np.where(fin, zs, 0.0), gstart, axis=0)
-        cnt = np.add.reduceat(fin.astype(np.float64), gstart, axis=0)
-        t = sums / np.sqrt(np.maximum(cnt, 1.0))
-        return (np.maximum(t, 0.0) ** 2 if self.one_sided else t ** 2).sum(axis=1)
+    def _group_m2(self, z: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
+        """m²_shift of row groups: ``gid`` is each row's group (< 0: none). One pass per feature
+        over the rows where it has a value (a column-major ``z`` reads fastest)."""
+        out = np.zeros(n_groups)
+        live = gid >= 0
+        for j in range(z.shape[1]):  # features (tens)
+            col = z[:, j]
+            fin = np.isfinite(col) & live
+            if not fin.any():
+                continue
+            g = gid[fin]
+            sums = np.bincount(g, weights=col[fin], minlength=n_groups)
+            cnt = np.bincount(g, minlength=n_groups)
+            t = sums / np.sqrt(np.maximum(cnt, 1.0))
+            out += np.maximum(t, 0.0) ** 2 if self.one_sided else t ** 2
+        return out
 
     def score_steps(self, a: np.ndarray, family: np.ndarray, step: np.ndarray, z: np.ndarray | None = None,
                     codes: np.ndarray | None = None) -> StepScores:
@@ -551,7 +620,8 @@ class GMMLocalizer(BaseEstimator):
         if not len(a):
             e = np.zeros(0, np.int64)
             return StepScores(e, np.zeros(0), np.zeros(0, bool), e, e, e, np.zeros(0), e, np.zeros(0))
-        o = np.lexsort((-a, fam, st))
+        nf = int(fam.max(initial=0)) + 1
+        o = np.lexsort((-a, st * nf + fam))  # by (step, family), least confident first
         a, fam, st = a[o], fam[o], st[o]
         new = np.r_[True, (st[1:] != st[:-1]) | (fam[1:] != fam[:-1])]
         gstart = np.flatnonzero(new)
@@ -563,7 +633,9 @@ class GMMLocalizer(BaseEstimator):
         susp = np.bincount(gid[take], weights=a[take], minlength=len(gstart)) / top
         shift = np.zeros(len(gstart))
         if self.shift_test and z is not None and codes is not None:
-            m2 = self._group_m2(np.asarray(z)[ok][o], gstart)
+            row_gid = np.full(len(ok), -1, np.int64)  # each input row's group (rows left out: -1)
+            row_gid[np.flatnonzero(ok)[o]] = gid
+            m2 = self._group_m2(np.asarray(z), row_gid, len(gstart))
             gc = np.asarray(codes)[ok][o][gstart]
             use = (gsize >= 2) & (gc >= 0)
             shift[use] = 1.0 - expit((self.shift_radius_[gc[use]] - m2[use]) / 2.0)
