@@ -314,7 +314,15 @@ class Forest:
             return got
         width = len(self.names) + 1
         key = self.layer.astype(np.int64) * width + self.name_codes
-        ukey, inv = np.unique(key, return_inverse=True)
+        span = (int(self.layer.max(initial=0)) + 1) * width
+        if span <= max(4 * self.n, 1 << 20):  # a dense table of the keys: no sort of the rows
+            seen = np.zeros(span, bool)
+            seen[key] = True
+            ukey = np.flatnonzero(seen)
+            slot = np.cumsum(seen) - 1
+            inv = slot[key]
+        else:
+            ukey, inv = np.unique(key, return_inverse=True)
         lay, nc = np.divmod(ukey, width)
         strings = fn([LAYERS[i] for i in lay.tolist()], [self.names[i] for i in nc.tolist()])
         if strings:

@@ -380,3 +380,53 @@ def test_reference_median_is_the_family_median():
     # two modes (1 µs and 8 µs): the median lies between them, whatever mode a row is nearest to
     assert 900 < med[2, j] < 9000
     assert np.isnan(med[3]).all()  # a family the reference never saw
+
+
+def test_diag_mixture_is_sklearns_fit():
+    """The EM of the localizer reproduces scikit-learn's diagonal GaussianMixture (same
+    k-means++ start, updates and stopping rule): weights, means, variances and BIC."""
+    import warnings
+
+    from sklearn.mixture import GaussianMixture
+
+    from teller.localize.gmm import diag_mixture
+
+    rng = np.random.default_rng(3)
+    for k, d in [(1, 3), (2, 5), (4, 9)]:
+        X = np.concatenate([rng.normal(rng.normal(0, 3, d), rng.uniform(0.2, 2, d), (400, d)) for _ in range(k)])
+        X[rng.random(X.shape) < 0.1] = 0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm = GaussianMixture(k, covariance_type="diag", reg_covar=1e-4, random_state=0,
+                                 init_params="k-means++", max_iter=200).fit(X)
+        w, mu, var, bic = diag_mixture(X, k, 1e-4, 0)
+        np.testing.assert_allclose(w, gm.weights_, atol=1e-9)
+        np.testing.assert_allclose(mu, gm.means_, atol=1e-9)
+        np.testing.assert_allclose(var, gm.covariances_, atol=1e-9)
+        assert bic == pytest.approx(gm.bic(X), rel=1e-9)
+
+
+def test_fit_by_codes_and_in_sample_flags():
+    """Families given as codes into ``family_names`` fit the same model as names per row; a
+    name no row uses is no family of the model (unseen when scored); the fit's own step flags
+    are those the fitted model gives its reference steps."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    names = ["BE a", "BE b", "BE never", "FE c"]
+    codes = rng.choice([0, 1, 3], n)
+    X = np.full((n, len(FEATURES)), np.nan)
+    X[:, :13] = np.exp(rng.normal(8, 0.3, (n, 13))) * (1 + codes[:, None])
+    X[:, F["overlap"]] = 0.0
+    groups = np.arange(n) // 6
+    X[groups == 7, F["self_ns"]] *= 30  # one abnormal reference step
+    by_name = GMMLocalizer().fit(X, families=np.asarray(names, dtype=object)[codes], groups=groups)
+    by_code = GMMLocalizer().fit(X, families=codes, groups=groups, family_names=names)
+    assert list(by_code.families_) == ["BE a", "BE b", "FE c"]
+    np.testing.assert_allclose(by_code.radius_, by_name.radius_)
+    np.testing.assert_allclose(by_code.means_, by_name.means_)
+    det = by_code.details(X, codes, family_names=names)
+    assert by_code.details(X[:1], [2], family_names=names)["unseen"].all()
+    ss = by_code.score_steps(det["a"], det["family"], groups, det["z"], det["family"])
+    assert by_code.reference_steps_ == len(ss.steps) == groups.max() + 1
+    assert by_code.reference_steps_flagged_ == int(ss.flag.sum()) >= 1
+    assert ss.flag[7]

@@ -97,6 +97,8 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         if len(lays) > 1:
             layers = SCORED_LAYERS
             feats = [run_features(f.path, layers=layers) for f in feats]
+    # family codes over the union of the runs' family names (a name per family, not per instance)
+    all_names = sorted(set().union(*(f.instances.families for f in feats)))
     X_parts, fam_parts, grp_parts, b_parts = [], [], [], []
     offset = warm_left = 0
     warmup_note = ""
@@ -109,12 +111,13 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         if not keep_warmup and f.steps.warmup is not None:
             warm_left += int(f.steps.warmup.sum())
         X_parts.append(f.instances.X[keep])
-        fam_parts.append(f.instances.family_of()[keep])
+        to_all = np.searchsorted(np.asarray(all_names, dtype=object), np.asarray(f.instances.families, dtype=object))
+        fam_parts.append(to_all.astype(np.int64)[f.instances.family[keep]] if len(to_all) else np.zeros(int(keep.sum()), np.int64))
         grp_parts.append(f.instances.step[keep] + offset)  # steps of different runs stay apart
         b_parts.append(f.instances.batch[keep] if f.instances.batch is not None else np.full(int(keep.sum()), np.nan))
         offset += f.steps.n
     X = np.concatenate(X_parts) if X_parts else np.zeros((0, len(FEATURES)))
-    fam = np.concatenate(fam_parts) if fam_parts else np.zeros(0, object)
+    fam = np.concatenate(fam_parts) if fam_parts else np.zeros(0, np.int64)
     groups = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.int64)
     batch = np.concatenate(b_parts) if b_parts else np.zeros(0)
     if not len(X):
@@ -126,15 +129,9 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         )
     from teller.localize.gmm import GMMLocalizer
 
-    est = GMMLocalizer(**params).fit(X, families=fam, groups=groups, batch=batch)
-    flagged = total = 0
-    for f in feats:
-        loc = localize(est, f.instances)
-        kept = np.ones(len(loc.steps.steps), bool)
-        if not keep_warmup and f.steps.warmup is not None and len(f.steps.warmup):
-            kept = ~f.steps.warmup[loc.steps.steps]
-        flagged += int(loc.steps.flag[kept].sum())
-        total += int(kept.sum())
+    est = GMMLocalizer(**params).fit(X, families=fam, groups=groups, batch=batch, family_names=all_names)
+    # the fit scores its own reference steps (the steps above, warm-up left out unless kept)
+    flagged, total = est.reference_steps_flagged_, est.reference_steps_
     est.extra_ = {
         "reference_runs": [str(f.path) for f in feats],
         "instance_layers": list(feats[0].instances.layers),
@@ -175,11 +172,17 @@ class Localization:
     collective: np.ndarray  # suspects standing for a family raised by the shift test alone
 
 
+def step_scores(est: GMMLocalizer, inst: Instances) -> StepScores:
+    """The step scores and flags of ``inst`` alone (:meth:`GMMLocalizer.score_steps`), without
+    the candidates and suspects of :func:`localize`."""
+    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families)
+    return est.score_steps(det["a"], inst.family, inst.step, det["z"], det["family"])
+
+
 def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
-    fam_names = inst.family_of()
     X = feature_matrix(est, inst)
-    det = est.details(X, fam_names, inst.batch)
+    det = est.details(X, inst.family, inst.batch, family_names=inst.families)
     a = det["a"]
     ss = est.score_steps(a, inst.family, inst.step, det["z"], det["family"])
     flagged_steps = ss.steps[ss.flag]
@@ -262,7 +265,7 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
         "instances_scored": int(inst.n),
         "instances_in_steps": int((inst.step >= 0).sum()),
         "unseen_instances": n_unseen,
-        "unseen_families": sorted({str(x) for x in fam_names[det["unseen"]]}),
+        "unseen_families": sorted({str(inst.families[c]) for c in np.unique(inst.family[det["unseen"]]).tolist()}),
         # operator features only: the STEP/OTHER and iteration columns are NaN by design elsewhere
         "nan_feature_values": int((~np.isfinite(X[:, : min(len(OP_FEATURES), X.shape[1])])).sum()),
         "steps_scored": int(len(ss.steps)),

@@ -78,8 +78,6 @@ import numpy as np
 from scipy.special import expit
 from scipy.stats import chi2
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.mixture import GaussianMixture
 
 from teller import __version__
 from teller.errors import TellerError
@@ -95,6 +93,57 @@ _BLOCK = 16384
 
 #: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
 MIN_SAMPLES_PER_DIM = 10
+
+
+def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max_iter: int = 200,
+                 tol: float = 1e-3) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """A diagonal-covariance Gaussian mixture of ``k`` components on ``X`` (n × d) by EM: the
+    fit of scikit-learn's ``GaussianMixture(k, covariance_type="diag", init_params="k-means++",
+    reg_covar=reg_covar, random_state=random_state, max_iter=max_iter, tol=tol)`` (same
+    initialisation, updates and stopping rule, without its per-iteration validation overhead).
+    Returns weights (k,), means and variances (k × d) and the BIC on ``X``."""
+    from sklearn.cluster import kmeans_plusplus
+
+    n, d = X.shape
+    X2 = X * X
+    _, ind = kmeans_plusplus(X, k, random_state=random_state)
+    resp = np.zeros((n, k))
+    resp[ind, np.arange(k)] = 1.0
+    const = d * _LOG2PI
+
+    def m_step(resp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
+        means = (resp.T @ X) / nk[:, None]
+        var = (resp.T @ X2) / nk[:, None] - means ** 2 + reg_covar
+        if (var <= 0).any():
+            raise ValueError("diag_mixture: a component variance is not positive; increase reg_covar")
+        return nk, means, var
+
+    def log_norm(w: np.ndarray, means: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pc = 1.0 / np.sqrt(var)  # the precision's Cholesky factor, as scikit-learn computes it
+        prec = pc ** 2
+        lp = (means ** 2 * prec).sum(axis=1) - 2.0 * (X @ (means * prec).T) + X2 @ prec.T
+        wlp = -0.5 * (const + lp) + np.log(pc).sum(axis=1) + np.log(w)
+        top = wlp.max(axis=1, keepdims=True)
+        with np.errstate(under="ignore"):
+            norm = np.log(np.exp(wlp - top).sum(axis=1)) + top[:, 0]
+        return wlp, norm
+
+    nk, means, var = m_step(resp)
+    w = nk / n
+    lower = -np.inf
+    for _ in range(max_iter):
+        prev = lower
+        wlp, norm = log_norm(w, means, var)
+        with np.errstate(under="ignore"):
+            nk, means, var = m_step(np.exp(wlp - norm[:, None]))
+        w = nk / nk.sum()
+        lower = float(norm.mean())
+        if abs(lower - prev) < tol:
+            break
+    _, norm = log_norm(w, means, var)
+    bic = -2.0 * float(norm.mean()) * n + (2 * k * d + k - 1) * math.log(n)
+    return w, means, var, bic
 
 
 def _distinct_rows(Z: np.ndarray, cap: int) -> int:
@@ -183,13 +232,15 @@ class GMMLocalizer(BaseEstimator):
     # fitting
 
     def fit(self, X: np.ndarray, y: Any = None, *, families: np.ndarray, groups: np.ndarray | None = None,
-            feature_names: tuple[str, ...] = FEATURES, batch: np.ndarray | None = None) -> "GMMLocalizer":
+            feature_names: tuple[str, ...] = FEATURES, batch: np.ndarray | None = None,
+            family_names: Any = None) -> "GMMLocalizer":
         """Fit one mixture per family on reference instances ``X`` (n × d) of ``families`` (n,);
         ``groups`` (the step of each instance) keeps a step's instances in one calibration fold
         and calibrates the family shift test; ``batch`` (n,: requests of each instance's step,
-        NaN unknown) sets the batch normalisation (module docstring)."""
+        NaN unknown) sets the batch normalisation (module docstring). With ``family_names``,
+        ``families`` are integer codes into it (no string per row)."""
         X = np.asarray(X, dtype=np.float64)
-        fam = np.asarray(families).astype(str)
+        fam = np.asarray(families) if family_names is not None else np.asarray(families).astype(str)
         if X.ndim != 2 or len(X) != len(fam):
             raise ValueError(f"X must be (n, d) with one family per row; got X {X.shape}, families {fam.shape}")
         if len(X) == 0:
@@ -199,8 +250,15 @@ class GMMLocalizer(BaseEstimator):
         if self.calibration not in ("crossfit", "in-sample"):
             raise ValueError("calibration must be 'crossfit' or 'in-sample'")
         d = X.shape[1]
-        names, inv = np.unique(fam, return_inverse=True)
-        inv = inv.reshape(-1)
+        if family_names is not None:  # the names of the codes present, sorted
+            present = np.flatnonzero(np.bincount(fam.astype(np.int64), minlength=len(family_names)))
+            names, remap = np.unique(np.asarray(family_names, dtype=object)[present].astype(str), return_inverse=True)
+            to_name = np.zeros(len(family_names), np.int64)
+            to_name[present] = remap.reshape(-1)
+            inv = to_name[fam.astype(np.int64)]
+        else:
+            names, inv = np.unique(fam, return_inverse=True)
+            inv = inv.reshape(-1)
         F, K = len(names), max(int(self.max_components), 1)
         self.families_ = names
         self.feature_names_in_ = np.asarray(feature_names[:d] if len(feature_names) >= d else [f"x{i}" for i in range(d)])
@@ -223,23 +281,37 @@ class GMMLocalizer(BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         g = None if groups is None else np.asarray(groups).astype(np.int64)
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
-        z_cal = np.full((len(X), d), np.nan, order="F")  # held-out deviations of every reference instance
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
+        # per reference step: the in-sample step score (max over families), -inf without instances
+        step_max = np.full(int(g.max(initial=-1)) + 1 if g is not None else 0, -np.inf)
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
-            cols, zf = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
-            z_cal[np.ix_(idx, cols)] = zf
-        # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
-        self.shift_radius_ = chi2.isf(self.tail, np.maximum(self.varying_, 1)).astype(np.float64)
-        if self.shift_test and g is not None:
-            ok = g >= 0
-            sf_fam, m2s, gsize = self._shift_groups(inv, g, z_cal, ok)
-            use = gsize >= 2
-            for f in np.unique(sf_fam[use]).tolist():  # families
-                v = m2s[use & (sf_fam == f)]
-                self.shift_radius_[f] = max(self.shift_radius_[f], float(np.quantile(v, 1 - self.tail)))
-        self.shift_radius_ *= self.shift_margin
+            z_held, a_in, z_in = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
+            # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
+            # of the held-out shift statistic ((step, family) groups are one family's rows)
+            radius = float(chi2.isf(self.tail, max(int(self.varying_[f]), 1)))
+            if g is None:
+                self.shift_radius_[f] = radius * self.shift_margin
+                continue
+            gf = g[idx]
+            okf = gf >= 0
+            if self.shift_test and okf.any():
+                _, gid = np.unique(gf[okf], return_inverse=True)
+                gid = gid.reshape(-1)
+                gsize = np.bincount(gid)
+                m2s = self._group_m2(z_held[okf], gid, len(gsize))
+                use = gsize >= 2
+                if use.any():
+                    radius = max(radius, float(np.quantile(m2s[use], 1 - self.tail)))
+            self.shift_radius_[f] = radius * self.shift_margin
+            # the fitted model's own step scores on the reference (its in-sample flag rate)
+            ss = self.score_steps(a_in[okf], np.zeros(int(okf.sum()), np.int64), gf[okf], z_in[okf],
+                                  np.full(int(okf.sum()), f))
+            step_max[ss.steps] = np.maximum(step_max[ss.steps], ss.score)
+        seen = step_max > -np.inf
+        self.reference_steps_ = int(seen.sum()) if g is not None else None
+        self.reference_steps_flagged_ = int((step_max[seen] >= self.step_threshold).sum()) if g is not None else None
         return self
 
     def _min_scale(self) -> np.ndarray:
@@ -330,20 +402,15 @@ class GMMLocalizer(BaseEstimator):
         Zm = Z[:, moving]
         best = None
         for kk in ks:
-            gm = GaussianMixture(kk, covariance_type="diag", reg_covar=self.reg_covar, random_state=self.random_state,
-                                 max_iter=200, init_params="k-means++")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ConvergenceWarning)
-                gm.fit(Zm)
-            bic = gm.bic(Zm) + 2 * kk * n_const * math.log(n) if len(ks) > 1 else 0.0
+            w, m, v, bic = diag_mixture(Zm, kk, self.reg_covar, self.random_state)
+            bic = bic + 2 * kk * n_const * math.log(n) if len(ks) > 1 else 0.0
             if best is None or bic < best[0]:
-                best = (bic, gm)
-        gm = best[1]
-        kk = len(gm.weights_)
-        mu = np.repeat(Z[:1], kk, axis=0)
-        var = np.full((kk, Z.shape[1]), self.reg_covar)
-        mu[:, moving], var[:, moving] = gm.means_, gm.covariances_
-        return gm.weights_, mu, np.maximum(var, floor)
+                best = (bic, w, m, v)
+        _, w, m, v = best
+        mu = np.repeat(Z[:1], len(w), axis=0)
+        var = np.full((len(w), Z.shape[1]), self.reg_covar)
+        mu[:, moving], var[:, moving] = m, v
+        return w, mu, np.maximum(var, floor)
 
     def _tail_radius(self, m2: np.ndarray, dof: int) -> float:
         """The 1 − ``tail`` point of the reference's distances, extrapolated from their
@@ -362,9 +429,10 @@ class GMMLocalizer(BaseEstimator):
         return central
 
     def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
-                    u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Fit family f; returns the feature columns it has values in and its rows' (held-out,
-        when cross-fitting) deviations z in those columns."""
+                    u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fit family f; returns its rows' (held-out, when cross-fitting) deviations z, and their
+        in-sample scores a and deviations z under the fitted model."""
+        d = Xf.shape[1]
         fin_x = np.isfinite(Xf)
         self.nan_values_ += int(fin_x.size - np.count_nonzero(fin_x))
         # the family's columns with any value (the rest: median 0, the scale floor, a unit
@@ -420,7 +488,18 @@ class GMMLocalizer(BaseEstimator):
             m2, _ = self._comp_stats(Z, ~nan, w, mu, var, logp=False)
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
-        return cols, z
+        # in-sample scores of the final model (m2: its distances, from the last pass above)
+        a_in, _, _, z_in = self._score_family(f, Z, ~nan, cols, m2)
+        return self._widen(z, cols, d), a_in, self._widen(z_in, cols, d)
+
+    @staticmethod
+    def _widen(zc: np.ndarray, cols: np.ndarray, d: int) -> np.ndarray:
+        """Columns ``cols`` of a d-column array (NaN elsewhere)."""
+        if len(cols) == d:
+            return zc
+        out = np.full((len(zc), d), np.nan)
+        out[:, cols] = zc
+        return out
 
     # ---------------------------------------------------------------------------------------
     # scoring
@@ -456,6 +535,27 @@ class GMMLocalizer(BaseEstimator):
                 m2[lo:lo + _BLOCK] = np.einsum("bkd,kd->bk", D, ivar)
         return m2, lp
 
+    def _score_family(self, f: int, Z: np.ndarray, finite: np.ndarray, cols: np.ndarray, m2: np.ndarray | None = None):
+        """a(x), the nearest central component, the squared distance to it and the per-feature
+        deviations z from it of rows of family f (``Z``: their standardized feature columns
+        ``cols``; ``m2``: their one-sided distances to every component when already known)."""
+        k = int(self.n_components_[f])
+        central = self.central_[f, :k]
+        mu, var = self.means_[f, :k][:, cols], self.covariances_[f, :k][:, cols]
+        logp = None
+        if m2 is None or not self.one_sided:
+            m2, logp = self._comp_stats(Z, finite, self.weights_[f, :k], mu, var, logp=not self.one_sided)
+        g = expit((self.radius_[f] - m2) / 2.0)
+        if self.one_sided:  # the best central explanation (see the module docstring)
+            rho = np.where(central, g, 0.0).max(axis=1)
+        else:
+            logp -= logp.max(axis=1, keepdims=True)
+            r = np.exp(logp)
+            r /= r.sum(axis=1, keepdims=True)
+            rho = (r * g)[:, central].sum(axis=1)
+        best, zc = self._best_z(Z, finite, m2, central, mu, var)
+        return np.clip(1.0 - rho, 0.0, 1.0), best, m2[np.arange(len(Z)), best], zc
+
     @staticmethod
     def _best_m2(m2: np.ndarray, central: np.ndarray) -> np.ndarray:
         return np.where(central, m2, np.inf).min(axis=1)
@@ -468,7 +568,7 @@ class GMMLocalizer(BaseEstimator):
         best = np.argmin(np.where(central, m2, np.inf), axis=1)
         z = np.empty(Z.shape)
         sd = np.sqrt(var)
-        for j in np.unique(best).tolist():  # components (at most max_components)
+        for j in np.flatnonzero(np.bincount(best, minlength=len(mu))).tolist():  # components in use
             rows = np.flatnonzero(best == j) if len(mu) > 1 else slice(None)
             z[rows] = (Z[rows] - mu[j]) / sd[j]
         z[~finite] = np.nan
@@ -488,17 +588,22 @@ class GMMLocalizer(BaseEstimator):
         hit = (self.families_[pos] == fam) if len(self.families_) else np.zeros(len(fam), bool)
         return np.where(hit, pos, -1)
 
-    def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None,
+                family_names: Any = None) -> dict[str, np.ndarray]:
         """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
         nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
         from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
-        family median). ``batch``: requests of each row's step (the batch normalisation)."""
+        family median). ``batch``: requests of each row's step (the batch normalisation). With
+        ``family_names``, ``families`` are integer codes into it."""
         self._check()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
             raise ValueError(f"X must have {self.n_features_in_} features, got shape {X.shape}")
         n, d = X.shape
-        codes = self.family_codes(families)
+        if family_names is not None:
+            codes = np.r_[self.family_codes(family_names), -1][np.asarray(families, np.int64)] if n else np.zeros(0, np.int64)
+        else:
+            codes = self.family_codes(families)
         u_all = self._log_batch(batch, n)
         a = np.full(n, np.nan)
         m2_out = np.full(n, np.nan)
@@ -516,25 +621,10 @@ class GMMLocalizer(BaseEstimator):
             Xf = X[idx]
             # the family's columns with any value (operator families leave the STEP/OTHER ones NaN)
             cols = np.flatnonzero(np.isfinite(Xf).any(axis=0) & ~ctx)
-            k = int(self.n_components_[f])
-            central = self.central_[f, :k]
             L = self._debatch_cols(f, self._log_raw(Xf[:, cols]), u_all[idx], cols)
             finite = ~np.isnan(L)
             Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
-            mu, var = self.means_[f, :k][:, cols], self.covariances_[f, :k][:, cols]
-            m2, logp = self._comp_stats(Z, finite, self.weights_[f, :k], mu, var, logp=not self.one_sided)
-            g = expit((self.radius_[f] - m2) / 2.0)
-            if self.one_sided:  # the best central explanation (see the module docstring)
-                rho = np.where(central, g, 0.0).max(axis=1)
-            else:
-                logp -= logp.max(axis=1, keepdims=True)
-                r = np.exp(logp)
-                r /= r.sum(axis=1, keepdims=True)
-                rho = (r * g)[:, central].sum(axis=1)
-            a[idx] = np.clip(1.0 - rho, 0.0, 1.0)
-            best, zc = self._best_z(Z, finite, m2, central, mu, var)
-            comp[idx] = best
-            m2_out[idx] = m2[np.arange(len(idx)), best]
+            a[idx], comp[idx], m2_out[idx], zc = self._score_family(f, Z, finite, cols)
             z[np.ix_(idx, cols)] = zc
             z_ref[np.ix_(idx, cols)] = Z
         unseen = codes < 0
@@ -575,18 +665,6 @@ class GMMLocalizer(BaseEstimator):
         those rows' batch sizes (the family's batch slope applied; no shift without a batch)."""
         u = self._log_batch(batch, len(ok))[ok]
         return np.expm1(L + np.where(np.isfinite(u), u - self.batch_center_[c], 0.0)[:, None] * self.slope_[c])
-
-    def _shift_groups(self, codes: np.ndarray, step: np.ndarray, z: np.ndarray, ok: np.ndarray):
-        """(step, family) groups of the instances ``ok``: their families, the shift statistic
-        m²_shift and sizes. m²_shift = Σ_j max(t_j, 0)² (Σ t_j² when two-sided) with t_j = Σ z_j /
-        √n over the group's instances (their deviations from their own components): n instances
-        all a little slow add up to a large t."""
-        nf = int(codes.max(initial=0)) + 1
-        keys, gid_ok = np.unique(step[ok].astype(np.int64) * nf + codes[ok], return_inverse=True)
-        gid = np.full(len(ok), -1, np.int64)
-        gid[ok] = gid_ok.reshape(-1)
-        gsize = np.bincount(gid_ok.reshape(-1), minlength=len(keys))
-        return keys % nf, self._group_m2(z, gid, len(keys)), gsize
 
     def _group_m2(self, z: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
         """m²_shift of row groups: ``gid`` is each row's group (< 0: none). One pass per feature
