@@ -430,3 +430,23 @@ def test_fit_by_codes_and_in_sample_flags():
     assert by_code.reference_steps_ == len(ss.steps) == groups.max() + 1
     assert by_code.reference_steps_flagged_ == int(ss.flag.sum()) >= 1
     assert ss.flag[7]
+
+
+def test_fit_localizer_samples_steps(tmp_path):
+    """``max_steps`` fits on that many reference steps drawn at random (the same ones every
+    time); a reference within the cap is fitted whole."""
+    from teller.reconstruct import reconstruct
+    from teller.testing.planted import write_planted_run
+
+    write_planted_run(tmp_path / "ref", 20_000, [], seed=1)
+    reconstruct(tmp_path / "ref")
+    rf = run_features(tmp_path / "ref")
+    full = fit_localizer([rf])
+    n = full.extra_["reference_steps"]
+    assert "reference_steps_sampled_from" not in full.extra_
+    assert fit_localizer([rf], max_steps=n).extra_["reference_instances"] == full.extra_["reference_instances"]
+    a, b = fit_localizer([rf], max_steps=n // 2), fit_localizer([rf], max_steps=n // 2)
+    assert a.extra_["reference_steps"] == n // 2 and a.extra_["reference_steps_sampled_from"] == n
+    assert a.extra_["reference_instances"] < full.extra_["reference_instances"]
+    np.testing.assert_array_equal(a.radius_, b.radius_)
+    assert list(a.families_) == list(full.families_)

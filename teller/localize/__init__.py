@@ -77,9 +77,14 @@ def reference_mask(f: RunFeatures, keep_warmup: bool = False) -> np.ndarray:
 
 
 def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: int | None = None,
-                  layers: tuple[str, ...] | None = None, keep_warmup: bool = False, **params: Any) -> GMMLocalizer:
+                  layers: tuple[str, ...] | None = None, keep_warmup: bool = False,
+                  max_steps: int | None = None, **params: Any) -> GMMLocalizer:
     """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``; warm-up steps
-    (a process's first steps, warm-up requests) are left out unless ``keep_warmup``.
+    (a process's first steps, warm-up requests) are left out unless ``keep_warmup``. A reference
+    of more than ``max_steps`` such steps (all runs together) is fitted on ``max_steps`` of them
+    drawn uniformly at random (seeded: the same reference gives the same model; None: all
+    steps): every part of the fit (robust scales, mixtures, radii, the shift test's radius, the
+    in-sample flag rate) then costs what that many steps cost.
 
     A reference run not reconstructed yet (or whose forest predates steps decided in
     reconstruction) is reconstructed first, with ``window_ns`` for its fixed-window steps; a run
@@ -106,20 +111,36 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         # a reference of warm-up steps only (a short foreign trace): better than none
         keep_warmup = True
         warmup_note = "the reference holds warm-up steps only: they were kept"
-    for f in feats:
-        keep = reference_mask(f, keep_warmup)
+    keeps = [reference_mask(f, keep_warmup) for f in feats]
+    # steps of the reference (run by run), and the sample of them the fit uses
+    ref_steps = [np.flatnonzero(np.bincount(f.instances.step[k], minlength=f.steps.n)) for f, k in zip(feats, keeps, strict=True)]
+    n_ref_steps = sum(len(x) for x in ref_steps)
+    sampled = max_steps is not None and n_ref_steps > max_steps
+    if sampled:
+        pick = np.zeros(n_ref_steps, bool)
+        pick[np.random.default_rng(int(params.get("random_state", 0))).choice(n_ref_steps, int(max_steps), replace=False)] = True
+        lo = 0
+        for i, (f, st) in enumerate(zip(feats, ref_steps, strict=True)):
+            use = np.zeros(f.steps.n + 1, bool)
+            use[st[pick[lo:lo + len(st)]]] = True
+            keeps[i] = keeps[i] & use[f.instances.step]
+            lo += len(st)
+    for f, keep in zip(feats, keeps, strict=True):
         if not keep_warmup and f.steps.warmup is not None:
             warm_left += int(f.steps.warmup.sum())
-        X_parts.append(f.instances.X[keep])
+        X_parts.append(f.instances.X if keep.all() else f.instances.X[keep])
         to_all = np.searchsorted(np.asarray(all_names, dtype=object), np.asarray(f.instances.families, dtype=object))
         fam_parts.append(to_all.astype(np.int64)[f.instances.family[keep]] if len(to_all) else np.zeros(int(keep.sum()), np.int64))
         grp_parts.append(f.instances.step[keep] + offset)  # steps of different runs stay apart
         b_parts.append(f.instances.batch[keep] if f.instances.batch is not None else np.full(int(keep.sum()), np.nan))
         offset += f.steps.n
-    X = np.concatenate(X_parts) if X_parts else np.zeros((0, len(FEATURES)))
-    fam = np.concatenate(fam_parts) if fam_parts else np.zeros(0, np.int64)
-    groups = np.concatenate(grp_parts) if grp_parts else np.zeros(0, np.int64)
-    batch = np.concatenate(b_parts) if b_parts else np.zeros(0)
+    def cat(parts: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else empty
+
+    X = cat(X_parts, np.zeros((0, len(FEATURES))))
+    fam = cat(fam_parts, np.zeros(0, np.int64))
+    groups = cat(grp_parts, np.zeros(0, np.int64))
+    batch = cat(b_parts, np.zeros(0))
     if not len(X):
         raise TellerError(
             f"reference run(s) {', '.join(str(f.path) for f in feats)} hold no operator instances inside steps"
@@ -138,6 +159,7 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "reference_instances": int(len(X)),
         "reference_steps": total,
         "reference_steps_flagged": flagged,
+        **({"reference_steps_sampled_from": n_ref_steps} if sampled else {}),
         "reference_warmup_steps": warm_left if not keep_warmup else 0,
         "keep_warmup": bool(keep_warmup),
         **({"warmup_note": warmup_note} if warmup_note else {}),
@@ -175,14 +197,14 @@ class Localization:
 def step_scores(est: GMMLocalizer, inst: Instances) -> StepScores:
     """The step scores and flags of ``inst`` alone (:meth:`GMMLocalizer.score_steps`), without
     the candidates and suspects of :func:`localize`."""
-    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families)
+    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families, with_z_ref=False)
     return est.score_steps(det["a"], inst.family, inst.step, det["z"], det["family"])
 
 
 def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
     X = feature_matrix(est, inst)
-    det = est.details(X, inst.family, inst.batch, family_names=inst.families)
+    det = est.details(X, inst.family, inst.batch, family_names=inst.families, with_z_ref=False)
     a = det["a"]
     ss = est.score_steps(a, inst.family, inst.step, det["z"], det["family"])
     flagged_steps = ss.steps[ss.flag]
@@ -230,10 +252,11 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     suspect = S & ~explained & (in_cand | explains_cand)
     # per flagged step: candidates and suspects (loop over flagged steps; arrays inside)
     flagged: dict[int, StepResult] = {}
-    order = np.lexsort((-np.nan_to_num(det["m2"], nan=np.inf), -a, inst.step))
-    sus_sorted = order[suspect[order]]
+    sus_idx = np.flatnonzero(suspect)  # sorted by step, then most suspicious first
+    sus_sorted = sus_idx[np.lexsort((-np.nan_to_num(det["m2"][sus_idx], nan=np.inf), -a[sus_idx], inst.step[sus_idx]))]
     sus_steps = inst.step[sus_sorted]
     exp_idx = np.flatnonzero(explained)
+    exp_idx = exp_idx[np.argsort(inst.step[exp_idx], kind="stable")]  # by step, in instance order
     exp_steps = inst.step[exp_idx]
     n_fam = len(inst.families) + 1
 
@@ -258,7 +281,8 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
         cands = cands[: est.max_candidates]
         keep_fams = {c["code"] for c in cands}
         sus = sus[np.isin(inst.family[sus], list(keep_fams))][: est.max_suspects]
-        e = exp_idx[exp_steps == s]
+        elo, ehi = np.searchsorted(exp_steps, [s, s + 1])
+        e = exp_idx[elo:ehi]
         flagged[s] = StepResult(s, cands, sus, {int(i): int(explainer[i]) for i in e.tolist()})
     n_unseen = int(det["unseen"].sum())
     summary = {
@@ -284,7 +308,7 @@ def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndar
     and z (in that component's standard deviations)."""
     if not len(idx):
         return []
-    fam = inst.family_of()[idx]
+    fam = np.asarray(inst.families, dtype=object)[inst.family[idx]]  # these instances' names only
     ref = est.reference_value(fam, loc.component[idx], None if inst.batch is None else inst.batch[idx])
     X = feature_matrix(est, inst)[idx]
     Z = loc.z[idx]

@@ -107,14 +107,17 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
     n, d = X.shape
     X2 = X * X
     _, ind = kmeans_plusplus(X, k, random_state=random_state)
-    resp = np.zeros((n, k))
-    resp[ind, np.arange(k)] = 1.0
+    # responsibilities and log densities are (k × n): the reductions over components run along
+    # the first axis, one vectorized pass over the rows per component
+    resp = np.zeros((k, n))
+    resp[np.arange(k), ind] = 1.0
     const = d * _LOG2PI
+    eps10 = 10 * np.finfo(np.float64).eps
 
     def m_step(resp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        nk = resp.sum(axis=0) + 10 * np.finfo(np.float64).eps
-        means = (resp.T @ X) / nk[:, None]
-        var = (resp.T @ X2) / nk[:, None] - means ** 2 + reg_covar
+        nk = resp.sum(axis=1) + eps10
+        means = (resp @ X) / nk[:, None]
+        var = (resp @ X2) / nk[:, None] - means ** 2 + reg_covar
         if (var <= 0).any():
             raise ValueError("diag_mixture: a component variance is not positive; increase reg_covar")
         return nk, means, var
@@ -122,12 +125,14 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
     def log_norm(w: np.ndarray, means: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         pc = 1.0 / np.sqrt(var)  # the precision's Cholesky factor, as scikit-learn computes it
         prec = pc ** 2
-        lp = (means ** 2 * prec).sum(axis=1) - 2.0 * (X @ (means * prec).T) + X2 @ prec.T
-        wlp = -0.5 * (const + lp) + np.log(pc).sum(axis=1) + np.log(w)
-        top = wlp.max(axis=1, keepdims=True)
+        lp = (-2.0 * (means * prec)) @ X.T + prec @ X2.T  # (k, n)
+        lp += ((means ** 2 * prec).sum(axis=1) + const)[:, None]
+        lp *= -0.5
+        lp += (np.log(pc).sum(axis=1) + np.log(w))[:, None]
+        top = lp.max(axis=0)
         with np.errstate(under="ignore"):
-            norm = np.log(np.exp(wlp - top).sum(axis=1)) + top[:, 0]
-        return wlp, norm
+            norm = np.log(np.exp(lp - top).sum(axis=0)) + top
+        return lp, norm
 
     nk, means, var = m_step(resp)
     w = nk / n
@@ -135,8 +140,9 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
     for _ in range(max_iter):
         prev = lower
         wlp, norm = log_norm(w, means, var)
+        wlp -= norm
         with np.errstate(under="ignore"):
-            nk, means, var = m_step(np.exp(wlp - norm[:, None]))
+            nk, means, var = m_step(np.exp(wlp, out=wlp))
         w = nk / nk.sum()
         lower = float(norm.mean())
         if abs(lower - prev) < tol:
@@ -431,8 +437,8 @@ class GMMLocalizer(BaseEstimator):
     def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
                     u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Fit family f; returns its rows' (held-out, when cross-fitting) deviations z, and their
-        in-sample scores a and deviations z under the fitted model."""
-        d = Xf.shape[1]
+        in-sample scores a and deviations z under the fitted model (z: the feature columns the
+        family has values in)."""
         fin_x = np.isfinite(Xf)
         self.nan_values_ += int(fin_x.size - np.count_nonzero(fin_x))
         # the family's columns with any value (the rest: median 0, the scale floor, a unit
@@ -490,16 +496,7 @@ class GMMLocalizer(BaseEstimator):
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
         # in-sample scores of the final model (m2: its distances, from the last pass above)
         a_in, _, _, z_in = self._score_family(f, Z, ~nan, cols, m2)
-        return self._widen(z, cols, d), a_in, self._widen(z_in, cols, d)
-
-    @staticmethod
-    def _widen(zc: np.ndarray, cols: np.ndarray, d: int) -> np.ndarray:
-        """Columns ``cols`` of a d-column array (NaN elsewhere)."""
-        if len(cols) == d:
-            return zc
-        out = np.full((len(zc), d), np.nan)
-        out[:, cols] = zc
-        return out
+        return z, a_in, z_in
 
     # ---------------------------------------------------------------------------------------
     # scoring
@@ -589,12 +586,12 @@ class GMMLocalizer(BaseEstimator):
         return np.where(hit, pos, -1)
 
     def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None,
-                family_names: Any = None) -> dict[str, np.ndarray]:
+                family_names: Any = None, with_z_ref: bool = True) -> dict[str, np.ndarray]:
         """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
         nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
         from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
-        family median). ``batch``: requests of each row's step (the batch normalisation). With
-        ``family_names``, ``families`` are integer codes into it."""
+        family median; None unless ``with_z_ref``). ``batch``: requests of each row's step (the
+        batch normalisation). With ``family_names``, ``families`` are integer codes into it."""
         self._check()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
@@ -609,7 +606,7 @@ class GMMLocalizer(BaseEstimator):
         m2_out = np.full(n, np.nan)
         comp = np.full(n, -1, np.int64)
         z = np.full((n, d), np.nan, order="F")  # column-major: the shift test reads it by feature
-        z_ref = np.full((n, d), np.nan, order="F")
+        z_ref = np.full((n, d), np.nan, order="F") if with_z_ref else None
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
@@ -626,14 +623,15 @@ class GMMLocalizer(BaseEstimator):
             Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
             a[idx], comp[idx], m2_out[idx], zc = self._score_family(f, Z, finite, cols)
             z[np.ix_(idx, cols)] = zc
-            z_ref[np.ix_(idx, cols)] = Z
+            if z_ref is not None:
+                z_ref[np.ix_(idx, cols)] = Z
         unseen = codes < 0
         a[unseen] = self.unseen_score
         return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
 
     def score_samples(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Anomaly score a(x) = 1 − ρ(x) of every instance (``unseen_score`` for unseen families)."""
-        return self.details(X, families, batch)["a"]
+        return self.details(X, families, batch, with_z_ref=False)["a"]
 
     def predict(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Suspicious instances: a(x) ≥ ``instance_threshold``."""

@@ -280,8 +280,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
         json_path = out_dir / "diagnosis.json"
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = json_path.with_suffix(".json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(diag, fh, separators=(",", ":"))
+    with open(tmp, "w") as fh:  # dumps: the C encoder (dump streams through the Python one)
+        fh.write(json.dumps(diag, separators=(",", ":")))
     tmp.replace(json_path)
     paths = {"json": str(json_path)}
     if html:
