@@ -411,13 +411,34 @@ class Forest:
         """Σ ``values`` over each node's subtree (itself included), for ``rows`` (default all);
         int64 for integer or boolean values, else float64."""
         values = np.asarray(values)
-        values = values.astype(np.int64 if values.dtype.kind in "iub" else np.float64)
+        dtype = np.int64 if values.dtype.kind in "iub" else np.float64
         if self.preorder:
             rows = np.arange(self.n) if rows is None else rows
-            c = np.concatenate([np.zeros(1, values.dtype), np.cumsum(values)])
+            c = np.empty(len(values) + 1, dtype)
+            c[0] = 0
+            np.cumsum(values, dtype=dtype, out=c[1:])
             return c[rows + self.size[rows]] - c[rows]
-        total = self._level_sums(values)
+        total = self._level_sums(values.astype(dtype))
         return total if rows is None else total[rows]
+
+    def subtree_sums_sparse(self, mask: np.ndarray, values: np.ndarray | None, rows: np.ndarray) -> np.ndarray:
+        """:meth:`subtree_sums` of ``values`` (default 1) where ``mask`` is set, 0 elsewhere, for
+        a few ``rows``: with the preorder layout, from the set rows' positions alone (a search
+        per row, not a pass over the forest); int64 for integer values."""
+        pos = np.flatnonzero(mask)
+        if not self.preorder:
+            v = np.zeros(self.n, np.int64 if values is None else np.asarray(values).dtype)
+            v[pos] = 1 if values is None else np.asarray(values)[pos]
+            return self.subtree_sums(v, rows)
+        lo = np.searchsorted(pos, rows)
+        hi = np.searchsorted(pos, rows + self.size[rows])
+        if values is None:
+            return (hi - lo).astype(np.int64)
+        v = np.asarray(values)[pos]
+        dtype = np.int64 if v.dtype.kind in "iub" else np.float64
+        c = np.zeros(len(v) + 1, dtype)
+        np.cumsum(v, dtype=dtype, out=c[1:])
+        return c[hi] - c[lo]
 
     def subtree_counts(self, mask: np.ndarray) -> np.ndarray:
         """Nodes of each subtree (itself included) with ``mask`` set."""

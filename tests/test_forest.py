@@ -118,6 +118,13 @@ def test_any_row_order_and_node_numbering_give_the_same_forest(run, table):
     assert (g.self_ns == f.self_ns[perm]).all()
     v = np.where(f.is_gpu_work, f.dur_ns, 0)
     assert (g.subtree_sums(v[perm]) == f.subtree_sums(v)[perm]).all()
+    # sums over a sparse mask for a few rows, preorder layout or not
+    mask = f.is_gpu_work & (rng.random(f.n) < 0.3)
+    few = rng.choice(f.n, 40, replace=False)
+    want = f.subtree_sums(np.where(mask, f.dur_ns, 0), few)
+    assert (f.subtree_sums_sparse(mask, f.dur_ns, few) == want).all()
+    assert (g.subtree_sums_sparse(mask[perm], f.dur_ns[perm], np.argsort(perm)[few]) == want).all()
+    assert (f.subtree_sums_sparse(mask, None, few) == f.subtree_sums(mask, few)).all()
     assert g.rows_of(f.node_id[perm[:50]] * 3 + 7).tolist() == list(range(50))
     assert g.rows_of([5]).tolist() == [-1]  # 5 is no node id here
     assert [g.families[c] for c in g.family] == [f.families[c] for c in f.family[perm]]

@@ -369,13 +369,14 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
             wrows = np.flatnonzero(whole)
             cols: list[np.ndarray] = []
             for cls in ("memcpy_sync", "memcpy_async", "pageable", "stream_sync", "device_sync", "alloc"):
+                # (few STEP/OTHER rows, sparse calls: sums from the calls' positions)
                 if cls == "pageable":
-                    cols.append(fa.subtree_sums((pageable & mem).astype(np.int64), rows[wrows]).astype(np.float64)
+                    cols.append(fa.subtree_sums_sparse(pageable & mem, None, rows[wrows]).astype(np.float64)
                                 if pageable is not None else np.full(len(wrows), np.nan))
                     continue
                 m = call & _name_class(fa, _MIX_CALLS[cls])
-                cols.append(fa.subtree_sums(m.astype(np.int64), rows[wrows]).astype(np.float64))
-                cols.append(fa.subtree_sums(np.where(m, dur, zeros), rows[wrows]).astype(np.float64))
+                cols.append(fa.subtree_sums_sparse(m, None, rows[wrows]).astype(np.float64))
+                cols.append(fa.subtree_sums_sparse(m, dur, rows[wrows]).astype(np.float64))
             o = len(OP_FEATURES)
             X[wrows, o:o + len(MIX_FEATURES)] = np.column_stack(cols)
         if step_iter is not None:

@@ -102,15 +102,15 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
     reg_covar=reg_covar, random_state=random_state, max_iter=max_iter, tol=tol)`` (same
     initialisation, updates and stopping rule, without its per-iteration validation overhead).
     Returns weights (k,), means and variances (k × d) and the BIC on ``X``."""
-    from sklearn.cluster import kmeans_plusplus
-
     n, d = X.shape
     X2 = X * X
-    _, ind = kmeans_plusplus(X, k, random_state=random_state)
     # responsibilities and log densities are (k × n): the reductions over components run along
     # the first axis, one vectorized pass over the rows per component
-    resp = np.zeros((k, n))
-    resp[np.arange(k), ind] = 1.0
+    if k == 1:  # EM converges to the sample's mean and variance from any start
+        resp = np.ones((1, n))
+    else:
+        resp = np.zeros((k, n))
+        resp[np.arange(k), _kmeans_pp(X, k, random_state, X2.sum(axis=1))] = 1.0
     const = d * _LOG2PI
     eps10 = 10 * np.finfo(np.float64).eps
 
@@ -135,9 +135,9 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
         return lp, norm
 
     nk, means, var = m_step(resp)
-    w = nk / n
+    w = nk / n if k > 1 else nk / nk.sum()
     lower = -np.inf
-    for _ in range(max_iter):
+    for _ in range(max_iter if k > 1 else 0):
         prev = lower
         wlp, norm = log_norm(w, means, var)
         wlp -= norm
@@ -150,6 +150,46 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
     _, norm = log_norm(w, means, var)
     bic = -2.0 * float(norm.mean()) * n + (2 * k * d + k - 1) * math.log(n)
     return w, means, var, bic
+
+
+def _robust_stats(L: np.ndarray, nan: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per column of ``L`` (``nan``: its NaN mask): median, 75th and 25th percentiles ignoring
+    NaN, and the number of columns that vary. Columns without NaN in one vectorized call each
+    (the same numbers as the nan-functions, which go column by column)."""
+    d = L.shape[1]
+    if not len(L):
+        return np.zeros(d), np.zeros(d), np.zeros(d), 0
+    med, q75, q25 = np.empty(d), np.empty(d), np.empty(d)
+    holes = nan.any(axis=0)
+    full = np.flatnonzero(~holes)
+    if len(full):
+        Lf = L[:, full]
+        med[full] = np.median(Lf, axis=0)
+        q75[full], q25[full] = np.percentile(Lf, [75, 25], axis=0)
+    part = np.flatnonzero(holes)
+    if len(part):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (features of other layers)
+            Lp = L[:, part]
+            med[part] = np.nanmedian(Lp, axis=0)
+            q75[part], q25[part] = np.nanpercentile(Lp, [75, 25], axis=0)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum())
+    return med, q75, q25, varying
+
+
+def _kmeans_pp(X: np.ndarray, k: int, random_state: int, sq_norms: np.ndarray) -> np.ndarray:
+    """Rows scikit-learn's k-means++ picks as the ``k`` initial centres (its computational core
+    when importable, which skips the per-call validation; else the public function)."""
+    try:
+        from sklearn.cluster._kmeans import _kmeans_plusplus
+
+        return _kmeans_plusplus(X, k, sq_norms, np.ones(len(X)), np.random.RandomState(random_state))[1]
+    except (ImportError, TypeError):
+        from sklearn.cluster import kmeans_plusplus
+
+        return kmeans_plusplus(X, k, random_state=random_state)[1]
 
 
 def _distinct_rows(Z: np.ndarray, cap: int) -> int:
@@ -451,11 +491,7 @@ class GMMLocalizer(BaseEstimator):
             self._fit_slope(f, L, u, cols)
             L = self._debatch_cols(f, L, u, cols)
         nan = np.isnan(L)
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (features of other layers)
-            med = np.nanmedian(L, axis=0) if len(L) else np.zeros(L.shape[1])
-            q75, q25 = (np.nanpercentile(L, [75, 25], axis=0) if len(L) else (np.zeros(L.shape[1]),) * 2)
-            varying = int((np.nan_to_num(np.nanstd(L, axis=0)) > 0).sum()) if len(L) else 0
+        med, q75, q25, varying = _robust_stats(L, nan)
         med = np.where(np.isfinite(med), med, 0.0)
         iqr = np.where(np.isfinite(q75 - q25), q75 - q25, 0.0)
         min_scale = min_scale_all[cols]
