@@ -113,41 +113,46 @@ def diag_mixture(X: np.ndarray, k: int, reg_covar: float, random_state: int, max
         resp[np.arange(k), _kmeans_pp(X, k, random_state, X2.sum(axis=1))] = 1.0
     const = d * _LOG2PI
     eps10 = 10 * np.finfo(np.float64).eps
+    XX = np.concatenate([X, X2], axis=1)  # one product gives both moments
+    XXt = np.ascontiguousarray(XX.T)
 
     def m_step(resp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         nk = resp.sum(axis=1) + eps10
-        means = (resp @ X) / nk[:, None]
-        var = (resp @ X2) / nk[:, None] - means ** 2 + reg_covar
+        mom = (resp @ XX) / nk[:, None]
+        means = mom[:, :d]
+        var = mom[:, d:] - means ** 2 + reg_covar
         if (var <= 0).any():
             raise ValueError("diag_mixture: a component variance is not positive; increase reg_covar")
         return nk, means, var
 
-    def log_norm(w: np.ndarray, means: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def e_step(w: np.ndarray, means: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Responsibilities (k × n) and each row's log-likelihood."""
         pc = 1.0 / np.sqrt(var)  # the precision's Cholesky factor, as scikit-learn computes it
         prec = pc ** 2
-        lp = (-2.0 * (means * prec)) @ X.T + prec @ X2.T  # (k, n)
+        lp = np.concatenate([(-2.0 * (means * prec)), prec], axis=1) @ XXt  # (k, n)
         lp += ((means ** 2 * prec).sum(axis=1) + const)[:, None]
         lp *= -0.5
         lp += (np.log(pc).sum(axis=1) + np.log(w))[:, None]
         top = lp.max(axis=0)
+        lp -= top
         with np.errstate(under="ignore"):
-            norm = np.log(np.exp(lp - top).sum(axis=0)) + top
-        return lp, norm
+            np.exp(lp, out=lp)
+        tot = lp.sum(axis=0)
+        lp /= tot
+        return lp, np.log(tot) + top
 
     nk, means, var = m_step(resp)
     w = nk / n if k > 1 else nk / nk.sum()
     lower = -np.inf
     for _ in range(max_iter if k > 1 else 0):
         prev = lower
-        wlp, norm = log_norm(w, means, var)
-        wlp -= norm
-        with np.errstate(under="ignore"):
-            nk, means, var = m_step(np.exp(wlp, out=wlp))
+        resp, norm = e_step(w, means, var)
+        nk, means, var = m_step(resp)
         w = nk / nk.sum()
         lower = float(norm.mean())
         if abs(lower - prev) < tol:
             break
-    _, norm = log_norm(w, means, var)
+    _, norm = e_step(w, means, var)
     bic = -2.0 * float(norm.mean()) * n + (2 * k * d + k - 1) * math.log(n)
     return w, means, var, bic
 
@@ -329,11 +334,15 @@ class GMMLocalizer(BaseEstimator):
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
+        fin_all = np.isfinite(X)
+        self.nan_values_ = int(fin_all.size - np.count_nonzero(fin_all))
+        ctx = self._context_mask()
         # per reference step: the in-sample step score (max over families), -inf without instances
         step_max = np.full(int(g.max(initial=-1)) + 1 if g is not None else 0, -np.inf)
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
-            z_held, a_in, z_in = self._fit_family(f, X[idx], fold[idx], rng, u_all[idx])
+            cols = np.flatnonzero(fin_all[idx].any(axis=0) & ~ctx)  # the family's columns with values
+            z_held, a_in, z_in = self._fit_family(f, X[np.ix_(idx, cols)], cols, fold[idx], rng, u_all[idx])
             # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
             # of the held-out shift statistic ((step, family) groups are one family's rows)
             radius = float(chi2.isf(self.tail, max(int(self.varying_[f]), 1)))
@@ -474,19 +483,16 @@ class GMMLocalizer(BaseEstimator):
         central[np.argmax(w)] = True
         return central
 
-    def _fit_family(self, f: int, Xf: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
+    def _fit_family(self, f: int, Xc: np.ndarray, cols: np.ndarray, fold: np.ndarray, rng: np.random.Generator,
                     u: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fit family f; returns its rows' (held-out, when cross-fitting) deviations z, and their
-        in-sample scores a and deviations z under the fitted model (z: the feature columns the
-        family has values in)."""
-        fin_x = np.isfinite(Xf)
-        self.nan_values_ += int(fin_x.size - np.count_nonzero(fin_x))
-        # the family's columns with any value (the rest: median 0, the scale floor, a unit
-        # component at 0, as a column without data would get); context columns are never scored
-        cols = np.flatnonzero(fin_x.any(axis=0) & ~self._context_mask())
+        """Fit family f on its rows' feature columns ``cols`` (``Xc``: those columns; the columns
+        it has values in, context columns left out: the others keep median 0, the scale floor
+        and a unit component at 0, as a column without data would get). Returns its rows'
+        (held-out, when cross-fitting) deviations z, and their in-sample scores a and
+        deviations z under the fitted model (z: the columns ``cols``)."""
         min_scale_all = self._min_scale()
         self.scale_[f] = min_scale_all
-        L = self._log_raw(Xf[:, cols])
+        L = self._log_raw(Xc)
         if u is not None:
             self._fit_slope(f, L, u, cols)
             L = self._debatch_cols(f, L, u, cols)
@@ -647,14 +653,14 @@ class GMMLocalizer(BaseEstimator):
         sc = codes[order]
         bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
         ctx = self._context_mask()
+        fin_all = np.isfinite(X)
         for f in range(len(self.families_)):  # loop over families, vectorized inside
             idx = order[bounds[f + 1]:bounds[f + 2]]
             if not len(idx):
                 continue
-            Xf = X[idx]
             # the family's columns with any value (operator families leave the STEP/OTHER ones NaN)
-            cols = np.flatnonzero(np.isfinite(Xf).any(axis=0) & ~ctx)
-            L = self._debatch_cols(f, self._log_raw(Xf[:, cols]), u_all[idx], cols)
+            cols = np.flatnonzero(fin_all[idx].any(axis=0) & ~ctx)
+            L = self._debatch_cols(f, self._log_raw(X[np.ix_(idx, cols)]), u_all[idx], cols)
             finite = ~np.isnan(L)
             Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
             a[idx], comp[idx], m2_out[idx], zc = self._score_family(f, Z, finite, cols)
