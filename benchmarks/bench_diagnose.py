@@ -2,6 +2,7 @@
 
     python benchmarks/bench_diagnose.py speed                 # 1M-event run, 3 repeats
     python benchmarks/bench_diagnose.py speed --events 2e6
+    python benchmarks/bench_diagnose.py speed --events 16e6 --repeat 1 --pair /tmp/pair16m   # generate once, reuse
     python benchmarks/bench_diagnose.py accuracy              # planted anomalies in synthetic runs
     python benchmarks/bench_diagnose.py accuracy --cpu        # + a CPU fault-injection campaign
 
@@ -100,12 +101,23 @@ def make_pair(tmp: Path, n_events: int, ranks: int = 1) -> tuple[Path, Path, int
     return ref, bad, s2["events_in"], s2["nodes"]
 
 
+def _pair(tmp: Path, args: argparse.Namespace, con) -> tuple[Path, Path, int, int]:
+    """The run pair: generated in ``tmp``, or kept in (and reused from) ``--pair DIR``."""
+    if args.pair is not None and (args.pair / "bad" / "reconstruct.json").is_file() and (args.pair / "ref" / "reconstruct.json").is_file():
+        s = json.loads((args.pair / "bad" / "reconstruct.json").read_text())
+        return args.pair / "ref", args.pair / "bad", int(s["events_in"]), int(s["nodes"])
+    where = args.pair if args.pair is not None else tmp
+    where.mkdir(parents=True, exist_ok=True)
+    with con.status(f"generating and reconstructing two runs of {args.events:g} events"):
+        return make_pair(where, int(args.events), args.ranks)
+
+
 def speed(args: argparse.Namespace) -> int:
     con = _console()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmpd:
         tmp = Path(tmpd)
-        with con.status(f"generating and reconstructing two runs of {args.events:g} events"):
-            ref, bad, events, nodes = make_pair(tmp, int(args.events), args.ranks)
+        ref, bad, events, nodes = _pair(tmp, args, con)
+        load = os.getloadavg()
         art, out = tmp / "loc.npz", tmp / "out"
         results = {}
         for mode in ("fit", "load", "reference") + (("model",) if args.model else ()):
@@ -119,7 +131,7 @@ def speed(args: argparse.Namespace) -> int:
         from teller.evaluate.metrics import evaluate_run
 
         acc = evaluate_run(bad, json.loads((out / "diagnosis.json").read_text()))
-    row = {"events": events, "nodes": nodes, "results": results,
+    row = {"events": events, "nodes": nodes, "results": results, "loadavg": {"start": load, "end": os.getloadavg()},
            "accuracy": {"step": acc["step"], "operator": acc["operator"]}}
     print(json.dumps(row, indent=2))
     g = 2**30
@@ -131,7 +143,8 @@ def speed(args: argparse.Namespace) -> int:
         print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['hwm'] / g:.2f} | {(r['hwm'] - r['base_rss']) / g:.2f} |")
     print(f"\nrun: {events:,} events, {nodes:,} forest nodes, {results['load']['steps']} steps, "
           f"{results['load']['instances']:,} instances, {results['load']['steps_flagged']} flagged, "
-          f"{results['load']['slice_nodes']} slice nodes; phases {results['load']['phases']}")
+          f"{results['load']['slice_nodes']} slice nodes; phases {results['load']['phases']}; with --reference "
+          f"{results['reference']['phases']}; load average {load[0]:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     return 0
 
 
@@ -341,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--ranks", type=int, default=1)
     sp.add_argument("--repeat", type=int, default=3)
     sp.add_argument("--dir", type=Path, default=None)
+    sp.add_argument("--pair", type=Path, default=None,
+                    help="keep the generated run pair in this folder and reuse it when it is there (same --events)")
     sp.add_argument("--model", action="store_true", help="also time diagnose with the shipped root-cause model")
     ap_acc = sub.add_parser("accuracy", help="step P/R/F1 and operator Macro+ F1 on planted anomalies")
     ap_acc.add_argument("--events", type=float, default=1.5e5, help="events per synthetic run")
