@@ -467,3 +467,40 @@ def test_log_methods_find_a_planted_warning_line(vertical, name):
     # the unplanted steps: logs alone say much less
     q = _log_method(name).fit(vertical, tr).predict(vertical, te)
     assert auroc(vertical.is_anomaly[te], q.score) < auroc(s.is_anomaly[te], p.score)
+
+
+# ------------------------------------------------------------------------------------------------
+# the root-cause model as a row
+
+
+def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp_path):
+    """The shipped model scores the test steps of the split it was trained on (the slice's steps
+    are whole steps of data/h200_v2, so a copy named like it is that dataset's subset, split by
+    the same rule); another split is refused, since its test steps may be steps it learnt from."""
+    pytest.importorskip("torch")
+    from teller.baselines import make
+    from teller.baselines.steps import load_steps, split_masks
+    from teller.rca.data import FAULT_TYPES, read_units
+
+    named = tmp_path / "h200_v2"
+    shutil.copytree(slice_ds, named)
+    steps = load_steps(named, "vertical")
+    train, test, _ = split_masks(steps, "request")
+    te = np.flatnonzero(test)
+    # the evaluation's test steps are the model's test units (one rule: teller.dataset.splits)
+    u = read_units(named)
+    unit_test = {(r, int(s[0])) for r, v, s, p in zip(u.run_id, u.view, u.step_ids, u.splits["request"], strict=True)
+                 if v == "vertical" and p == "test"}
+    assert {(str(steps.runs[steps.run_code[i]]), int(steps.step_id[i])) for i in te.tolist()} == unit_test
+    steps.extra["split"] = "request"
+    m = make("teller_mot").fit(steps, np.flatnonzero(train))
+    p = m.predict(steps, te)
+    assert p.score.shape == (len(te),) and ((p.score >= 0) & (p.score <= 1)).all()
+    assert set(p.fault_type.tolist()) <= set(FAULT_TYPES[1:])
+    assert all(bool(ops) == f for ops, f in zip(p.operators, p.flag, strict=True))  # operators exactly for flagged steps
+    truth = steps.is_anomaly[te]
+    assert truth.any() and (~truth).any()
+    assert auroc(truth, p.score) > 0.8  # the model on steps of its own held-out part
+    steps.extra["split"] = "run"
+    with pytest.raises(ValueError, match="trained on the 'request' split"):
+        make("teller_mot").fit(steps, np.flatnonzero(train))

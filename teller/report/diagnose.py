@@ -61,6 +61,7 @@ from teller.localize import (
     no_reference_error,
 )
 from teller.localize.features import RunFeatures, run_features
+from teller.rca import DEFAULT_MODEL
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.report.html import fmt_value, write_html
 from teller.rundir import LAYERS, RunDir
@@ -314,8 +315,6 @@ def input_health(run: str | os.PathLike, reference: list[str | os.PathLike]) -> 
 # ------------------------------------------------------------------------------------------------
 # the root-cause model
 
-#: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "rca" / "default"
 
 
 _MECH_WORD = re.compile(r"\(([a-z][a-z0-9_]+)\)")
