@@ -61,6 +61,8 @@ def reconstruct(
         lsum = align_run(run)
         if lsum.get("lines", 0):
             _print_summary("logs", lsum, logs_lines(lsum), verbose)
+            for note in lsum.get("notes") or []:
+                err.print(f"[yellow]note[/]: {escape(str(note))}")
 
 
 @app.command()

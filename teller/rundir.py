@@ -350,8 +350,9 @@ class RunDir:
         (the shorter name, then the first by name): a chunk copied inside ``events/`` (``471-00003 (copy).parquet``) would
         otherwise count its events twice and double its steps (docs/design.md §17).
 
-        Candidates share row count and the row-group statistics of ``start_ns``/``end_ns``
-        (metadata only); only those are read and compared. Cached per listing of the folder."""
+        Candidates share row count and the file-wide range of ``start_ns``/``end_ns`` from the
+        row-group statistics (metadata only; a copy rewritten with other row groups has the same
+        range); only those are read and compared. Cached per listing of the folder."""
         files = sorted(self.events_dir.glob("*.parquet")) if self.events_dir.is_dir() else []
         stamp = tuple((f.name, st.st_size, st.st_mtime_ns) for f in files for st in [f.stat()])
         if getattr(self, "_copies", (None,))[0] == stamp:
@@ -366,9 +367,11 @@ class RunDir:
                     if c not in names:
                         continue
                     j = names.index(c)
-                    for g in range(md.num_row_groups):
-                        st = md.row_group(g).column(j).statistics
-                        key += (st.min, st.max) if st is not None and st.has_min_max else (None,)
+                    stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
+                    if stats and all(st is not None and st.has_min_max for st in stats):
+                        key += (min(st.min for st in stats), max(st.max for st in stats))
+                    else:
+                        key += (None,)
             except (pa.ArrowInvalid, OSError):
                 continue  # unreadable: the readers name it
             if md.num_rows:

@@ -17,6 +17,27 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite runs on the machine's cores through pytest-xdist (pyproject addopts: -n auto): every
+# worker is one process, so each keeps to one thread (torch, BLAS, Arrow) and the recorded
+# workloads it starts inherit that; two workers with two threads each on two cores only contend.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
+#: files that share a session fixture run on one worker, so the fixture is made once
+_SHARED = {"test_inject.py": "smoke_campaign", "test_inject_parallel.py": "smoke_campaign",
+           "test_workload.py": "plain_tiny_tokens", "test_instrument_profiler.py": "plain_tiny_tokens"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per test file (a file's module fixtures are made once, on one worker;
+    files sharing a session fixture form one group), and the files with slow tests first, so the
+    long recordings start while the quick files fill the other workers (``--dist loadgroup``)."""
+    slow_files = {it.path.name for it in items if it.get_closest_marker("slow")}
+    for it in items:
+        it.add_marker(pytest.mark.xdist_group(_SHARED.get(it.path.name, it.path.name)))
+    items.sort(key=lambda it: it.path.name not in slow_files)  # stable: file order kept within each part
+
 #: a tiny deterministic serve run (rate 0: batching, hence the greedy tokens, do not depend on timing)
 TINY_SERVE = ["--requests", "4", "--rate", "0", "--prompt-len", "uniform:4:12", "--output-len", "6", "--seed", "3"]
 

@@ -404,17 +404,22 @@ def r_null_start(run: Path, rng: random.Random) -> dict:
     return {"expect": "error", "file": f.name, "words": "null values"}
 
 
-def r_copied_chunk(run: Path, rng: random.Random) -> dict:
-    """A chunk copied inside events/ (the bytes, or the rows rewritten with other settings)."""
+def r_copied_chunk(run: Path, rng: random.Random, rewrite: bool = False) -> dict:
+    """A chunk copied inside events/: its bytes, or (``rewrite``) its rows written again with
+    other settings (compression, row groups of 1,000 rows: other row-group statistics)."""
     import pyarrow.parquet as pq
 
     f = rng.choice(_chunks(run))
     dst = f.with_name(f.stem + " (copy).parquet")
-    if rng.random() < 0.5:
-        shutil.copy(f, dst)
-    else:
+    if rewrite:
         pq.write_table(pq.read_table(f), dst, compression="snappy", row_group_size=1000)
+    else:
+        shutil.copy(f, dst)
     return {"expect": "copies", "planted": pq.ParquetFile(f).metadata.num_rows}
+
+
+def r_rewritten_chunk(run: Path, rng: random.Random) -> dict:
+    return r_copied_chunk(run, rng, rewrite=True)
 
 
 def r_corrupt_pages(run: Path, rng: random.Random) -> dict:
@@ -466,6 +471,7 @@ RECORDED_DAMAGE: dict[str, Callable[[Path, random.Random], dict]] = {
     "no_runtime": r_no_runtime,
     "null_start": r_null_start,
     "copied_chunk": r_copied_chunk,
+    "rewritten_chunk": r_rewritten_chunk,
     "corrupt_pages": r_corrupt_pages,
     "no_args": _drop("args"),
     "no_flags": _drop("flags"),

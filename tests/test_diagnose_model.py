@@ -72,6 +72,24 @@ def test_no_model_leaves_the_numeric_stage(diag, tmp_path):
     assert "model" not in res and not any("fault_type" in s for s in res["steps"])
 
 
+def test_a_tree_the_model_cannot_read_leaves_the_numeric_verdict(diag, tmp_path, monkeypatch):
+    """When the model's input encoding refuses the run's trees (a TellerError from TPE), the
+    diagnosis is still written: the numeric stage's verdict, the model marked skipped with why."""
+    from teller.errors import TellerError
+    from teller.rca.api import RCA
+
+    def refuse(self, *a, **k):
+        raise TellerError("subtrees: sequence 0 node 1 breaks the depth-first order TPE needs")
+
+    monkeypatch.setattr(RCA, "inputs", refuse)
+    _, d = diag
+    notes = []
+    res = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a"], out=tmp_path, note=notes.append)
+    assert "depth-first order" in res["model"]["skipped"] and any("model skipped" in n for n in notes)
+    assert any(s["flag"] for s in res["steps"]) and not any("fault_type" in s for s in res["steps"])
+    assert json.loads((tmp_path / "diagnosis.json").read_text())["model"]["skipped"] == res["model"]["skipped"]
+
+
 def test_grounding_keeps_the_mechanism_and_fills_the_rest_from_the_answer():
     st = {"step_num": 7, "rank": 1, "fault_type": "kernel", "evidence_families": ["FE LlamaMLP"],
           "suspects": [{"family": "FE LlamaMLP", "evidence": [

@@ -358,3 +358,149 @@ def test_operator_heads_give_one_column_per_family_even_for_one(name):
         P = m._ops_proba(m._fit_ops(X, Y), X)
         assert P.shape == (60, k)
         assert ((P > 0.5) == Y.astype(bool)).mean() > 0.9  # the fitted steps are ranked as labelled
+
+
+# ------------------------------------------------------------------------------------------------
+# log baselines (teller/baselines/logs.py), small budgets so each test stays short
+
+#: fewer updates than the defaults (the slice is small); the models and scores are the same
+LOG_SMALL = {"logrobust": {"updates": 150}, "lanobert": {"updates": 40, "batch": 32}, "logs2graphs": {"updates": 100},
+             "madgan": {"updates": 150}}
+
+
+def _log_method(name, seed=0):
+    from teller.baselines import REGISTRY
+
+    m = REGISTRY[name](seed=seed, **LOG_SMALL[name])
+    m.name = name
+    return m
+
+
+def test_step_logs_follow_the_dataset_lines(vertical, slice_ds):
+    from teller.baselines.logs import step_logs
+    from teller.baselines.steps import load_steps
+
+    lg = step_logs(vertical)
+    logs = pq.read_table(slice_ds / "logs.parquet", columns=["run_id", "step_id", "ts_ns"])
+    key = [f"{r}|{s}" for r, s in zip(logs.column("run_id").to_pylist(), logs.column("step_id").to_pylist(), strict=True)]
+    want = {k: key.count(k) for k in set(key)}
+    got = {f"{vertical.runs[r]}|{s}": int(n) for r, s, n in zip(vertical.run_code, vertical.step_id, lg.lens(), strict=True)}
+    assert sum(got.values()) == logs.num_rows and all(got[k] == v for k, v in want.items())
+    assert (lg.lens() == 0).any() and (lg.lens() > 0).any()  # some steps have no line
+    # a horizontal step holds the lines of all its rank steps
+    h = load_steps(slice_ds, "horizontal")
+    hl = step_logs(h)
+    per_unit = {k: got.get(f"{h.runs[k >> 40]}|{k & ((1 << 40) - 1)}", 0) for k in h.unit_key.tolist()}
+    for i in range(h.n):
+        units = h.unit_key[h.unit_idx[h.unit_ptr[i]:h.unit_ptr[i + 1]]]
+        assert hl.lens()[i] == sum(per_unit[int(u)] for u in units)
+
+
+@pytest.mark.parametrize("name", ["logrobust", "lanobert", "logs2graphs", "madgan"])
+def test_log_methods_fit_predict_and_repeat(vertical, name):
+    from teller.baselines.logs import step_logs
+    from teller.baselines.steps import split_masks
+    from teller.evaluate.run import score_method
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    m = _log_method(name).fit(vertical, tr)
+    p = m.predict(vertical, te)
+    assert p.score.shape == (len(te),) and p.flag.shape == (len(te),) and p.flag.dtype == bool
+    assert np.isfinite(p.score).all() and p.fault_type is None and p.operators is None
+    empty = step_logs(vertical).lens()[te] == 0
+    assert empty.any()
+    if name == "lanobert":  # no line, no loss
+        assert (p.score[empty] == 0).all()
+    # the same seed gives the same scores; the caller's torch threads are left as they were
+    import torch
+
+    before = torch.get_num_threads()
+    again = _log_method(name).fit(vertical, tr).predict(vertical, te)
+    assert np.array_equal(again.score, p.score) and torch.get_num_threads() == before
+    r = score_method(vertical, te, p)
+    assert 0.0 <= r["step"]["f1"] <= 1.0 and "operator" not in r and "fault_type" not in r
+    if m.kind == "unsupervised":  # the threshold is the 95th percentile of held-out normal train steps
+        normal = tr[~vertical.is_anomaly[tr]]
+        assert 0.0 <= m.predict(vertical, normal).flag.mean() <= 0.25
+
+
+def _planted(steps):
+    """``steps`` whose abnormal steps each end with one extra warning line no normal step has."""
+    from teller.baselines.logs import StepLogs, step_logs
+
+    s = copy.copy(steps)
+    s.extra = {}
+    lg = step_logs(s)
+    ab = s.is_anomaly
+    lens = lg.lens() + ab
+    tmpl, msg = [], []
+    for i in range(s.n):
+        rows = range(lg.ptr[i], lg.ptr[i + 1])
+        tmpl += [int(lg.template[r]) for r in rows]
+        msg += [str(lg.message[r]) for r in rows]
+        if ab[i]:
+            tmpl.append(len(lg.templates))
+            msg.append(f"teller.workload: WARNING watchdog: engine step stalled for {100 + i} ms, dumping stacks")
+    s.extra["logs"] = StepLogs(ptr=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+                               template=np.asarray(tmpl, np.int64),
+                               templates=lg.templates + ["teller.workload: WARNING watchdog: engine step stalled for <NUM> "
+                                                         "ms, dumping stacks"], message=np.asarray(msg, dtype=str))
+    return s
+
+
+@pytest.mark.parametrize("name", ["logrobust", "lanobert", "logs2graphs", "madgan"])
+def test_log_methods_find_a_planted_warning_line(vertical, name):
+    """Abnormal steps that carry a warning line no normal step has: the supervised methods learn
+    it from the labels, the one-class ones (fitted on normal steps) score the unseen line high."""
+
+    s = _planted(vertical)
+    # a random split (the slice's request split puts mostly line-less abnormal steps in train)
+    perm = np.random.default_rng(0).permutation(s.n)
+    tr, te = np.sort(perm[: s.n // 2]), np.sort(perm[s.n // 2:])
+    p = _log_method(name).fit(s, tr).predict(s, te)
+    y = s.is_anomaly[te]
+    # MAD-GAN sees the new template as one count column among ~16, its residual mixed with the
+    # spread of the normal counts (and 1 − D): it ranks the planted steps high, less sharply
+    assert auroc(y, p.score) > (0.8 if name == "madgan" else 0.95), (name, auroc(y, p.score))
+    assert p.flag[y].mean() > (2 * p.flag[~y].mean() if name == "madgan" else 0.9)
+    # the unplanted steps: logs alone say much less
+    q = _log_method(name).fit(vertical, tr).predict(vertical, te)
+    assert auroc(vertical.is_anomaly[te], q.score) < auroc(s.is_anomaly[te], p.score)
+
+
+# ------------------------------------------------------------------------------------------------
+# the root-cause model as a row
+
+
+def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp_path):
+    """The shipped model scores the test steps of the split it was trained on (the slice's steps
+    are whole steps of data/h200_v2, so a copy named like it is that dataset's subset, split by
+    the same rule); another split is refused, since its test steps may be steps it learnt from."""
+    pytest.importorskip("torch")
+    from teller.baselines import make
+    from teller.baselines.steps import load_steps, split_masks
+    from teller.rca.data import FAULT_TYPES, read_units
+
+    named = tmp_path / "h200_v2"
+    shutil.copytree(slice_ds, named)
+    steps = load_steps(named, "vertical")
+    train, test, _ = split_masks(steps, "request")
+    te = np.flatnonzero(test)
+    # the evaluation's test steps are the model's test units (one rule: teller.dataset.splits)
+    u = read_units(named)
+    unit_test = {(r, int(s[0])) for r, v, s, p in zip(u.run_id, u.view, u.step_ids, u.splits["request"], strict=True)
+                 if v == "vertical" and p == "test"}
+    assert {(str(steps.runs[steps.run_code[i]]), int(steps.step_id[i])) for i in te.tolist()} == unit_test
+    steps.extra["split"] = "request"
+    m = make("teller_mot").fit(steps, np.flatnonzero(train))
+    p = m.predict(steps, te)
+    assert p.score.shape == (len(te),) and ((p.score >= 0) & (p.score <= 1)).all()
+    assert set(p.fault_type.tolist()) <= set(FAULT_TYPES[1:])
+    assert all(bool(ops) == f for ops, f in zip(p.operators, p.flag, strict=True))  # operators exactly for flagged steps
+    truth = steps.is_anomaly[te]
+    assert truth.any() and (~truth).any()
+    assert auroc(truth, p.score) > 0.8  # the model on steps of its own held-out part
+    steps.extra["split"] = "run"
+    with pytest.raises(ValueError, match="trained on the 'request' split"):
+        make("teller_mot").fit(steps, np.flatnonzero(train))

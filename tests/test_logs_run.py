@@ -256,6 +256,21 @@ def test_align_run_rules_and_output(tmp_path):
     assert any("no year" in n for n in s["notes"])
 
 
+def test_logs_an_hour_off_the_trace_are_said_to_disagree(tmp_path):
+    """Logs whose clock runs an hour off the trace's align to no step by time; the summary says
+    why in words instead of only counting them unaligned (the run's own logs fit: no such note)."""
+    s = align_run(make_run(tmp_path).path)
+    assert not any("disagree" in n for n in s["notes"])
+    rd = make_run(tmp_path / "skewed")
+    f = rd.logs_dir / "engine.jsonl"  # the engine's lines an hour late
+    recs = [json.loads(x) for x in f.read_text().splitlines()]
+    f.write_text("".join(json.dumps({**r, "ts_ns": r["ts_ns"] + 3600 * S}) + "\n" for r in recs))
+    s = align_run(rd.path)
+    assert s["time_window"] == 0
+    note = next(n for n in s["notes"] if "disagree" in n)
+    assert "8 of 9 timed log lines" in note and "after it" in note
+
+
 def test_align_run_tolerance_option(tmp_path):
     rd = make_run(tmp_path)
     s = align_run(rd.path, tolerance_ms=0.5)

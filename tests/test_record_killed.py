@@ -1,6 +1,6 @@
 """Killed recordings: the workload SIGKILLed, and the launcher (`teller record`) SIGKILLed.
 
-Either way every later command (`reconstruct`, `stats`, `show`) says the run is partial and
+Either way every later command (`reconstruct`, `stats`, `show`, `diagnose`) says the run is partial and
 what was lost; a killed launcher takes the recorded command down with it (docs/design.md §12)
 instead of leaving it serving unlogged, and `run.json` left at ``"status": "running"`` reads as
 an interrupted recording, not a live one.
@@ -49,15 +49,20 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     return p, run
 
 
-def _later_commands(run: Path, capsys) -> tuple[dict, str, str, str]:
+def _later_commands(run: Path, capsys) -> tuple[dict, str, str, str, str]:
     assert main(["reconstruct", str(run)]) == 0
     rec_err = capsys.readouterr().err
     assert main(["stats", str(run)]) == 0
     stats_out = capsys.readouterr().out
     assert main(["show", str(run), "--step", "0"]) == 0
     show_out = capsys.readouterr().out
+    # diagnosed against itself (the numeric stage alone): the diagnosis carries the same words
+    assert main(["diagnose", str(run), "--reference", str(run), "--no-model", "-o", str(run.parent / "diag")]) == 0
+    diag_out = capsys.readouterr().out
+    health = json.loads((run.parent / "diag" / "diagnosis.json").read_text())["health"]
+    assert health["partial"] and health["runs"][0]["role"] == "run" and health["runs"][0]["partial"]
     summary = json.loads((run / "reconstruct.json").read_text())
-    return summary, " ".join(rec_err.split()), " ".join(stats_out.split()), " ".join(show_out.split())
+    return summary, *(" ".join(t.split()) for t in (rec_err, stats_out, show_out, diag_out))
 
 
 def test_workload_sigkilled(tmp_path: Path, capsys):
@@ -73,9 +78,9 @@ def test_workload_sigkilled(tmp_path: Path, capsys):
     state = recording_state(RunDir(run))
     assert state["status"] == "killed" and state["partial"]
     assert state["lost"]["processes_unfinished"] == 1
-    summary, rec_err, stats_out, show_out = _later_commands(run, capsys)
+    summary, rec_err, stats_out, show_out, diag_out = _later_commands(run, capsys)
     assert summary["recording"]["status"] == "killed"
-    for text in (rec_err, stats_out, show_out):
+    for text in (rec_err, stats_out, show_out, diag_out):
         assert "killed (SIGKILL, exit code 137)" in text and "the run is partial" in text, text[-800:]
         assert f"(pid {child}) ended without their last flush" in text
     assert "run: partial (killed)" in stats_out
@@ -96,9 +101,9 @@ def test_launcher_sigkilled_takes_the_command_down(tmp_path: Path, capsys):
     assert info["launcher"]["pid"] == p.pid
     state = recording_state(RunDir(run))
     assert state["status"] == "interrupted" and state["partial"]
-    summary, rec_err, stats_out, show_out = _later_commands(run, capsys)
+    summary, rec_err, stats_out, show_out, diag_out = _later_commands(run, capsys)
     assert summary["recording"]["status"] == "interrupted"
     assert summary["steps"] > 0  # what was flushed is kept
-    for text in (rec_err, stats_out, show_out):
+    for text in (rec_err, stats_out, show_out, diag_out):
         assert f"the recording was interrupted: its launcher (pid {p.pid}) ended without finishing run.json" in text, text[-800:]
     assert "run: partial (interrupted)" in stats_out

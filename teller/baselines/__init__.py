@@ -13,7 +13,7 @@ __all__ = ["REGISTRY", "Method", "Prediction", "make", "register"]
 
 
 def _load_builtin() -> None:
-    from teller.baselines import classical, numeric  # noqa: F401  (their classes register themselves)
+    from teller.baselines import classical, logs, numeric, rca  # noqa: F401  (their classes register themselves)
 
 
 _load_builtin()

@@ -9,8 +9,9 @@ One *step* is what the labels are attached to (docs/design.md §11), as in
   ``(run_id, step_id)`` of the horizontal records (``step_id`` is rank 0's step; ``step_ids``
   lists every rank's step, the *units* whose features are combined).
 
-Splits are per record; a step is **test** when any of its records is in test (every test
-record is scored), **train** when it holds a train record and no test record, **val** otherwise.
+Splits are per record; a step takes the part of one representative record, picked by a hash of
+the step's key (:func:`teller.dataset.splits.step_representatives`, the rule the root-cause models
+split their units by, so every method is scored on the same test steps as the models).
 Labels: ``is_anomaly``, ``fault_type``, ``mechanism`` and ``operator_labels`` of the step's first
 record, operator labels renamed with :func:`teller.localize.features.family_names` (the
 labeller's own naming: a no-op, kept so the two sides cannot drift) and empty on normal steps.
@@ -27,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from teller.dataset.splits import step_keys, step_representatives
 from teller.errors import InputError, TellerError
 from teller.localize.features import family_names
 
@@ -36,7 +38,7 @@ CATEGORIES = ("communication", "kernel", "memory", "runtime", "scheduling")
 #: split codes of :attr:`StepSet.split`
 TRAIN, VAL, TEST = 0, 1, 2
 
-_RECORD_COLUMNS = ["run_id", "request_id", "step_id", "step_ids", "step_num", "rank", "view", "is_anomaly",
+_RECORD_COLUMNS = ["record_id", "run_id", "request_id", "step_id", "step_ids", "step_num", "rank", "view", "is_anomaly",
                    "in_window", "fault_type", "mechanism", "operator_labels", "explanation", "log_text"]
 
 
@@ -123,7 +125,7 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
     if missing:
         raise InputError(path, f"lacks columns {missing}", "rebuild the dataset with `teller dataset build`")
     t = pq.read_table(path, columns=_RECORD_COLUMNS + splits)
-    t = t.filter(pc.equal(t.column("view"), view))
+    t = t.filter(pc.equal(t.column("view"), view)).sort_by("record_id")
     if not t.num_rows:
         raise TellerError(f"{path}: no {view} records; this dataset has no {view} view"
                           + (" (horizontal records need tensor-parallel runs)" if view == "horizontal" else ""))
@@ -137,11 +139,16 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
     ab = t.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     if (np.bincount(inv, weights=ab, minlength=n) % np.bincount(inv, minlength=n)).any():
         raise InputError(path, "is_anomaly differs between the request rows of one step", "rebuild the dataset")
+    # each step's part is its representative record's (the models' rule, dataset.splits)
+    _, s_inv, _, rep = step_representatives(step_keys(run, _str(t.column("view")), t.column("step_ids").combine_chunks()))
+    if len(rep) != n or len(np.unique(inv[rep])) != n:
+        raise InputError(path, "the step ids of a step differ between its request rows", "rebuild the dataset")
+    rep_of = np.empty(n, np.int64)
+    rep_of[inv[rep]] = rep
     split = {}
     for s in splits:
-        x = _str(t.column(s))
-        has = {c: np.bincount(inv, weights=(x == c), minlength=n) > 0 for c in ("train", "val", "test")}
-        split[s] = np.where(has["test"], TEST, np.where(has["train"], TRAIN, VAL)).astype(np.int8)
+        x = _str(t.column(s))[rep_of]
+        split[s] = np.where(x == "test", TEST, np.where(x == "train", TRAIN, VAL)).astype(np.int8)
     is_ab = ab[first]
     raw = t.column("operator_labels").take(pa.array(first)).to_pylist()
     labels = [sorted({norm_label(x) for x in (lab or [])}) if a else [] for lab, a in zip(raw, is_ab, strict=True)]

@@ -10,9 +10,20 @@ test; records of the others, and normal records, follow their request split (val
 of :mod:`.build`): the shape with the most records is trained on (its records follow their
 request split, test folded into train), every other shape is test: a model trained on one model
 shape is scored on runs of another.
+
+**A step's part.** Splits are per record, and a step holds the records of all the requests it
+served, which ``split_request`` scatters over the three parts. Everything that scores *steps*
+(``teller evaluate``, the root-cause models) gives a step the part of one representative record:
+one of its records picked by a hash (CRC-32) of the step's key (run, view, step ids)
+(:func:`step_representatives`). The pick is independent from step to step, so the parts keep
+about the 80/10/10 proportions and no step is in two parts; a test step's other requests can be
+train requests (unavoidable for a model of steps). For the run, mechanism and workload splits a
+step's records share their part, so the rule is exact there.
 """
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +31,31 @@ import pyarrow as pa
 SPLITS = ("train", "val", "test")
 #: the split columns a records table can hold (split_workload only for two or more model shapes)
 SPLIT_COLUMNS = ("split_request", "split_run", "split_mechanism", "split_workload")
+
+
+def step_keys(run_id: np.ndarray, view: np.ndarray, step_ids: pa.ListArray) -> np.ndarray:
+    """The key of each record's step: run, view and the step ids (one per rank), as one string."""
+    off = step_ids.offsets.to_numpy().astype(np.int64)
+    val = step_ids.values.to_numpy().astype(np.int64)
+    return np.asarray([f"{r}\x1f{v}\x1f" + ",".join(map(str, val[off[i]:off[i + 1]].tolist()))
+                       for i, (r, v) in enumerate(zip(run_id.tolist(), view.tolist(), strict=True))], dtype=object)
+
+
+def step_representatives(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Steps of records given by their step keys (records in ``record_id`` order): ``first``
+    (each step's first record, steps in order of first appearance), ``inv`` (each record's step),
+    ``counts`` (records per step) and ``rep`` (each step's representative record: the one a
+    CRC-32 of its key picks, module docstring)."""
+    keys = np.asarray(keys, dtype=object)
+    uk, first, inv, counts = np.unique(keys, return_index=True, return_inverse=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    inv, first, counts, uk = rank[inv.reshape(-1)], first[order], counts[order], uk[order]
+    by_step = np.argsort(inv, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    pick = np.asarray([zlib.crc32(k.encode()) for k in uk.tolist()], np.int64) % counts
+    return first, inv, counts, by_step[starts + pick]
 
 
 def _cut(n: int, rng: np.random.Generator, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> np.ndarray:

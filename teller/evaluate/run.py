@@ -28,7 +28,7 @@ from teller.evaluate.scores import (
 )
 
 #: the methods ``teller evaluate`` runs by default, in table order
-DEFAULT_METHODS = ("teller_numeric", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
+DEFAULT_METHODS = ("teller_mot", "teller_numeric", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
                    "xgb", "xgb_names")
 
 
@@ -105,6 +105,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
             continue
         train, test, desc = masks[s]
         tr, te = np.flatnonzero(train), np.flatnonzero(test)
+        steps.extra["split"] = s  # a method trained beforehand (teller_mot) checks it was trained on this split
         rows = []
         with _progress(len(methods)) as bar:
             task = bar.add_task(f"{view}/{s}", total=len(methods))

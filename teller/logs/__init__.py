@@ -162,6 +162,29 @@ def _dict(arr: pa.Array, typ: pa.DataType) -> pa.Array:
     return arr.cast(pa.string()).dictionary_encode().cast(typ)
 
 
+#: share of the timed lines outside the trace's span above which the two clocks are said to disagree
+OUTSIDE_SHARE = 0.5
+
+
+def _outside_span_note(tau: np.ndarray, start: np.ndarray, end: np.ndarray, tol: np.ndarray) -> str | None:
+    """Words for log lines whose times fall outside the steps' span, when they are most of them:
+    the logs' clock and the trace's disagree (skew, a time zone, logs of another run), so time
+    alignment cannot hold and only request ids align them. None when they mostly fit."""
+    if not len(tau) or not len(start):
+        return None
+    slack = int(np.max(tol)) if np.size(tol) else 0
+    lo, hi = int(np.min(start)) - slack, int(np.max(end)) + slack
+    out = int(((tau < lo) | (tau > hi)).sum())
+    if out <= OUTSIDE_SHARE * len(tau):
+        return None
+    med = int(np.median(tau))
+    where = "before" if med < lo else "after" if med > hi else "around"
+    off = (lo - med) if med < lo else (med - hi) if med > hi else 0
+    return (f"{out:,} of {len(tau):,} timed log lines fall outside the steps' time span (their median is "
+            f"{off / 1e9:.3g} s {where} it): the logs' clock and the trace's disagree (clock skew, a time zone, or "
+            "logs of another run), so lines align by request id only; set clock.utc_offset_s in run.json if it is a zone")
+
+
 def align_run(run: str | os.PathLike, **options: Any) -> dict[str, Any]:
     """Parse and align every log line of a run, write ``RUN/log_alignment.parquet``, return a summary.
 
@@ -291,6 +314,10 @@ def build_alignment(
             pl, pr, pp = index.pairs(id_off, id_vals)
         step_idx, rule, req_code = align(tau, tau_known, tol, pid, pl, pr, pp, steps["pid"],
                                          steps["start_ns"], steps["end_ns"], mem_req, mem_step)
+
+        note = _outside_span_note(tau[tau_known], steps["start_ns"], steps["end_ns"], tol)
+        if note:
+            notes.append(note)
 
     tid, tmpl = mine_templates(lines.column("message").combine_chunks() if n else pa.array([], pa.string()))
 

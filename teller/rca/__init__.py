@@ -19,9 +19,13 @@ registers ``teller rca`` without importing them).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-__all__ = ["FAULT_TYPES", "RCA", "StepInputs", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "StepInputs", "load"]
+
+#: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
+DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 
 
 def __getattr__(name: str) -> Any:

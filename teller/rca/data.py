@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -55,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from teller.dataset.splits import step_keys, step_representatives
 from teller.errors import InputError, TellerError
 
 #: Fault classes of the fault head: index 0 is "no fault", then the dataset's five categories.
@@ -154,17 +154,8 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
     sids = t.column("step_ids").combine_chunks()
     s_off = sids.offsets.to_numpy().astype(np.int64)
     s_val = sids.values.to_numpy().astype(np.int64)
-    # unit key: run, view, step ids (one per rank)
-    keys = [f"{r}\x1f{v}\x1f" + ",".join(map(str, s_val[s_off[i]:s_off[i + 1]].tolist()))
-            for i, (r, v) in enumerate(zip(run.tolist(), view.tolist(), strict=True))]
-    uk, first, inv, counts = np.unique(np.asarray(keys, dtype=object), return_index=True, return_inverse=True,
-                                       return_counts=True)
-    order = np.argsort(first, kind="stable")  # units in dataset order
-    rank = np.empty_like(order)
-    rank[order] = np.arange(len(order))
-    inv = rank[inv]
-    first = first[order]
-    counts = counts[order]
+    keys = step_keys(run, view, sids)  # unit key: run, view, step ids (one per rank)
+    first, inv, counts, rep = step_representatives(keys)
     ab = t.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     ftype = t.column("fault_type").to_pylist()
     expl = t.column("explanation").to_pylist()
@@ -188,12 +179,6 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
                 seen[u].add(ln)
                 lines[u].append(ln)
     fi = first.tolist()
-    # the representative record of each unit: one of its records, picked by a hash of the unit key
-    by_unit = np.argsort(inv, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    ukeys = np.asarray(keys, dtype=object)[first]
-    pick = np.asarray([zlib.crc32(k.encode()) for k in ukeys.tolist()], np.int64) % counts
-    rep = by_unit[starts + pick]
     splits = {p: np.asarray(t.column(f"split_{p}").cast(pa.string()).to_pylist(), dtype=object)[rep]
               for p in PROTOCOLS if f"split_{p}" in t.column_names}
     return Units(

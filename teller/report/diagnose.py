@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from teller import __version__
+from teller.errors import TellerError
 from teller.inspect.tree import fmt_ns
 from teller.localize import (
     GMMLocalizer,
@@ -60,6 +61,7 @@ from teller.localize import (
     no_reference_error,
 )
 from teller.localize.features import RunFeatures, run_features
+from teller.rca import DEFAULT_MODEL
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.report.html import fmt_value, write_html
 from teller.rundir import LAYERS, RunDir
@@ -313,8 +315,6 @@ def input_health(run: str | os.PathLike, reference: list[str | os.PathLike]) -> 
 # ------------------------------------------------------------------------------------------------
 # the root-cause model
 
-#: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "rca" / "default"
 
 
 _MECH_WORD = re.compile(r"\(([a-z][a-z0-9_]+)\)")
@@ -424,7 +424,13 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         return info
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
-    inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
+    try:
+        inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
+    except TellerError as e:  # a forest the model cannot read: the numeric stage's verdict stands
+        info["skipped"] = f"the model could not read the flagged steps' trees: {e}"
+        if note is not None:
+            note(f"root-cause model skipped: {info['skipped']}")
+        return info
     preds = m.predict(inp)
     # names of the evidence nodes, from the forest rows they are
     ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
@@ -501,6 +507,7 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
         console.print("[green]no abnormal step[/]")
         return
     m = diag.get("model")
+    m = None if m and m.get("skipped") else m
     console.print(f"[bold]verdict[/] ({'root-cause model ' + m['variant'] if m else 'numeric stage only'}): "
                   f"{len(flagged)} flagged step(s)")
     for x in flagged[:top]:

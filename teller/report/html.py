@@ -221,7 +221,7 @@ class _Page:
         self.d = diag
         self.steps: list[dict[str, Any]] = list(diag.get("steps", []))
         self.flagged = sorted((s for s in self.steps if s.get("flag")), key=_worst_first)
-        self.has_model = bool(diag.get("model"))
+        self.has_model = bool(diag.get("model")) and not diag["model"].get("skipped")
         self.groups = self._groups()
         # the evidence follows the verdict: group by group, worst first within each
         self.flagged = [x for g in self.groups for x in g["steps"]]
@@ -263,7 +263,9 @@ class _Page:
                     line += f" and reads {len(normal):,} as normal"
                 out.append(f'<p class="sub">{_e(line)}.</p>')
             else:
-                out.append('<p class="sub">No root-cause model was applied: the fault types are not named; '
+                skipped = (self.d.get("model") or {}).get("skipped")
+                why = f" ({_e(skipped)})" if skipped else ""
+                out.append(f'<p class="sub">No root-cause model was applied{why}: the fault types are not named; '
                            "the evidence is the numeric stage's.</p>")
         if s.get("warning"):
             out.append(f'<p class="warning">Warning: {_e(s["warning"])}</p>')

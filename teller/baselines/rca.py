@@ -1,0 +1,109 @@
+"""TELLER's root-cause model as a row of ``teller evaluate`` (``teller_mot``).
+
+The model is trained beforehand (``teller rca train DATASET --split S``, on the GPU; the package
+ships the MoT model of ``data/h200_v2``'s request split), so "fit" only loads it and checks that
+it may be scored here: the dataset folder it was trained on must be this one and its split the
+one evaluated, otherwise the test steps could be steps it learnt from, and the row is an error
+that says so. Predict encodes each test step from the dataset's subtrees (the whole step tree,
+TPE-encoded, with its aligned log lines: exactly the units ``teller rca`` trains and scores on;
+both sides split steps by :func:`teller.dataset.splits.step_representatives`) and reads:
+
+- ``score``: the abnormal probability; ``flag``: the model's abnormal decision;
+- ``fault_type``: the model's type given abnormal (``fault_type_best``, so a missed step still
+  has its type scored, as ``teller rca predict`` does);
+- ``operators``: the evidence operators' families of a flagged step (empty otherwise).
+
+Explanations are not generated here (their BLEU is ``teller rca predict``'s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.baselines.base import Method, Prediction, register
+from teller.baselines.steps import StepSet, norm_label
+
+
+def _dataset_name(path: str | Path) -> str:
+    return Path(str(path)).resolve().name
+
+
+@register("teller_mot")
+class RCAModel(Method):
+    label = "TELLER MoT (root-cause model)"
+    kind = "teller"
+    features = "step tree (TPE) + log lines"
+    fit_on = "trained beforehand on the split's train steps"
+
+    def __init__(self, seed: int = 0, model: str | Path | None = None, batch_size: int = 64):
+        self.seed = seed
+        self.model = model
+        self.batch_size = batch_size
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
+        from teller.rca import DEFAULT_MODEL
+
+        try:
+            from teller.rca import load
+        except ImportError as e:  # torch / transformers not installed
+            raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
+        path = Path(self.model) if self.model is not None else DEFAULT_MODEL
+        m = load(path)
+        tr = m.meta.get("training", {})
+        split = steps.extra.get("split")
+        if tr.get("split") != split:
+            raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
+                             f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
+        if _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
+            raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
+        if int(tr.get("seed", self.seed)) != self.seed:
+            raise ValueError(f"the model at {path} was trained with seed {tr.get('seed')}, not {self.seed}")
+        self.model_ = m
+        self.model_path_ = str(path)
+        self.fitted_steps_ = int(tr.get("steps", 0))
+        return self
+
+    def _units(self, steps: StepSet, idx: np.ndarray) -> tuple[Any, np.ndarray]:
+        """The ``teller rca`` dataset (read once per StepSet) and the unit of each step ``idx``."""
+        from teller.rca.data import load_dataset
+
+        ds = steps.extra.get("rca_dataset")
+        if ds is None:
+            ds = steps.extra["rca_dataset"] = load_dataset(steps.dataset)
+        u = ds.units
+        where = {(r, v, tuple(s.tolist())): i for i, (r, v, s) in enumerate(zip(u.run_id.tolist(), u.view.tolist(),
+                                                                                  u.step_ids, strict=True))}
+        out = np.empty(len(idx), np.int64)
+        for k, i in enumerate(np.asarray(idx, np.int64).tolist()):
+            units = steps.unit_key[steps.unit_idx[steps.unit_ptr[i]:steps.unit_ptr[i + 1]]]
+            sid = tuple(int(x) for x in (units & ((1 << 40) - 1)).tolist())  # each rank's step, in order
+            key = (str(steps.runs[steps.run_code[i]]), steps.view, sid)
+            if key not in where:
+                raise ValueError(f"step {key} of the evaluation is not a unit of the model's dataset")
+            out[k] = where[key]
+        return ds, out
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        from teller.rca.train import prepare_units
+
+        m = self.model_
+        ds, uidx = self._units(steps, idx)
+        prep, _ = prepare_units(ds, uidx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+        pred = m.predict(prep, batch_size=self.batch_size, explain=False)
+        flag = np.asarray([bool(p["abnormal"]) for p in pred], bool)
+        return Prediction(
+            score=np.asarray([float(p["abnormal_prob"]) for p in pred], float),
+            flag=flag,
+            fault_type=np.asarray([p.get("fault_type_best") or "" for p in pred], dtype=object),
+            operators=[sorted({norm_label(o) for o in p["evidence_operators"]}) if f else []
+                       for p, f in zip(pred, flag.tolist(), strict=True)],
+        )
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        if hasattr(self, "model_path_"):
+            d["model"] = self.model_path_
+        return d
