@@ -11,8 +11,10 @@ speed: a reference run and a run with planted anomalies (about 1M canonical even
 once (not timed). Each measurement is a fresh subprocess pinned to one core (OMP/OPENBLAS/MKL threads 1,
 Arrow pools 1 thread): ``diagnose(RUN, localizer=ARTEFACT, html=True)`` from reading the forest to
 writing diagnosis.json and report.html; then the same with ``reference=[REF]`` (fitting
-included), and ``teller localize fit`` alone. Peak memory is the process's VmHWM (absolute) and
-its growth over the resident size after the imports. Best of the repeats.
+included), and ``teller localize fit`` alone. CPU time is the process's own (user and system:
+the system part is mostly page faults of fresh memory, and varies with the machine's state). Peak
+memory is the process's VmHWM (absolute) and its growth over the resident size after the imports.
+Best of the repeats.
 
 accuracy: step-level P/R/F1 and operator-set Macro₊ F1 (docs/design.md §11) of the numeric stage on
 planted anomalies, never on the labelled dataset: synthetic runs with each mechanism of
@@ -47,7 +49,7 @@ mode, run, ref, art, out = sys.argv[1:6]
 def status(key):
     return [int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith(key)][0]
 base = status("VmRSS:")  # after imports (ru_maxrss would include the parent's peak before exec)
-w0, c0 = time.perf_counter(), time.process_time()
+w0, c0, o0 = time.perf_counter(), time.process_time(), os.times()
 info = {}
 if mode == "fit":
     est = fit_localizer([ref])
@@ -64,9 +66,10 @@ else:
     info["phases"] = s["seconds"]
     info["json_bytes"] = os.path.getsize(d["paths"]["json"])
     info["html_bytes"] = os.path.getsize(d["paths"]["html"])
-wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+wall, cpu, o1 = time.perf_counter() - w0, time.process_time() - c0, os.times()
 hwm = status("VmHWM:")
-print(json.dumps({"wall": wall, "cpu": cpu, "base_rss": base, "hwm": hwm, **info}))
+print(json.dumps({"wall": wall, "cpu": cpu, "user": o1.user - o0.user, "sys": o1.system - o0.system,
+                  "base_rss": base, "hwm": hwm, **info}))
 """
 
 
@@ -135,12 +138,13 @@ def speed(args: argparse.Namespace) -> int:
            "accuracy": {"step": acc["step"], "operator": acc["operator"]}}
     print(json.dumps(row, indent=2))
     g = 2**30
-    print("\n| measurement | wall s | CPU s | peak RSS GiB | growth GiB |\n|---|---:|---:|---:|---:|")
+    print("\n| measurement | wall s | CPU s (user + sys) | peak RSS GiB | growth GiB |\n|---|---:|---:|---:|---:|")
     names = {"load": "diagnose --localizer (target)", "reference": "diagnose --reference (fit included)",
              "fit": "localize fit", "model": "diagnose --localizer with the shipped root-cause model"}
     for mode in ("load", "reference", "fit") + (("model",) if args.model else ()):
         r = results[mode]
-        print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} | {r['hwm'] / g:.2f} | {(r['hwm'] - r['base_rss']) / g:.2f} |")
+        print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} ({r['user']:.2f} + {r['sys']:.2f}) | {r['hwm'] / g:.2f} | "
+              f"{(r['hwm'] - r['base_rss']) / g:.2f} |")
     print(f"\nrun: {events:,} events, {nodes:,} forest nodes, {results['load']['steps']} steps, "
           f"{results['load']['instances']:,} instances, {results['load']['steps_flagged']} flagged, "
           f"{results['load']['slice_nodes']} slice nodes; phases {results['load']['phases']}; with --reference "
