@@ -10,9 +10,10 @@ Fitting, per family f (reference runs: normal operation):
 1. z = (log(1 + max(x, 0)) − median_f) / scale_f, with scale_f = max(IQR_f / 1.349, ``min_scale``)
    per feature (robust standardization; the floor keeps constant features usable: in log space a
    change of ``min_scale`` is one unit).
-2. A diagonal-covariance ``GaussianMixture`` with 1..``max_components`` components, the number
-   chosen by BIC (families with fewer than ``min_family_size`` instances get one component at the
-   mean). Component variances are floored so that no component is narrower than ``min_scale``
+2. A diagonal-covariance Gaussian mixture with 1..``max_components`` components, the number
+   chosen by BIC, on at most ``max_fit_samples`` sampled instances (:func:`diag_mixture`:
+   scikit-learn's ``GaussianMixture`` fit, computed in numpy; families with fewer than
+   ``min_family_size`` instances get one component at the mean). Component variances are floored so that no component is narrower than ``min_scale``
    in log space (a family whose feature never varied still gives a finite, meaningful distance).
 3. Central components: those with weight ≥ ``min_central_weight`` (always the heaviest one).
    Rare modes of the reference (warm-up, hiccups) are thereby treated as suspicious.
