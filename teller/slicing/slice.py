@@ -230,14 +230,19 @@ def build_slice(fa: Forest, rows: np.ndarray, suspects: np.ndarray, score: np.nd
         top = np.sort(order[: max(cfg.max_nodes, int(sus_mask.sum()))])
         dropped = len(all_rows) - len(top)
         all_rows, rel, sus_mask, li, is_peer = all_rows[top], rel[top], sus_mask[top], li[top], is_peer[top]
-    # tree parent inside the slice: nearest ancestor that is in the slice
-    in_slice = np.zeros(fa.n + 1, bool)
-    in_slice[all_rows] = True
+    # tree parent inside the slice: nearest ancestor that is in the slice (membership by a search
+    # in the slice's sorted rows: no array the size of the forest per slice)
+    members = np.sort(all_rows)
+
+    def in_slice(r: np.ndarray) -> np.ndarray:
+        p = np.minimum(np.searchsorted(members, r), len(members) - 1)
+        return members[p] == r
+
     par = fa.parent[all_rows].copy()
-    move = (par >= 0) & ~in_slice[np.where(par >= 0, par, fa.n)]
+    move = (par >= 0) & ~in_slice(par)
     while move.any():
         par[move] = fa.parent[par[move]]
-        move = (par >= 0) & ~in_slice[np.where(par >= 0, par, fa.n)]
+        move = (par >= 0) & ~in_slice(par)
     edges_p = np.stack([par[par >= 0], all_rows[par >= 0]], axis=1)
     inside = li >= 0
     src = t_src[li[inside]]
