@@ -20,16 +20,20 @@ NORMAL steps (``is_anomaly`` false) of the train side only, with its default hyp
 nothing tuned. Protocols (train side → scored steps):
 
 - ``split_request``: the splits are drawn per (run, request) and a step holds many requests, so a
-  step's requests usually fall in several splits. A step is *test* when any of its requests is in
-  test (every test record is scored), *train* when it holds a train request and no test request;
-  fitted and scored steps are disjoint, but the reference is left with small batches (a big batch
-  almost always holds a test request).
+  step's requests usually fall in several splits. A step takes the split of one representative
+  record, picked by a hash of the step's key (``teller.dataset.splits.step_representatives``, the
+  rule of ``teller evaluate`` and the root-cause models): about 80/10/10 of the steps, with no
+  batch-size bias.
+- ``split_request_any_test`` (a variant, the rule before): a step is *test* when any of its
+  requests is in test, *train* when it holds a train request and no test request; the reference
+  is left with small batches (a big batch almost always holds a test request).
 - ``split_run``: whole runs; a step's records share one split.
 - ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs, as
   ``teller diagnose --reference`` is meant to be used.
-- ``split_workload`` (when the campaign spec gives runs of more than one model depth, as
-  ``campaigns/h200_v2.toml``: repetitions a/b 2 decoder layers, c 4): fitted on the runs of the
-  shallowest model, every step of the other runs scored. Skipped when the spec is absent or has one depth.
+- ``split_workload``: the dataset's ``split_workload`` column (two or more model shapes, as
+  ``data/h200_v2``: repetitions a/b 2 decoder layers, c 4), by the representative rule; for a
+  dataset built before that column, from the campaign spec: fitted on the runs of the shallowest
+  model, every step of the other runs scored. Skipped when neither gives two shapes.
 - ``split_request_first_record`` (a variant): a step takes the split of its first record.
 
 The reference is the normal train steps without warm-up steps, as ``teller diagnose`` leaves them
@@ -103,10 +107,12 @@ def norm_label(label: str) -> str:
 
 def load_steps(ds: Path) -> dict[str, Any]:
     """One entry per vertical (run_id, step_id): labels and split membership."""
-    cols = ["run_id", "request_id", "step_id", "step_num", "rank", "view", "is_anomaly", "in_window", "fault_type", "mechanism",
-            "operator_labels", "split_request", "split_run", "split_mechanism"]
-    t = pq.read_table(ds / "records.parquet", columns=cols)
-    t = t.filter(pc.equal(t.column("view"), "vertical"))
+    cols = ["record_id", "run_id", "request_id", "step_id", "step_ids", "step_num", "rank", "view", "is_anomaly", "in_window",
+            "fault_type", "mechanism", "operator_labels", "split_request", "split_run", "split_mechanism"]
+    have = pq.read_schema(ds / "records.parquet").names
+    splits = [c for c in ("split_request", "split_run", "split_mechanism", "split_workload") if c in have]
+    t = pq.read_table(ds / "records.parquet", columns=cols + [c for c in splits if c not in cols])
+    t = t.filter(pc.equal(t.column("view"), "vertical")).sort_by("record_id")
     run = _str(t.column("run_id"))
     runs, run_code = np.unique(run.astype(str), return_inverse=True)
     sid = t.column("step_id").to_numpy().astype(np.int64)
@@ -116,11 +122,18 @@ def load_steps(ds: Path) -> dict[str, Any]:
     ab = t.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
     if (np.bincount(inv, weights=ab, minlength=n) % np.bincount(inv, minlength=n)).any():
         raise SystemExit("is_anomaly differs between the request rows of one step")
+    # the representative record of each step (teller evaluate's and the models' rule)
+    from teller.dataset.splits import step_keys, step_representatives
+
+    _, _, _, rep = step_representatives(step_keys(run, _str(t.column("view")), t.column("step_ids").combine_chunks()))
+    rep_of = np.empty(n, np.int64)
+    rep_of[inv[rep]] = rep
     split = {}
-    for s in ("split_request", "split_run", "split_mechanism"):
+    for s in splits:
         x = _str(t.column(s)).astype(str)
         split[s] = {name: np.bincount(inv, weights=(x == name), minlength=n) > 0 for name in ("train", "val", "test")}
         split[s]["first"] = x[first]  # the split of the step's first record
+        split[s]["rep"] = x[rep_of]  # the split of the step's representative record
     labels_raw = t.column("operator_labels").take(pa.array(first)).to_pylist()
     labels = [sorted({norm_label(x) for x in (lab or [])}) for lab in labels_raw]
     changed = sum(sorted(set(lab or [])) != lb for lab, lb in zip(labels_raw, labels, strict=True))
@@ -460,10 +473,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     first = req["first"]
     # name: (train steps, test steps, main row); the reference is the train steps' normal ones
     protocols = {
+        # a step takes its representative record's split (teller evaluate's and the models' rule)
+        "split_request": (req["rep"] == "train", req["rep"] == ev, True),
         # every step holding a test request is test (every test record is scored); the reference is
         # the steps holding no test request: mostly small batches, since a big batch almost always holds one
-        "split_request": (req["train"] & ~req["test"] & ~req["val"] if ev == "val" else req["train"] & ~req["test"], req[ev], True),
-        "split_run": (sp["split_run"]["train"], sp["split_run"][ev], True),
+        "split_request_any_test": (req["train"] & ~req["test"] & ~req["val"] if ev == "val" else req["train"] & ~req["test"],
+                                   req[ev], False),
+        "split_run": (sp["split_run"]["rep"] == "train", sp["split_run"]["rep"] == ev, True),
         # a normal reference recorded apart (the fault-free runs), every step of the other runs scored
         "fault_free_reference": (fault_free, ~fault_free, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
@@ -474,7 +490,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     depth = np.array([layers_of.get(r.rsplit("-r", 1)[0], 0) for r in run_of_step.tolist()], np.int64)
     depths = sorted(set(depth[depth > 0].tolist()))
     workload = None
-    if len(depths) > 1 and (depth > 0).all():
+    if "split_workload" in sp:  # the dataset's own column
+        w = sp["split_workload"]["rep"]
+        protocols["split_workload"] = (w == "train", w == ev, True)
+        workload = {"from": "the dataset's split_workload column (representative record per step)",
+                    "train_runs": sorted(set(run_of_step[w == "train"].tolist())),
+                    "test_runs": sorted(set(run_of_step[w == ev].tolist()))}
+    elif len(depths) > 1 and (depth > 0).all():
         # train on the runs of the shallowest model, score every step of the deeper ones
         protocols["split_workload"] = (depth == depths[0], depth != depths[0], True)
         workload = {"campaign": str(campaign.relative_to(ROOT) if campaign.is_relative_to(ROOT) else campaign),

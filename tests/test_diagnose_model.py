@@ -66,6 +66,30 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     json.dumps(res)  # JSON-safe
 
 
+def test_a_workload_the_model_never_saw_is_marked_low_confidence(diag, tmp_path):
+    """A training trace (a foreign Kineto file) diagnosed against the bundled serving run: the
+    model's vocabulary knows almost none of its operators, so its verdicts are marked off the
+    training distribution, on the console and in the report; the bundled run's are not."""
+    from rich.console import Console
+
+    from teller.ingest import ingest
+    from teller.report.diagnose import OFF_DISTRIBUTION, print_verdicts
+
+    res, d = diag
+    typed = [s for s in res["steps"] if s["flag"] and s.get("fault_type")]
+    assert typed and all(s["model_unknown_share"] < OFF_DISTRIBUTION and not s.get("model_off_distribution") for s in typed)
+    run = tmp_path / "train"
+    ingest(Path(__file__).parent / "data" / "external" / "kineto" / "hta_nccl_data_rank0.json.gz", run)
+    other = diagnose(run, reference=[d / "h200_normal_a"], out=tmp_path / "o", html=True)
+    flagged = [s for s in other["steps"] if s["flag"] and "model_unknown_share" in s]
+    assert flagged and all(s["model_unknown_share"] > 0.5 and s["model_off_distribution"] for s in flagged)
+    con = Console(record=True, width=400)
+    print_verdicts(other, con)
+    assert any(s.get("fault_type") and not s.get("model_says_normal") for s in flagged)  # it still guesses a type
+    assert "low confidence" in con.export_text()
+    assert "low confidence" in (tmp_path / "o" / "report.html").read_text()
+
+
 def test_no_model_leaves_the_numeric_stage(diag, tmp_path):
     _, d = diag
     res = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a"], model=False, out=tmp_path)

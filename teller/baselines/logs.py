@@ -157,6 +157,21 @@ def _torch(seed: int) -> Iterator[Any]:
         torch.set_num_threads(threads)
 
 
+def _update(opt: Any, loss: Any) -> None:
+    """One optimiser step on ``loss``."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _threshold_predict(self: Any, steps: StepSet, idx: np.ndarray) -> Prediction:
+    """``predict`` of the scoring methods (LAnoBERT, MAD-GAN): the score, flagged above the
+    threshold fitted on the calibration steps."""
+    with _torch(self.seed) as torch:
+        s = self._score(torch, steps, np.asarray(idx))
+    return Prediction(score=s, flag=s > self.threshold_)
+
+
 def _words(template: str) -> list[str]:
     s = re.sub(r"<[A-Z]+>|<\*>", " ", template)
     s = re.sub(r"([a-z])([A-Z])", r"\1 \2", s)
@@ -283,10 +298,8 @@ class LogRobust(_LogMethod):
             rng = np.random.default_rng(self.seed)
             for _ in range(self.updates):
                 b = torch.from_numpy(rng.integers(0, len(idx), min(self.batch, len(idx))))
-                opt.zero_grad()
                 loss = loss_fn(net(Xt[b], Lt[b]), yt[b])
-                loss.backward()
-                opt.step()
+                _update(opt, loss)
             self.net_ = net
         self.fitted_steps_ = int(len(idx))
         return self
@@ -415,18 +428,16 @@ class LAnoBERT(Method):
                 m &= x != PAD
                 logits = net(x.masked_fill(m, MASK))
                 loss = torch.nn.functional.cross_entropy(logits[m], x[m])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+                _update(opt, loss)
             cal = self._step_scores(torch, steps, cal_idx)
         self.threshold_ = float(np.quantile(cal, self.quantile))
         self.fitted_steps_ = int(len(fit_idx))
         return self
 
-    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
-        with _torch(self.seed) as torch:
-            s = self._step_scores(torch, steps, np.asarray(idx))
-        return Prediction(score=s, flag=s > self.threshold_)
+    def _score(self, torch, steps: StepSet, idx: np.ndarray) -> np.ndarray:
+        return self._step_scores(torch, steps, idx)
+
+    predict = _threshold_predict
 
 
 # ------------------------------------------------------------------------------------------------
@@ -516,10 +527,8 @@ class Logs2Graphs(_LogMethod):
             loss_fn = torch.nn.CrossEntropyLoss(weight=torch.from_numpy(_class_weights(y)))
             yt = torch.from_numpy(y)
             for _ in range(self.updates):  # full batch: every train graph in each update
-                opt.zero_grad()
                 loss = loss_fn(net(*inputs), yt)
-                loss.backward()
-                opt.step()
+                _update(opt, loss)
             self.net_ = net
         self.fitted_steps_ = int(len(idx))
         return self
@@ -606,10 +615,8 @@ class MADGAN(Method):
         for p in self.gen_.parameters():
             p.requires_grad_(False)
         for _ in range(self.inversion_steps):
-            opt.zero_grad()
             loss = ((self.gen_(z) - x) ** 2).mean(2).sum()
-            loss.backward()
-            opt.step()
+            _update(opt, loss)
         with torch.no_grad():
             r = ((self.gen_(z) - x) ** 2).mean(2)[:, -1].numpy()
         return r.astype(np.float64), (1.0 - d).astype(np.float64)
@@ -638,13 +645,9 @@ class MADGAN(Method):
                 z = torch.randn(len(real), self.window, self.latent)
                 fake = gen(z)
                 ld = bce(disc(real), torch.ones(real.shape[:2])) + bce(disc(fake.detach()), torch.zeros(real.shape[:2]))
-                od.zero_grad()
-                ld.backward()
-                od.step()
+                _update(od, ld)
                 lgen = bce(disc(fake), torch.ones(real.shape[:2]))
-                og.zero_grad()
-                lgen.backward()
-                og.step()
+                _update(og, lgen)
             self.gen_, self.disc_ = gen.eval(), disc.eval()
             r_cal, d_cal = self._raw_scores(torch, self._windows(steps, X, cal_idx))
             self.r_scale_ = max(float(r_cal.mean()), 1e-6)
@@ -653,10 +656,7 @@ class MADGAN(Method):
         self.fitted_steps_ = int(len(fit_idx))
         return self
 
-    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
-        with _torch(self.seed) as torch:
-            s = self._score(torch, steps, np.asarray(idx))
-        return Prediction(score=s, flag=s > self.threshold_)
+    predict = _threshold_predict
 
 
 #: the log baselines, in table order

@@ -374,6 +374,21 @@ def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
+#: share of a step's trace tokens unknown to the model (operators it never saw in training) above
+#: which its verdict on the step is marked off its training distribution
+OFF_DISTRIBUTION = 0.25
+
+
+def unknown_share(inp: Any, trace_tok: Any) -> np.ndarray:
+    """Per unit of ``inp`` (:class:`teller.rca.data.StepInputs`), the share of its trace tokens
+    that are unknown symbols (``<unk>``, ``<unk:LAYER>``) of the model's TPE vocabulary."""
+    unk = np.asarray([i for i, t in enumerate(trace_tok.vocab) if t == "<unk>" or t.startswith("<unk:")], np.int64)
+    is_unk = np.isin(inp.input_ids, unk).astype(np.int64)
+    n = np.diff(inp.offsets)
+    c = np.concatenate([[0], np.cumsum(is_unk)])
+    return (c[inp.offsets[1:]] - c[inp.offsets[:-1]]) / np.maximum(n, 1)
+
+
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
                 note: Any = None, forest: Any = None) -> dict[str, Any] | None:
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
@@ -384,7 +399,10 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
     projection: the type is one of the five, the operators are nodes of the step, and the
     explanation is projected by :func:`_ground` (the generated text as written is kept in
-    ``explanation_model``). Steps without a node (fixed windows) are left to the numeric stage.
+    ``explanation_model``). ``model_unknown_share``: the share of the step's trace tokens the
+    model's vocabulary does not know; above :data:`OFF_DISTRIBUTION` the step is marked
+    ``model_off_distribution`` (the model never saw such operators: its verdict is a guess, and
+    the console and the report say so). Steps without a node (fixed windows) are left to the numeric stage.
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     path = Path(model) if model is not None else DEFAULT_MODEL
     # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
@@ -432,6 +450,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             note(f"root-cause model skipped: {info['skipped']}")
         return info
     preds = m.predict(inp)
+    unknown = unknown_share(inp, m.trace_tok)
     # names of the evidence nodes, from the forest rows they are
     ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
     label: dict[int, str] = {}
@@ -444,7 +463,10 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
                               sel.column("name").to_pylist(), strict=True):
             nm = str(nm or "")
             label[int(n)] = nm if nm.startswith(f"{lay} ") else f"{lay} {nm}"
-    for d, p in zip(flagged, preds, strict=True):
+    for d, p, unk in zip(flagged, preds, unknown.tolist(), strict=True):
+        d["model_unknown_share"] = round(float(unk), 3)
+        if unk > OFF_DISTRIBUTION:
+            d["model_off_distribution"] = True
         ft = p["fault_type"] or p.get("fault_type_best", "")
         d["abnormal_probability"] = _f(p["abnormal_prob"])
         d["fault_type"] = ft or None
@@ -488,6 +510,9 @@ def verdict_line(x: dict[str, Any]) -> str:
     sus = x.get("suspects") or []
     ev = f"{suspect_name(sus[0])}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
     if x.get("fault_type") and not x.get("model_says_normal"):
+        if x.get("model_off_distribution"):
+            head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
+                     "never saw in training]")
         if x.get("explanation"):
             return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"

@@ -321,6 +321,12 @@ class _Page:
                 prob = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
                 prob = f' <span class="prob">{self.term("fault probability")} {prob}</span>'
             title = f'<span class="fault">{_e(_fault_title(g["fault_type"]))}</span>{prob}'
+            off = [x for x in steps if x.get("model_off_distribution")]
+            if off:
+                share = max(x.get("model_unknown_share") or 0 for x in off)
+                title += (f' <span class="warning">low confidence: up to {share:.0%} of the tree of '
+                          f'{"this step" if len(off) == 1 else f"{len(off):,} of these steps"} is operators the '
+                          "model never saw in training</span>")
             cls = "card fault-card"
         elif g["kind"] == "normal":
             ps = [x["abnormal_probability"] for x in steps if x.get("abnormal_probability") is not None]
