@@ -29,6 +29,7 @@ _SHARED = {"test_inject.py": "smoke_campaign", "test_inject_parallel.py": "smoke
            "test_workload.py": "plain_tiny_tokens", "test_instrument_profiler.py": "plain_tiny_tokens"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """One xdist group per test file (a file's module fixtures are made once, on one worker;
     files sharing a session fixture form one group), and the files with slow tests first, so the
