@@ -504,3 +504,25 @@ def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp
     steps.extra["split"] = "run"
     with pytest.raises(ValueError, match="trained on the 'request' split"):
         make("teller_mot").fit(steps, np.flatnonzero(train))
+
+
+def test_explanation_checks_hand_cases():
+    from teller.evaluate.scores import explanation_checks
+
+    good = ("CUDA/kernel fault (targeted_op_delay) in step 9 on rank 0: evidence FE LlamaMLP (layer FE,K); the GPU work "
+            "took 1.65 ms against a fault-free p99 of 0.06 ms. Cause: extra device work inside the targeted operator.")
+    wrong_type = good.replace("CUDA/kernel fault", "Memory/resource fault", 1)  # kernel mechanism under another type (capitalised)
+    foreign_op = good.replace("evidence FE LlamaMLP", "evidence FE LMHead", 1)  # not in the step's tree
+    actionable = good[:-1] + "; check the operator's kernels with `teller show`."
+    cut = good[:80]
+    texts = [good, wrong_type, foreign_op, actionable, cut, ""]
+    tree = {"FE LlamaMLP", "FE LlamaAttention", "STEP"}
+    c = explanation_checks(texts, ["kernel"] * 6, [["FE LlamaMLP"]] * 6, [tree] * 6)
+    p = c["per_step"]
+    assert p["anomaly_correct"] == [True, True, True, True, True, False]  # a cut sentence still states a fault
+    assert p["type_correct"] == [True, False, True, True, True, False]
+    assert p["locator_valid"] == [True, True, False, True, False, False]
+    assert p["causal_consistent"] == [True, False, True, True, False, False]
+    assert p["actionable"] == [False, False, False, True, False, False]
+    assert p["complete"] == [True, True, True, True, False, False]
+    assert c["steps"] == 6 and c["rates"]["type_correct"] == pytest.approx(4 / 6)

@@ -15,6 +15,7 @@ use), re-exported here so every caller of the evaluation imports them from one p
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -169,3 +170,67 @@ def bleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[st
     for n in (1, 2, 3, 4):
         out[f"bleu{n}"] = float(BLEU(max_ngram_order=n).corpus_score(hyps, refs).score / 100.0) if hyps else 0.0
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# explanations, checked by program
+
+#: what each explanation check asks of a sentence (``explanation_checks``)
+EXPLANATION_CHECKS = {
+    "anomaly_correct": "it states a fault (starts '<type> fault') on a truly abnormal step",
+    "type_correct": "the stated fault type is the step's labelled category",
+    "locator_valid": "it names evidence operators, every one present in the step's own tree, and at least one among the step's labelled operators",
+    "causal_consistent": "the mechanism it names in parentheses exists and belongs to the stated fault type, and it gives a 'Cause:'",
+    "actionable": "it names a next step an operator can take (an imperative such as check, reduce, increase, pin or disable opening a clause)",
+    "complete": "one complete sentence: names the step and rank, ends with a full stop, balanced parentheses, under 600 characters",
+}
+
+#: an imperative opening a sentence or clause (or after "next step" / "fix"), e.g. "; check the kernels"
+_ACTION = re.compile(r"(?:^|[.;:]\s+|next step:?\s+|fix:?\s+)(?:check|reduce|increase|raise|lower|pin|disable|enable|move|"
+                     r"restart|limit|avoid|upgrade|re-?run|set|use|add|remove|isolate)\b", re.I)
+
+
+def _stated_type(text: str) -> str | None:
+    from teller.inject import CATEGORY_TITLES
+
+    head = text[:40].lower()  # a sentence may capitalise its first word
+    for cat, title in CATEGORY_TITLES.items():
+        if head.startswith(f"{title.lower()} fault"):
+            return cat
+    return None
+
+
+def _evidence_names(text: str) -> list[str]:
+    m = re.search(r":\s*evidence (.+?)(?: \(layer [^)]*\))?;", text)
+    if not m:
+        return []
+    return [x.strip() for x in m.group(1).split(",") if x.strip()]
+
+
+def explanation_checks(texts: Sequence[str], truth_types: Sequence[str], truth_ops: Sequence[Sequence[str]],
+                       tree_families: Sequence[set[str]]) -> dict[str, Any]:
+    """The programmatic checks of :data:`EXPLANATION_CHECKS` on explanations of truly abnormal
+    steps (one text per step; an empty text fails every check): the share of steps passing each,
+    and the per-step booleans."""
+    from teller.inject.mechanisms import registry
+
+    cat_of = {k: m.category for k, m in registry().items()}
+    n = len(texts)
+    out = {k: np.zeros(n, bool) for k in EXPLANATION_CHECKS}
+    for i, (t, ct, ops, fams) in enumerate(zip(texts, truth_types, truth_ops, tree_families, strict=True)):
+        t = (t or "").strip()
+        if not t:
+            continue
+        st = _stated_type(t)
+        out["anomaly_correct"][i] = st is not None
+        out["type_correct"][i] = st is not None and st == ct
+        names = _evidence_names(t)
+        out["locator_valid"][i] = bool(names) and all(x in fams for x in names) and bool(set(names) & set(ops))
+        mech = re.match(r"[^(]* fault \(([a-z0-9_]+)\)", t)
+        out["causal_consistent"][i] = (st is not None and mech is not None and cat_of.get(mech.group(1)) == st
+                                       and "Cause:" in t)
+        out["actionable"][i] = bool(_ACTION.search(t))
+        out["complete"][i] = (t.endswith(".") and len(t) < 600 and t.count("(") == t.count(")")
+                              and re.search(r"in step \d+ on rank \d+", t) is not None)
+    return {"steps": n, "rates": {k: float(v.mean()) if n else 0.0 for k, v in out.items()},
+            "per_step": {k: v.tolist() for k, v in out.items()}, "definitions": EXPLANATION_CHECKS}
