@@ -123,11 +123,9 @@ def load_steps(ds: Path) -> dict[str, Any]:
     if (np.bincount(inv, weights=ab, minlength=n) % np.bincount(inv, minlength=n)).any():
         raise SystemExit("is_anomaly differs between the request rows of one step")
     # the representative record of each step (teller evaluate's and the models' rule)
-    from teller.dataset.splits import step_keys, step_representatives
+    from teller.dataset.splits import representatives_of
 
-    _, _, _, rep = step_representatives(step_keys(run, _str(t.column("view")), t.column("step_ids").combine_chunks()))
-    rep_of = np.empty(n, np.int64)
-    rep_of[inv[rep]] = rep
+    rep_of = representatives_of(t, inv, n)
     split = {}
     for s in splits:
         x = _str(t.column(s)).astype(str)

@@ -390,7 +390,7 @@ class LAnoBERT(Method):
                 out[s:s + 256] = ((top.clamp_min(0) * ok).sum(1) / ok.sum(1).clamp_min(1)).numpy()
         return out
 
-    def _step_scores(self, torch: Any, steps: StepSet, idx: np.ndarray) -> np.ndarray:
+    def _score(self, torch: Any, steps: StepSet, idx: np.ndarray) -> np.ndarray:
         lg = step_logs(steps)
         rows, lens = _lines(lg, idx)
         score = np.zeros(len(idx))
@@ -429,13 +429,10 @@ class LAnoBERT(Method):
                 logits = net(x.masked_fill(m, MASK))
                 loss = torch.nn.functional.cross_entropy(logits[m], x[m])
                 _update(opt, loss)
-            cal = self._step_scores(torch, steps, cal_idx)
+            cal = self._score(torch, steps, cal_idx)
         self.threshold_ = float(np.quantile(cal, self.quantile))
         self.fitted_steps_ = int(len(fit_idx))
         return self
-
-    def _score(self, torch, steps: StepSet, idx: np.ndarray) -> np.ndarray:
-        return self._step_scores(torch, steps, idx)
 
     predict = _threshold_predict
 

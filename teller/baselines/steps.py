@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from teller.dataset.splits import step_keys, step_representatives
+from teller.dataset.splits import representatives_of
 from teller.errors import InputError, TellerError
 from teller.localize.features import family_names
 
@@ -140,11 +140,10 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
     if (np.bincount(inv, weights=ab, minlength=n) % np.bincount(inv, minlength=n)).any():
         raise InputError(path, "is_anomaly differs between the request rows of one step", "rebuild the dataset")
     # each step's part is its representative record's (the models' rule, dataset.splits)
-    _, s_inv, _, rep = step_representatives(step_keys(run, _str(t.column("view")), t.column("step_ids").combine_chunks()))
-    if len(rep) != n or len(np.unique(inv[rep])) != n:
-        raise InputError(path, "the step ids of a step differ between its request rows", "rebuild the dataset")
-    rep_of = np.empty(n, np.int64)
-    rep_of[inv[rep]] = rep
+    try:
+        rep_of = representatives_of(t, inv, n)
+    except ValueError:
+        raise InputError(path, "the step ids of a step differ between its request rows", "rebuild the dataset") from None
     split = {}
     for s in splits:
         x = _str(t.column(s))[rep_of]

@@ -58,6 +58,22 @@ def step_representatives(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return first, inv, counts, by_step[starts + pick]
 
 
+def representatives_of(records: pa.Table, step_of_record: np.ndarray, n_steps: int) -> np.ndarray:
+    """Each step's representative record (an index into ``records``, which must be in
+    ``record_id`` order) for a caller that grouped the records into ``n_steps`` steps its own way
+    (``step_of_record``). Raises ValueError when that grouping is not the one of the step keys
+    (a step whose records name different step ids)."""
+    run = np.asarray(records.column("run_id").cast(pa.string()).to_pylist(), dtype=object)
+    view = np.asarray(records.column("view").cast(pa.string()).to_pylist(), dtype=object)
+    _, _, _, rep = step_representatives(step_keys(run, view, records.column("step_ids").combine_chunks()))
+    step_of_record = np.asarray(step_of_record)
+    if len(rep) != n_steps or len(np.unique(step_of_record[rep])) != n_steps:
+        raise ValueError("the step ids of a step differ between its records")
+    out = np.empty(n_steps, np.int64)
+    out[step_of_record[rep]] = rep
+    return out
+
+
 def _cut(n: int, rng: np.random.Generator, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> np.ndarray:
     """Split codes (0 train, 1 val, 2 test) for n shuffled items."""
     perm = rng.permutation(n)

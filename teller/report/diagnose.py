@@ -382,8 +382,7 @@ OFF_DISTRIBUTION = 0.25
 def unknown_share(inp: Any, trace_tok: Any) -> np.ndarray:
     """Per unit of ``inp`` (:class:`teller.rca.data.StepInputs`), the share of its trace tokens
     that are unknown symbols (``<unk>``, ``<unk:LAYER>``) of the model's TPE vocabulary."""
-    unk = np.asarray([i for i, t in enumerate(trace_tok.vocab) if t == "<unk>" or t.startswith("<unk:")], np.int64)
-    is_unk = np.isin(inp.input_ids, unk).astype(np.int64)
+    is_unk = trace_tok.is_unknown(np.asarray(inp.input_ids)).astype(np.int64)
     n = np.diff(inp.offsets)
     c = np.concatenate([[0], np.cumsum(is_unk)])
     return (c[inp.offsets[1:]] - c[inp.offsets[:-1]]) / np.maximum(n, 1)
