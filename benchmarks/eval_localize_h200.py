@@ -77,6 +77,7 @@ from teller.localize.features import (
     ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
+    admission_delay,
     instance_features,
     iteration_matrix,
 )
@@ -172,8 +173,55 @@ def load_steps(ds: Path) -> dict[str, Any]:
         w[pos[hit]] = warm[hit]
         steps["warmup"] = w
         steps["iterations"] = int(has.sum())
+        j = ITER_FEATURES.index("iter.admit_delay")
+        steps["iter"][:, j] = _dataset_admission_delay(ds, it, runs, ukey, n)
         steps["warmup_rule"] = "iterations.parquet warmup column (the labeller's rule where a step has no row)"
     return steps
+
+
+def _dataset_admission_delay(ds: Path, it: pa.Table, runs: np.ndarray, ukey: np.ndarray, n: int) -> np.ndarray:
+    """``iter.admit_delay`` of every step (:func:`teller.localize.features.admission_delay`) from the
+    dataset's files, as ``teller diagnose`` computes it from a run directory: arrivals are each
+    request's first log line (``logs.parquet``), first steps from the vertical records, the
+    iterations those of ``iterations.parquet``. The dataset keeps a sample of each run's steps,
+    so only the kept iterations between an arrival and the first step count (a lower bound)."""
+    out = np.full(n, np.nan)
+    if not (ds / "logs.parquet").exists():
+        return out
+    lg = pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"])
+    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
+    arr = lg.group_by(["run_id", "request_id"]).aggregate([("ts_ns", "min")])
+    arrival = {(str(r), str(q)): int(t) for r, q, t in zip(*(arr.column(c).to_pylist() for c in ("run_id", "request_id", "ts_ns_min")), strict=True)}
+    rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
+    rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
+    irun = _str(it.column("run_id")).astype(str)
+    for r, name in enumerate(runs.tolist()):
+        rows = np.flatnonzero(irun == name)
+        if not len(rows):
+            continue
+        sub = it.take(pa.array(rows))
+        sid = sub.column("step_id").to_numpy().astype(np.int64)
+        start, end = sub.column("start_ns").to_numpy().astype(np.int64), sub.column("end_ns").to_numpy().astype(np.int64)
+        pid, waiting = sub.column("pid").to_numpy().astype(np.int64), sub.column("waiting").to_numpy().astype(np.int64)
+        rr = rec.filter(pc.equal(rec.column("run_id"), name))
+        rsid = rr.column("step_id").to_numpy().astype(np.int64)
+        so = np.argsort(sid)
+        pos = np.clip(np.searchsorted(sid[so], rsid), 0, len(sid) - 1)
+        hit = sid[so][pos] == rsid
+        sidx = np.where(hit, so[pos], -1)
+        rq = np.asarray(rr.column("request_id").to_pylist(), dtype=object)
+        keep = sidx >= 0
+        rq, sidx = rq[keep].astype(str), sidx[keep]
+        o = np.lexsort((start[sidx], pid[sidx], rq))
+        rq, sidx = rq[o], sidx[o]
+        first = np.r_[True, (rq[1:] != rq[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
+        a = np.array([arrival.get((name, q), -1) for q in rq[first].tolist()], np.int64)
+        d = admission_delay(start, end, pid, waiting, sidx[first], a)
+        k = np.int64(r) << 40 | sid
+        p = np.clip(np.searchsorted(ukey, k), 0, n - 1)
+        ok = ukey[p] == k
+        out[p[ok]] = d[ok]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -253,6 +253,7 @@ class GMMLocalizer(BaseEstimator):
         batch_norm: bool = True,
         max_slope: float = 1.0,
         context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode"),
+        feature_test: tuple[str, ...] = ("STEP", "OTHER"),
     ):
         self.max_components = max_components
         self.min_scale = min_scale
@@ -279,6 +280,7 @@ class GMMLocalizer(BaseEstimator):
         self.batch_norm = batch_norm
         self.max_slope = max_slope
         self.context_features = context_features
+        self.feature_test = feature_test
 
     # ---------------------------------------------------------------------------------------
     # fitting
@@ -324,6 +326,7 @@ class GMMLocalizer(BaseEstimator):
         self.n_components_ = np.zeros(F, np.int64)
         self.n_samples_ = np.bincount(inv, minlength=F).astype(np.int64)
         self.radius_ = np.zeros(F)
+        self.feature_radius_ = np.full((F, d), np.inf)
         self.shift_radius_ = np.zeros(F)
         self.varying_ = np.zeros(F, np.int64)
         self.slope_ = np.zeros((F, d))
@@ -479,6 +482,27 @@ class GMMLocalizer(BaseEstimator):
         q = float(np.quantile(m2, 1 - self.calibration_quantile))
         return q * float(chi2.isf(self.tail, dof) / chi2.isf(self.calibration_quantile, dof))
 
+    def _feature_radius(self, z: np.ndarray, dof: int) -> np.ndarray:
+        """Per feature column of ``z`` (the reference's held-out deviations from their nearest
+        central component): the squared deviation beyond which that feature alone makes an
+        instance suspicious. The χ²(1) point at ``tail`` / ``dof`` (one test per varying feature),
+        raised to the reference's own 1 − ``calibration_quantile`` point extrapolated with the
+        χ²(1) shape, as :meth:`_tail_radius` does for the joint distance."""
+        e = self._excess2(z)
+        base = float(chi2.isf(self.tail / max(dof, 1), 1))
+        if not len(e):
+            return np.full(z.shape[1], base)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # columns without values
+            q = np.nanquantile(e, 1 - self.calibration_quantile, axis=0)
+        q = np.where(np.isfinite(q), q, 0.0) * base / float(chi2.isf(self.calibration_quantile, 1))
+        return np.maximum(base, q)
+
+    def _excess2(self, z: np.ndarray) -> np.ndarray:
+        """Squared per-feature deviations that count (excesses only with ``one_sided``); NaN
+        where the feature is missing."""
+        return (np.maximum(z, 0.0) if self.one_sided else np.abs(z)) ** 2
+
     def _central(self, w: np.ndarray) -> np.ndarray:
         central = w >= self.min_central_weight
         central[np.argmax(w)] = True
@@ -537,6 +561,8 @@ class GMMLocalizer(BaseEstimator):
             m2, _ = self._comp_stats(Z, ~nan, w, mu, var, logp=False)
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
+        if str(self.families_[f]).split(" ", 1)[0] in set(self.feature_test or ()):
+            self.feature_radius_[f, cols] = self._feature_radius(z, dof)
         # in-sample scores of the final model (m2: its distances, from the last pass above)
         a_in, _, _, z_in = self._score_family(f, Z, ~nan, cols, m2)
         return z, a_in, z_in
@@ -594,7 +620,13 @@ class GMMLocalizer(BaseEstimator):
             r /= r.sum(axis=1, keepdims=True)
             rho = (r * g)[:, central].sum(axis=1)
         best, zc = self._best_z(Z, finite, m2, central, mu, var)
-        return np.clip(1.0 - rho, 0.0, 1.0), best, m2[np.arange(len(Z)), best], zc
+        a = np.clip(1.0 - rho, 0.0, 1.0)
+        if self.feature_test and len(zc) and np.isfinite(self.feature_radius_[f]).any():
+            # one feature far beyond what the reference ever showed is suspicious by itself, even
+            # when the joint distance over every feature stays inside the radius
+            e = np.nan_to_num(self._excess2(zc), nan=0.0)
+            a = np.maximum(a, 1.0 - expit((self.feature_radius_[f, cols] - e) / 2.0).min(axis=1))
+        return a, best, m2[np.arange(len(Z)), best], zc
 
     @staticmethod
     def _best_m2(m2: np.ndarray, central: np.ndarray) -> np.ndarray:
@@ -789,7 +821,7 @@ class GMMLocalizer(BaseEstimator):
             "feature_names": np.asarray(self.feature_names_in_, dtype=str),
             "median": self.median_, "scale": self.scale_, "weights": self.weights_, "means": self.means_,
             "covariances": self.covariances_, "central": self.central_, "n_components": self.n_components_,
-            "n_samples": self.n_samples_, "radius": self.radius_,
+            "n_samples": self.n_samples_, "radius": self.radius_, "feature_radius": self.feature_radius_,
             "shift_radius": self.shift_radius_, "varying": self.varying_,
             "slope": self.slope_, "batch_center": self.batch_center_,
         }
@@ -816,8 +848,11 @@ class GMMLocalizer(BaseEstimator):
             raise TellerError(f"{path}: localizer artefact version {header['version']} is newer than this teller; upgrade teller")
         known = cls().get_params()
         params = {k: v for k, v in header["params"].items() if k in known}
-        if isinstance(params.get("context_features"), list):  # JSON has no tuples
-            params["context_features"] = tuple(params["context_features"])
+        for k in ("context_features", "feature_test"):
+            if isinstance(params.get(k), list):  # JSON has no tuples
+                params[k] = tuple(params[k])
+        if "feature_test" not in header["params"]:  # artefacts before the feature test
+            params["feature_test"] = ()
         est = cls(**params)
         est.families_ = data["families"]
         est.feature_names_in_ = data["feature_names"]
@@ -831,6 +866,8 @@ class GMMLocalizer(BaseEstimator):
         # version 1 artefacts: no batch normalisation
         est.slope_ = data["slope"] if "slope" in data else np.zeros((F, d))
         est.batch_center_ = data["batch_center"] if "batch_center" in data else np.zeros(F)
+        # artefacts before the feature test: no per-feature radii (the test never fires)
+        est.feature_radius_ = data["feature_radius"] if "feature_radius" in data else np.full((F, d), np.inf)
         est.nan_values_ = int(header.get("nan_values", 0))
         est.extra_ = header.get("extra", {})
         return est
