@@ -28,8 +28,11 @@ nothing tuned. Protocols (train side → scored steps):
   requests is in test, *train* when it holds a train request and no test request; the reference
   is left with small batches (a big batch almost always holds a test request).
 - ``split_run``: whole runs; a step's records share one split.
-- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs, as
-  ``teller diagnose --reference`` is meant to be used.
+- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs.
+- ``fault_free_same_parallelism``: as ``teller diagnose RUN --reference REF`` is meant to be used,
+  each run against the fault-free runs of its own deployment shape: the one-process runs against
+  the one-process fault-free runs, the tensor-parallel runs against the tensor-parallel ones (the
+  ranks a run's steps carry); one fit per shape.
 - ``split_workload``: the dataset's ``split_workload`` column (two or more model shapes, as
   ``data/h200_v2``: repetitions a/b 2 decoder layers, c 4), by the representative rule; for a
   dataset built before that column, from the campaign spec: fitted on the runs of the shallowest
@@ -413,6 +416,31 @@ def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit
             "seconds": {"fit": round(t_fit, 2), "localize": round(t_loc, 2)}}
 
 
+def run_groups(steps: dict[str, Any], inst: Instances, lifted: np.ndarray,
+               groups: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """:func:`run_protocol` once per (fit steps, test steps) group, test sets disjoint; the
+    per-step results joined, the counts summed."""
+    n = len(steps["is_anomaly"])
+    out: dict[str, Any] = {"flag": np.zeros(n, bool), "score": np.full(n, np.nan), "pred": [set() for _ in range(n)],
+                           "pred_lifted": [set() for _ in range(n)], "fit_steps": 0, "fit_instances": 0,
+                           "families_fitted": 0, "fit_steps_flagged_in_sample": 0, "fit_requests_per_step_median": None,
+                           "unseen_families_in_test": [], "seconds": {"fit": 0.0, "localize": 0.0}, "groups": []}
+    for fit_steps, test_steps in groups:
+        r = run_protocol(steps, inst, lifted, fit_steps, test_steps)
+        idx = np.flatnonzero(test_steps)
+        out["flag"][idx], out["score"][idx] = r["flag"][idx], r["score"][idx]
+        for i in idx.tolist():
+            out["pred"][i], out["pred_lifted"][i] = r["pred"][i], r["pred_lifted"][i]
+        for k in ("fit_steps", "fit_instances", "fit_steps_flagged_in_sample"):
+            out[k] += r[k]
+        out["families_fitted"] = max(out["families_fitted"], r["families_fitted"])
+        out["unseen_families_in_test"] = sorted(set(out["unseen_families_in_test"]) | set(r["unseen_families_in_test"]))
+        for k in ("fit", "localize"):
+            out["seconds"][k] = round(out["seconds"][k] + r["seconds"][k], 2)
+        out["groups"].append({"fit_steps": r["fit_steps"], "test_steps": int(test_steps.sum())})
+    return out
+
+
 def _auroc(truth: np.ndarray, score: np.ndarray) -> float | None:
     """AUROC of the step score (steps without instances score below every scored step)."""
     s = np.asarray(score, np.float64).copy()
@@ -514,6 +542,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     normal = ~steps["is_anomaly"]
     run_of_step = steps["runs"][steps["run_code"]]
     fault_free = np.isin(run_of_step, [r for r in steps["runs"].tolist() if r.startswith("normal-")])
+    # ranks per run (1: one process; 2 and more: tensor parallel), from the steps' ranks
+    ranks = np.zeros(len(steps["runs"]), np.int64)
+    np.maximum.at(ranks, steps["run_code"], steps["rank"].astype(np.int64) + 1)
+    par = ranks[steps["run_code"]]
     ev = a.eval_split
     req = sp["split_request"]
     first = req["first"]
@@ -528,6 +560,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "split_run": (sp["split_run"]["rep"] == "train", sp["split_run"]["rep"] == ev, True),
         # a normal reference recorded apart (the fault-free runs), every step of the other runs scored
         "fault_free_reference": (fault_free, ~fault_free, True),
+        # as `teller diagnose RUN --reference REF` is used: each run against the fault-free runs of
+        # its own deployment shape (tensor-parallel runs against the tensor-parallel ones)
+        "fault_free_same_parallelism": ([(fault_free & (par == p), ~fault_free & (par == p)) for p in np.unique(par).tolist()],
+                                        ~fault_free, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
         # decide the split of many consecutive steps
         "split_request_first_record": (first == "train", first == ev, False),
@@ -567,9 +603,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     main_rows, variants = {}, []
     for pname, (train, test, is_main) in protocols.items():
         for rname, ref in refs.items():
-            if rname != base_name and (a.no_variants or pname in ("fault_free_reference", "split_workload")):
+            if rname != base_name and (a.no_variants or pname.startswith("fault_free") or pname == "split_workload"):
                 continue
-            r = run_protocol(steps, inst, lifted, train & ref, test)
+            if isinstance(train, list):  # one fit per group (train, test), the results joined
+                r = run_groups(steps, inst, lifted, [(tr & ref, te) for tr, te in train])
+            else:
+                r = run_protocol(steps, inst, lifted, train & ref, test)
             if is_main and rname == base_name:
                 main_rows[pname] = summarize(pname, steps, test, r)
             variants.append({"reference": rname, **summarize(pname, steps, test, r, detail=False)})
