@@ -29,7 +29,10 @@ They carry the runtime-call mix of their subtree as well (:data:`MIX_FEATURES`: 
 asynchronous memcpy calls, pageable copies, stream/event and device synchronizations,
 allocations: counts and time; ``pageable_n`` is NaN where the copies' memory kinds are not known),
 and a STEP instance its iteration (:data:`ITER_FEATURES`, from ``iterations.parquet`` through
-:func:`read_iterations`; NaN when the run has none). On the other instances those columns are
+:func:`read_iterations`; NaN when the run has none) and its admission delay (``iter.admit_delay``,
+:func:`admission_delay`: of the requests the step serves first, the longest time one had arrived,
+by its first log line in ``log_alignment.parquet``, while iterations of its process ran with
+nothing waiting; NaN without aligned logs, a recorded queue length, or a newly admitted request). On the other instances those columns are
 NaN, which the localizer leaves out of their distances.
 
 Every instance also carries the batch its step served (:attr:`Instances.batch`, the step's

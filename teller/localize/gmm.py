@@ -34,6 +34,17 @@ Scoring an instance x of family f:
 - ρ(x) = Σ_{k central} r_k(x) · g_k(x), the posterior mass on the central components, and the
   anomaly score **a(x) = 1 − ρ(x)** ∈ [0, 1].
 
+Per-feature test (``feature_test``, the layers whose families take it; default ``("STEP",
+"OTHER")``): a step-level instance carries some 30 features, and a single one far beyond anything
+the reference showed (a 40 ms admission delay, a sleeping scheduler's self time, allocations in
+a step that never allocates) moves the joint distance by less than the radius of 30 degrees of
+freedom. For these families each feature j also gets its own radius T_fj: the χ²(1) point at
+``tail`` / (features that vary), raised to the reference's held-out 1 − ``calibration_quantile``
+point of max(z_j, 0)² extrapolated with the χ²(1) shape (z_j: the deviation from the nearest
+central component, in its standard deviations), and a(x) is the larger of 1 − ρ(x) and
+max_j 1 − expit((T_fj − max(z_j, 0)²) / 2). Operator families (dozens of instances per step,
+whose suspiciousness is a quantile over them) keep the joint test only.
+
 With ``one_sided`` (default) only the features where x exceeds a component's centre count in
 m²_k: slower, more calls, more bytes are anomalies; less of everything is not a root cause. A
 responsibility under such a distance means nothing (every row below a component would sit "at"
