@@ -81,7 +81,10 @@ def test_references_leave_warmup_steps_out(planted_ref):
     loc = localize(out, rf.instances)
     assert {0, 1} <= set(loc.flagged)
     assert "BE aten::mul" in {c["family"] for c in loc.flagged[1].candidates}
-    assert 1 not in localize(kept, rf.instances).flagged
+    # kept in the reference, they widen the family: its cold instances are not suspects (the
+    # STEP's per-feature test may still call step 1 slow: 2 cold steps in 30 are a tail it keeps out)
+    kl = localize(kept, rf.instances).flagged
+    assert 1 not in kl or "BE aten::mul" not in {c["family"] for c in kl[1].candidates}
 
 
 def test_cli_keep_warmup(planted_ref, tmp_path):
@@ -285,8 +288,8 @@ def test_iterations_are_read_when_present(example_run, tmp_path):
         k = [i for i in res.suspects.tolist() if rb.instances.family_of()[i] == "STEP"][0]
         ev = evidence(est, rb.instances, loc, np.array([k]))[0]
         assert ev[0]["feature"] in ("iter.gap", "iter.dur")
-    # the batch context is context, not a score: n_requests/prefill/decode never count
-    assert est.context_features == ("batch.n_requests", "batch.prefill", "batch.decode")
+    # the batch context is context, not a score: n_requests/prefill/decode and the queue never count
+    assert est.context_features == ("batch.n_requests", "batch.prefill", "batch.decode", "batch.waiting")
 
 
 def test_admission_delay_counts_idle_iterations_after_arrival():

@@ -39,8 +39,9 @@ Per-feature test (``feature_test``, the layers whose families take it; default `
 the reference showed (a 40 ms admission delay, a sleeping scheduler's self time, allocations in
 a step that never allocates) moves the joint distance by less than the radius of 30 degrees of
 freedom. For these families each feature j also gets its own radius T_fj: the χ²(1) point at
-``tail`` / (features that vary), raised to the reference's held-out 1 − ``calibration_quantile``
-point of max(z_j, 0)² extrapolated with the χ²(1) shape (z_j: the deviation from the nearest
+``tail`` / (features that vary), raised to the reference's held-out 1 − ℓ point of max(z_j, 0)²
+extrapolated with the χ²(1) shape, ℓ = max(``calibration_quantile``, :data:`TAIL_POINTS` / n)
+so that the reference's few largest values never set it (z_j: the deviation from the nearest
 central component, in its standard deviations), and a(x) is the larger of 1 − ρ(x) and
 max_j 1 − expit((T_fj − max(z_j, 0)²) / 2). Operator families (dozens of instances per step,
 whose suspiciousness is a quantile over them) keep the joint test only.
@@ -58,8 +59,9 @@ regressed on log(batch) over the reference (least squares, slope clipped to
 [0, ``max_slope``]) and the slope's share is taken out, L' = L − b_f (log batch − centre_f).
 An attention op of a 60-request decode step is compared with what the reference's trend says
 60 requests cost, not with the median of small steps; a feature that does not follow the batch
-keeps b = 0. ``context_features`` (default the batch size and token counts) are context only:
-never scored (a large batch is not a fault).
+keeps b = 0. ``context_features`` (default the batch size, its token counts and the requests
+waiting) are context only: never scored (a large batch or a queue is load, not a fault: a queue
+left behind by a fault that has passed would otherwise flag the healthy steps that drain it).
 
 NaN features are marginalized (left out of the distances and densities). Instances of a family
 never seen in the reference get ``a = unseen_score`` and are reported as unseen.
@@ -102,6 +104,9 @@ _LOG2PI = math.log(2 * math.pi)
 
 #: rows per block in the distance computations (bounds the (rows × components × features) temporaries)
 _BLOCK = 16384
+
+#: reference values left above the calibration point of a per-feature radius (:meth:`GMMLocalizer._feature_radius`)
+TAIL_POINTS = 5
 
 #: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
 MIN_SAMPLES_PER_DIM = 10
@@ -263,7 +268,8 @@ class GMMLocalizer(BaseEstimator):
         random_state: int = 0,
         batch_norm: bool = True,
         max_slope: float = 1.0,
-        context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode"),
+        context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode",
+                                             "batch.waiting"),
         feature_test: tuple[str, ...] = ("STEP", "OTHER"),
     ):
         self.max_components = max_components
@@ -497,16 +503,23 @@ class GMMLocalizer(BaseEstimator):
         """Per feature column of ``z`` (the reference's held-out deviations from their nearest
         central component): the squared deviation beyond which that feature alone makes an
         instance suspicious. The χ²(1) point at ``tail`` / ``dof`` (one test per varying feature),
-        raised to the reference's own 1 − ``calibration_quantile`` point extrapolated with the
-        χ²(1) shape, as :meth:`_tail_radius` does for the joint distance."""
+        raised to the reference's own 1 − ℓ point extrapolated with the χ²(1) shape, as
+        :meth:`_tail_radius` does for the joint distance (ℓ: see the module docstring)."""
         e = self._excess2(z)
         base = float(chi2.isf(self.tail / max(dof, 1), 1))
         if not len(e):
             return np.full(z.shape[1], base)
+        # the calibration point leaves the reference's TAIL_POINTS largest values above it: in a
+        # reference of a few hundred steps the 1 - calibration_quantile point is its maximum, and
+        # one hiccup (a 0.8 s iteration among 90 ms ones) would set the radius of every feature
+        level = max(self.calibration_quantile, TAIL_POINTS / len(e))
+        if level >= 0.5:
+            return np.full(z.shape[1], base)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # columns without values
-            q = np.nanquantile(e, 1 - self.calibration_quantile, axis=0)
-        q = np.where(np.isfinite(q), q, 0.0) * base / float(chi2.isf(self.calibration_quantile, 1))
+            q = np.nanquantile(e, 1 - level, axis=0)
+        # max(z, 0)² exceeds t with half the χ²(1) probability: the one-sided level is 2·level
+        q = np.where(np.isfinite(q), q, 0.0) * base / float(chi2.isf(2 * level if self.one_sided else level, 1))
         return np.maximum(base, q)
 
     def _excess2(self, z: np.ndarray) -> np.ndarray:
