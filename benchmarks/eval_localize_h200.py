@@ -28,8 +28,11 @@ nothing tuned. Protocols (train side → scored steps):
   requests is in test, *train* when it holds a train request and no test request; the reference
   is left with small batches (a big batch almost always holds a test request).
 - ``split_run``: whole runs; a step's records share one split.
-- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs, as
-  ``teller diagnose --reference`` is meant to be used.
+- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs.
+- ``fault_free_same_parallelism``: as ``teller diagnose RUN --reference REF`` is meant to be used,
+  each run against the fault-free runs of its own deployment shape: the one-process runs against
+  the one-process fault-free runs, the tensor-parallel runs against the tensor-parallel ones (the
+  ranks a run's steps carry); one fit per shape.
 - ``split_workload``: the dataset's ``split_workload`` column (two or more model shapes, as
   ``data/h200_v2``: repetitions a/b 2 decoder layers, c 4), by the representative rule; for a
   dataset built before that column, from the campaign spec: fitted on the runs of the shallowest
@@ -77,6 +80,7 @@ from teller.localize.features import (
     ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
+    admission_delay,
     instance_features,
     iteration_matrix,
 )
@@ -172,8 +176,55 @@ def load_steps(ds: Path) -> dict[str, Any]:
         w[pos[hit]] = warm[hit]
         steps["warmup"] = w
         steps["iterations"] = int(has.sum())
+        j = ITER_FEATURES.index("iter.admit_delay")
+        steps["iter"][:, j] = _dataset_admission_delay(ds, it, runs, ukey, n)
         steps["warmup_rule"] = "iterations.parquet warmup column (the labeller's rule where a step has no row)"
     return steps
+
+
+def _dataset_admission_delay(ds: Path, it: pa.Table, runs: np.ndarray, ukey: np.ndarray, n: int) -> np.ndarray:
+    """``iter.admit_delay`` of every step (:func:`teller.localize.features.admission_delay`) from the
+    dataset's files, as ``teller diagnose`` computes it from a run directory: arrivals are each
+    request's first log line (``logs.parquet``), first steps from the vertical records, the
+    iterations those of ``iterations.parquet``. The dataset keeps a sample of each run's steps,
+    so only the kept iterations between an arrival and the first step count (a lower bound)."""
+    out = np.full(n, np.nan)
+    if not (ds / "logs.parquet").exists():
+        return out
+    lg = pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"])
+    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
+    arr = lg.group_by(["run_id", "request_id"]).aggregate([("ts_ns", "min")])
+    arrival = {(str(r), str(q)): int(t) for r, q, t in zip(*(arr.column(c).to_pylist() for c in ("run_id", "request_id", "ts_ns_min")), strict=True)}
+    rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
+    rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
+    irun = _str(it.column("run_id")).astype(str)
+    for r, name in enumerate(runs.tolist()):
+        rows = np.flatnonzero(irun == name)
+        if not len(rows):
+            continue
+        sub = it.take(pa.array(rows))
+        sid = sub.column("step_id").to_numpy().astype(np.int64)
+        start, end = sub.column("start_ns").to_numpy().astype(np.int64), sub.column("end_ns").to_numpy().astype(np.int64)
+        pid, waiting = sub.column("pid").to_numpy().astype(np.int64), sub.column("waiting").to_numpy().astype(np.int64)
+        rr = rec.filter(pc.equal(rec.column("run_id"), name))
+        rsid = rr.column("step_id").to_numpy().astype(np.int64)
+        so = np.argsort(sid)
+        pos = np.clip(np.searchsorted(sid[so], rsid), 0, len(sid) - 1)
+        hit = sid[so][pos] == rsid
+        sidx = np.where(hit, so[pos], -1)
+        rq = np.asarray(rr.column("request_id").to_pylist(), dtype=object)
+        keep = sidx >= 0
+        rq, sidx = rq[keep].astype(str), sidx[keep]
+        o = np.lexsort((start[sidx], pid[sidx], rq))
+        rq, sidx = rq[o], sidx[o]
+        first = np.r_[True, (rq[1:] != rq[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
+        a = np.array([arrival.get((name, q), -1) for q in rq[first].tolist()], np.int64)
+        d = admission_delay(start, end, pid, waiting, sidx[first], a)
+        k = np.int64(r) << 40 | sid
+        p = np.clip(np.searchsorted(ukey, k), 0, n - 1)
+        ok = ukey[p] == k
+        out[p[ok]] = d[ok]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,6 +416,31 @@ def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit
             "seconds": {"fit": round(t_fit, 2), "localize": round(t_loc, 2)}}
 
 
+def run_groups(steps: dict[str, Any], inst: Instances, lifted: np.ndarray,
+               groups: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """:func:`run_protocol` once per (fit steps, test steps) group, test sets disjoint; the
+    per-step results joined, the counts summed."""
+    n = len(steps["is_anomaly"])
+    out: dict[str, Any] = {"flag": np.zeros(n, bool), "score": np.full(n, np.nan), "pred": [set() for _ in range(n)],
+                           "pred_lifted": [set() for _ in range(n)], "fit_steps": 0, "fit_instances": 0,
+                           "families_fitted": 0, "fit_steps_flagged_in_sample": 0, "fit_requests_per_step_median": None,
+                           "unseen_families_in_test": [], "seconds": {"fit": 0.0, "localize": 0.0}, "groups": []}
+    for fit_steps, test_steps in groups:
+        r = run_protocol(steps, inst, lifted, fit_steps, test_steps)
+        idx = np.flatnonzero(test_steps)
+        out["flag"][idx], out["score"][idx] = r["flag"][idx], r["score"][idx]
+        for i in idx.tolist():
+            out["pred"][i], out["pred_lifted"][i] = r["pred"][i], r["pred_lifted"][i]
+        for k in ("fit_steps", "fit_instances", "fit_steps_flagged_in_sample"):
+            out[k] += r[k]
+        out["families_fitted"] = max(out["families_fitted"], r["families_fitted"])
+        out["unseen_families_in_test"] = sorted(set(out["unseen_families_in_test"]) | set(r["unseen_families_in_test"]))
+        for k in ("fit", "localize"):
+            out["seconds"][k] = round(out["seconds"][k] + r["seconds"][k], 2)
+        out["groups"].append({"fit_steps": r["fit_steps"], "test_steps": int(test_steps.sum())})
+    return out
+
+
 def _auroc(truth: np.ndarray, score: np.ndarray) -> float | None:
     """AUROC of the step score (steps without instances score below every scored step)."""
     s = np.asarray(score, np.float64).copy()
@@ -466,6 +542,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     normal = ~steps["is_anomaly"]
     run_of_step = steps["runs"][steps["run_code"]]
     fault_free = np.isin(run_of_step, [r for r in steps["runs"].tolist() if r.startswith("normal-")])
+    # ranks per run (1: one process; 2 and more: tensor parallel), from the steps' ranks
+    ranks = np.zeros(len(steps["runs"]), np.int64)
+    np.maximum.at(ranks, steps["run_code"], steps["rank"].astype(np.int64) + 1)
+    par = ranks[steps["run_code"]]
     ev = a.eval_split
     req = sp["split_request"]
     first = req["first"]
@@ -480,6 +560,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "split_run": (sp["split_run"]["rep"] == "train", sp["split_run"]["rep"] == ev, True),
         # a normal reference recorded apart (the fault-free runs), every step of the other runs scored
         "fault_free_reference": (fault_free, ~fault_free, True),
+        # as `teller diagnose RUN --reference REF` is used: each run against the fault-free runs of
+        # its own deployment shape (tensor-parallel runs against the tensor-parallel ones)
+        "fault_free_same_parallelism": ([(fault_free & (par == p), ~fault_free & (par == p)) for p in np.unique(par).tolist()],
+                                        ~fault_free, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
         # decide the split of many consecutive steps
         "split_request_first_record": (first == "train", first == ev, False),
@@ -519,9 +603,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     main_rows, variants = {}, []
     for pname, (train, test, is_main) in protocols.items():
         for rname, ref in refs.items():
-            if rname != base_name and (a.no_variants or pname in ("fault_free_reference", "split_workload")):
+            if rname != base_name and (a.no_variants or pname.startswith("fault_free") or pname == "split_workload"):
                 continue
-            r = run_protocol(steps, inst, lifted, train & ref, test)
+            if isinstance(train, list):  # one fit per group (train, test), the results joined
+                r = run_groups(steps, inst, lifted, [(tr & ref, te) for tr, te in train])
+            else:
+                r = run_protocol(steps, inst, lifted, train & ref, test)
             if is_main and rname == base_name:
                 main_rows[pname] = summarize(pname, steps, test, r)
             variants.append({"reference": rname, **summarize(pname, steps, test, r, detail=False)})
