@@ -70,21 +70,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from teller.baselines.numeric import dataset_context, keyed_instances
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
 from teller.evaluate.scores import auroc
-from teller.forest import Forest, family_names, step_blocks
+from teller.forest import family_names
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
     ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
-    admission_delay,
-    instance_features,
-    iteration_matrix,
 )
-from teller.rundir import LAYER_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("communication", "kernel", "memory", "runtime", "scheduling")
@@ -158,186 +155,42 @@ def load_steps(ds: Path) -> dict[str, Any]:
     steps["iter"] = np.full((n, len(ITER_FEATURES)), np.nan)
     steps["batch"] = np.full(n, np.nan)
     steps["iterations"] = 0
-    if (ds / "iterations.parquet").exists():
-        it = pq.read_table(ds / "iterations.parquet")
-        irun = _str(it.column("run_id")).astype(str)
-        g = np.clip(np.searchsorted(runs, irun), 0, len(runs) - 1)
-        k = g.astype(np.int64) << 40 | it.column("step_id").to_numpy().astype(np.int64)
-        pos = np.clip(np.searchsorted(ukey, k), 0, n - 1)
-        hit = (runs[g] == irun) & (ukey[pos] == k)
-        mat = iteration_matrix(it)
-        steps["iter"][pos[hit]] = mat[hit]
-        nreq = it.column("n_requests").to_numpy(zero_copy_only=False).astype(np.float64)
-        steps["batch"][pos[hit]] = np.where(nreq > 0, nreq, np.nan)[hit]
-        warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
-        has = np.zeros(n, bool)
-        has[pos[hit]] = True
-        w = steps["warmup"].copy()
-        w[pos[hit]] = warm[hit]
-        steps["warmup"] = w
-        steps["iterations"] = int(has.sum())
-        j = ITER_FEATURES.index("iter.admit_delay")
-        steps["iter"][:, j] = _dataset_admission_delay(ds, it, runs, ukey, n)
+    ctx = dataset_context(ds, runs, ukey)  # teller evaluate's teller_numeric reads the same context
+    if ctx is not None:
+        steps["iter"], steps["batch"] = ctx["iter"], ctx["batch"]
+        steps["warmup"] = np.where(ctx["has"], ctx["warmup"], steps["warmup"])
+        steps["iterations"] = int(ctx["has"].sum())
+        steps["context"] = ctx
         steps["warmup_rule"] = "iterations.parquet warmup column (the labeller's rule where a step has no row)"
     return steps
-
-
-def _dataset_admission_delay(ds: Path, it: pa.Table, runs: np.ndarray, ukey: np.ndarray, n: int) -> np.ndarray:
-    """``iter.admit_delay`` of every step (:func:`teller.localize.features.admission_delay`) from the
-    dataset's files, as ``teller diagnose`` computes it from a run directory: arrivals are each
-    request's first log line (``logs.parquet``), first steps from the vertical records, the
-    iterations those of ``iterations.parquet``. The dataset keeps a sample of each run's steps,
-    so only the kept iterations between an arrival and the first step count (a lower bound)."""
-    out = np.full(n, np.nan)
-    if not (ds / "logs.parquet").exists():
-        return out
-    lg = pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"])
-    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
-    arr = lg.group_by(["run_id", "request_id"]).aggregate([("ts_ns", "min")])
-    arrival = {(str(r), str(q)): int(t) for r, q, t in zip(*(arr.column(c).to_pylist() for c in ("run_id", "request_id", "ts_ns_min")), strict=True)}
-    rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
-    rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
-    irun = _str(it.column("run_id")).astype(str)
-    for r, name in enumerate(runs.tolist()):
-        rows = np.flatnonzero(irun == name)
-        if not len(rows):
-            continue
-        sub = it.take(pa.array(rows))
-        sid = sub.column("step_id").to_numpy().astype(np.int64)
-        start, end = sub.column("start_ns").to_numpy().astype(np.int64), sub.column("end_ns").to_numpy().astype(np.int64)
-        pid, waiting = sub.column("pid").to_numpy().astype(np.int64), sub.column("waiting").to_numpy().astype(np.int64)
-        rr = rec.filter(pc.equal(rec.column("run_id"), name))
-        rsid = rr.column("step_id").to_numpy().astype(np.int64)
-        so = np.argsort(sid)
-        pos = np.clip(np.searchsorted(sid[so], rsid), 0, len(sid) - 1)
-        hit = sid[so][pos] == rsid
-        sidx = np.where(hit, so[pos], -1)
-        rq = np.asarray(rr.column("request_id").to_pylist(), dtype=object)
-        keep = sidx >= 0
-        rq, sidx = rq[keep].astype(str), sidx[keep]
-        o = np.lexsort((start[sidx], pid[sidx], rq))
-        rq, sidx = rq[o], sidx[o]
-        first = np.r_[True, (rq[1:] != rq[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
-        a = np.array([arrival.get((name, q), -1) for q in rq[first].tolist()], np.int64)
-        d = admission_delay(start, end, pid, waiting, sidx[first], a)
-        k = np.int64(r) << 40 | sid
-        p = np.clip(np.searchsorted(ukey, k), 0, n - 1)
-        ok = ukey[p] == k
-        out[p[ok]] = d[ok]
-    return out
 
 
 # ------------------------------------------------------------------------------------------------
 # instances of every step, from the dataset's subtrees
 
 
-def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
-    """Steps of a dataset forest as ``teller diagnose`` sees them: one per STEP node, holding every
-    row with the STEP row's ``step_idx`` (the engine iteration: schedule/update ranges and GAP rows
-    beside the STEP subtree); rows of forests without ``step_idx`` fall back to ``step_blocks``.
-    Returns the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
-    step_of_row, ids = step_blocks(fa)
-    if "step_idx" not in fa.table.column_names or not len(ids):
-        return step_of_row, ids
-    sidx = fa.table.column("step_idx").to_numpy(zero_copy_only=False).astype(np.int64)
-    srow = np.flatnonzero(fa.layer == LAYER_CODE["STEP"])
-    srow = srow[np.argsort(fa.node_id[srow], kind="stable")]
-    key = sidx[srow]
-    if (key < 0).any() or len(np.unique(key)) != len(key):
-        return step_of_row, ids  # no usable step_idx: the STEP subtrees alone
-    o = np.argsort(key)
-    pos = np.clip(np.searchsorted(key[o], sidx), 0, len(key) - 1)
-    hit = (sidx >= 0) & (key[o][pos] == sidx)
-    return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
-
-
-def _pageable(fa: Forest, args: pa.ChunkedArray | None) -> np.ndarray | None:
-    """Per row: a copy from or to pageable host memory (CUPTI memory kinds in ``args``), or None
-    when the subtrees keep no memory kinds (as :func:`teller.localize.features.pageable_rows`)."""
-    if args is None:
-        return None
-    col = args.combine_chunks() if isinstance(args, pa.ChunkedArray) else args
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col.cast(pa.string()))
-    vals = [v or "" for v in col.dictionary.to_pylist()]
-    codes = col.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
-    has = np.array([("src_kind" in v) for v in vals] + [False])[codes]
-    mem = fa.kind_or_layer("MEMCPY", "MEM")
-    if not (has & mem).any():
-        return None
-    return np.array([("Pageable" in v) for v in vals] + [False])[codes] & mem
-
-
 def load_instances(ds: Path, steps: dict[str, Any], layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
-    """Instances of all kept steps; ``step`` indexes ``steps`` (-1: outside a kept step)."""
+    """Instances of all kept steps (:func:`teller.baselines.numeric.keyed_instances`, the code of
+    ``teller evaluate``'s ``teller_numeric``); ``step`` indexes ``steps`` (-1: outside a kept step)."""
     t0 = time.perf_counter()
     sub = read_subtrees(ds)
     t_read = time.perf_counter() - t0
-    rcol = sub.column("run_id").combine_chunks()
-    rdict = np.asarray(rcol.dictionary.to_pylist(), dtype=object).astype(str)
-    rcode = rcol.indices.to_numpy()
-    order = np.argsort(rcode, kind="stable")  # rows of one run stay in their DFS order
-    bounds = np.searchsorted(rcode[order], np.arange(len(rdict) + 1))
-    runs = steps["runs"]
-    key_steps = steps["run_code"] << 40 | steps["step_id"]
-    korder = np.argsort(key_steps)
-    parts: list[Instances] = []
-    fam_sets: list[list[str]] = []
-    missing_steps = 0
-    pageable_runs = 0
-    rules: set[str] = set()
-    for r, name in enumerate(rdict.tolist()):  # runs: 50
-        rows = order[bounds[r]:bounds[r + 1]]
-        if not len(rows):
-            continue
-        g = int(np.searchsorted(runs, name))
-        if g >= len(runs) or runs[g] != name:
-            continue  # a run without vertical records
-        part = sub.take(pa.array(rows))
-        args = part.column("args") if "args" in part.column_names else None
-        fa = Forest.from_table(part.drop_columns([c for c in ("run_id", "args") if c in part.column_names]))
-        del part
-        step_of_row, step_node = _iteration_blocks(fa)
-        rules.add("STEP ranges (rows by step_idx)" if "step_idx" in fa.table.column_names else "STEP ranges")
-        # step index → global step index via the STEP node id
-        k = np.int64(g) << 40 | step_node
-        pos = np.clip(np.searchsorted(key_steps, k, sorter=korder), 0, len(korder) - 1)
-        hit = key_steps[korder[pos]] == k
-        gstep = np.where(hit, korder[pos], -1)
-        missing_steps += int((~hit).sum())
-        gs = np.maximum(gstep, 0)
-        batch = np.where(hit, steps["batch"][gs], np.nan)
-        if np.isnan(batch).all():
-            batch = np.where(hit, steps["requests"][gs].astype(np.float64), np.nan)  # no iterations: request rows
-        it = np.where(hit[:, None], steps["iter"][gs], np.nan)
-        pg = _pageable(fa, args)
-        pageable_runs += pg is not None
-        inst = instance_features(fa, step_of_row, layers, step_batch=batch, step_iter=it, pageable=pg)
-        step = np.where(inst.step >= 0, gstep[np.maximum(inst.step, 0)], -1)
-        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers, inst.batch))
-        fam_sets.append(inst.families)
-        del fa
-    families = sorted({f for fs in fam_sets for f in fs})
-    fidx = {f: i for i, f in enumerate(families)}
-    off = np.cumsum([0] + [p.n for p in parts])
-    inst = Instances(
-        rows=np.concatenate([p.rows for p in parts]),
-        family=np.concatenate([np.array([fidx[f] for f in p.families], np.int32)[p.family] if p.n else np.zeros(0, np.int32)
-                               for p in parts]),
-        families=families,
-        step=np.concatenate([p.step for p in parts]),
-        X=np.concatenate([p.X for p in parts]),
-        parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)]),
-        layers=tuple(layers),
-        batch=np.concatenate([p.batch for p in parts]),
-    )
-    covered = np.zeros(len(key_steps), bool)
+    keys = steps["run_code"] << 40 | steps["step_id"]
+    ctx = steps.get("context")
+    if ctx is None:  # no iterations.parquet: the batch from the request rows, as before iterations
+        n = len(keys)
+        ctx = {"iter": steps["iter"], "batch": steps["requests"].astype(np.float64), "warmup": steps["warmup"],
+               "has": np.ones(n, bool)}
+    inst, kinfo = keyed_instances(sub, steps["runs"], keys, ctx, layers)
+    covered = np.zeros(len(keys), bool)
     covered[inst.step[inst.step >= 0]] = True
+    fams = np.asarray(inst.families, dtype=str)
     info = {"forest_rows": int(sub.num_rows), "instances": int(inst.n), "instances_outside_kept_steps": int((inst.step < 0).sum()),
-            "families": len(families), "layers": list(layers), "step_rules": sorted(rules),
-            "runs_with_memory_kinds": int(pageable_runs), "steps_with_iterations": int(steps["iterations"]),
-            "instances_per_layer": {x: int((np.char.startswith(np.asarray(families, dtype=str), f"{x} ")
-                                            | (np.asarray(families, dtype=str) == x))[inst.family].sum()) for x in layers}, "step_nodes_without_records": missing_steps,
+            "families": len(inst.families), "layers": list(layers),
+            "step_rules": ["STEP ranges (rows by step_idx)" if "step_idx" in sub.column_names else "STEP ranges"],
+            "runs_with_memory_kinds": kinfo["runs_with_memory_kinds"], "steps_with_iterations": int(steps["iterations"]),
+            "instances_per_layer": {x: int((np.char.startswith(fams, f"{x} ") | (fams == x))[inst.family].sum()) for x in layers},
+            "step_nodes_without_records": kinfo["step_nodes_without_keys"],
             "steps_without_instances": int((~covered).sum()), "read_s": round(t_read, 2),
             "features_s": round(time.perf_counter() - t0 - t_read, 2)}
     return inst, info
