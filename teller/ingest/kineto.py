@@ -623,8 +623,11 @@ class _EventStream:
         if not self.fast:
             return None
         try:
+            if not piece.isascii():  # msgspec skips unknown keys and raw values unchecked
+                piece.decode("utf-8")
             return _segment_fast(_EV_DECODER.decode(piece), self.exact, self._loads)
-        except (msgspec.MsgspecError, _Fallback):
+        except (msgspec.MsgspecError, _Fallback, RecursionError, ValueError):
+            # RecursionError: nested too deep; ValueError: invalid UTF-8
             return None
 
     def __iter__(self) -> Iterator[list | tuple]:
@@ -1562,25 +1565,41 @@ def _drop_exact_duplicates(t: pa.Table, stats: _Stats, warnings: list[str], name
     n = t.num_rows
     if n < 2:
         return t
-    cols = []
-    for c in _DUP_KEYS:
+
+    def column(c: str) -> np.ndarray:
         col = t[c].combine_chunks() if isinstance(t[c], pa.ChunkedArray) else t[c]
         if pa.types.is_dictionary(col.type):
             col = col.indices.fill_null(-1)
-        cols.append(col.to_numpy(zero_copy_only=False))
-    o = np.lexsort(cols[::-1])
-    same = np.ones(n - 1, bool)
-    for c in cols:
-        cs = c[o]
+        return col.to_numpy(zero_copy_only=False)
+
+    # candidates first: rows whose hash of the key columns another row shares (one uint64 per
+    # row instead of every key column at once); only those are compared exactly
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):
+        for k, c in enumerate(_DUP_KEYS):
+            h = (h ^ column(c).astype(np.uint64)) * np.uint64(0x100000001B3 + 2 * k)
+            h ^= h >> np.uint64(29)
+    hs = np.sort(h)
+    shared = hs[1:][hs[1:] == hs[:-1]]
+    del hs
+    if not len(shared):
+        return t
+    cand = np.flatnonzero(np.isin(h, shared))
+    del h, shared
+    cols = [column(c)[cand] for c in _DUP_KEYS]
+    o = cand[np.lexsort(cols[::-1])]
+    cols = [column(c)[o] for c in _DUP_KEYS]
+    same = np.ones(len(o) - 1, bool)
+    for cs in cols:
         same &= cs[1:] == cs[:-1]
     if not same.any():
         return t
-    in_run = np.zeros(n, bool)
+    in_run = np.zeros(len(o), bool)
     in_run[1:] |= same
     in_run[:-1] |= same
     rows = o[in_run]  # grouped by key, in sorted order
     key_group = np.cumsum(np.concatenate([[True], ~same]))[in_run]
-    args = t["args"].take(pa.array(rows)).combine_chunks()
+    args = _take_few(t["args"], rows)
     acode = args.dictionary_encode().indices.fill_null(-1).to_numpy(zero_copy_only=False)
     o2 = np.lexsort((rows, acode, key_group))  # within a key group: by args, first row first
     g, a, r = key_group[o2], acode[o2], rows[o2]
@@ -1688,7 +1707,7 @@ def parse_kineto_file(
             f"{path.name}: unknown schemaVersion {sv!r}; read with the version-1 layout"
         )
 
-    table = pa.concat_tables(parts).unify_dictionaries().combine_chunks() if parts else None
+    table = pa.concat_tables(parts).unify_dictionaries() if parts else None
     parts.clear()
     if table is not None:
         table = _drop_exact_duplicates(table, stats, warnings, path.name)
@@ -1711,7 +1730,9 @@ def parse_kineto_file(
             f"{path.name}: baseTimeNanoseconds {base} is not a plausible wall-clock time; ignored"
         )
         base = None
-    canon, main_pid, host_pids = _finish_file(table, base, rules, stats)
+    box = [table] if table is not None else []
+    del table
+    canon, main_pid, host_pids = _finish_file(box, base, rules, stats)
     clock = _clock_of(canon, base, meta)
     if clock["source"] == "none" and canon.num_rows:
         warnings.append(
@@ -1762,41 +1783,51 @@ def _names(metadata: list[dict]) -> tuple[dict[str, dict], list[dict]]:
 
 
 def _finish_file(
-    t: pa.Table | None, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
+    box: list, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
 ) -> tuple[pa.Table, int, list[int]]:
-    """File-level passes: clock base, API names, layers, the GPU rows' process, duplicates, order."""
+    """File-level passes: clock base, API names, layers, the GPU rows' process, duplicates, order.
+
+    ``box`` holds the file's (chunked) table and is emptied: the unsorted columns are released
+    as their sorted copies are made, so the file's rows are held about once, not twice.
+    """
+    t = box.pop() if box else None
     if t is None or t.num_rows == 0:
         return events_table({}, 0), -1, []
     kind = t["kind"].to_numpy()
     pid = t["pid"].to_numpy().copy()
     corr = t["corr_id"].to_numpy()
     flags = t["flags"].to_numpy().copy()
-    gpu = t["gpu"].to_numpy(zero_copy_only=False)
+    gpu = t["gpu"].to_numpy()
     start = t["start"].to_numpy() + (base or 0)
     end = start + t["dur"].to_numpy()
+    t = t.drop_columns(["kind", "pid", "corr_id", "flags", "gpu", "start", "dur"])  # copied
 
     # names of runtime/driver calls without the `_v7000`-style version suffix
     name_col = t["name"].combine_chunks() if isinstance(t["name"], pa.ChunkedArray) else t["name"]
     name_dict = name_col.dictionary.to_pylist()
-    name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    del name_col
     stripped = [strip_api_version(s) for s in name_dict]
     if stripped != name_dict:
         merged = list(dict.fromkeys(name_dict + stripped))
         pos = {s: i for i, s in enumerate(merged)}
-        as_is = np.array([pos[s] for s in name_dict], np.int64)
-        as_api = np.array([pos[s] for s in stripped], np.int64)
+        as_is = np.array([pos[s] for s in name_dict], np.int32)
+        as_api = np.array([pos[s] for s in stripped], np.int32)
         name_codes = np.where(np.isin(kind, _HOST_CALL), as_api[name_codes], as_is[name_codes])
         name_dict = merged
 
     cat_col = t["cat"].combine_chunks() if isinstance(t["cat"], pa.ChunkedArray) else t["cat"]
     cat_dict = cat_col.dictionary.to_pylist()
     cat_codes = cat_col.indices.to_numpy(zero_copy_only=False)
+    del cat_col
     layer = layer_codes(cat_codes, cat_dict, name_codes, name_dict, rules)
+    del cat_codes
 
     # the trace's main host process: the pid with most host-side rows
     host_rows = ~gpu & (pid >= 0)
     host_pids, counts = np.unique(pid[host_rows], return_counts=True)
     main_pid = int(host_pids[np.argmax(counts)]) if len(host_pids) else -1
+    del host_rows
 
     # GPU rows belong to the profiled process: Kineto records the CUPTI activity of the process
     # that ran the profiler, whose host rows are the file's main pid (Kineto writes pid = device
@@ -1820,35 +1851,91 @@ def _finish_file(
     if dup.any():
         flags[dup] |= FLAG_DUPLICATE
         stats.repaired["duplicate_corr_id"] += int(dup.sum())
+    del dup, from_graph, hi, gi, wi
 
     order = np.lexsort((-(end - start), start))
-    names = pa.DictionaryArray.from_arrays(
-        pa.array(name_codes[order].astype(np.int32)), pa.array(name_dict, pa.string())
+    cols: dict[str, Any] = {}
+    # the largest column first, its unsorted chunks released one by one
+    chunks = list(t["args"].chunks)
+    t = t.drop_columns(["args", "name", "cat"])
+    cols["args"] = _take_strings(chunks, order)
+    cols["kind"] = pa.DictionaryArray.from_arrays(pa.array(kind[order]), pa.array(KINDS))
+    cols["name"] = pa.DictionaryArray.from_arrays(
+        pa.array(name_codes[order]), pa.array(name_dict, pa.string())
     )
-    layers = pa.DictionaryArray.from_arrays(pa.array(layer[order]), pa.array(("",) + LAYERS))
-    kinds = pa.DictionaryArray.from_arrays(pa.array(kind[order]), pa.array(KINDS))
-    take = pa.array(order)
-    canon = events_table(
-        {
-            "kind": kinds,
-            "name": names,
-            "layer": layers,
-            "node": np.zeros(len(order), np.int32),
-            "rank": np.zeros(len(order), np.int32),
-            "pid": pid[order],
-            "tid": t["tid"].take(take),
-            "device": t["device"].take(take),
-            "stream": t["stream"].take(take),
-            "start_ns": start[order],
-            "end_ns": end[order],
-            "corr_id": corr[order],
-            "graph_id": t["graph_id"].take(take),
-            "bytes": t["bytes"].take(take),
-            "flags": flags[order],
-            "args": t["args"].take(take),
-        }
+    del name_codes
+    cols["layer"] = pa.DictionaryArray.from_arrays(
+        pa.array(layer[order]), pa.array(("",) + LAYERS)
     )
+    # Arrow arrays over the sorted numpy columns (zero-copy; events_table keeps them as they are)
+    cols["pid"] = pa.array(pid[order])
+    cols["start_ns"] = pa.array(start[order])
+    cols["end_ns"] = pa.array(end[order])
+    cols["corr_id"] = pa.array(corr[order])
+    cols["flags"] = pa.array(flags[order])
+    del kind, layer, pid, start, end, corr, flags
+    for c in ("tid", "device", "stream", "graph_id", "bytes"):
+        cols[c] = pa.array(t[c].to_numpy()[order])
+        t = t.drop_columns([c])
+    n = len(order)
+    cols["node"] = cols["rank"] = pa.array(np.zeros(n, np.int32))
+    canon = events_table(cols)
     return canon, main_pid, [int(p) for p in host_pids]
+
+
+def _take_few(col: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> pa.Array:
+    """``col.take(rows)`` chunk by chunk (no concatenation of the whole column), in ``rows``'
+    order."""
+    if not isinstance(col, pa.ChunkedArray):
+        return col.take(pa.array(rows))
+    bounds = np.cumsum([0] + [len(c) for c in col.chunks])
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    by = np.argsort(which, kind="stable")
+    parts = []
+    for ci in np.unique(which):
+        sel = by[which[by] == ci]
+        parts.append(col.chunk(int(ci)).take(pa.array(rows[sel] - bounds[ci])))
+    got = pa.concat_arrays(parts) if parts else pa.array([], col.type)
+    back = np.empty(len(rows), np.int64)
+    back[by] = np.arange(len(rows))
+    return got.take(pa.array(back))
+
+
+def _take_strings(chunks: list, order: np.ndarray) -> pa.Array:
+    """The string column in ``chunks`` (no nulls) taken in ``order``, chunk by chunk: each
+    chunk's bytes are copied to their sorted places, then the chunk is let go from ``chunks``
+    (Arrow's take of a chunked array concatenates it first: twice the column at once)."""
+    n = len(order)
+    if any(c.null_count for c in chunks) or any(c.type != pa.string() for c in chunks):
+        return pa.chunked_array(chunks, pa.string()).take(pa.array(order)).combine_chunks()
+    lens = np.empty(n, np.int64)
+    k = 0
+    for c in chunks:
+        off = np.frombuffer(c.buffers()[1], np.int32)[c.offset : c.offset + len(c) + 1]
+        lens[k : k + len(c)] = np.diff(off)
+        k += len(c)
+    out_off = np.zeros(n + 1, np.int64)
+    np.cumsum(lens[order], out=out_off[1:])
+    total = int(out_off[-1])
+    if total >= 2**31:
+        return pa.chunked_array(chunks, pa.string()).take(pa.array(order)).combine_chunks()
+    inv = np.empty(n, np.int64)
+    inv[order] = np.arange(n)
+    out = pa.allocate_buffer(total)  # from Arrow's pool, where the released chunks go back
+    data = np.frombuffer(out, np.uint8)
+    k = 0
+    for i in range(len(chunks)):
+        c = chunks[i]
+        m = len(c)
+        if m:
+            off = np.frombuffer(c.buffers()[1], np.int32)[c.offset : c.offset + m + 1]
+            src = np.frombuffer(c.buffers()[2], np.uint8)[off[0] : off[-1]]
+            ln = lens[k : k + m]
+            shift = out_off[inv[k : k + m]] - (off[:-1] - off[0])  # dest minus source start
+            data[np.repeat(shift, ln) + np.arange(len(src))] = src
+        k += m
+        chunks[i] = c = None  # release the chunk
+    return pa.StringArray.from_buffers(n, pa.py_buffer(out_off.astype(np.int32)), out)
 
 
 def _mark_later_duplicates(
