@@ -1612,13 +1612,18 @@ def _drop_exact_duplicates(t: pa.Table, stats: _Stats, warnings: list[str], name
         for k, c in enumerate(_DUP_KEYS):
             h = (h ^ column(c).astype(np.uint64)) * np.uint64(0x100000001B3 + 2 * k)
             h ^= h >> np.uint64(29)
-    hs = np.sort(h)
-    shared = hs[1:][hs[1:] == hs[:-1]]
+    oh = np.argsort(h, kind="stable")
+    hs = h[oh]
+    del h
+    eq = hs[1:] == hs[:-1]
     del hs
-    if not len(shared):
+    if not eq.any():
         return t
-    cand = np.flatnonzero(np.isin(h, shared))
-    del h, shared
+    in_group = np.zeros(n, bool)
+    in_group[1:] |= eq
+    in_group[:-1] |= eq
+    cand = np.sort(oh[in_group])
+    del oh, eq, in_group
     cols = [column(c)[cand] for c in _DUP_KEYS]
     o = cand[np.lexsort(cols[::-1])]
     cols = [column(c)[o] for c in _DUP_KEYS]
