@@ -1275,7 +1275,8 @@ def _raw_us_to_ns(raws: list, exact: bool, loads) -> tuple[np.ndarray, np.ndarra
     comma = buf == 44
     ends = np.flatnonzero(comma)
     if len(ends) != n:  # a value holding a comma (a string, a list): read each one on its own
-        return _odd_us_to_ns(raws, np.arange(n), np.zeros(n, np.int64), np.zeros(n, bool), exact, loads)
+        val, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+        return _odd_us_to_ns(raws, np.arange(n), val, ok, exact, loads)
     starts = np.empty(n, np.int64)
     starts[0] = 0
     starts[1:] = ends[:-1] + 1
@@ -1489,10 +1490,7 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
     if ci:
         n_in, _ = _int_array([None if (v := args[i].n_in) is _UNSET else v for i in ci], fill=0)
         n_out, _ = _int_array([None if (v := args[i].n_out) is _UNSET else v for i in ci], fill=0)
-        size = np.array(
-            [_DTYPE_BYTES.get(str(args[i].dtype).lower() if args[i].dtype is not None else "none", -1) for i in ci],
-            np.int64,
-        )
+        size = np.array([_DTYPE_BYTES.get(str(args[i].dtype).lower(), -1) for i in ci], np.int64)
         nel = np.maximum(n_in, n_out)
         nbytes[ci] = np.where((size > 0) & (nel > 0), nel * size, -1)
 
@@ -1687,7 +1685,10 @@ def parse_kineto_file(
     progress: bool | None = None,
     fast: bool = True,
 ) -> KinetoFile:
-    """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them."""
+    """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them.
+
+    ``fast=False`` reads every chunk with the stdlib path (the reference the typed msgspec path
+    is tested against; same rows, slower)."""
     path = Path(path)
     rules = load_layer_rules(layer_rules)
     text = _Text(path)
