@@ -4,16 +4,24 @@ Both sides load the same Kineto trace into a table: TELLER writes the canonical 
 (Parquet) and run.json; HTA builds its per-rank DataFrames (`TraceAnalysis(trace_dir=...)`).
 Each measurement runs in a fresh subprocess; wall time is the call itself (imports excluded),
 memory is the process's peak resident set (VmHWM; children's ru_maxrss if larger) and the growth
-over the peak after imports.
+over the peak after imports. events/s and B/event count the Kineto events of the file (every
+element of ``traceEvents``, as ``teller ingest`` reports them in ``events_in``).
 
-Inputs: the larger external Kineto file of the test data, and a trace 10x (``--scale``) larger
-made from it by repeating its events shifted in time (correlation, External and flow ids shifted
-too, so they stay unique), written under ``--workdir``.
+Inputs: the larger external Kineto file of the test data (1x), and traces ``--scales`` times
+larger made from it by repeating its events shifted in time (correlation, External and flow ids
+shifted too, so they stay unique), written under ``--workdir``.
 
 HolisticTraceAnalysis is not a TELLER dependency: install it beside TELLER first
 (``pip install HolisticTraceAnalysis``), or pass ``--python`` for an interpreter that has both.
+Perfetto's ``trace_processor`` is not compared: its Python package downloads the
+``trace_processor_shell`` binary on first use, which an offline machine cannot do.
 
-    python benchmarks/bench_ingest_hta.py [--python PY] [--repeat 3] [--scale 10] [--workdir /tmp/teller_bench_ingest]
+    python benchmarks/bench_ingest_hta.py [--python PY] [--repeat 3] [--scales 1,10,50]
+        [--repeat-big 1] [--lock /tmp/teller-big.lock] [--tools teller,hta]
+        [--workdir /tmp/teller_bench_ingest]
+
+``--lock``: measurements at 50x and more run under ``flock LOCK`` (HTA needs ~12 GiB there),
+so that big jobs on a shared machine do not overlap.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -51,6 +60,7 @@ if tool == "teller":
     s = ingest(path, out)
     wall = time.perf_counter() - t
     rows = s["events_out"]
+    events = s["events_in"]
 else:
     from hta.trace_analysis import TraceAnalysis
     base = peak_mb()
@@ -62,7 +72,10 @@ else:
     wall = time.perf_counter() - t
     sys.stdout, sys.stderr = so, se
     rows = sum(len(df) for df in a.t.traces.values())
-print("RESULT " + json.dumps({"wall_s": wall, "peak_mb": peak_mb(), "base_mb": base, "rows": rows}))
+    events = None
+print("RESULT " + json.dumps(
+    {"wall_s": wall, "peak_mb": peak_mb(), "base_mb": base, "rows": rows, "events": events}
+))
 """
 
 
@@ -74,11 +87,13 @@ def source_file() -> Path:
 
 
 def make_scaled(src: Path, dst: Path, scale: int) -> Path:
-    """Write ``src`` with its non-metadata events repeated ``scale`` times, shifted in time."""
+    """Write ``src`` with its non-metadata events repeated ``scale`` times, shifted in time.
+
+    Written event by event (only the source's events are held), gzip level 1."""
     if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
         return dst
     doc = json.loads(gzip.open(src).read())
-    events = doc["traceEvents"]
+    events = doc.pop("traceEvents")
     meta = [e for e in events if e.get("ph") == "M"]
     timed = [e for e in events if e.get("ph") != "M"]
     ts = [e["ts"] for e in timed if isinstance(e.get("ts"), (int, float))]
@@ -91,46 +106,56 @@ def make_scaled(src: Path, dst: Path, scale: int) -> Path:
         if k in ("correlation", "External id") and isinstance(v, int)
     ]
     id_step = max(i for i in ids if isinstance(i, int)) + 1
-    out = list(meta)
-    for k in range(scale):
-        for e in timed:
-            c = dict(e)
-            if isinstance(c.get("ts"), (int, float)):
-                c["ts"] = c["ts"] + k * span
-            if isinstance(c.get("id"), int):
-                c["id"] = c["id"] + k * id_step
-            a = c.get("args")
-            if isinstance(a, dict) and ("correlation" in a or "External id" in a):
-                a = dict(a)
-                for key in ("correlation", "External id"):
-                    if isinstance(a.get(key), int):
-                        a[key] += k * id_step
-                c["args"] = a
-            out.append(c)
-    doc["traceEvents"] = out
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_suffix(".tmp")
     with gzip.open(tmp, "wt", compresslevel=1) as f:
-        json.dump(doc, f)
+        f.write('{"traceEvents": [')
+        first = True
+        for e in meta:
+            f.write(("" if first else ", ") + json.dumps(e))
+            first = False
+        for k in range(scale):
+            for e in timed:
+                c = dict(e)
+                if isinstance(c.get("ts"), (int, float)):
+                    c["ts"] = c["ts"] + k * span
+                if isinstance(c.get("id"), int):
+                    c["id"] = c["id"] + k * id_step
+                a = c.get("args")
+                if isinstance(a, dict) and ("correlation" in a or "External id" in a):
+                    a = dict(a)
+                    for key in ("correlation", "External id"):
+                        if isinstance(a.get(key), int):
+                            a[key] += k * id_step
+                    c["args"] = a
+                f.write(("" if first else ", ") + json.dumps(c))
+                first = False
+        f.write("]")
+        rest = json.dumps(doc)
+        f.write((", " + rest[1:]) if doc else "}")
     tmp.replace(dst)
     return dst
 
 
-def measure(python: str, tool: str, path: Path, repeat: int) -> dict | str:
+def measure(python: str, tool: str, path: Path, repeat: int, lock: str | None) -> dict | str:
     runs = []
+    cmd = [python, "-c", _MEASURE, tool, str(path)]
+    if lock:
+        cmd = ["flock", lock, *cmd]
     for _ in range(repeat):
-        p = subprocess.run(
-            [python, "-c", _MEASURE, tool, str(path)], capture_output=True, text=True
-        )
+        p = subprocess.run(cmd, capture_output=True, text=True)
         line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if p.returncode != 0 or line is None:
             return (p.stderr.strip().splitlines() or ["no output"])[-1]
         runs.append(json.loads(line[7:]))
     return {
         "wall_s": statistics.median(r["wall_s"] for r in runs),
+        "walls": [r["wall_s"] for r in runs],
         "peak_mb": max(r["peak_mb"] for r in runs),
         "growth_mb": max(r["peak_mb"] - r["base_mb"] for r in runs),
         "rows": runs[0]["rows"],
+        "events": runs[0]["events"],
+        "runs": len(runs),
     }
 
 
@@ -139,48 +164,77 @@ def main() -> None:
     ap.add_argument(
         "--python", default=sys.executable, help="interpreter with teller and HolisticTraceAnalysis"
     )
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--scale", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool below 50x (median)")
+    ap.add_argument("--repeat-big", type=int, default=1, help="runs per tool at 50x and more")
+    ap.add_argument("--scales", default="1,10,50")
+    ap.add_argument("--tools", default="teller,hta")
+    ap.add_argument("--lock", default=None, help="flock file for the runs at 50x and more")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/teller_bench_ingest"))
     args = ap.parse_args()
+    tools = args.tools.split(",")
 
     src = source_file()
-    big = make_scaled(src, args.workdir / f"x{args.scale}" / src.name, args.scale)
-    one = args.workdir / "x1" / src.name
-    one.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, one)
-
     rows = []
-    for label, f in (("1x", one), (f"{args.scale}x", big)):
-        mb = len(gzip.open(f).read()) / 2**20
-        t = measure(args.python, "teller", f, args.repeat)
-        h = measure(args.python, "hta", f.parent, args.repeat)
-        rows.append((label, f, mb, t, h))
+    for scale in (int(x) for x in args.scales.split(",")):
+        if scale == 1:
+            f = args.workdir / "x1" / src.name
+            f.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, f)
+        else:
+            f = make_scaled(src, args.workdir / f"x{scale}" / src.name, scale)
+        with gzip.open(f) as g:
+            mb = sum(len(b) for b in iter(lambda: g.read(1 << 24), b"")) / 2**20
+        big = scale >= 50
+        rep = args.repeat_big if big else args.repeat
+        lock = args.lock if big else None
+        t = measure(args.python, "teller", f, rep, lock) if "teller" in tools else "not run"
+        h = measure(args.python, "hta", f.parent, rep, lock) if "hta" in tools else "not run"
+        rows.append((f"{scale}x", mb, t, h))
+        print(f"{scale}x: teller {t}\n{scale}x: hta {h}", file=sys.stderr, flush=True)
 
-    print(f"source: {src.name}; python: {args.python}; median of {args.repeat} runs\n")
+    la = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
-        "| input | JSON MiB | teller s | HTA s | HTA/teller time | teller peak MiB (growth) | HTA peak MiB (growth) | HTA/teller growth |"
+        f"source: {src.name}; python: {args.python}; median of {args.repeat} runs "
+        f"({args.repeat_big} at 50x and more); load average after the runs: {la}\n"
     )
-    print("|---|---|---|---|---|---|---|---|")
-    for label, _f, mb, t, h in rows:
-        if isinstance(t, str):
-            print(f"| {label} | {mb:.0f} | failed: {t} | | | | | |")
-            continue
-        if isinstance(h, str):
-            print(
-                f"| {label} | {mb:.0f} | {t['wall_s']:.2f} | not run: {h} | | {t['peak_mb']:.0f} ({t['growth_mb']:.0f}) | | |"
-            )
-            continue
-        print(
-            f"| {label} | {mb:.0f} | {t['wall_s']:.2f} | {h['wall_s']:.2f} | {h['wall_s'] / t['wall_s']:.1f}x "
-            f"| {t['peak_mb']:.0f} ({t['growth_mb']:.0f}) | {h['peak_mb']:.0f} ({h['growth_mb']:.0f}) "
-            f"| {h['growth_mb'] / max(t['growth_mb'], 1e-9):.1f}x |"
-        )
     print(
-        "\nrows: "
+        "| input | Kineto events | JSON MiB | teller s | HTA s | HTA/teller time "
+        "| teller events/s | teller peak MiB (growth) | HTA peak MiB (growth) "
+        "| HTA/teller peak | teller peak B/event | HTA peak B/event |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, mb, t, h in rows:
+        ev = t["events"] if isinstance(t, dict) else None
+        cells = [label, f"{ev:,}" if ev else "-", f"{mb:.0f}"]
+        cells.append(f"{t['wall_s']:.2f}" if isinstance(t, dict) else f"failed: {t}")
+        cells.append(f"{h['wall_s']:.2f}" if isinstance(h, dict) else f"not run: {h}")
+        both = isinstance(t, dict) and isinstance(h, dict)
+        cells.append(f"{h['wall_s'] / t['wall_s']:.1f}x" if both else "")
+        cells.append(f"{ev / t['wall_s'] / 1e6:.2f}M" if ev else "")
+        cells.append(
+            f"{t['peak_mb']:.0f} ({t['growth_mb']:.0f})" if isinstance(t, dict) else ""
+        )
+        cells.append(
+            f"{h['peak_mb']:.0f} ({h['growth_mb']:.0f})" if isinstance(h, dict) else ""
+        )
+        cells.append(f"{h['peak_mb'] / t['peak_mb']:.1f}x" if both else "")
+        cells.append(f"{t['peak_mb'] * 2**20 / ev:.0f}" if ev else "")
+        cells.append(f"{h['peak_mb'] * 2**20 / ev:.0f}" if ev and isinstance(h, dict) else "")
+        print("| " + " | ".join(cells) + " |")
+    print(
+        "\nrows kept: "
         + "; ".join(
-            f"{lb}: teller {t['rows'] if isinstance(t, dict) else '-'}, HTA {h['rows'] if isinstance(h, dict) else '-'}"
-            for lb, _, _, t, h in rows
+            f"{lb}: teller {t['rows'] if isinstance(t, dict) else '-'}, "
+            f"HTA {h['rows'] if isinstance(h, dict) else '-'}"
+            for lb, _, t, h in rows
+        )
+    )
+    print(
+        "wall times of each run (s): "
+        + "; ".join(
+            f"{lb}: teller {[round(x, 2) for x in t['walls']] if isinstance(t, dict) else '-'}, "
+            f"HTA {[round(x, 2) for x in h['walls']] if isinstance(h, dict) else '-'}"
+            for lb, _, t, h in rows
         )
     )
 

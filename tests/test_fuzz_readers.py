@@ -672,3 +672,79 @@ def test_damaged_real_nsys_exports(tmp_path, src, family, i):
         t0 = s["t0_unix_ns"]
         assert t0 is None or 946_684_800 * 10**9 <= t0 < 4_102_444_800 * 10**9
     RunDir(tmp_path / "run").read_events()
+
+
+def _same_reading(f: Path, **options) -> None:
+    """The typed (msgspec) path and the stdlib path read ``f`` to the same rows, counts and
+    notes (args compared as JSON values: the typed path keeps their numbers as written)."""
+    got = {}
+    for fast in (True, False):
+        try:
+            got[fast] = parse_kineto_file(f, fast=fast, **options)
+        except TellerError as e:
+            got[fast] = str(e)
+    a, b = got[True], got[False]
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, str):
+        assert a == b
+        return
+    # values, not dictionary layouts (which entries a dictionary holds follows the chunking)
+    assert a.table.drop_columns(["args"]).to_pydict() == b.table.drop_columns(["args"]).to_pydict()
+    assert [json.loads(x) for x in a.table["args"].to_pylist()] == [
+        json.loads(x) for x in b.table["args"].to_pylist()
+    ]
+    for k in ("in_by_category", "skipped", "repaired"):
+        assert getattr(a.stats, k) == getattr(b.stats, k), k
+    assert (a.damage, a.warnings, a.meta, a.clock) == (b.damage, b.warnings, b.meta, b.clock)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=kineto_doc(), data=st.data(), exact=st.booleans(), chunk=st.sampled_from([64, 400, 1 << 22]))
+def test_typed_path_reads_hostile_documents_as_the_stdlib_path(doc, data, exact, chunk):
+    top, _ = doc
+    text = json.dumps(top)
+    if exact:
+        text = text.replace('"ts": 1', '"ts": 1700000000000001.125 , "x": 1', 1)
+    raw = _damage_bytes(data.draw, text.encode())
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "t.json"
+        f.write_bytes(raw)
+        with bounded(what=f.name):
+            _same_reading(f, chunk_bytes=chunk)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent / "data" / "external" / "kineto").iterdir()), ids=lambda p: p.name)
+def test_typed_path_reads_every_real_trace_as_the_stdlib_path(path):
+    _same_reading(path)
+    _same_reading(path, chunk_bytes=1 << 16)
+
+
+@pytest.mark.parametrize("where", [b'"args": {"name": "ma\xffin"}', b'"ts": "1\xff0"', b'"args": {"a": "\xfe"}'])
+def test_typed_path_falls_back_on_invalid_utf8_inside_raw_values(tmp_path, where):
+    """msgspec keeps ts/dur/args as raw text without checking its UTF-8; the stdlib path must
+    then read the chunk, with the same outcome."""
+    evs = [b'{"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}}']
+    evs += [b'{"ph": "X", "cat": "cpu_op", "name": "op%d", "pid": 1, "tid": 1, "ts": %d, "dur": 2}' % (i, 10 * i) for i in range(5)]
+    evs[2] = evs[2].replace(b'"ts": 10', where) if where.startswith(b'"ts"') else evs[2][:-1] + b", " + where + b"}"
+    evs[0] = evs[0].replace(b'"args": {"name": "main"}', where) if b"name" in where else evs[0]
+    f = tmp_path / "t.json"
+    f.write_bytes(b'{"traceEvents": [' + b", ".join(evs) + b"]}")
+    _same_reading(f)
+
+
+@pytest.mark.parametrize("close", [b"]", b"]\n  ", b"]\t"])
+@pytest.mark.parametrize("chunk", [256, 1 << 22])
+def test_typed_path_with_a_trailer_of_objects_after_the_array(tmp_path, close, chunk):
+    """Keys after ``traceEvents`` holding lists of objects (``}, {`` past the array's end)."""
+    evs = [
+        b'{"ph": "X", "cat": "cpu_op", "name": "op%d", "pid": 1, "tid": 1, "ts": %d.125, "dur": 2}'
+        % (i, 1_700_000_000_000_000 + 10 * i)
+        for i in range(60)
+    ]
+    trailer = b', "deviceProperties": [{"id": 0}, {"id": 1}], "baseTimeNanoseconds": 5}'
+    f = tmp_path / "t.json"
+    f.write_bytes(b'{"traceEvents": [' + b", ".join(evs) + close + trailer)
+    _same_reading(f, chunk_bytes=chunk)
+    pf = parse_kineto_file(f, chunk_bytes=chunk)
+    assert pf.table.num_rows == 60 and not pf.damage
+    assert pf.meta["devices"] == [None, None] and pf.clock["baseTimeNanoseconds"] == 5

@@ -17,9 +17,15 @@ out)`` turns a file or a folder of per-rank files into a run directory. What it 
 - layer tags from the data file ``layer_rules.toml``, evaluated on the dictionaries of categories
   and names, never per event.
 
-Parsing is the stdlib ``json`` (C scanner) on chunks of the ``traceEvents`` array, so at most one
-chunk of Python dicts is alive; columns are built with comprehensions and numpy/Arrow. A damaged
-file (cut gzip, cut or corrupt JSON) yields every complete event that can be read, flagged
+The text is streamed (a ``.gz`` decompressed block by block as it is parsed; only the chunk being
+read and what follows it are held) and the ``traceEvents`` array is parsed in chunks of about
+``CHUNK_BYTES``. Each chunk is decoded by ``msgspec`` into small typed structs with only the
+fields the reader uses, ``ts``/``dur``/``args`` kept as raw JSON text: times are read exactly
+from their digits in numpy, the args text is compacted in one pass, columns are built with
+comprehensions and numpy/Arrow (no dict per event). A chunk that path does not cover (odd types,
+NaN, lone surrogates, 2022 key spellings, invalid UTF-8, ...) is read by the stdlib ``json``
+path, which gives the same rows for anything both accept (tests compare the two). A damaged file
+(cut gzip, cut or corrupt JSON) yields every complete event that can be read, flagged
 ``FLAG_REPAIRED`` and reported; a file with nothing readable raises :class:`InputError`.
 
 Hostile values, decided here (each counted, each reason a warning in run.json):
@@ -48,8 +54,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from itertools import repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterator
+
+try:  # the typed fast path; without it every chunk takes the stdlib path
+    import msgspec
+except ImportError:  # pragma: no cover - a declared dependency
+    msgspec = None
 
 import numpy as np
 import pyarrow as pa
@@ -120,6 +133,7 @@ _PH_CLASS = {
     "t": _FLOW,
     "C": _COUNTER,
 }
+_PH_CLASS_N = {**_PH_CLASS, None: _MALFORMED}
 _CLASS_KIND = {_I: _K["MARKER"], _B: _K["NVTX_PUSH"], _E: _K["NVTX_POP"]}
 _SKIP_REASON = {_META: "metadata", _FLOW: "flow", _COUNTER: "counter", _MALFORMED: "malformed"}
 
@@ -231,58 +245,96 @@ def layer_codes(
 # bytes and JSON
 
 
-def _read_bytes(path: Path) -> tuple[bytes | bytearray, list[str]]:
-    """The file's bytes, gunzipped when compressed; a damaged gzip yields what decompresses."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(
-            path, f"cannot read ({e.strerror or e})", "check the path and permissions"
-        ) from e
-    if not data:
-        raise InputError(
-            path, "empty file", "re-export the trace (torch.profiler export_chrome_trace)"
-        )
-    if data[:2] != b"\x1f\x8b":
-        return data, []
-    return _gunzip(data)
+class _Text:
+    """The file's text, block by block, so the whole text is never held: a plain file is read
+    as it is parsed, a gzip file decompressed as it is parsed (every member in turn).
 
-
-def _gunzip(data: bytes, block: int = 1 << 20) -> tuple[bytearray, list[str]]:
-    """Decompress all gzip members; keep the output before any corruption or truncation.
-
-    Output grows in one bytearray (no list of pieces joined at the end: half the peak memory).
-    The damage messages name the compressed byte where decompression stopped and how many
-    bytes of text came out before it.
+    A damaged gzip yields what decompresses before the damage; ``damage`` then names the
+    compressed byte where decompression stopped and how many bytes of text came out before it.
+    ``consumed``: bytes of the file read so far (progress).
     """
-    out = bytearray()
-    view = memoryview(data)
-    pos = 0
-    while True:
-        d = zlib.decompressobj(wbits=31)
-        while pos < len(data) and not d.eof:
-            chunk = view[pos : pos + block]
-            saved = d.copy()
-            try:
-                out += d.decompress(chunk)
-            except zlib.error as e:
-                at = pos + _replay_to_error(saved, chunk, out)
-                return out, [
-                    f"corrupt gzip data at compressed byte {at} ({e}); "
-                    f"{len(out)} bytes of text recovered before it"
-                ]
-            pos += len(chunk)
-        if not d.eof:
-            out += d.flush()
-            return out, [
-                f"gzip stream ends early (file cut at compressed byte {len(data)}); "
-                f"{len(out)} bytes of text recovered"
-            ]
-        pos -= len(d.unused_data)
-        if pos >= len(data):
-            return out, []
-        if data[pos : pos + 2] != b"\x1f\x8b":
-            return out, [f"{len(data) - pos} bytes after the gzip stream ignored"]
+
+    def __init__(self, path: Path, block: int = 1 << 18):
+        self.path, self.block = path, block
+        self.damage: list[str] = []
+        self.consumed = 0
+        try:
+            self.f = open(path, "rb")  # closed by close(), after the last block
+            self.size = self.f.seek(0, 2)
+            self.f.seek(0)
+            self.gz = self.f.read(2) == b"\x1f\x8b"
+            self.f.seek(0)
+        except OSError as e:
+            raise InputError(
+                path, f"cannot read ({e.strerror or e})", "check the path and permissions"
+            ) from e
+        if not self.size:
+            self.f.close()
+            raise InputError(
+                path, "empty file", "re-export the trace (torch.profiler export_chrome_trace)"
+            )
+        self.blocks = self._gunzip() if self.gz else self._plain()
+
+    def close(self) -> None:
+        self.f.close()
+
+    def _read(self, pos: int, n: int) -> bytes:
+        try:
+            self.f.seek(pos)
+            b = self.f.read(n)
+        except OSError as e:
+            raise InputError(
+                self.path, f"cannot read ({e.strerror or e})", "check the path and permissions"
+            ) from e
+        self.consumed = pos + len(b)
+        return b
+
+    def _plain(self) -> Iterator[bytes]:
+        pos = 0
+        while pos < self.size:
+            b = self._read(pos, 1 << 22)
+            if not b:
+                return
+            pos += len(b)
+            yield b
+
+    def _gunzip(self) -> Iterator[bytes]:
+        size, out_n, pos = self.size, 0, 0
+        while True:
+            d = zlib.decompressobj(wbits=31)
+            while pos < size and not d.eof:
+                chunk = self._read(pos, self.block)
+                saved = d.copy()
+                try:
+                    got = d.decompress(chunk)
+                except zlib.error as e:
+                    rec = bytearray()
+                    at = pos + _replay_to_error(saved, memoryview(chunk), rec)
+                    out_n += len(rec)
+                    yield bytes(rec)
+                    self.damage.append(
+                        f"corrupt gzip data at compressed byte {at} ({e}); "
+                        f"{out_n} bytes of text recovered before it"
+                    )
+                    return
+                out_n += len(got)
+                yield got
+                pos += len(chunk)
+            if not d.eof:
+                got = d.flush()
+                out_n += len(got)
+                yield got
+                self.damage.append(
+                    f"gzip stream ends early (file cut at compressed byte {size}); "
+                    f"{out_n} bytes of text recovered"
+                )
+                return
+            pos -= len(d.unused_data)
+            if pos >= size:
+                return
+            if self._read(pos, 2) != b"\x1f\x8b":
+                self.damage.append(f"{size - pos} bytes after the gzip stream ignored")
+                return
 
 
 def _replay_to_error(d: Any, chunk: memoryview, out: bytearray) -> int:
@@ -407,16 +459,27 @@ def _parse_one(dec: json.JSONDecoder, text: str, i: int) -> tuple[Any, int]:
 
 
 class _EventStream:
-    """Iterates the ``traceEvents`` array of a Chrome-trace document in chunks of dicts.
+    """Iterates the ``traceEvents`` array of a Chrome-trace document in chunks.
 
-    Fast path: split the array text at ``},{`` boundaries about every ``chunk`` bytes and parse
-    each piece with one ``json.loads`` call; a split that fell inside a nested value fails to parse
-    and is retried merged with the next piece. What still fails (a cut or corrupt region) is read
-    object by object with ``raw_decode`` from there on, resynchronising after unreadable bytes.
+    The text arrives block by block (:class:`_Text`) into a window that holds the piece being
+    parsed and what follows it; consumed text is dropped. The array is split at ``},{``
+    boundaries about every ``chunk`` bytes; each piece is decoded by the typed path
+    (:func:`_segment_fast`, yielding ``(table, stats)``) or, where that does not apply, by one
+    ``json.loads`` call (yielding the list of dicts). A split that fell inside a nested value
+    fails to parse and is retried merged with the next piece. What still fails (a cut or
+    corrupt region) is read object by object with ``raw_decode`` from there on,
+    resynchronising after unreadable bytes. Byte offsets in messages count from the start of
+    the text.
     """
 
-    def __init__(self, path: Path, buf: bytes | bytearray, chunk: int = CHUNK_BYTES):
-        self.path, self.buf, self.chunk = path, buf, chunk
+    def __init__(self, path: Path, text: _Text, chunk: int = CHUNK_BYTES, fast: bool = True):
+        self.path, self.chunk = path, chunk
+        self.src = text
+        self._blocks = text.blocks
+        self.buf = bytearray()
+        self.origin = 0  # text offset of buf[0]
+        self.eof = False
+        self.fast = fast and msgspec is not None
         self.damage: list[str] = []
         self.complete = False
         self.header, start = self._locate()
@@ -425,15 +488,75 @@ class _EventStream:
         self._loads = (lambda b: json.loads(b, parse_float=Decimal)) if self.exact else json.loads
         self._decoder = json.JSONDecoder(parse_float=Decimal) if self.exact else json.JSONDecoder()
         self.trailer: dict[str, Any] = {}
-        self.pos = self.start  # bytes consumed so far (progress)
+        self.pos = self.start  # text offset consumed so far
+
+    # -- the window
+    def _more(self) -> bool:
+        """Append the next block of text; False at the end of the text."""
+        while not self.eof:
+            b = next(self._blocks, None)
+            if b is None:
+                self.eof = True
+                self.src.close()
+                return False
+            if b:
+                self.buf += b
+                return True
+        return False
+
+    def _fill(self, k: int) -> None:
+        """At least ``k`` bytes in the window, unless the text ends first."""
+        while len(self.buf) < k and self._more():
+            pass
+
+    def _fill_all(self) -> None:
+        while self._more():
+            pass
+
+    def _ws_from(self, i: int) -> int:
+        """The first non-whitespace index at or after ``i`` (reading on as needed)."""
+        while True:
+            i = _skip_ws(self.buf, i)
+            if i < len(self.buf) or not self._more():
+                return i
+
+    def _boundary(self, i: int) -> re.Match | None:
+        """The next ``},{`` at or after ``i``, reading on until one is found or the text ends."""
+        frm = i
+        while True:
+            m = _BOUNDARY.search(self.buf, frm)
+            if m is not None or self.eof:
+                return m
+            frm = max(i, len(self.buf) - 4096)  # a boundary cut by the window's end is re-seen
+            grow = max(len(self.buf) - i, 1 << 20)
+            target = len(self.buf) + grow
+            while len(self.buf) < target and self._more():
+                pass
+
+    def _drop(self, pos: int) -> int:
+        """Forget the text before ``pos`` but one byte (see :meth:`_piece`); returns ``pos`` in
+        the new window."""
+        if pos > (1 << 20):
+            del self.buf[: pos - 1]
+            self.origin += pos - 1
+            return 1
+        return pos
 
     # -- document layout
     def _locate(self) -> tuple[dict[str, Any], int]:
-        buf, path = self.buf, self.path
-        i = _skip_ws(buf, 0)
-        if buf[i : i + 3] == b"\xef\xbb\xbf":
-            i = _skip_ws(buf, i + 3)
+        path = self.path
+        i = self._ws_from(0)
+        self._fill(i + 3)
+        if self.buf[i : i + 3] == b"\xef\xbb\xbf":
+            i = self._ws_from(i + 3)
+        buf = self.buf
         if i >= len(buf):
+            if self.src.damage:  # a gzip damaged before any text came out
+                raise InputError(
+                    path,
+                    f"{self.src.damage[0]}; nothing readable before it",
+                    "the file is damaged; re-export it",
+                )
             raise InputError(path, "file holds only whitespace", "re-export the trace")
         if buf[i] == ord("["):  # a bare event array (allowed by the Chrome trace format)
             return {}, i + 1
@@ -443,7 +566,13 @@ class _EventStream:
                 f"not JSON (starts with {bytes(buf[i : i + 8])!r})",
                 "pass a Kineto/Chrome trace .json or .json.gz",
             )
-        m = _EVENTS_KEY.search(buf)
+        frm = 0
+        while True:
+            m = _EVENTS_KEY.search(self.buf, frm)
+            if m is not None or not self._more():
+                break
+            frm = max(0, len(self.buf) - (1 << 20) - 64)
+        buf = self.buf
         if m is None:
             try:
                 doc = json.loads(buf)
@@ -473,6 +602,7 @@ class _EventStream:
 
     def _needs_exact(self) -> bool:
         """True when ``ts`` has a fraction at magnitudes where float64 loses nanoseconds."""
+        self._fill(self.start + (1 << 20))
         for k, m in enumerate(_TS_SAMPLE.finditer(self.buf, self.start, self.start + (1 << 20))):
             whole = m.group(1).lstrip(b"-")
             if m.group(2) and len(m.group(2)) > 1 and (len(whole) > 15 or int(whole) >= _EXACT_US):
@@ -482,17 +612,80 @@ class _EventStream:
         return False
 
     # -- events
-    def __iter__(self) -> Iterator[list]:
-        """Yields lists of decoded events; ``self.damage`` says what could not be read."""
-        buf, n = self.buf, len(self.buf)
-        pos = _skip_ws(buf, self.start)
-        while pos < n:
+    def _piece(self, pos: int, end: int) -> bytes:
+        """``[`` + the window's ``[pos, end)`` + ``]`` in one copy (``pos`` > 0 always: the
+        array's ``[`` or a ``,`` precedes it)."""
+        buf = self.buf
+        a, b = buf[pos - 1], buf[end]
+        buf[pos - 1], buf[end] = 91, 93
+        try:
+            with memoryview(buf) as mv:
+                return bytes(mv[pos - 1 : end + 1])
+        finally:
+            buf[pos - 1], buf[end] = a, b
+
+    def _array_end(self, piece: bytes, pos: int) -> int | None:
+        """Where the array closes inside ``piece`` (``[`` + the window from ``pos``), when msgspec
+        found text after it and the rest of the window is valid UTF-8 (as the stdlib path needs);
+        None otherwise."""
+        m = re.search(r"trailing characters \(byte (\d+)\)", str(self._error))
+        end = len(piece[: int(m.group(1)) - 1].rstrip()) if m is not None else 0  # N: 1-based
+        if not end or piece[end - 1] != 93:
+            return None
+        rest = self.buf[pos:]
+        try:
+            if not rest.isascii():
+                rest.decode("utf-8")
+        except ValueError:
+            return None
+        return end
+
+    def _typed(self, piece: bytes) -> tuple[pa.Table | None, _Stats] | None:
+        """The piece read by the typed fast path, or None where it does not apply."""
+        self._error = None
+        if not self.fast:
+            return None
+        try:
+            if not piece.isascii():  # msgspec skips unknown keys and raw values unchecked
+                piece.decode("utf-8")
+            return _segment_fast(_EV_DECODER.decode(piece), self.exact, self._loads)
+        except (msgspec.MsgspecError, _Fallback, RecursionError, ValueError) as e:
+            # RecursionError: nested too deep; ValueError: invalid UTF-8
+            self._error = e
+            return None
+
+    def __iter__(self) -> Iterator[list | tuple]:
+        """Yields lists of decoded events, or (table, stats) of a chunk the typed path read;
+        ``self.damage`` says what could not be read."""
+        pos = self._drop(self._ws_from(self.start))
+        while pos < len(self.buf):
+            buf = self.buf
             if buf[pos] == ord("]"):
                 self._finish(pos + 1)
                 return
             cut = pos + self.chunk
-            m = _BOUNDARY.search(buf, cut) if cut < n else None
+            self._fill(cut + 1)
+            m = self._boundary(cut) if cut < len(self.buf) else None
+            buf = self.buf
             if m is None:  # last piece: parse through the closing bracket and keep the trailer
+                self._fill_all()
+                buf = self.buf
+                last = self._last_boundary(pos) if self.fast else None
+                if last is not None:  # all but the last event by the typed path
+                    piece = self._piece(pos, last.start() + 1)
+                    got = self._typed(piece)
+                    if got is not None:
+                        pos = _skip_ws(buf, last.end() - 1)
+                        self.pos = self.origin + pos
+                        yield got
+                    elif (end := self._array_end(piece, pos)) is not None:
+                        # that boundary was in the trailer: the array closed before it
+                        got = self._typed(piece[:end])
+                        if got is not None:
+                            pos += end - 2  # at the array's "]"
+                            self.pos = self.origin + pos
+                            yield got
+                            continue
                 try:
                     s = buf[pos:].decode("utf-8")
                     evs, end = self._decoder.raw_decode("[" + s)
@@ -503,22 +696,37 @@ class _EventStream:
                 return
             evs = None
             for _ in range(3):  # a boundary inside a nested value: merge with the next piece
+                piece = self._piece(pos, m.start() + 1)
+                evs = self._typed(piece)
+                if evs is not None:
+                    break
                 try:
-                    evs = self._loads(b"[" + buf[pos : m.start() + 1] + b"]")
+                    evs = self._loads(piece)
                     break
                 except (ValueError, RecursionError):
-                    m = _BOUNDARY.search(buf, m.end())
+                    m = self._boundary(m.end())
                     if m is None:
                         break
+            del piece
             if evs is None:
                 break
-            pos = _skip_ws(buf, m.end() - 1)
-            self.pos = pos
+            pos = self._drop(self._ws_from(m.end() - 1))
+            self.pos = self.origin + pos
             yield evs
         else:
             self.damage.append("traceEvents array is not closed (file cut)")
             return
         yield from self._salvage(pos)
+
+    def _last_boundary(self, pos: int) -> re.Match | None:
+        """The last ``},{`` after ``pos`` (searched in a tail window that doubles until one is
+        found), or None."""
+        n, win = len(self.buf), 1 << 16
+        while True:
+            found = list(_BOUNDARY.finditer(self.buf, max(pos, n - win)))
+            if found or n - win <= pos:
+                return found[-1] if found else None
+            win *= 2
 
     def _salvage(self, pos: int) -> Iterator[list]:
         """Object-by-object read of ``buf[pos:]`` that skips what it cannot parse.
@@ -532,7 +740,9 @@ class _EventStream:
         stdlib builds every parse error by counting lines from the start of the string it was
         given: on a whole garbled file that was quadratic).
         """
+        self._fill_all()
         raw = self.buf[pos:]
+        pos = self.origin + pos  # offsets in messages count from the start of the text
         text = raw.decode("utf-8", "replace")
         if "\ufffd" in text and b"\xef\xbf\xbd" not in raw:
             self.damage.append("invalid UTF-8 bytes replaced")
@@ -593,6 +803,7 @@ class _EventStream:
             yield batch
 
     def _finish(self, after: int) -> None:
+        self._fill_all()
         self._finish_text(self.buf[after:].decode("utf-8", "replace"))
 
     def _finish_text(self, rest: str) -> None:
@@ -741,6 +952,12 @@ class _Stats:
     skipped: Counter = field(default_factory=Counter)
     repaired: Counter = field(default_factory=Counter)
     metadata: list = field(default_factory=list)
+
+    def merge(self, other: _Stats) -> None:
+        self.in_by_category.update(other.in_by_category)
+        self.skipped.update(other.skipped)
+        self.repaired.update(other.repaired)
+        self.metadata.extend(other.metadata)
 
 
 def _count_in(cat: list, ph: list, stats: _Stats) -> None:
@@ -914,6 +1131,411 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
     return t if keep.all() else t.filter(pa.array(keep))
 
 
+# --------------------------------------------------------------------------------------------
+# typed fast path (msgspec)
+#
+# A chunk of the array is decoded by msgspec straight into small structs holding only the fields
+# the reader uses; ``ts``/``dur``/``args`` stay raw JSON text (``msgspec.Raw``), so times are
+# read exactly from their digits (vectorised) and args are kept as text, compacted in numpy. A
+# chunk outside what this path covers raises ``_Fallback`` (or msgspec's own error) and is read
+# again by the stdlib path above, so every value the fast path accepts gives the same rows.
+
+
+class _Fallback(Exception):
+    """A chunk the typed path does not cover: it is read again with the stdlib decoder."""
+
+
+if msgspec is not None:
+    _RAW_NULL = msgspec.Raw(b"null")
+    _RAW_EMPTY = msgspec.Raw(b"{}")
+    _UNSET = msgspec.UNSET
+
+    class _Ev(msgspec.Struct, gc=False):
+        ph: str | None = None
+        cat: str | None = None
+        name: str | None = None
+        pid: int | str | None = None
+        tid: int | str | None = None
+        ts: msgspec.Raw = _RAW_NULL
+        dur: msgspec.Raw = _RAW_NULL
+        args: msgspec.Raw = _RAW_EMPTY
+        correlation: int | None = None
+
+    class _Args(msgspec.Struct, gc=False):
+        correlation: int | None = None
+        device: int | None = None
+        stream: int | None = None
+        graph_sp: int | None | msgspec.UnsetType = msgspec.field(default=_UNSET, name="graph id")
+        graph_id: int | None = None
+        bytes: int | None = None
+        n_in: int | None | msgspec.UnsetType = msgspec.field(default=_UNSET, name="In msg nelems")
+        n_out: int | None | msgspec.UnsetType = msgspec.field(
+            default=_UNSET, name="Out msg nelems"
+        )
+        dtype: str | None = None
+
+    _EV_DECODER = msgspec.json.Decoder(list[_Ev])
+    _G_PH, _G_CAT, _G_NAME, _G_PID, _G_TID, _G_TS, _G_DUR, _G_ARGS = map(
+        attrgetter, ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
+    )
+    _ARGS_DECODER = msgspec.json.Decoder(list[_Args])
+
+_POW10 = 10 ** np.arange(19, dtype=np.uint64)
+#: A ``\uD800``–``\uDFFF`` escape: maybe a lone surrogate, which the stdlib path replaces.
+_SURROGATE_ESC = re.compile(rb"\\u[dD][89a-fA-F]")
+#: Below 2^43 µs a float64 ``W.fff`` is within 2^-11 µs (0.49 ns) of the decimal, so the
+#: float path's floor + rint of the fraction gives the exact nanoseconds: there the digits are
+#: read exactly on a float-timed file too (beyond it the float reading is kept, value by value).
+_FLOAT_SAFE_NS = (1 << 43) * 1000
+
+
+def _plain_us_to_ns(raws: list, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The common layouts of :func:`_raw_us_to_ns` in a few passes: every value an integer, or
+    every value one decimal point with at most 3 decimals (``null``: missing). Parsed by
+    ``np.fromstring`` (integers, the point read as a separator). Returns (ns, valid, rows to
+    read one by one), or None for any other layout."""
+    n = len(raws)
+    text = bytearray(b",").join(raws)
+    buf = np.frombuffer(text, np.uint8)
+    if not (((buf - np.uint8(44)) <= 13) & (buf != 47)).all():  # only digits , - .
+        nul = np.flatnonzero(buf == 110)
+        if not len(nul) or nul[-1] + 3 >= len(buf):
+            return None
+        if not ((buf[nul + 1] == 117) & (buf[nul + 2] == 108) & (buf[nul + 3] == 108)).all():
+            return None
+        nul_bytes = np.concatenate([nul, nul + 1, nul + 2, nul + 3])
+        buf[nul_bytes] = 48  # "0000" for now
+        if not (((buf - np.uint8(44)) <= 13) & (buf != 47)).all():
+            return None
+    else:
+        nul = nul_bytes = np.zeros(0, np.int64)
+    ends = np.flatnonzero(buf == 44)
+    if len(ends) != n - 1:
+        return None
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = ends + 1
+    ends = np.append(ends, len(buf))
+    dots = np.flatnonzero(buf == 46)
+    missing = np.zeros(n, bool)
+    missing[np.searchsorted(ends, nul)] = True
+    if len(dots) == 0:  # integers
+        v = np.fromstring(bytes(text), dtype=np.int64, sep=",")
+        if len(v) != n:
+            return None
+        good = (np.abs(v) < _MAX_US_INT) & (ends - starts <= 17)
+        ns = np.where(good, v, 0) * 1000
+    else:
+        if len(dots) + len(nul) != n:
+            return None
+        if len(nul):  # "0.00" for a null
+            buf[nul + 1] = 46
+            dots = np.flatnonzero(buf == 46)
+        if (dots <= starts).any() or (dots >= ends).any():  # not one point in each value
+            return None
+        k = ends - dots - 1
+        if (k > 3).any():
+            return None
+        buf[dots] = 44
+        v = np.fromstring(bytes(text), dtype=np.int64, sep=",")
+        if len(v) != 2 * n:
+            return None
+        whole, frac = v[0::2], v[1::2]
+        neg = buf[starts] == 45
+        good = (np.abs(whole) < _MAX_US_INT // 1000 * 1000) & (dots - starts <= 17)
+        ns = np.where(good, whole, 0) * 1000 + np.where(neg, -frac, frac) * _POW10[3 - k].astype(
+            np.int64
+        )
+        if not exact:
+            good &= np.abs(ns) < _FLOAT_SAFE_NS
+        ns = np.where(good, ns, 0)
+    ok = good & ~missing
+    ns[missing] = 0
+    return ns, ok, np.flatnonzero(~good & ~missing)
+
+
+def _raw_us_to_ns(raws: list, exact: bool, loads) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Raw JSON µs values → (int64 ns, valid mask, {row: decoded value} of the rows read one by
+    one), equal to :func:`_us_to_ns` on the decoded values.
+
+    Plain numbers (``-?digits[.d{0,3}]`` below ±2^62 ns) are read from their digits
+    in numpy, exactly; ``null`` is invalid; anything else (exponents, more decimals, strings, huge
+    values, fractions past 2^43 µs on a float-timed file) is decoded on its own and converted
+    by :func:`_us_to_ns`, as the stdlib path does.
+    """
+    n = len(raws)
+    got = _plain_us_to_ns(raws, exact)
+    if got is not None:
+        val, ok, odd = got
+        if len(odd):
+            return _odd_us_to_ns(raws, odd, val, ok, exact, loads)
+        return val, ok, {}
+    text = b",".join(raws) + b","
+    buf = np.frombuffer(text, np.uint8)
+    comma = buf == 44
+    ends = np.flatnonzero(comma)
+    if len(ends) != n:  # a value holding a comma (a string, a list): read each one on its own
+        val, ok = np.zeros(n, np.int64), np.zeros(n, bool)
+        return _odd_us_to_ns(raws, np.arange(n), val, ok, exact, loads)
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    tok = np.cumsum(comma) - comma  # token of each byte
+    digit = buf - np.uint8(48)
+    is_digit = digit < 10
+    dot = buf == 46
+    first = buf[starts]
+    neg = first == 45
+    other = ~(is_digit | dot | comma)
+    other[starts[neg]] = False
+    bad = np.bincount(tok[other], minlength=n) > 0
+    ndot = np.bincount(tok[dot], minlength=n)
+    dotpos = ends.copy()
+    di = np.flatnonzero(dot)
+    dotpos[tok[di]] = di
+    k = np.where(ndot == 1, ends - dotpos - 1, 0)
+    ndig = ends - starts - ndot - neg
+    good = ~bad & (ndot <= 1) & (k <= 3) & (ndig + 3 - k <= 19)
+    idx = np.arange(len(buf))
+    power = (ends - k - 1 - (ndot == 1) + 3)[tok] - idx + ((idx > dotpos[tok]) & (ndot[tok] == 1))
+    # digit at idx: 10^(3 - k + places to the right of it, not counting the dot)
+    contrib = np.where(is_digit & good[tok], digit * _POW10[np.clip(power, 0, 18)], np.uint64(0))
+    uval = np.add.reduceat(contrib, starts)  # < 10^19 < 2^64: no wrap-around
+    good &= uval < np.uint64(_MAX_US_INT * 1000)  # else: out of range, judged one by one
+    val = np.where(good, uval, 0).astype(np.int64)
+    val[neg] = -val[neg]
+    if not exact:
+        good &= (k == 0) | (np.abs(val) < _FLOAT_SAFE_NS)
+    null = ~good & (first == 110) & (ends - starts == 4)  # "null": missing, as in the stdlib path
+    ok = good.copy()
+    val[~good] = 0
+    odd = np.flatnonzero(~good & ~null)
+    if len(odd):
+        return _odd_us_to_ns(raws, odd, val, ok, exact, loads)
+    return val, ok, {}
+
+
+def _odd_us_to_ns(raws, rows, val, ok, exact, loads):
+    vals = [loads(bytes(raws[i])) for i in rows]
+    v, o = _us_to_ns(vals, exact)
+    val[rows] = v
+    ok[rows] = o
+    return val, ok, dict(zip(rows.tolist(), vals, strict=True))
+
+
+_SEP = b",0,"  # joins the rows' args objects for one compacting pass: "},0,{" between rows
+
+
+def _args_text(raws: list, prefix: pa.Array, cat_codes: np.ndarray) -> pa.Array:
+    """The canonical args text of each row: ``{"cat":…`` then the row's args object, compacted.
+
+    The rows' objects are joined by ``,0,`` and compacted in one ``msgspec.json.format`` pass;
+    the ``},0,{`` separators (exactly n - 1 of them, else some string holds one: the stdlib path
+    takes the chunk) give each row's span. The ``{`` of each object becomes the ``,`` after the
+    category; an empty object leaves just ``}``.
+    """
+    n = len(raws)
+    c = msgspec.json.format(b"[" + _SEP.join(raws) + b"]", indent=-1)
+    buf = np.frombuffer(c, np.uint8).copy()
+    s = np.flatnonzero(buf[2:-2] == 48) + 2  # candidate '0's
+    s = s[(buf[s - 1] == 44) & (buf[s + 1] == 44) & (buf[s - 2] == 125) & (buf[s + 2] == 123)]
+    if len(s) != n - 1 or c.count(b"},0,{") != n - 1:
+        raise _Fallback("args text holds the row separator")
+    starts = np.empty(n, np.int64)
+    starts[0] = 1
+    starts[1:] = s + 2
+    if (buf[starts] != 123).any():
+        raise _Fallback("args not an object")
+    ends = np.empty(n, np.int64)  # exclusive
+    ends[:-1] = s - 1
+    ends[-1] = len(buf) - 1
+    empty = ends - starts == 2
+    buf[starts[~empty]] = 44
+    keep = np.ones(len(buf), bool)
+    keep[[0, -1]] = False
+    keep[s - 1] = keep[s] = keep[s + 1] = False
+    keep[starts[empty]] = False
+    final = buf[keep]
+    e_before = np.zeros(n, np.int64)
+    np.cumsum(empty[:-1], out=e_before[1:])
+    offsets = np.empty(n + 1, np.int64)
+    offsets[:-1] = starts - 1 - 3 * np.arange(n) - e_before
+    offsets[-1] = len(final)
+    if len(final) >= 2**31:
+        raise _Fallback("chunk too large for 32-bit offsets")
+    body = pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(final)
+    )
+    try:
+        body.validate(full=True)
+    except pa.ArrowInvalid as err:
+        raise _Fallback("args not UTF-8") from err
+    return pc.binary_join_element_wise(prefix.take(pa.array(cat_codes)), body, "")
+
+
+def _meta_event(e: Any, loads) -> dict:
+    """A metadata event as the dict :func:`_names` reads."""
+    return {"ph": e.ph, "name": e.name, "pid": e.pid, "tid": e.tid, "args": loads(bytes(e.args))}
+
+
+def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stats]:
+    """:func:`_segment` for a chunk decoded into :class:`_Ev` structs; the counts come back in a
+    fresh :class:`_Stats` (merged by the caller only if no :class:`_Fallback` was raised)."""
+    stats = _Stats()
+    if not evs:
+        return None, stats
+    ph = list(map(_G_PH, evs))
+    cls = np.fromiter(map(_PH_CLASS_N.get, ph, repeat(_OTHER)), np.int8, len(ph))
+    # categories: one dictionary for the count in and the kinds (None: "(ph X)" in the count)
+    cat_d = pa.array(list(map(_G_CAT, evs)), pa.string()).dictionary_encode()
+    cat_dict = cat_d.dictionary.to_pylist()
+    cat_codes = cat_d.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    counts = np.bincount(cat_codes + 1, minlength=len(cat_dict) + 1)
+    stats.in_by_category.update({c: int(k) for c, k in zip(cat_dict, counts[1:], strict=True) if k})
+    if counts[0]:
+        stats.in_by_category.update(
+            f"(ph {ph[i] if ph[i] is not None else '?'})" for i in np.flatnonzero(cat_codes < 0)
+        )
+        if "" not in cat_dict:
+            cat_dict.append("")
+        cat_codes = np.where(cat_codes < 0, cat_dict.index(""), cat_codes)
+
+    if (cls == _META).any():
+        stats.metadata.extend(_meta_event(evs[i], loads) for i in np.flatnonzero(cls == _META))
+    skipped = np.bincount(cls, minlength=9)
+    for c, reason in _SKIP_REASON.items():
+        if skipped[c]:
+            stats.skipped[reason] += int(skipped[c])
+    if skipped[_OTHER]:
+        odd = Counter(ph[i] for i in np.flatnonzero(cls == _OTHER))
+        for p, k in odd.items():
+            stats.skipped[f"phase_{p}"] += k
+
+    timed = cls <= _E
+    if not timed.any():
+        return None, stats
+    if not timed.all():
+        idx = np.flatnonzero(timed)
+        evs = [evs[i] for i in idx.tolist()]
+        cat_codes = cat_codes[idx]
+        cls = cls[idx]
+    n = len(evs)
+
+    start, ok, _ = _raw_us_to_ns(list(map(_G_TS, evs)), exact, loads)
+    dur, dur_ok, dur_odd = _raw_us_to_ns(list(map(_G_DUR, evs)), exact, loads)
+    flags = np.zeros(n, np.int32)
+    is_x = cls == _X
+    miss = is_x & ~dur_ok
+    neg = is_x & dur_ok & (dur < 0)
+    if miss.any():
+        mi = np.flatnonzero(miss & ok)
+        huge = sum(1 for i in mi.tolist() if type(dur_odd.get(i)) in (int, float, Decimal))
+        if huge:
+            stats.repaired["absurd_duration"] += huge
+        if len(mi) - huge:
+            stats.repaired["missing_duration"] += len(mi) - huge
+    if neg.any():
+        stats.repaired["negative_duration"] += int((neg & ok).sum())
+    flags[miss | neg] |= FLAG_REPAIRED
+    dur = np.where(is_x & dur_ok & (dur > 0), dur, 0)
+
+    cat_a = pa.DictionaryArray.from_arrays(
+        pa.array(cat_codes.astype(np.int32)), pa.array(cat_dict, pa.string())
+    )
+    kind_of_cat = np.array([_K[_CAT_KIND.get(c.lower(), "RANGE")] for c in cat_dict], np.int8)
+    kind = kind_of_cat[cat_codes]
+    for c, k in _CLASS_KIND.items():
+        kind[cls == c] = k
+
+    names = pc.fill_null(pa.array(list(map(_G_NAME, evs)), pa.string()), "").dictionary_encode()
+    pids = list(map(_G_PID, evs))
+    tids = list(map(_G_TID, evs))
+    pid, pid_odd = _int_array(pids)
+    tid, tid_odd = _int_array(tids)
+
+    raw_args = list(map(_G_ARGS, evs))
+    text = b",".join(raw_args)
+    if b'"external id"' in text or _SURROGATE_ESC.search(text):
+        raise _Fallback("2022-format args or a surrogate escape")
+    args = _ARGS_DECODER.decode(b"[" + text + b"]")
+
+    corr, _ = _int_array([a.correlation for a in args])
+    need = np.flatnonzero((corr < 0) & (kind >= _K["RUNTIME"]))
+    if len(need):
+        alt, _ = _int_array([evs[i].correlation for i in need])
+        corr[need] = alt
+
+    gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
+    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
+    device = np.full(n, -1, np.int32)
+    stream = np.full(n, -1, np.int64)
+    graph = np.full(n, -1, np.int64)
+    gi = np.flatnonzero(is_gpu)
+    if len(gi):
+        dev, _ = _int_array([args[i].device for i in gi], fill=-(2**62))
+        stm, _ = _int_array([args[i].stream for i in gi], fill=-(2**62))
+        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
+        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
+        tid[gi] = -1
+        g, _ = _int_array(
+            [a.graph_id if (a := args[i]).graph_sp is _UNSET else a.graph_sp for i in gi]
+        )
+        graph[gi] = g
+
+    nbytes = np.full(n, -1, np.int64)
+    mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
+    if len(mi):
+        nbytes[mi], _ = _int_array([args[i].bytes for i in mi])
+    ci = [i for i, a in enumerate(args) if a.n_in is not _UNSET or a.n_out is not _UNSET]
+    if ci:
+        n_in, _ = _int_array([None if (v := args[i].n_in) is _UNSET else v for i in ci], fill=0)
+        n_out, _ = _int_array([None if (v := args[i].n_out) is _UNSET else v for i in ci], fill=0)
+        size = np.array([_DTYPE_BYTES.get(str(args[i].dtype).lower(), -1) for i in ci], np.int64)
+        nel = np.maximum(n_in, n_out)
+        nbytes[ci] = np.where((size > 0) & (nel > 0), nel * size, -1)
+
+    prefix = pa.array(['{"cat":' + _encode(c) for c in cat_dict], pa.string())
+    args_arr = _args_text(raw_args, prefix, cat_codes)
+    if pid_odd is not None or tid_odd is not None:
+        # pid "Spans" / tid "PyTorch Profiler": the labels go into args, as in _segment
+        odd_rows = np.flatnonzero(
+            (pid_odd if pid_odd is not None else False)
+            | (tid_odd if tid_odd is not None else False)
+        )
+        patched = []
+        for i in odd_rows.tolist():
+            a = {**loads(bytes(raw_args[i])), "pid": pids[i], "tid": tids[i]}
+            patched.append('{"cat":' + _encode(cat_dict[cat_codes[i]]) + "," + _encode(a)[1:])
+        mask = np.zeros(n, bool)
+        mask[odd_rows] = True
+        args_arr = pc.replace_with_mask(args_arr, pa.array(mask), pa.array(patched, pa.string()))
+
+    # no lone surrogates here: msgspec rejects them in strings, the args were checked above
+    keep = ok
+    if not keep.all():
+        stats.skipped["bad_timestamp"] += int((~keep).sum())
+    t = pa.table(
+        {
+            "kind": pa.array(kind, pa.int8()),
+            "cat": cat_a,
+            "name": names,
+            "pid": pa.array(pid, pa.int64()),
+            "tid": pa.array(tid, pa.int64()),
+            "device": pa.array(device, pa.int32()),
+            "stream": pa.array(stream, pa.int64()),
+            "start": pa.array(start, pa.int64()),
+            "dur": pa.array(dur, pa.int64()),
+            "corr_id": pa.array(corr, pa.int64()),
+            "graph_id": pa.array(graph, pa.int64()),
+            "bytes": pa.array(nbytes, pa.int64()),
+            "flags": pa.array(flags, pa.int32()),
+            "args": args_arr,
+            "gpu": pa.array(is_gpu, pa.bool_()),
+        }
+    )
+    return (t if keep.all() else t.filter(pa.array(keep))), stats
+
+
 def _collective_bytes(args: list[dict]) -> np.ndarray:
     """Message size of collective records: max(in, out) elements × element size, -1 if unknown.
 
@@ -974,25 +1596,46 @@ def _drop_exact_duplicates(t: pa.Table, stats: _Stats, warnings: list[str], name
     n = t.num_rows
     if n < 2:
         return t
-    cols = []
-    for c in _DUP_KEYS:
+
+    def column(c: str) -> np.ndarray:
         col = t[c].combine_chunks() if isinstance(t[c], pa.ChunkedArray) else t[c]
         if pa.types.is_dictionary(col.type):
             col = col.indices.fill_null(-1)
-        cols.append(col.to_numpy(zero_copy_only=False))
-    o = np.lexsort(cols[::-1])
-    same = np.ones(n - 1, bool)
-    for c in cols:
-        cs = c[o]
+        return col.to_numpy(zero_copy_only=False)
+
+    # candidates first: rows whose hash of the key columns another row shares (one uint64 per
+    # row instead of every key column at once); only those are compared exactly
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):
+        for k, c in enumerate(_DUP_KEYS):
+            h = (h ^ column(c).astype(np.uint64)) * np.uint64(0x100000001B3 + 2 * k)
+            h ^= h >> np.uint64(29)
+    oh = np.argsort(h, kind="stable")
+    hs = h[oh]
+    del h
+    eq = hs[1:] == hs[:-1]
+    del hs
+    if not eq.any():
+        return t
+    in_group = np.zeros(n, bool)
+    in_group[1:] |= eq
+    in_group[:-1] |= eq
+    cand = np.sort(oh[in_group])
+    del oh, eq, in_group
+    cols = [column(c)[cand] for c in _DUP_KEYS]
+    o = cand[np.lexsort(cols[::-1])]
+    cols = [column(c)[o] for c in _DUP_KEYS]
+    same = np.ones(len(o) - 1, bool)
+    for cs in cols:
         same &= cs[1:] == cs[:-1]
     if not same.any():
         return t
-    in_run = np.zeros(n, bool)
+    in_run = np.zeros(len(o), bool)
     in_run[1:] |= same
     in_run[:-1] |= same
     rows = o[in_run]  # grouped by key, in sorted order
     key_group = np.cumsum(np.concatenate([[True], ~same]))[in_run]
-    args = t["args"].take(pa.array(rows)).combine_chunks()
+    args = _take_few(t["args"], rows)
     acode = args.dictionary_encode().indices.fill_null(-1).to_numpy(zero_copy_only=False)
     o2 = np.lexsort((rows, acode, key_group))  # within a key group: by args, first row first
     g, a, r = key_group[o2], acode[o2], rows[o2]
@@ -1040,20 +1683,25 @@ def parse_kineto_file(
     chunk_bytes: int = CHUNK_BYTES,
     layer_rules: str | Path | None = None,
     progress: bool | None = None,
+    fast: bool = True,
 ) -> KinetoFile:
-    """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them."""
+    """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them.
+
+    ``fast=False`` reads every chunk with the stdlib path (the reference the typed msgspec path
+    is tested against; same rows, slower)."""
     path = Path(path)
     rules = load_layer_rules(layer_rules)
-    buf, damage = _read_bytes(path)
-    if damage and _skip_ws(buf, 0) >= len(buf):  # a gzip damaged before any text came out
-        raise InputError(
-            path, f"{damage[0]}; nothing readable before it", "the file is damaged; re-export it"
-        )
-    stream = _EventStream(path, buf, chunk_bytes)
+    text = _Text(path)
+    try:
+        stream = _EventStream(path, text, chunk_bytes, fast)
+    except BaseException:
+        text.close()
+        raise
     stats = _Stats()
     parts: list[pa.Table] = []
-    total = len(buf)
-    show = progress if progress is not None else (total > PROGRESS_BYTES and sys.stderr.isatty())
+    total = text.size  # progress in bytes of the file (compressed ones for a .gz)
+    big = total > (PROGRESS_BYTES // 8 if text.gz else PROGRESS_BYTES)
+    show = progress if progress is not None else (big and sys.stderr.isatty())
     bar = None
     if show:
         from rich.console import Console
@@ -1064,18 +1712,23 @@ def parse_kineto_file(
         task = bar.add_task(f"reading {path.name}", total=total)
     try:
         for evs in stream:
-            t = _segment(evs, stream.exact, stats)
+            if type(evs) is tuple:  # read by the typed path
+                t, st = evs
+                stats.merge(st)
+            else:
+                t = _segment(evs, stream.exact, stats)
             if t is not None and t.num_rows:
                 parts.append(t)
             if bar is not None:
-                bar.update(task, completed=stream.pos)
+                bar.update(task, completed=text.consumed)
     except RecursionError:
         raise InputError(path, "JSON nested too deeply to read", "re-export the trace") from None
     finally:
+        text.close()
         if bar is not None:
             bar.stop()
-    stream.buf = buf = b""  # the text is no longer needed: free it before building columns
-    damage = damage + stream.damage
+    stream.buf = bytearray()  # the text is no longer needed: free it before building columns
+    damage = text.damage + stream.damage
     meta = {**stream.header, **stream.trailer}
     n_in = sum(stats.in_by_category.values())
     if n_in == 0:
@@ -1093,7 +1746,7 @@ def parse_kineto_file(
             f"{path.name}: unknown schemaVersion {sv!r}; read with the version-1 layout"
         )
 
-    table = pa.concat_tables(parts).unify_dictionaries().combine_chunks() if parts else None
+    table = pa.concat_tables(parts).unify_dictionaries() if parts else None
     parts.clear()
     if table is not None:
         table = _drop_exact_duplicates(table, stats, warnings, path.name)
@@ -1116,7 +1769,9 @@ def parse_kineto_file(
             f"{path.name}: baseTimeNanoseconds {base} is not a plausible wall-clock time; ignored"
         )
         base = None
-    canon, main_pid, host_pids = _finish_file(table, base, rules, stats)
+    box = [table] if table is not None else []
+    del table
+    canon, main_pid, host_pids = _finish_file(box, base, rules, stats)
     clock = _clock_of(canon, base, meta)
     if clock["source"] == "none" and canon.num_rows:
         warnings.append(
@@ -1167,41 +1822,51 @@ def _names(metadata: list[dict]) -> tuple[dict[str, dict], list[dict]]:
 
 
 def _finish_file(
-    t: pa.Table | None, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
+    box: list, base: int | None, rules: tuple[LayerRule, ...], stats: _Stats
 ) -> tuple[pa.Table, int, list[int]]:
-    """File-level passes: clock base, API names, layers, the GPU rows' process, duplicates, order."""
+    """File-level passes: clock base, API names, layers, the GPU rows' process, duplicates, order.
+
+    ``box`` holds the file's (chunked) table and is emptied: the unsorted columns are released
+    as their sorted copies are made, so the file's rows are held about once, not twice.
+    """
+    t = box.pop() if box else None
     if t is None or t.num_rows == 0:
         return events_table({}, 0), -1, []
     kind = t["kind"].to_numpy()
     pid = t["pid"].to_numpy().copy()
     corr = t["corr_id"].to_numpy()
     flags = t["flags"].to_numpy().copy()
-    gpu = t["gpu"].to_numpy(zero_copy_only=False)
+    gpu = t["gpu"].to_numpy()
     start = t["start"].to_numpy() + (base or 0)
     end = start + t["dur"].to_numpy()
+    t = t.drop_columns(["kind", "pid", "corr_id", "flags", "gpu", "start", "dur"])  # copied
 
     # names of runtime/driver calls without the `_v7000`-style version suffix
     name_col = t["name"].combine_chunks() if isinstance(t["name"], pa.ChunkedArray) else t["name"]
     name_dict = name_col.dictionary.to_pylist()
-    name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    name_codes = name_col.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    del name_col
     stripped = [strip_api_version(s) for s in name_dict]
     if stripped != name_dict:
         merged = list(dict.fromkeys(name_dict + stripped))
         pos = {s: i for i, s in enumerate(merged)}
-        as_is = np.array([pos[s] for s in name_dict], np.int64)
-        as_api = np.array([pos[s] for s in stripped], np.int64)
+        as_is = np.array([pos[s] for s in name_dict], np.int32)
+        as_api = np.array([pos[s] for s in stripped], np.int32)
         name_codes = np.where(np.isin(kind, _HOST_CALL), as_api[name_codes], as_is[name_codes])
         name_dict = merged
 
     cat_col = t["cat"].combine_chunks() if isinstance(t["cat"], pa.ChunkedArray) else t["cat"]
     cat_dict = cat_col.dictionary.to_pylist()
     cat_codes = cat_col.indices.to_numpy(zero_copy_only=False)
+    del cat_col
     layer = layer_codes(cat_codes, cat_dict, name_codes, name_dict, rules)
+    del cat_codes
 
     # the trace's main host process: the pid with most host-side rows
     host_rows = ~gpu & (pid >= 0)
     host_pids, counts = np.unique(pid[host_rows], return_counts=True)
     main_pid = int(host_pids[np.argmax(counts)]) if len(host_pids) else -1
+    del host_rows
 
     # GPU rows belong to the profiled process: Kineto records the CUPTI activity of the process
     # that ran the profiler, whose host rows are the file's main pid (Kineto writes pid = device
@@ -1225,35 +1890,91 @@ def _finish_file(
     if dup.any():
         flags[dup] |= FLAG_DUPLICATE
         stats.repaired["duplicate_corr_id"] += int(dup.sum())
+    del dup, from_graph, hi, gi, wi
 
     order = np.lexsort((-(end - start), start))
-    names = pa.DictionaryArray.from_arrays(
-        pa.array(name_codes[order].astype(np.int32)), pa.array(name_dict, pa.string())
+    cols: dict[str, Any] = {}
+    # the largest column first, its unsorted chunks released one by one
+    chunks = list(t["args"].chunks)
+    t = t.drop_columns(["args", "name", "cat"])
+    cols["args"] = _take_strings(chunks, order)
+    cols["kind"] = pa.DictionaryArray.from_arrays(pa.array(kind[order]), pa.array(KINDS))
+    cols["name"] = pa.DictionaryArray.from_arrays(
+        pa.array(name_codes[order]), pa.array(name_dict, pa.string())
     )
-    layers = pa.DictionaryArray.from_arrays(pa.array(layer[order]), pa.array(("",) + LAYERS))
-    kinds = pa.DictionaryArray.from_arrays(pa.array(kind[order]), pa.array(KINDS))
-    take = pa.array(order)
-    canon = events_table(
-        {
-            "kind": kinds,
-            "name": names,
-            "layer": layers,
-            "node": np.zeros(len(order), np.int32),
-            "rank": np.zeros(len(order), np.int32),
-            "pid": pid[order],
-            "tid": t["tid"].take(take),
-            "device": t["device"].take(take),
-            "stream": t["stream"].take(take),
-            "start_ns": start[order],
-            "end_ns": end[order],
-            "corr_id": corr[order],
-            "graph_id": t["graph_id"].take(take),
-            "bytes": t["bytes"].take(take),
-            "flags": flags[order],
-            "args": t["args"].take(take),
-        }
+    del name_codes
+    cols["layer"] = pa.DictionaryArray.from_arrays(
+        pa.array(layer[order]), pa.array(("",) + LAYERS)
     )
+    # Arrow arrays over the sorted numpy columns (zero-copy; events_table keeps them as they are)
+    cols["pid"] = pa.array(pid[order])
+    cols["start_ns"] = pa.array(start[order])
+    cols["end_ns"] = pa.array(end[order])
+    cols["corr_id"] = pa.array(corr[order])
+    cols["flags"] = pa.array(flags[order])
+    del kind, layer, pid, start, end, corr, flags
+    for c in ("tid", "device", "stream", "graph_id", "bytes"):
+        cols[c] = pa.array(t[c].to_numpy()[order])
+        t = t.drop_columns([c])
+    n = len(order)
+    cols["node"] = cols["rank"] = pa.array(np.zeros(n, np.int32))
+    canon = events_table(cols)
     return canon, main_pid, [int(p) for p in host_pids]
+
+
+def _take_few(col: pa.ChunkedArray | pa.Array, rows: np.ndarray) -> pa.Array:
+    """``col.take(rows)`` chunk by chunk (no concatenation of the whole column), in ``rows``'
+    order."""
+    if not isinstance(col, pa.ChunkedArray):
+        return col.take(pa.array(rows))
+    bounds = np.cumsum([0] + [len(c) for c in col.chunks])
+    which = np.searchsorted(bounds, rows, side="right") - 1
+    by = np.argsort(which, kind="stable")
+    parts = []
+    for ci in np.unique(which):
+        sel = by[which[by] == ci]
+        parts.append(col.chunk(int(ci)).take(pa.array(rows[sel] - bounds[ci])))
+    got = pa.concat_arrays(parts) if parts else pa.array([], col.type)
+    back = np.empty(len(rows), np.int64)
+    back[by] = np.arange(len(rows))
+    return got.take(pa.array(back))
+
+
+def _take_strings(chunks: list, order: np.ndarray) -> pa.Array:
+    """The string column in ``chunks`` (no nulls) taken in ``order``, chunk by chunk: each
+    chunk's bytes are copied to their sorted places, then the chunk is let go from ``chunks``
+    (Arrow's take of a chunked array concatenates it first: twice the column at once)."""
+    n = len(order)
+    if any(c.null_count for c in chunks) or any(c.type != pa.string() for c in chunks):
+        return pa.chunked_array(chunks, pa.string()).take(pa.array(order)).combine_chunks()
+    lens = np.empty(n, np.int64)
+    k = 0
+    for c in chunks:
+        off = np.frombuffer(c.buffers()[1], np.int32)[c.offset : c.offset + len(c) + 1]
+        lens[k : k + len(c)] = np.diff(off)
+        k += len(c)
+    out_off = np.zeros(n + 1, np.int64)
+    np.cumsum(lens[order], out=out_off[1:])
+    total = int(out_off[-1])
+    if total >= 2**31:
+        return pa.chunked_array(chunks, pa.string()).take(pa.array(order)).combine_chunks()
+    inv = np.empty(n, np.int64)
+    inv[order] = np.arange(n)
+    out = pa.allocate_buffer(total)  # from Arrow's pool, where the released chunks go back
+    data = np.frombuffer(out, np.uint8)
+    k = 0
+    for i in range(len(chunks)):
+        c = chunks[i]
+        m = len(c)
+        if m:
+            off = np.frombuffer(c.buffers()[1], np.int32)[c.offset : c.offset + m + 1]
+            src = np.frombuffer(c.buffers()[2], np.uint8)[off[0] : off[-1]]
+            ln = lens[k : k + m]
+            shift = out_off[inv[k : k + m]] - (off[:-1] - off[0])  # dest minus source start
+            data[np.repeat(shift, ln) + np.arange(len(src))] = src
+        k += m
+        chunks[i] = c = None  # release the chunk
+    return pa.StringArray.from_buffers(n, pa.py_buffer(out_off.astype(np.int32)), out)
 
 
 def _mark_later_duplicates(
