@@ -44,7 +44,8 @@ extrapolated with the χ²(1) shape, ℓ = max(``calibration_quantile``, :data:`
 so that the reference's few largest values never set it (z_j: the deviation from the nearest
 central component, in its standard deviations), and a(x) is the larger of 1 − ρ(x) and
 max_j 1 − expit((T_fj − max(z_j, 0)²) / 2). Operator families (dozens of instances per step,
-whose suspiciousness is a quantile over them) keep the joint test only.
+whose suspiciousness is a quantile over them) keep the joint test only, and so does the
+``overlap`` share of every family (:data:`FEATURE_TEST_EXEMPT`).
 
 With ``one_sided`` (default) only the features where x exceeds a component's centre count in
 m²_k: slower, more calls, more bytes are anomalies; less of everything is not a root cause. A
@@ -104,6 +105,13 @@ _LOG2PI = math.log(2 * math.pi)
 
 #: rows per block in the distance computations (bounds the (rows × components × features) temporaries)
 _BLOCK = 16384
+
+#: features the per-feature test leaves to the joint distance: the share of an instance's kernel
+#: time overlapped by other GPU work is set by how the whole run's work falls on the device's
+#: streams (another deployment, another process on the GPU moves it for every step at once),
+#: and a share has no tail far beyond the reference's: 0.5 against a reference of 0.2-0.4 is
+#: a large z and no fault of the step
+FEATURE_TEST_EXEMPT = ("overlap",)
 
 #: reference values left above the calibration point of a per-feature radius (:meth:`GMMLocalizer._feature_radius`)
 TAIL_POINTS = 5
@@ -586,7 +594,8 @@ class GMMLocalizer(BaseEstimator):
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
         if str(self.families_[f]).split(" ", 1)[0] in set(self.feature_test or ()):
-            self.feature_radius_[f, cols] = self._feature_radius(z, dof)
+            tested = ~np.isin(self.feature_names_in_[cols], FEATURE_TEST_EXEMPT)
+            self.feature_radius_[f, cols[tested]] = self._feature_radius(z[:, tested], dof)
         # in-sample scores of the final model (m2: its distances, from the last pass above)
         a_in, _, _, z_in = self._score_family(f, Z, ~nan, cols, m2)
         return z, a_in, z_in
