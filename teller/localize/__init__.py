@@ -160,12 +160,23 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "reference_steps": total,
         "reference_steps_flagged": flagged,
         **({"reference_steps_sampled_from": n_ref_steps} if sampled else {}),
+        **_calibration_note(est),
         "reference_warmup_steps": warm_left if not keep_warmup else 0,
         "keep_warmup": bool(keep_warmup),
         **({"warmup_note": warmup_note} if warmup_note else {}),
         "step_rules": sorted({f.steps.rule for f in feats}),
     }
     return est
+
+
+def _calibration_note(est: GMMLocalizer) -> dict[str, Any]:
+    """``extra_`` entries saying which families were calibrated on a sample (none: no entry)."""
+    rows = getattr(est, "calibration_rows_", None)
+    if rows is None or not (rows < est.n_samples_).any():
+        return {}
+    part = rows < est.n_samples_
+    return {"calibration_sample": {"max_per_family": est.max_calibration_samples, "families_sampled": int(part.sum()),
+                                   "instances": int(rows.sum()), "of_instances": int(est.n_samples_.sum())}}
 
 
 @dataclass

@@ -25,6 +25,13 @@ Fitting, per family f (reference runs: normal operation):
    split in two folds (even and odd steps) and each fold is measured against a mixture fitted on
    the other, so T_f also reflects new data, not only the data the mixture has already seen.
 
+A family of more than ``max_calibration_samples`` reference instances is fitted (steps 1–4, the
+batch slope, the shift test's radius and the in-sample flag rate) on a calibration sample of
+that many: whole reference steps taken in one seeded random order of the steps, until they hold
+``max_calibration_samples`` of the family's instances (the same reference gives the same
+sample; None: every instance). The fit then costs what the sample costs, whatever the length of
+the reference; the in-sample flag rate counts the steps that every family's sample holds.
+
 Scoring an instance x of family f:
 
 - m²_k(x): squared Mahalanobis distance to component k; r_k(x): its posterior responsibility;
@@ -198,6 +205,38 @@ def _kmeans_pp(X: np.ndarray, k: int, random_state: int, sq_norms: np.ndarray) -
         return kmeans_plusplus(X, k, random_state=random_state)[1]
 
 
+def _non_finite(X: np.ndarray) -> int:
+    """Values of ``X`` that are not finite (counted in row blocks: no whole-matrix mask)."""
+    step = max(1, (1 << 22) // max(X.shape[1], 1))
+    return int(sum(X[i:i + step].size - np.count_nonzero(np.isfinite(X[i:i + step])) for i in range(0, len(X), step)))
+
+
+class _Priorities:
+    """A seeded random priority per reference step (rows without a step: one each), from which a
+    family's calibration sample takes the steps of lowest priority: the sample holds whole steps
+    (the folds, the shift statistic and the step scores see every instance of a step they see),
+    and one order serves every family, so a prefix of it is in all samples."""
+
+    def __init__(self, random_state: int, n_groups: int, g: np.ndarray | None):
+        self._rng = np.random.default_rng([int(random_state), 1])
+        self._step = self._rng.random(n_groups)
+        self._g = g
+
+    def of_steps(self) -> np.ndarray:
+        return self._step
+
+    def sample(self, idx: np.ndarray, cap: int) -> tuple[np.ndarray, float]:
+        """The rows of ``idx`` (ascending) in the steps of lowest priority holding at least ``cap``
+        of them, and the highest priority taken."""
+        if self._g is None:
+            pr = self._rng.random(len(idx))
+        else:
+            gi = self._g[idx]
+            pr = np.where(gi >= 0, self._step[np.maximum(gi, 0)], 1.0 + self._rng.random(len(idx)))
+        last = float(np.partition(pr, cap - 1)[cap - 1])
+        return idx[pr <= last], last
+
+
 def _distinct_rows(Z: np.ndarray, cap: int) -> int:
     """Number of distinct rows of ``Z``, counted up to ``cap``."""
     count, rest = 0, Z
@@ -248,6 +287,7 @@ class GMMLocalizer(BaseEstimator):
         unseen_score: float = 1.0,
         min_family_size: int = 8,
         max_fit_samples: int = 5000,
+        max_calibration_samples: int | None = 50000,
         reg_covar: float = 1e-4,
         random_state: int = 0,
         batch_norm: bool = True,
@@ -274,6 +314,7 @@ class GMMLocalizer(BaseEstimator):
         self.unseen_score = unseen_score
         self.min_family_size = min_family_size
         self.max_fit_samples = max_fit_samples
+        self.max_calibration_samples = max_calibration_samples
         self.reg_covar = reg_covar
         self.random_state = random_state
         self.batch_norm = batch_norm
@@ -335,14 +376,25 @@ class GMMLocalizer(BaseEstimator):
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
-        fin_all = np.isfinite(X)
-        self.nan_values_ = int(fin_all.size - np.count_nonzero(fin_all))
+        self.nan_values_ = _non_finite(X)
         ctx = self._context_mask()
+        n_groups = int(g.max(initial=-1)) + 1 if g is not None else 0
+        # the calibration sample: a family of more than max_calibration_samples instances is
+        # calibrated on whole reference steps drawn in one seeded random order (the same order for
+        # every family, so the first steps of it hold every family's instances)
+        cap = self.max_calibration_samples
+        prio = _Priorities(self.random_state, n_groups, g)
+        covered = np.inf  # steps of priority below this are in every family's sample
+        self.calibration_rows_ = np.zeros(F, np.int64)
         # per reference step: the in-sample step score (max over families), -inf without instances
-        step_max = np.full(int(g.max(initial=-1)) + 1 if g is not None else 0, -np.inf)
+        step_max = np.full(n_groups, -np.inf)
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
-            cols = np.flatnonzero(fin_all[idx].any(axis=0) & ~ctx)  # the family's columns with values
+            if cap is not None and len(idx) > cap:
+                idx, last = prio.sample(idx, int(cap))
+                covered = min(covered, last)
+            self.calibration_rows_[f] = len(idx)
+            cols = np.flatnonzero(np.isfinite(X[idx]).any(axis=0) & ~ctx)  # the family's columns with values
             z_held, a_in, z_in = self._fit_family(f, X[np.ix_(idx, cols)], cols, fold[idx], rng, u_all[idx])
             # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
             # of the held-out shift statistic ((step, family) groups are one family's rows)
@@ -366,6 +418,8 @@ class GMMLocalizer(BaseEstimator):
                                   np.full(int(okf.sum()), f))
             step_max[ss.steps] = np.maximum(step_max[ss.steps], ss.score)
         seen = step_max > -np.inf
+        if np.isfinite(covered):  # the flag rate of the steps every family's sample holds
+            seen &= prio.of_steps() <= covered
         self.reference_steps_ = int(seen.sum()) if g is not None else None
         self.reference_steps_flagged_ = int((step_max[seen] >= self.step_threshold).sum()) if g is not None else None
         return self
