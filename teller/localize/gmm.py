@@ -683,12 +683,17 @@ class GMMLocalizer(BaseEstimator):
         return np.where(hit, pos, -1)
 
     def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None,
-                family_names: Any = None, with_z_ref: bool = True) -> dict[str, np.ndarray]:
+                family_names: Any = None, with_z_ref: bool = True, with_z: bool = True,
+                steps: np.ndarray | None = None) -> dict[str, Any]:
         """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
         nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
-        from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
-        family median; None unless ``with_z_ref``). ``batch``: requests of each row's step (the
-        batch normalisation). With ``family_names``, ``families`` are integer codes into it."""
+        from that component in its standard deviations; None unless ``with_z``), ``z_ref`` (n × d:
+        robust z against the family median; None unless ``with_z_ref``). ``batch``: requests of
+        each row's step (the batch normalisation). With ``family_names``, ``families`` are integer
+        codes into it. With ``steps`` (each row's step, < 0: none), also ``shift``: the shift
+        statistic m²_shift of every (family, step) group (:meth:`score_steps` takes it instead of
+        ``z``), as arrays (family code, step, m²) ordered by family, then step: computed family by
+        family, so no (n × d) matrix is needed for it."""
         self._check()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
@@ -702,8 +707,10 @@ class GMMLocalizer(BaseEstimator):
         a = np.full(n, np.nan)
         m2_out = np.full(n, np.nan)
         comp = np.full(n, -1, np.int64)
-        z = np.full((n, d), np.nan, order="F")  # column-major: the shift test reads it by feature
+        z = np.full((n, d), np.nan, order="F") if with_z else None  # column-major: the shift test reads it by feature
         z_ref = np.full((n, d), np.nan, order="F") if with_z_ref else None
+        shift: list[tuple[np.ndarray, np.ndarray]] = []
+        step_all = None if steps is None else np.asarray(steps).astype(np.int64)
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
@@ -719,12 +726,23 @@ class GMMLocalizer(BaseEstimator):
             finite = ~np.isnan(L)
             Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
             a[idx], comp[idx], m2_out[idx], zc = self._score_family(f, Z, finite, cols)
-            z[np.ix_(idx, cols)] = zc
+            if z is not None:
+                z[np.ix_(idx, cols)] = zc
             if z_ref is not None:
                 z_ref[np.ix_(idx, cols)] = Z
+            if step_all is not None:  # the groups score_steps forms: rows in a step with a finite score
+                live = (step_all[idx] >= 0) & np.isfinite(a[idx])
+                us, gid = np.unique(step_all[idx][live], return_inverse=True)
+                shift.append((us, self._group_m2(np.asfortranarray(zc[live]), gid.reshape(-1), len(us))))
         unseen = codes < 0
         a[unseen] = self.unseen_score
-        return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
+        out = {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
+        if step_all is not None:
+            fams = [f for f in range(len(self.families_)) if bounds[f + 2] > bounds[f + 1]]
+            out["shift"] = (np.concatenate([np.full(len(u), f, np.int64) for f, (u, _) in zip(fams, shift, strict=True)] or [np.zeros(0, np.int64)]),
+                            np.concatenate([u for u, _ in shift] or [np.zeros(0, np.int64)]),
+                            np.concatenate([m for _, m in shift] or [np.zeros(0)]))
+        return out
 
     def score_samples(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Anomaly score a(x) = 1 − ρ(x) of every instance (``unseen_score`` for unseen families)."""
@@ -779,14 +797,15 @@ class GMMLocalizer(BaseEstimator):
         return out
 
     def score_steps(self, a: np.ndarray, family: np.ndarray, step: np.ndarray, z: np.ndarray | None = None,
-                    codes: np.ndarray | None = None) -> StepScores:
+                    codes: np.ndarray | None = None, shift_groups: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepScores:
         """Family suspiciousness per (step, family) and the step scores (vectorized).
 
         ``family`` are integer codes of the run's families, ``step`` step indices; rows with
         step < 0 or NaN scores are ignored. With ``z`` and ``codes`` (from :meth:`details`) and
         ``shift_test``, a family whose instances in a step are all somewhat off also scores:
         a_shift = 1 − expit((T_shift − m²_shift) / 2), and the family's suspiciousness is the
-        larger of that and the least-confident-quantile mean."""
+        larger of that and the least-confident-quantile mean. ``shift_groups`` (with ``codes``): the
+        groups' m²_shift as :meth:`details` gives them with ``steps``, instead of ``z``."""
         a = np.asarray(a, dtype=np.float64)
         ok = (step >= 0) & np.isfinite(a)
         a, fam, st = a[ok], np.asarray(family)[ok].astype(np.int64), np.asarray(step)[ok].astype(np.int64)
@@ -805,11 +824,20 @@ class GMMLocalizer(BaseEstimator):
         take = rank < top[gid]
         susp = np.bincount(gid[take], weights=a[take], minlength=len(gstart)) / top
         shift = np.zeros(len(gstart))
-        if self.shift_test and z is not None and codes is not None:
-            row_gid = np.full(len(ok), -1, np.int64)  # each input row's group (rows left out: -1)
-            row_gid[np.flatnonzero(ok)[o]] = gid
-            m2 = self._group_m2(np.asarray(z), row_gid, len(gstart))
+        if self.shift_test and (z is not None or shift_groups is not None) and codes is not None:
             gc = np.asarray(codes)[ok][o][gstart]
+            if shift_groups is not None:  # precomputed per (family, step): look the groups up
+                sh_f, sh_s, sh_m2 = (np.asarray(x) for x in shift_groups)
+                span = int(max(st.max(initial=0), sh_s.max(initial=0))) + 1
+                keys = sh_f * span + sh_s
+                want = gc * span + st[gstart]
+                pos = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
+                hit = (keys[pos] == want) if len(keys) else np.zeros(len(want), bool)
+                m2 = np.where(hit, sh_m2[pos] if len(keys) else 0.0, 0.0)
+            else:
+                row_gid = np.full(len(ok), -1, np.int64)  # each input row's group (rows left out: -1)
+                row_gid[np.flatnonzero(ok)[o]] = gid
+                m2 = self._group_m2(np.asarray(z), row_gid, len(gstart))
             use = (gsize >= 2) & (gc >= 0)
             shift[use] = 1.0 - expit((self.shift_radius_[gc[use]] - m2[use]) / 2.0)
             susp = np.maximum(susp, shift)
