@@ -205,12 +205,6 @@ def _kmeans_pp(X: np.ndarray, k: int, random_state: int, sq_norms: np.ndarray) -
         return kmeans_plusplus(X, k, random_state=random_state)[1]
 
 
-def _non_finite(X: np.ndarray) -> int:
-    """Values of ``X`` that are not finite (counted in row blocks: no whole-matrix mask)."""
-    step = max(1, (1 << 22) // max(X.shape[1], 1))
-    return int(sum(X[i:i + step].size - np.count_nonzero(np.isfinite(X[i:i + step])) for i in range(0, len(X), step)))
-
-
 class _Priorities:
     """A seeded random priority per reference step (rows without a step: one each), from which a
     family's calibration sample takes the steps of lowest priority: the sample holds whole steps
@@ -376,7 +370,8 @@ class GMMLocalizer(BaseEstimator):
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
-        self.nan_values_ = _non_finite(X)
+        fin_all = np.isfinite(X)
+        self.nan_values_ = int(fin_all.size - np.count_nonzero(fin_all))
         ctx = self._context_mask()
         n_groups = int(g.max(initial=-1)) + 1 if g is not None else 0
         # the calibration sample: a family of more than max_calibration_samples instances is
@@ -394,7 +389,7 @@ class GMMLocalizer(BaseEstimator):
                 idx, last = prio.sample(idx, int(cap))
                 covered = min(covered, last)
             self.calibration_rows_[f] = len(idx)
-            cols = np.flatnonzero(np.isfinite(X[idx]).any(axis=0) & ~ctx)  # the family's columns with values
+            cols = np.flatnonzero(fin_all[idx].any(axis=0) & ~ctx)  # the family's columns with values
             z_held, a_in, z_in = self._fit_family(f, X[np.ix_(idx, cols)], cols, fold[idx], rng, u_all[idx])
             # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
             # of the held-out shift statistic ((step, family) groups are one family's rows)
