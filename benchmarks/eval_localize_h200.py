@@ -28,8 +28,11 @@ nothing tuned. Protocols (train side → scored steps):
   requests is in test, *train* when it holds a train request and no test request; the reference
   is left with small batches (a big batch almost always holds a test request).
 - ``split_run``: whole runs; a step's records share one split.
-- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs, as
-  ``teller diagnose --reference`` is meant to be used.
+- ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs.
+- ``fault_free_same_parallelism``: as ``teller diagnose RUN --reference REF`` is meant to be used,
+  each run against the fault-free runs of its own deployment shape: the one-process runs against
+  the one-process fault-free runs, the tensor-parallel runs against the tensor-parallel ones (the
+  ranks a run's steps carry); one fit per shape.
 - ``split_workload``: the dataset's ``split_workload`` column (two or more model shapes, as
   ``data/h200_v2``: repetitions a/b 2 decoder layers, c 4), by the representative rule; for a
   dataset built before that column, from the campaign spec: fitted on the runs of the shallowest
@@ -67,20 +70,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from teller.baselines.numeric import dataset_context, keyed_instances
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
 from teller.evaluate.scores import auroc
-from teller.forest import Forest, family_names, step_blocks
+from teller.forest import family_names
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     INSTANCE_LAYERS,
     ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
-    instance_features,
-    iteration_matrix,
 )
-from teller.rundir import LAYER_CODE
 
 ROOT = Path(__file__).resolve().parent.parent
 CATEGORIES = ("communication", "kernel", "memory", "runtime", "scheduling")
@@ -154,24 +155,12 @@ def load_steps(ds: Path) -> dict[str, Any]:
     steps["iter"] = np.full((n, len(ITER_FEATURES)), np.nan)
     steps["batch"] = np.full(n, np.nan)
     steps["iterations"] = 0
-    if (ds / "iterations.parquet").exists():
-        it = pq.read_table(ds / "iterations.parquet")
-        irun = _str(it.column("run_id")).astype(str)
-        g = np.clip(np.searchsorted(runs, irun), 0, len(runs) - 1)
-        k = g.astype(np.int64) << 40 | it.column("step_id").to_numpy().astype(np.int64)
-        pos = np.clip(np.searchsorted(ukey, k), 0, n - 1)
-        hit = (runs[g] == irun) & (ukey[pos] == k)
-        mat = iteration_matrix(it)
-        steps["iter"][pos[hit]] = mat[hit]
-        nreq = it.column("n_requests").to_numpy(zero_copy_only=False).astype(np.float64)
-        steps["batch"][pos[hit]] = np.where(nreq > 0, nreq, np.nan)[hit]
-        warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
-        has = np.zeros(n, bool)
-        has[pos[hit]] = True
-        w = steps["warmup"].copy()
-        w[pos[hit]] = warm[hit]
-        steps["warmup"] = w
-        steps["iterations"] = int(has.sum())
+    ctx = dataset_context(ds, runs, ukey)  # teller evaluate's teller_numeric reads the same context
+    if ctx is not None:
+        steps["iter"], steps["batch"] = ctx["iter"], ctx["batch"]
+        steps["warmup"] = np.where(ctx["has"], ctx["warmup"], steps["warmup"])
+        steps["iterations"] = int(ctx["has"].sum())
+        steps["context"] = ctx
         steps["warmup_rule"] = "iterations.parquet warmup column (the labeller's rule where a step has no row)"
     return steps
 
@@ -180,113 +169,28 @@ def load_steps(ds: Path) -> dict[str, Any]:
 # instances of every step, from the dataset's subtrees
 
 
-def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
-    """Steps of a dataset forest as ``teller diagnose`` sees them: one per STEP node, holding every
-    row with the STEP row's ``step_idx`` (the engine iteration: schedule/update ranges and GAP rows
-    beside the STEP subtree); rows of forests without ``step_idx`` fall back to ``step_blocks``.
-    Returns the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
-    step_of_row, ids = step_blocks(fa)
-    if "step_idx" not in fa.table.column_names or not len(ids):
-        return step_of_row, ids
-    sidx = fa.table.column("step_idx").to_numpy(zero_copy_only=False).astype(np.int64)
-    srow = np.flatnonzero(fa.layer == LAYER_CODE["STEP"])
-    srow = srow[np.argsort(fa.node_id[srow], kind="stable")]
-    key = sidx[srow]
-    if (key < 0).any() or len(np.unique(key)) != len(key):
-        return step_of_row, ids  # no usable step_idx: the STEP subtrees alone
-    o = np.argsort(key)
-    pos = np.clip(np.searchsorted(key[o], sidx), 0, len(key) - 1)
-    hit = (sidx >= 0) & (key[o][pos] == sidx)
-    return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
-
-
-def _pageable(fa: Forest, args: pa.ChunkedArray | None) -> np.ndarray | None:
-    """Per row: a copy from or to pageable host memory (CUPTI memory kinds in ``args``), or None
-    when the subtrees keep no memory kinds (as :func:`teller.localize.features.pageable_rows`)."""
-    if args is None:
-        return None
-    col = args.combine_chunks() if isinstance(args, pa.ChunkedArray) else args
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col.cast(pa.string()))
-    vals = [v or "" for v in col.dictionary.to_pylist()]
-    codes = col.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
-    has = np.array([("src_kind" in v) for v in vals] + [False])[codes]
-    mem = fa.kind_or_layer("MEMCPY", "MEM")
-    if not (has & mem).any():
-        return None
-    return np.array([("Pageable" in v) for v in vals] + [False])[codes] & mem
-
-
 def load_instances(ds: Path, steps: dict[str, Any], layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
-    """Instances of all kept steps; ``step`` indexes ``steps`` (-1: outside a kept step)."""
+    """Instances of all kept steps (:func:`teller.baselines.numeric.keyed_instances`, the code of
+    ``teller evaluate``'s ``teller_numeric``); ``step`` indexes ``steps`` (-1: outside a kept step)."""
     t0 = time.perf_counter()
     sub = read_subtrees(ds)
     t_read = time.perf_counter() - t0
-    rcol = sub.column("run_id").combine_chunks()
-    rdict = np.asarray(rcol.dictionary.to_pylist(), dtype=object).astype(str)
-    rcode = rcol.indices.to_numpy()
-    order = np.argsort(rcode, kind="stable")  # rows of one run stay in their DFS order
-    bounds = np.searchsorted(rcode[order], np.arange(len(rdict) + 1))
-    runs = steps["runs"]
-    key_steps = steps["run_code"] << 40 | steps["step_id"]
-    korder = np.argsort(key_steps)
-    parts: list[Instances] = []
-    fam_sets: list[list[str]] = []
-    missing_steps = 0
-    pageable_runs = 0
-    rules: set[str] = set()
-    for r, name in enumerate(rdict.tolist()):  # runs: 50
-        rows = order[bounds[r]:bounds[r + 1]]
-        if not len(rows):
-            continue
-        g = int(np.searchsorted(runs, name))
-        if g >= len(runs) or runs[g] != name:
-            continue  # a run without vertical records
-        part = sub.take(pa.array(rows))
-        args = part.column("args") if "args" in part.column_names else None
-        fa = Forest.from_table(part.drop_columns([c for c in ("run_id", "args") if c in part.column_names]))
-        del part
-        step_of_row, step_node = _iteration_blocks(fa)
-        rules.add("STEP ranges (rows by step_idx)" if "step_idx" in fa.table.column_names else "STEP ranges")
-        # step index → global step index via the STEP node id
-        k = np.int64(g) << 40 | step_node
-        pos = np.clip(np.searchsorted(key_steps, k, sorter=korder), 0, len(korder) - 1)
-        hit = key_steps[korder[pos]] == k
-        gstep = np.where(hit, korder[pos], -1)
-        missing_steps += int((~hit).sum())
-        gs = np.maximum(gstep, 0)
-        batch = np.where(hit, steps["batch"][gs], np.nan)
-        if np.isnan(batch).all():
-            batch = np.where(hit, steps["requests"][gs].astype(np.float64), np.nan)  # no iterations: request rows
-        it = np.where(hit[:, None], steps["iter"][gs], np.nan)
-        pg = _pageable(fa, args)
-        pageable_runs += pg is not None
-        inst = instance_features(fa, step_of_row, layers, step_batch=batch, step_iter=it, pageable=pg)
-        step = np.where(inst.step >= 0, gstep[np.maximum(inst.step, 0)], -1)
-        parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers, inst.batch))
-        fam_sets.append(inst.families)
-        del fa
-    families = sorted({f for fs in fam_sets for f in fs})
-    fidx = {f: i for i, f in enumerate(families)}
-    off = np.cumsum([0] + [p.n for p in parts])
-    inst = Instances(
-        rows=np.concatenate([p.rows for p in parts]),
-        family=np.concatenate([np.array([fidx[f] for f in p.families], np.int32)[p.family] if p.n else np.zeros(0, np.int32)
-                               for p in parts]),
-        families=families,
-        step=np.concatenate([p.step for p in parts]),
-        X=np.concatenate([p.X for p in parts]),
-        parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)]),
-        layers=tuple(layers),
-        batch=np.concatenate([p.batch for p in parts]),
-    )
-    covered = np.zeros(len(key_steps), bool)
+    keys = steps["run_code"] << 40 | steps["step_id"]
+    ctx = steps.get("context")
+    if ctx is None:  # no iterations.parquet: the batch from the request rows, as before iterations
+        n = len(keys)
+        ctx = {"iter": steps["iter"], "batch": steps["requests"].astype(np.float64), "warmup": steps["warmup"],
+               "has": np.ones(n, bool)}
+    inst, kinfo = keyed_instances(sub, steps["runs"], keys, ctx, layers)
+    covered = np.zeros(len(keys), bool)
     covered[inst.step[inst.step >= 0]] = True
+    fams = np.asarray(inst.families, dtype=str)
     info = {"forest_rows": int(sub.num_rows), "instances": int(inst.n), "instances_outside_kept_steps": int((inst.step < 0).sum()),
-            "families": len(families), "layers": list(layers), "step_rules": sorted(rules),
-            "runs_with_memory_kinds": int(pageable_runs), "steps_with_iterations": int(steps["iterations"]),
-            "instances_per_layer": {x: int((np.char.startswith(np.asarray(families, dtype=str), f"{x} ")
-                                            | (np.asarray(families, dtype=str) == x))[inst.family].sum()) for x in layers}, "step_nodes_without_records": missing_steps,
+            "families": len(inst.families), "layers": list(layers),
+            "step_rules": ["STEP ranges (rows by step_idx)" if "step_idx" in sub.column_names else "STEP ranges"],
+            "runs_with_memory_kinds": kinfo["runs_with_memory_kinds"], "steps_with_iterations": int(steps["iterations"]),
+            "instances_per_layer": {x: int((np.char.startswith(fams, f"{x} ") | (fams == x))[inst.family].sum()) for x in layers},
+            "step_nodes_without_records": kinfo["step_nodes_without_keys"],
             "steps_without_instances": int((~covered).sum()), "read_s": round(t_read, 2),
             "features_s": round(time.perf_counter() - t0 - t_read, 2)}
     return inst, info
@@ -363,6 +267,31 @@ def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit
             "fit_requests_per_step_median": float(np.median(steps["requests"][fit_steps])) if fit_steps.any() else None,
             "fit_steps_flagged_in_sample": ref_flagged, "unseen_families_in_test": sorted(loc.summary["unseen_families"]),
             "seconds": {"fit": round(t_fit, 2), "localize": round(t_loc, 2)}}
+
+
+def run_groups(steps: dict[str, Any], inst: Instances, lifted: np.ndarray,
+               groups: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """:func:`run_protocol` once per (fit steps, test steps) group, test sets disjoint; the
+    per-step results joined, the counts summed."""
+    n = len(steps["is_anomaly"])
+    out: dict[str, Any] = {"flag": np.zeros(n, bool), "score": np.full(n, np.nan), "pred": [set() for _ in range(n)],
+                           "pred_lifted": [set() for _ in range(n)], "fit_steps": 0, "fit_instances": 0,
+                           "families_fitted": 0, "fit_steps_flagged_in_sample": 0, "fit_requests_per_step_median": None,
+                           "unseen_families_in_test": [], "seconds": {"fit": 0.0, "localize": 0.0}, "groups": []}
+    for fit_steps, test_steps in groups:
+        r = run_protocol(steps, inst, lifted, fit_steps, test_steps)
+        idx = np.flatnonzero(test_steps)
+        out["flag"][idx], out["score"][idx] = r["flag"][idx], r["score"][idx]
+        for i in idx.tolist():
+            out["pred"][i], out["pred_lifted"][i] = r["pred"][i], r["pred_lifted"][i]
+        for k in ("fit_steps", "fit_instances", "fit_steps_flagged_in_sample"):
+            out[k] += r[k]
+        out["families_fitted"] = max(out["families_fitted"], r["families_fitted"])
+        out["unseen_families_in_test"] = sorted(set(out["unseen_families_in_test"]) | set(r["unseen_families_in_test"]))
+        for k in ("fit", "localize"):
+            out["seconds"][k] = round(out["seconds"][k] + r["seconds"][k], 2)
+        out["groups"].append({"fit_steps": r["fit_steps"], "test_steps": int(test_steps.sum())})
+    return out
 
 
 def _auroc(truth: np.ndarray, score: np.ndarray) -> float | None:
@@ -466,6 +395,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     normal = ~steps["is_anomaly"]
     run_of_step = steps["runs"][steps["run_code"]]
     fault_free = np.isin(run_of_step, [r for r in steps["runs"].tolist() if r.startswith("normal-")])
+    # ranks per run (1: one process; 2 and more: tensor parallel), from the steps' ranks
+    ranks = np.zeros(len(steps["runs"]), np.int64)
+    np.maximum.at(ranks, steps["run_code"], steps["rank"].astype(np.int64) + 1)
+    par = ranks[steps["run_code"]]
     ev = a.eval_split
     req = sp["split_request"]
     first = req["first"]
@@ -480,6 +413,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "split_run": (sp["split_run"]["rep"] == "train", sp["split_run"]["rep"] == ev, True),
         # a normal reference recorded apart (the fault-free runs), every step of the other runs scored
         "fault_free_reference": (fault_free, ~fault_free, True),
+        # as `teller diagnose RUN --reference REF` is used: each run against the fault-free runs of
+        # its own deployment shape (tensor-parallel runs against the tensor-parallel ones)
+        "fault_free_same_parallelism": ([(fault_free & (par == p), ~fault_free & (par == p)) for p in np.unique(par).tolist()],
+                                        ~fault_free, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
         # decide the split of many consecutive steps
         "split_request_first_record": (first == "train", first == ev, False),
@@ -519,9 +456,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     main_rows, variants = {}, []
     for pname, (train, test, is_main) in protocols.items():
         for rname, ref in refs.items():
-            if rname != base_name and (a.no_variants or pname in ("fault_free_reference", "split_workload")):
+            if rname != base_name and (a.no_variants or pname.startswith("fault_free") or pname == "split_workload"):
                 continue
-            r = run_protocol(steps, inst, lifted, train & ref, test)
+            if isinstance(train, list):  # one fit per group (train, test), the results joined
+                r = run_groups(steps, inst, lifted, [(tr & ref, te) for tr, te in train])
+            else:
+                r = run_protocol(steps, inst, lifted, train & ref, test)
             if is_main and rname == base_name:
                 main_rows[pname] = summarize(pname, steps, test, r)
             variants.append({"reference": rname, **summarize(pname, steps, test, r, detail=False)})

@@ -182,11 +182,21 @@ def slice_ds(tmp_path_factory) -> Path:
     sel = ok & np.isin(rkey, sorted(keep_keys))
     rec = rec.filter(pa.array(sel))
     pq.write_table(rec, out / "records.parquet")
-    write_subtree_parts(sub.filter(pa.array(np.isin(key, sorted(keep_keys)))), out / "subtrees")
+    # every row of a kept step's engine iteration: its STEP subtree (step_id) and the schedule,
+    # update and GAP rows beside it (step_id -1, the STEP row's step_idx)
+    in_step = np.isin(key, sorted(keep_keys))
+    sidx = sub.column("step_idx").to_numpy()
+    ikey = np.char.add(np.char.add(run, "|"), sidx.astype(str))
+    beside = (sid < 0) & np.isin(ikey, sorted(set(ikey[in_step & is_step].tolist())))
+    write_subtree_parts(sub.filter(pa.array(in_step | beside)), out / "subtrees")
     logs = pq.read_table(DS / "logs.parquet")
     lk = np.char.add(np.char.add(np.asarray(logs.column("run_id").to_pylist(), dtype=str), "|"),
                      logs.column("step_id").to_numpy().astype(str))
     pq.write_table(logs.filter(pa.array(np.isin(lk, sorted(keep_keys)))), out / "logs.parquet")
+    it = pq.read_table(DS / "iterations.parquet")
+    ik = np.char.add(np.char.add(np.asarray(it.column("run_id").to_pylist(), dtype=str), "|"),
+                     it.column("step_id").to_numpy().astype(str))
+    pq.write_table(it.filter(pa.array(np.isin(ik, sorted(keep_keys)))), out / "iterations.parquet")
     (out / "datasheet.json").write_text((DS / "datasheet.json").read_text())
     return out
 
@@ -244,6 +254,40 @@ def test_split_masks_and_workload_message(vertical):
     one_shape.split = {k: v for k, v in vertical.split.items() if k != "split_workload"}
     with pytest.raises(TellerError, match="one workload shape"):
         split_masks(one_shape, "workload")
+
+
+def test_numeric_instances_carry_the_datasets_iteration_context(vertical, slice_ds):
+    """teller_numeric's instances are those of teller diagnose: the STEP instances carry the
+    iteration columns and batch of iterations.parquet, the admission delay from the logs, and the
+    warm-up flag of the iterations; the engine iteration's OTHER ranges count with their step."""
+    from teller.localize.features import FEATURES, ITER_FEATURES
+
+    inst = vertical.extra["instances"]
+    fam = inst.family_of()
+    step = fam == "STEP"
+    it = pq.read_table(slice_ds / "iterations.parquet")
+    assert step.sum() == len(vertical.unit_key) == it.num_rows
+    j = {f: FEATURES.index(f) for f in ("iter.dur", "iter.gap", "batch.n_requests", "iter.admit_delay")}
+    assert np.isfinite(inst.X[step][:, j["iter.dur"]]).all() and (inst.X[step][:, j["iter.gap"]] >= 0).all()
+    # the STEP instance of a unit has that unit's iteration row
+    key = {(r, s): d for r, s, d in zip(it.column("run_id").to_pylist(), it.column("step_id").to_pylist(),
+                                        it.column("dur_ns").to_pylist(), strict=True)}
+    u = inst.step[step]
+    runs = vertical.runs[vertical.unit_key[u] >> 40]
+    sids = vertical.unit_key[u] & ((1 << 40) - 1)
+    np.testing.assert_array_equal(inst.X[step][:, j["iter.dur"]], [key[(str(r), int(s))] for r, s in zip(runs, sids, strict=True)])
+    np.testing.assert_array_equal(inst.batch[step], inst.X[step][:, j["batch.n_requests"]])
+    # the slice's delayed-admission steps (if any) carry a positive delay, no other step does
+    d = inst.X[step][:, j["iter.admit_delay"]]
+    assert np.isfinite(d).any()
+    u_da = np.isin(u, np.flatnonzero(np.isin(np.arange(len(vertical.unit_key)), vertical.unit_idx[
+        np.concatenate([np.arange(vertical.unit_ptr[i], vertical.unit_ptr[i + 1])
+                        for i in np.flatnonzero(vertical.mechanism == "delayed_admission")] or [np.zeros(0, np.int64)])])))
+    assert (np.nan_to_num(d[~u_da]) == 0).all()
+    assert ITER_FEATURES[-1] == "iter.admit_delay"
+    assert (fam == "OTHER schedule").sum() > 0  # the iteration's ranges are instances of their step
+    w = np.asarray(it.column("warmup").to_pylist(), bool)
+    assert vertical.extra["unit_warmup"].sum() == w.sum()
 
 
 @pytest.mark.parametrize("name", ["kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",

@@ -126,6 +126,24 @@ def test_delayed_admission_delays_first_steps(campaign):
     assert ab and all(r["operator_labels"] == ["OTHER schedule"] for r in ab)
 
 
+def test_delayed_admission_shows_as_admission_delay(campaign):
+    """The numeric stage's ``iter.admit_delay`` (arrival log line → first step, iterations that ran
+    with an empty queue meanwhile) is positive on the labelled delayed-admission steps, on no step
+    outside that window, and zero on the steps outside every window that admit a request."""
+    from teller.localize.features import ITER_FEATURES, run_features
+
+    run = campaign / "serve-mixed-r0"
+    v = run_features(run).steps.iterations[:, ITER_FEATURES.index("iter.admit_delay")]
+    lab = _labels(run)  # one row per steps.parquet row, same order
+    da = [i for i, r in enumerate(lab) if r["mechanism"] == "delayed_admission" and r["is_anomaly"]]
+    assert da and (v[da] > 0).all(), v[da]
+    outside = np.array([not r["in_window"] for r in lab]) & np.isfinite(v)
+    assert outside.any() and (v[outside] == 0).all()
+    # the only steps with a delay are those of the delayed-admission window
+    in_da = np.array([r["mechanism"] == "delayed_admission" for r in lab])
+    assert in_da[np.nan_to_num(v) > 0].all(), [(lab[i]["step_num"], lab[i]["mechanism"], v[i]) for i in np.flatnonzero(np.nan_to_num(v) > 0)]
+
+
 def test_kv_pressure_caps_the_batch(campaign):
     """Fewer KV blocks cap how many requests share a step; step latency barely moves on the CPU
     (docs/faults.md), so only the batch cap is asserted."""

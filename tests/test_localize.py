@@ -288,6 +288,57 @@ def test_save_load_roundtrip(tmp_path):
     assert clone(est).get_params() == est.get_params()
 
 
+def _wide(rng, n, fam):
+    """A step-level reference: 24 independent features, each lognormal (σ 0.3 in log space)."""
+    d = len(FEATURES)
+    X = np.full((n, d), np.nan)
+    X[:, :24] = np.exp(rng.normal(10.0, 0.3, (n, 24)))
+    return X, np.array([fam] * n)
+
+
+def test_one_feature_far_beyond_the_reference_flags_a_step_level_family(tmp_path):
+    """24 features: a single one 7 σ above the reference moves the joint distance by 49, inside
+    the joint radius (the χ² point at 1e-4 of 24 degrees of freedom is 56, and the reference's own spread
+    adds to it), so only the per-feature test of STEP and OTHER families catches it."""
+    rng = np.random.default_rng(3)
+    Xs, fs = _wide(rng, 600, "STEP")
+    Xb, fb = _wide(rng, 600, "BE op")
+    X, fam = np.vstack([Xs, Xb]), np.concatenate([fs, fb])
+    groups = np.arange(len(X)) % 600
+    est = GMMLocalizer().fit(X, families=fam, groups=groups)
+    off = GMMLocalizer(feature_test=()).fit(X, families=fam, groups=groups)
+    probe, _ = _wide(np.random.default_rng(4), 50, "x")
+    probe[:, :24] = np.exp(10.0)  # every feature at the reference median ...
+    probe[:, F["sync_ns"]] = np.exp(10.0 + 7 * 0.3)  # ... but one, 7 σ above it
+    step, be = ["STEP"] * 50, ["BE op"] * 50
+    assert np.isfinite(est.feature_radius_[list(est.families_).index("STEP"), :24]).all()
+    assert np.isinf(est.feature_radius_[list(est.families_).index("BE op")]).all()  # operators: joint test only
+    assert (off.score_samples(probe, step) < 0.5).all()  # the joint test alone misses it
+    assert (est.score_samples(probe, step) > 0.99).all()
+    assert (est.score_samples(probe, be) < 0.5).all()
+    # the reference itself and fresh normal steps stay inside the per-feature radii
+    fresh, _ = _wide(np.random.default_rng(5), 2000, "STEP")
+    assert (est.score_samples(fresh, ["STEP"] * 2000) >= 0.5).mean() < 0.005
+    assert est.reference_steps_flagged_ <= 3
+    # the radii travel with the artefact; an artefact written before the test has none
+    p = tmp_path / "loc.npz"
+    est.save(p)
+    back = GMMLocalizer.load(p)
+    assert back.feature_test == ("STEP", "OTHER")
+    np.testing.assert_allclose(back.score_samples(probe, step), est.score_samples(probe, step))
+    with np.load(p, allow_pickle=False) as z:
+        data = {k: z[k] for k in z.files if k != "feature_radius"}
+    import json
+
+    header = json.loads(str(data.pop("header")))
+    del header["params"]["feature_test"]
+    old = tmp_path / "old.npz"
+    np.savez(old, header=np.asarray(json.dumps(header)), **data)
+    legacy = GMMLocalizer.load(old)
+    assert legacy.feature_test == ()
+    np.testing.assert_allclose(legacy.score_samples(probe, step), off.score_samples(probe, step), atol=1e-9)
+
+
 def test_bad_artefacts_are_refused(tmp_path):
     with pytest.raises(TellerError, match="teller localize fit"):
         GMMLocalizer.load(tmp_path / "missing.npz")

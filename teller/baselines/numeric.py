@@ -1,22 +1,34 @@
-"""The TELLER numeric stage (the GMM localizer of :mod:`teller.localize`) as an evaluation method.
+"""The TELLER numeric stage (the GMM localizer of :mod:`teller.localize`) as an evaluation method,
+and the instances of a labelled dataset as ``teller diagnose`` builds them from a run.
 
 Per run, the dataset's subtree rows become instances as ``teller diagnose`` builds them
-(``teller.forest.Forest`` → steps by STEP ranges → FE/BE/COMM, OTHER and STEP instances and their
-features, each with its step's request count for the batch normalisation); ``GMMLocalizer()``
-with its defaults is fitted on the instances of the **normal** train steps (a one-class
-reference of normal operation), warm-up steps left out as ``teller diagnose`` leaves them out
-(:func:`teller.forest.warmup_steps` on the dataset's STEP nodes; ``keep_warmup=True`` keeps
-them). The dataset stores no ``iterations.parquet`` and no memory kinds, so those columns are
-NaN. A test step is flagged when its step score reaches the stage's threshold, and its
-operator set is its candidate families (at most 5). In the horizontal view a step is flagged
-when one of its rank steps is, its score is the largest of theirs and its operators are the
-union of theirs. The stage has no fault-type head.
+(:func:`keyed_instances`: ``teller.forest.Forest`` → steps, one per STEP node holding every row
+with its ``step_idx``, i.e. the engine iteration's schedule/update ranges and GAP rows beside the
+STEP subtree → FE/BE/COMM, OTHER and STEP instances and their features), with each step's
+context from the dataset (:func:`dataset_context`): the iteration columns and batch of
+``iterations.parquet``, the admission delay from ``logs.parquet`` and the records, the warm-up
+flag; pageable copies where the subtrees keep CUPTI memory kinds. A dataset without
+``iterations.parquet`` (built before engine iterations) leaves those columns NaN and takes the
+batch from the STEP names' ``reqs=`` lists and the warm-up rule from
+:func:`teller.forest.warmup_steps`. ``GMMLocalizer()`` with its defaults is fitted on the
+instances of the **normal** train steps (a one-class reference of normal operation), warm-up
+steps left out as ``teller diagnose`` leaves them out (``keep_warmup=True`` keeps them). A test
+step is flagged when its step score reaches the stage's threshold, and its operator set is its
+candidate families (at most 5). In the horizontal view a step is flagged when one of its rank
+steps is, its score is the largest of theirs and its operators are the union of theirs. The
+stage has no fault-type head. ``benchmarks/eval_localize_h200.py`` builds its instances with the
+same two functions.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
@@ -24,11 +36,14 @@ from teller.forest import Forest, step_blocks, warmup_steps
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     FEATURES,
+    ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
+    admission_delay,
     instance_features,
+    iteration_matrix,
 )
-from teller.rundir import dict_codes
+from teller.rundir import LAYER_CODE, dict_codes
 
 
 def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -47,44 +62,186 @@ def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.where(empty, np.nan, n), warm
 
 
-def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
-    """Operator instances of every unit (rank step) of ``steps``; ``step`` is the unit index
-    (-1: outside the kept steps)."""
+def _str(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object).astype(str)
+
+
+def _keys_of(runs: np.ndarray, run_names: np.ndarray, step_id: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Index into the sorted ``keys`` (``run_code << 40 | step_id``) of each (run name, step id),
+    -1 where the pair is not a key."""
+    if not len(keys) or not len(runs):
+        return np.full(len(step_id), -1, np.int64)
+    g = np.clip(np.searchsorted(runs, run_names), 0, len(runs) - 1)
+    k = g.astype(np.int64) << 40 | np.asarray(step_id, np.int64)
+    pos = np.clip(np.searchsorted(keys, k), 0, len(keys) - 1)
+    return np.where((runs[g] == run_names) & (keys[pos] == k), pos, -1)
+
+
+def dataset_context(ds: str | Path, runs: np.ndarray, keys: np.ndarray) -> dict[str, Any] | None:
+    """Per step key (sorted ``run_code << 40 | step_id``, ``runs`` sorted names): the iteration
+    columns (``iter``, n × :data:`ITER_FEATURES`, NaN where unknown), the batch (``batch``:
+    requests served, NaN), the warm-up flag (``warmup``) and whether the step has an iteration
+    row (``has``), from the dataset's ``iterations.parquet``; None when the dataset has none.
+
+    ``iter.admit_delay`` (:func:`teller.localize.features.admission_delay`) is computed as
+    ``teller diagnose`` computes it from a run directory: arrivals are each request's first log
+    line (``logs.parquet``), first steps those of the vertical records, the iterations those of
+    ``iterations.parquet``. A dataset keeps a sample of each run's steps, so only the kept
+    iterations between an arrival and a first step count (a lower bound)."""
+    ds = Path(ds)
+    if not (ds / "iterations.parquet").is_file():
+        return None
+    n = len(keys)
+    it = pq.read_table(ds / "iterations.parquet")
+    irun = _str(it.column("run_id"))
+    pos = _keys_of(runs, irun, it.column("step_id").to_numpy(), keys)
+    hit = pos >= 0
+    out = {"iter": np.full((n, len(ITER_FEATURES)), np.nan), "batch": np.full(n, np.nan),
+           "warmup": np.zeros(n, bool), "has": np.zeros(n, bool)}
+    out["iter"][pos[hit]] = iteration_matrix(it)[hit]
+    nreq = it.column("n_requests").to_numpy(zero_copy_only=False).astype(np.float64)
+    out["batch"][pos[hit]] = np.where(nreq > 0, nreq, np.nan)[hit]
+    out["warmup"][pos[hit]] = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)[hit]
+    out["has"][pos[hit]] = True
+    out["iter"][:, ITER_FEATURES.index("iter.admit_delay")] = _admission_delays(ds, it, irun, pos)
+    return out
+
+
+def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``iter.admit_delay`` per key (:func:`dataset_context`); ``pos``: each iteration row's key."""
+    n = int(pos.max(initial=-1)) + 1
+    out = np.full(max(n, 0), np.nan)
+    if not (ds / "logs.parquet").is_file() or not n:
+        return out
+    lg = pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"])
+    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
+    arr = lg.group_by(["run_id", "request_id"]).aggregate([("ts_ns", "min")])
+    arr_key = np.char.add(np.char.add(_str(arr.column("run_id")), "\x00"), _str(arr.column("request_id")))
+    arr_order = np.argsort(arr_key)
+    arr_key, arr_ts = arr_key[arr_order], arr.column("ts_ns_min").to_numpy()[arr_order]
+    rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
+    rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
+    rrun, rreq, rsid = _str(rec.column("run_id")), _str(rec.column("request_id")), rec.column("step_id").to_numpy()
+    for name in np.unique(irun).tolist():  # runs: tens
+        rows = np.flatnonzero(irun == name)
+        sid = it.column("step_id").to_numpy()[rows].astype(np.int64)
+        col = {c: it.column(c).to_numpy()[rows].astype(np.int64) for c in ("start_ns", "end_ns", "pid", "waiting")}
+        m = rrun == name
+        so = np.argsort(sid)
+        p = np.clip(np.searchsorted(sid[so], rsid[m]), 0, max(len(sid) - 1, 0))
+        sidx = np.where(sid[so][p] == rsid[m], so[p], -1)
+        rq = rreq[m][sidx >= 0]
+        sidx = sidx[sidx >= 0]
+        # each request's first kept step on each process
+        o = np.lexsort((col["start_ns"][sidx], col["pid"][sidx], rq))
+        rq, sidx = rq[o], sidx[o]
+        first = np.r_[True, (rq[1:] != rq[:-1]) | (col["pid"][sidx][1:] != col["pid"][sidx][:-1])] if len(o) else np.zeros(0, bool)
+        q = np.char.add(name + "\x00", rq[first]) if first.any() else np.zeros(0, str)
+        j = np.clip(np.searchsorted(arr_key, q), 0, max(len(arr_key) - 1, 0))
+        arrival = np.where((arr_key[j] == q) if len(arr_key) else np.zeros(len(q), bool), arr_ts[j] if len(arr_ts) else -1, -1)
+        d = admission_delay(col["start_ns"], col["end_ns"], col["pid"], col["waiting"], sidx[first], arrival)
+        ok = pos[rows] >= 0
+        out[pos[rows][ok]] = d[ok]
+    return out
+
+
+def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
+    """Steps of a dataset forest as ``teller diagnose`` sees them: one per STEP node, holding every
+    row with the STEP row's ``step_idx`` (the engine iteration: schedule/update ranges and GAP rows
+    beside the STEP subtree); forests without ``step_idx`` fall back to ``step_blocks``. Returns
+    the step index of every row (-1: in no step) and the STEP node id of each step, ascending."""
+    step_of_row, ids = step_blocks(fa)
+    if "step_idx" not in fa.table.column_names or not len(ids):
+        return step_of_row, ids
+    sidx = fa.table.column("step_idx").to_numpy(zero_copy_only=False).astype(np.int64)
+    srow = np.flatnonzero(fa.layer == LAYER_CODE["STEP"])
+    srow = srow[np.argsort(fa.node_id[srow], kind="stable")]
+    key = sidx[srow]
+    if (key < 0).any() or len(np.unique(key)) != len(key):
+        return step_of_row, ids  # no usable step_idx: the STEP subtrees alone
+    o = np.argsort(key)
+    pos = np.clip(np.searchsorted(key[o], sidx), 0, len(key) - 1)
+    hit = (sidx >= 0) & (key[o][pos] == sidx)
+    return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
+
+
+def _pageable(fa: Forest, args: pa.ChunkedArray | None) -> np.ndarray | None:
+    """Per row: a copy from or to pageable host memory (CUPTI memory kinds in ``args``), or None
+    when the subtrees keep no memory kinds (as :func:`teller.localize.features.pageable_rows`)."""
+    if args is None:
+        return None
+    col = args.combine_chunks() if isinstance(args, pa.ChunkedArray) else args
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col.cast(pa.string()))
+    vals = [v or "" for v in col.dictionary.to_pylist()]
+    codes = col.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
+    has = np.array([("src_kind" in v) for v in vals] + [False])[codes]
+    mem = fa.kind_or_layer("MEMCPY", "MEM")
+    if not (has & mem).any():
+        return None
+    return np.array([("Pageable" in v) for v in vals] + [False])[codes] & mem
+
+
+def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, context: dict[str, Any] | None,
+                    layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
+    """Instances of the steps ``keys`` (sorted ``run_code << 40 | step_id`` of the sorted run
+    names ``runs``) from the dataset's subtree rows, run by run; ``step`` indexes ``keys`` (-1:
+    a row outside them). ``context`` (:func:`dataset_context`, or None) gives each step its
+    iteration columns and batch; without it, or where a step has no iteration row, the batch is
+    the STEP name's request list. Also returns counts and the warm-up flag of every key by the
+    STEP-name rule (``name_warmup``)."""
     rcodes, rdict = dict_codes(subtrees, "run_id")
     order = np.argsort(rcodes, kind="stable")  # a run's rows keep their DFS order
     bounds = np.searchsorted(rcodes[order], np.arange(len(rdict) + 1))
     sid_all = subtrees.column("step_id").to_numpy()
+    sidx_all = subtrees.column("step_idx").to_numpy() if "step_idx" in subtrees.column_names else None
+    is_step = np.asarray(pc.equal(subtrees.column("layer").cast(pa.string()), "STEP").to_numpy(zero_copy_only=False), bool)
     keep_cols = [c for c in subtrees.column_names if c not in ("run_id", "args")]
     parts: list[Instances] = []
-    warm_parts: list[np.ndarray] = []
+    name_warm = np.zeros(len(keys), bool)
+    info = {"runs": 0, "runs_with_memory_kinds": 0, "step_nodes_without_keys": 0}
     for r, name in enumerate(rdict):  # runs: tens
-        g = int(np.searchsorted(steps.runs, name))
-        if g >= len(steps.runs) or steps.runs[g] != name:
+        g = int(np.searchsorted(runs, name))
+        if g >= len(runs) or runs[g] != name:
             continue
         rows = order[bounds[r]:bounds[r + 1]]
-        ukeys = steps.unit_key[(steps.unit_key >> 40) == g] & ((1 << 40) - 1)
-        rows = rows[np.isin(sid_all[rows], ukeys)]
+        ukeys = keys[(keys >> 40) == g] & ((1 << 40) - 1)
+        keep = np.isin(sid_all[rows], ukeys)
+        if sidx_all is not None:  # the iteration's rows outside its STEP (schedule, update, GAP): by step_idx
+            kept_idx = sidx_all[rows[keep & is_step[rows]]]
+            keep |= (sid_all[rows] < 0) & np.isin(sidx_all[rows], kept_idx)
+        rows = rows[keep]
         if not len(rows):
             continue
-        fa = Forest.from_table(subtrees.take(pa.array(rows)).select(keep_cols))
-        step_of_row, step_node = step_blocks(fa)
-        batch, warm = _step_context(fa, step_node)
-        inst = instance_features(fa, step_of_row, SCORED_LAYERS, step_batch=batch)
+        part = subtrees.take(pa.array(rows))
+        args = part.column("args") if "args" in part.column_names else None
+        fa = Forest.from_table(part.select(keep_cols))
+        del part
+        step_of_row, step_node = _iteration_blocks(fa)
         k = np.int64(g) << 40 | step_node
-        pos = np.clip(np.searchsorted(steps.unit_key, k), 0, len(steps.unit_key) - 1)
-        unit = np.where(steps.unit_key[pos] == k, pos, -1)
+        pos = np.clip(np.searchsorted(keys, k), 0, len(keys) - 1)
+        hit = keys[pos] == k
+        unit = np.where(hit, pos, -1)
+        info["step_nodes_without_keys"] += int((~hit).sum())
+        name_batch, warm = _step_context(fa, step_node)
+        name_warm[unit[warm & hit]] = True
+        gs = np.maximum(unit, 0)
+        batch, it = name_batch, None
+        if context is not None:
+            has = hit & context["has"][gs]
+            batch = np.where(has, context["batch"][gs], name_batch)
+            it = np.where(hit[:, None], context["iter"][gs], np.nan)
+        pg = _pageable(fa, args)
+        info["runs"] += 1
+        info["runs_with_memory_kinds"] += pg is not None
+        inst = instance_features(fa, step_of_row, layers, step_batch=batch, step_iter=it, pageable=pg)
         step = np.where(inst.step >= 0, unit[np.maximum(inst.step, 0)], -1)
         parts.append(Instances(inst.rows, inst.family, inst.families, step, inst.X, inst.parent, inst.layers, inst.batch))
-        warm_parts.append(unit[warm & (unit >= 0)])
         del fa
     families = sorted({f for p in parts for f in p.families})
     fidx = {f: i for i, f in enumerate(families)}
     off = np.cumsum([0] + [p.n for p in parts])
-    unit_warm = np.zeros(len(steps.unit_key), bool)
-    for w in warm_parts:
-        unit_warm[w] = True
-    steps.extra["unit_warmup"] = unit_warm
-    return Instances(
+    inst = Instances(
         rows=np.concatenate([p.rows for p in parts]) if parts else np.zeros(0, np.int64),
         family=np.concatenate([np.array([fidx[f] for f in p.families], np.int32)[p.family] if p.n else np.zeros(0, np.int32)
                                for p in parts]) if parts else np.zeros(0, np.int32),
@@ -93,8 +250,24 @@ def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
         X=np.concatenate([p.X for p in parts]) if parts else np.zeros((0, len(FEATURES))),
         parent=np.concatenate([np.where(p.parent >= 0, p.parent + o, -1) for p, o in zip(parts, off[:-1], strict=True)])
         if parts else np.zeros(0, np.int64),
-        layers=SCORED_LAYERS,
+        layers=tuple(layers),
         batch=np.concatenate([p.batch for p in parts]) if parts else np.zeros(0))
+    info["name_warmup"] = name_warm
+    return inst, info
+
+
+def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
+    """Operator instances of every unit (rank step) of ``steps`` (:func:`keyed_instances`, with
+    the context of the dataset at ``steps.dataset``); ``step`` is the unit index (-1: outside
+    the kept steps). Sets ``steps.extra["unit_warmup"]``: the iterations' warm-up column where a
+    unit has a row, else the STEP-name rule."""
+    ctx = dataset_context(steps.dataset, steps.runs, steps.unit_key) if steps.dataset else None
+    inst, info = keyed_instances(subtrees, steps.runs, steps.unit_key, ctx)
+    warm = info["name_warmup"]
+    if ctx is not None:
+        warm = np.where(ctx["has"], ctx["warmup"], warm)
+    steps.extra["unit_warmup"] = warm
+    return inst
 
 
 def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:

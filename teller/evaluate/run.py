@@ -85,16 +85,16 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if not usable:
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
+    if "teller_numeric" in methods:  # the stage's instances, CUPTI memory kinds (args) included
+        from teller.baselines.numeric import unit_instances
+
+        steps.extra["instances"] = unit_instances(steps, sub)
     sub = sub.select([c for c in sub.column_names if c != "args"])
     logs = None
     if (Path(ds) / "logs.parquet").is_file():
         logs = pq.read_table(Path(ds) / "logs.parquet", columns=["run_id", "step_id"])
         logs = logs.filter(pc.greater_equal(logs.column("step_id"), 0))
     steps.features = step_features(steps, sub, logs)
-    if "teller_numeric" in methods:
-        from teller.baselines.numeric import unit_instances
-
-        steps.extra["instances"] = unit_instances(steps, sub)
     del sub
     t_load = time.perf_counter() - t0
     log(f"{view}: {steps.n} steps ({int(steps.is_anomaly.sum())} abnormal), features {steps.features.std.shape[1]} "

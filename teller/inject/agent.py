@@ -163,7 +163,7 @@ class Agent:
         home = os.environ.get("TELLER_HOME")
         if home:
             env["PYTHONPATH"] = os.pathsep.join([home] + ([env["PYTHONPATH"]] if env["PYTHONPATH"] else []))
-        p = subprocess.Popen([sys.executable, "-m", "teller.inject.hogs", *argv], env=env,
+        p = subprocess.Popen([sys.executable, "-m", "teller.inject.hogs", *argv, "--parent", str(os.getpid())], env=env,
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._children.setdefault(fault["id"], []).append(p)
         self.windows[fault["id"]]["extra"].setdefault("pids", []).append(p.pid)

@@ -29,7 +29,10 @@ They carry the runtime-call mix of their subtree as well (:data:`MIX_FEATURES`: 
 asynchronous memcpy calls, pageable copies, stream/event and device synchronizations,
 allocations: counts and time; ``pageable_n`` is NaN where the copies' memory kinds are not known),
 and a STEP instance its iteration (:data:`ITER_FEATURES`, from ``iterations.parquet`` through
-:func:`read_iterations`; NaN when the run has none). On the other instances those columns are
+:func:`read_iterations`; NaN when the run has none) and its admission delay (``iter.admit_delay``,
+:func:`admission_delay`: of the requests the step serves first, the longest time one had arrived,
+by its first log line in ``log_alignment.parquet``, while iterations of its process ran with
+nothing waiting; NaN without aligned logs, a recorded queue length, or a newly admitted request). On the other instances those columns are
 NaN, which the localizer leaves out of their distances.
 
 Every instance also carries the batch its step served (:attr:`Instances.batch`, the step's
@@ -75,6 +78,7 @@ __all__ = [
     "SCORED_LAYERS",
     "FALLBACK_LAYERS",
     "StepTable",
+    "admission_delay",
     "Instances",
     "family_names",
     "instance_features",
@@ -127,6 +131,7 @@ ITER_FEATURES = (
     "batch.waiting",
     "batch.kv_frac",
     "batch.preempted",
+    "iter.admit_delay",
 )
 #: Feature names, in column order of the feature matrix.
 FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
@@ -194,6 +199,8 @@ def iteration_matrix(t: pa.Table) -> np.ndarray:
     -1, the contract's "not recorded", becomes NaN)."""
     out = np.full((t.num_rows, len(ITER_FEATURES)), np.nan)
     for j, name in enumerate(ITER_FEATURES):
+        if name not in _ITER_SOURCE and name != "batch.kv_frac":
+            continue  # derived from other tables (iter.admit_delay: :func:`admission_delay`)
         if name == "batch.kv_frac":
             used, total = _np(t, "kv_used").astype(np.float64), _np(t, "kv_total").astype(np.float64)
             ok = (used >= 0) & (total > 0)
@@ -202,6 +209,78 @@ def iteration_matrix(t: pa.Table) -> np.ndarray:
         v = _np(t, _ITER_SOURCE[name]).astype(np.float64)
         out[:, j] = np.where(v >= 0, v, np.nan)
     return out
+
+
+def admission_delay(start: np.ndarray, end: np.ndarray, pid: np.ndarray, waiting: np.ndarray,
+                    req_step: np.ndarray, req_arrival: np.ndarray) -> np.ndarray:
+    """``iter.admit_delay`` of every step: the longest time a request first served by the step
+    had arrived without being queued, i.e. the summed duration of the iterations of the step's
+    process that ran entirely between the request's arrival and the step's start while no request
+    was waiting. A request that arrives while the engine runs is taken by the next iteration's
+    scheduling, or counted as waiting until capacity frees up; iterations that run with an empty
+    queue after it arrived mean it never reached the queue (a slow admission path).
+
+    ``start``, ``end``, ``pid``, ``waiting``: per step, its iteration (τ ns; waiting −1 = not
+    recorded); ``req_step``: per request (and process), the index of its first step (−1 none);
+    ``req_arrival``: its arrival on τ (−1 unknown). NaN for steps that admit no request with a
+    known arrival, and where the queue length is not recorded."""
+    n = len(start)
+    out = np.full(n, np.nan)
+    ok = (req_step >= 0) & (req_arrival >= 0)
+    if not n or not ok.any() or not (waiting >= 0).any():
+        return out
+    rs, ra = req_step[ok].astype(np.int64), req_arrival[ok].astype(np.int64)
+    delay = np.zeros(len(rs))
+    for p in np.unique(pid[rs]).tolist():  # processes (ranks): a handful
+        steps = np.flatnonzero(pid == p)
+        steps = steps[np.argsort(start[steps], kind="stable")]
+        s, e = start[steps], end[steps]
+        idle = np.where(waiting[steps] == 0, e - s, 0).astype(np.float64)
+        cum = np.concatenate([[0.0], np.cumsum(idle)])
+        r = np.flatnonzero(pid[rs] == p)
+        i0 = np.searchsorted(s, ra[r], side="left")  # first iteration starting at or after the arrival
+        i1 = np.searchsorted(e, start[rs[r]], side="right")  # iterations ending by the step's start
+        delay[r] = np.where(i1 > i0, cum[np.maximum(i1, i0)] - cum[i0], 0.0)
+    known = waiting[rs] >= 0
+    np.fmax.at(out, rs[known], delay[known])
+    return out
+
+
+def _run_admission_delay(rd: RunDir, steps: pa.Table, it: pa.Table) -> np.ndarray | None:
+    """:func:`admission_delay` of a run directory: arrivals are each request's first log line on
+    τ (``log_alignment.parquet``, the line's ``request_id``), first steps from ``requests.parquet``
+    (per request and process). None when the run has no aligned logs or no request table."""
+    if not (rd.has_table("requests") and rd.has_table("log_alignment")):
+        return None
+    try:
+        rq = rd.read_table("requests", columns=["request_id", "step_id"])
+        lg = rd.read_table("log_alignment", columns=["request_id", "ts_ns"])
+    except (TellerError, OSError, pa.ArrowInvalid, KeyError):
+        return None
+    import pyarrow.compute as pc
+
+    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
+    if not lg.num_rows or not rq.num_rows:
+        return None
+    first_line = lg.group_by("request_id").aggregate([("ts_ns", "min")])
+    names = first_line.column("request_id").cast(pa.string())
+    arrival_of = first_line.column("ts_ns_min").to_numpy()
+    step_ids = _np(steps, "step_id")
+    sorder = np.argsort(step_ids, kind="stable")
+    rstep = rq.column("step_id").to_numpy(zero_copy_only=False).astype(np.int64)
+    pos = np.clip(np.searchsorted(step_ids[sorder], rstep), 0, max(len(step_ids) - 1, 0))
+    hit = step_ids[sorder][pos] == rstep
+    sidx = np.where(hit, sorder[pos], -1)
+    start, pid = _np(it, "start_ns"), _np(it, "pid")
+    # each request's first step on each process: the earliest of its rows there
+    rcode = pc.index_in(rq.column("request_id").cast(pa.string()), value_set=names).fill_null(-1).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    keep = (sidx >= 0) & (rcode >= 0)
+    rcode, sidx = rcode[keep], sidx[keep]
+    o = np.lexsort((start[sidx], pid[sidx], rcode))
+    rcode, sidx = rcode[o], sidx[o]
+    first = np.r_[True, (rcode[1:] != rcode[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
+    return admission_delay(start, _np(it, "end_ns"), pid, _np(it, "waiting"), sidx[first], arrival_of[rcode[first]])
 
 
 def read_steps(rd: RunDir, fa: Forest) -> StepTable:
@@ -229,6 +308,9 @@ def read_steps(rd: RunDir, fa: Forest) -> StepTable:
     if it is not None:
         warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         iters = iteration_matrix(it)
+        delay = _run_admission_delay(rd, steps, it)
+        if delay is not None:
+            iters[:, ITER_FEATURES.index("iter.admit_delay")] = delay
     else:  # the same rule the reconstruction writes into iterations.parquet
         warm, iters = warmup_steps(steps), None
     return StepTable(step_of_row, _np(steps, "step_num"), _np(steps, "rank"), _np(steps, "step_id"),

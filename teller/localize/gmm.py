@@ -41,6 +41,18 @@ Scoring an instance x of family f:
 - ρ(x) = Σ_{k central} r_k(x) · g_k(x), the posterior mass on the central components, and the
   anomaly score **a(x) = 1 − ρ(x)** ∈ [0, 1].
 
+Per-feature test (``feature_test``, the layers whose families take it; default ``("STEP",
+"OTHER")``): a step-level instance carries some 30 features, and a single one far beyond anything
+the reference showed (a 40 ms admission delay, a sleeping scheduler's self time, allocations in
+a step that never allocates) moves the joint distance by less than the radius of 30 degrees of
+freedom. For these families each feature j also gets its own radius T_fj: the χ²(1) point at
+``tail`` / (features that vary), raised to the reference's held-out 1 − ℓ point of max(z_j, 0)²
+extrapolated with the χ²(1) shape, ℓ = max(``calibration_quantile``, :data:`TAIL_POINTS` / n)
+so that the reference's few largest values never set it (z_j: the deviation from the nearest
+central component, in its standard deviations), and a(x) is the larger of 1 − ρ(x) and
+max_j 1 − expit((T_fj − max(z_j, 0)²) / 2). Operator families (dozens of instances per step,
+whose suspiciousness is a quantile over them) keep the joint test only.
+
 With ``one_sided`` (default) only the features where x exceeds a component's centre count in
 m²_k: slower, more calls, more bytes are anomalies; less of everything is not a root cause. A
 responsibility under such a distance means nothing (every row below a component would sit "at"
@@ -54,8 +66,9 @@ regressed on log(batch) over the reference (least squares, slope clipped to
 [0, ``max_slope``]) and the slope's share is taken out, L' = L − b_f (log batch − centre_f).
 An attention op of a 60-request decode step is compared with what the reference's trend says
 60 requests cost, not with the median of small steps; a feature that does not follow the batch
-keeps b = 0. ``context_features`` (default the batch size and token counts) are context only:
-never scored (a large batch is not a fault).
+keeps b = 0. ``context_features`` (default the batch size, its token counts and the requests
+waiting) are context only: never scored (a large batch or a queue is load, not a fault: a queue
+left behind by a fault that has passed would otherwise flag the healthy steps that drain it).
 
 NaN features are marginalized (left out of the distances and densities). Instances of a family
 never seen in the reference get ``a = unseen_score`` and are reported as unseen.
@@ -98,6 +111,9 @@ _LOG2PI = math.log(2 * math.pi)
 
 #: rows per block in the distance computations (bounds the (rows × components × features) temporaries)
 _BLOCK = 16384
+
+#: reference values left above the calibration point of a per-feature radius (:meth:`GMMLocalizer._feature_radius`)
+TAIL_POINTS = 5
 
 #: samples per varying dimension each mixture component needs (:meth:`GMMLocalizer._mixture`)
 MIN_SAMPLES_PER_DIM = 10
@@ -286,7 +302,9 @@ class GMMLocalizer(BaseEstimator):
         random_state: int = 0,
         batch_norm: bool = True,
         max_slope: float = 1.0,
-        context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode"),
+        context_features: tuple[str, ...] = ("batch.n_requests", "batch.prefill", "batch.decode",
+                                             "batch.waiting"),
+        feature_test: tuple[str, ...] = ("STEP", "OTHER"),
     ):
         self.max_components = max_components
         self.min_scale = min_scale
@@ -314,6 +332,7 @@ class GMMLocalizer(BaseEstimator):
         self.batch_norm = batch_norm
         self.max_slope = max_slope
         self.context_features = context_features
+        self.feature_test = feature_test
 
     # ---------------------------------------------------------------------------------------
     # fitting
@@ -359,6 +378,7 @@ class GMMLocalizer(BaseEstimator):
         self.n_components_ = np.zeros(F, np.int64)
         self.n_samples_ = np.bincount(inv, minlength=F).astype(np.int64)
         self.radius_ = np.zeros(F)
+        self.feature_radius_ = np.full((F, d), np.inf)
         self.shift_radius_ = np.zeros(F)
         self.varying_ = np.zeros(F, np.int64)
         self.slope_ = np.zeros((F, d))
@@ -528,6 +548,34 @@ class GMMLocalizer(BaseEstimator):
         q = float(np.quantile(m2, 1 - self.calibration_quantile))
         return q * float(chi2.isf(self.tail, dof) / chi2.isf(self.calibration_quantile, dof))
 
+    def _feature_radius(self, z: np.ndarray, dof: int) -> np.ndarray:
+        """Per feature column of ``z`` (the reference's held-out deviations from their nearest
+        central component): the squared deviation beyond which that feature alone makes an
+        instance suspicious. The χ²(1) point at ``tail`` / ``dof`` (one test per varying feature),
+        raised to the reference's own 1 − ℓ point extrapolated with the χ²(1) shape, as
+        :meth:`_tail_radius` does for the joint distance (ℓ: see the module docstring)."""
+        e = self._excess2(z)
+        base = float(chi2.isf(self.tail / max(dof, 1), 1))
+        if not len(e):
+            return np.full(z.shape[1], base)
+        # the calibration point leaves the reference's TAIL_POINTS largest values above it: in a
+        # reference of a few hundred steps the 1 - calibration_quantile point is its maximum, and
+        # one hiccup (a 0.8 s iteration among 90 ms ones) would set the radius of every feature
+        level = max(self.calibration_quantile, TAIL_POINTS / len(e))
+        if level >= 0.5:
+            return np.full(z.shape[1], base)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # columns without values
+            q = np.nanquantile(e, 1 - level, axis=0)
+        # max(z, 0)² exceeds t with half the χ²(1) probability: the one-sided level is 2·level
+        q = np.where(np.isfinite(q), q, 0.0) * base / float(chi2.isf(2 * level if self.one_sided else level, 1))
+        return np.maximum(base, q)
+
+    def _excess2(self, z: np.ndarray) -> np.ndarray:
+        """Squared per-feature deviations that count (excesses only with ``one_sided``); NaN
+        where the feature is missing."""
+        return (np.maximum(z, 0.0) if self.one_sided else np.abs(z)) ** 2
+
     def _central(self, w: np.ndarray) -> np.ndarray:
         central = w >= self.min_central_weight
         central[np.argmax(w)] = True
@@ -586,6 +634,8 @@ class GMMLocalizer(BaseEstimator):
             m2, _ = self._comp_stats(Z, ~nan, w, mu, var, logp=False)
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
         self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
+        if str(self.families_[f]).split(" ", 1)[0] in set(self.feature_test or ()):
+            self.feature_radius_[f, cols] = self._feature_radius(z, dof)
         # in-sample scores of the final model (m2: its distances, from the last pass above)
         a_in, _, _, z_in = self._score_family(f, Z, ~nan, cols, m2)
         return z, a_in, z_in
@@ -643,7 +693,13 @@ class GMMLocalizer(BaseEstimator):
             r /= r.sum(axis=1, keepdims=True)
             rho = (r * g)[:, central].sum(axis=1)
         best, zc = self._best_z(Z, finite, m2, central, mu, var)
-        return np.clip(1.0 - rho, 0.0, 1.0), best, m2[np.arange(len(Z)), best], zc
+        a = np.clip(1.0 - rho, 0.0, 1.0)
+        if self.feature_test and len(zc) and np.isfinite(self.feature_radius_[f]).any():
+            # one feature far beyond what the reference ever showed is suspicious by itself, even
+            # when the joint distance over every feature stays inside the radius
+            e = np.nan_to_num(self._excess2(zc), nan=0.0)
+            a = np.maximum(a, 1.0 - expit((self.feature_radius_[f, cols] - e) / 2.0).min(axis=1))
+        return a, best, m2[np.arange(len(Z)), best], zc
 
     @staticmethod
     def _best_m2(m2: np.ndarray, central: np.ndarray) -> np.ndarray:
@@ -866,7 +922,7 @@ class GMMLocalizer(BaseEstimator):
             "feature_names": np.asarray(self.feature_names_in_, dtype=str),
             "median": self.median_, "scale": self.scale_, "weights": self.weights_, "means": self.means_,
             "covariances": self.covariances_, "central": self.central_, "n_components": self.n_components_,
-            "n_samples": self.n_samples_, "radius": self.radius_,
+            "n_samples": self.n_samples_, "radius": self.radius_, "feature_radius": self.feature_radius_,
             "shift_radius": self.shift_radius_, "varying": self.varying_,
             "slope": self.slope_, "batch_center": self.batch_center_,
         }
@@ -893,8 +949,11 @@ class GMMLocalizer(BaseEstimator):
             raise TellerError(f"{path}: localizer artefact version {header['version']} is newer than this teller; upgrade teller")
         known = cls().get_params()
         params = {k: v for k, v in header["params"].items() if k in known}
-        if isinstance(params.get("context_features"), list):  # JSON has no tuples
-            params["context_features"] = tuple(params["context_features"])
+        for k in ("context_features", "feature_test"):
+            if isinstance(params.get(k), list):  # JSON has no tuples
+                params[k] = tuple(params[k])
+        if "feature_test" not in header["params"]:  # artefacts before the feature test
+            params["feature_test"] = ()
         est = cls(**params)
         est.families_ = data["families"]
         est.feature_names_in_ = data["feature_names"]
@@ -908,6 +967,8 @@ class GMMLocalizer(BaseEstimator):
         # version 1 artefacts: no batch normalisation
         est.slope_ = data["slope"] if "slope" in data else np.zeros((F, d))
         est.batch_center_ = data["batch_center"] if "batch_center" in data else np.zeros(F)
+        # artefacts before the feature test: no per-feature radii (the test never fires)
+        est.feature_radius_ = data["feature_radius"] if "feature_radius" in data else np.full((F, d), np.inf)
         est.nan_values_ = int(header.get("nan_values", 0))
         est.extra_ = header.get("extra", {})
         return est

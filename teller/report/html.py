@@ -119,6 +119,7 @@ FEATURE_WORDS = {
     "batch.waiting": "requests waiting",
     "batch.kv_frac": "share of the KV cache in use",
     "batch.preempted": "preempted requests",
+    "iter.admit_delay": "time a newly admitted request had arrived but was not queued",
     "family": "operator family",
 }
 
