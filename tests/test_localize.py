@@ -508,3 +508,34 @@ def test_fit_localizer_samples_steps(tmp_path):
     assert a.extra_["reference_instances"] < full.extra_["reference_instances"]
     np.testing.assert_array_equal(a.radius_, b.radius_)
     assert list(a.families_) == list(full.families_)
+
+
+def test_calibration_sample_whole_steps():
+    """A family larger than ``max_calibration_samples`` is calibrated on whole reference steps
+    (seeded: the same sample every time; all of a step's instances or none); a cap above every
+    family fits exactly what no cap fits; the in-sample flag rate counts the steps every
+    family's sample holds."""
+    rng = np.random.default_rng(3)
+    n = 6000
+    names = ["BE big", "BE small"]
+    codes = np.where(np.arange(n) % 6 == 0, 1, 0)  # per step of 6 rows: 5 big, 1 small
+    X = np.full((n, len(FEATURES)), np.nan)
+    X[:, :13] = np.exp(rng.normal(8, 0.3, (n, 13)))
+    X[:, F["overlap"]] = 0.0
+    groups = np.arange(n) // 6
+    full = GMMLocalizer(max_calibration_samples=None).fit(X, families=codes, groups=groups, family_names=names)
+    same = GMMLocalizer(max_calibration_samples=n).fit(X, families=codes, groups=groups, family_names=names)
+    for k in ("radius_", "shift_radius_", "median_", "scale_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(same, k), getattr(full, k))
+    assert same.reference_steps_ == full.reference_steps_ == groups.max() + 1
+    a = GMMLocalizer(max_calibration_samples=1000).fit(X, families=codes, groups=groups, family_names=names)
+    b = GMMLocalizer(max_calibration_samples=1000).fit(X, families=codes, groups=groups, family_names=names)
+    np.testing.assert_array_equal(a.radius_, b.radius_)
+    np.testing.assert_array_equal(a.scale_, b.scale_)
+    # the big family: 200 whole steps of 5 (1000 rows); the small one (1000 rows) is whole
+    assert list(a.calibration_rows_) == [1000, 1000] and list(a.n_samples_) == [5000, 1000]
+    assert a.reference_steps_ == 200
+    assert not np.array_equal(a.scale_[0], full.scale_[0])
+    np.testing.assert_array_equal(a.scale_[1], full.scale_[1])
+    c = GMMLocalizer(max_calibration_samples=1000, random_state=1).fit(X, families=codes, groups=groups, family_names=names)
+    assert not np.array_equal(c.scale_[0], a.scale_[0])

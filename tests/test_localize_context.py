@@ -103,6 +103,10 @@ def test_cli_keep_warmup(planted_ref, tmp_path):
     r = CliRunner().invoke(app, ["localize", "fit", str(planted_ref), "--keep-warmup", "-o", str(tmp_path / "b.npz")])
     assert r.exit_code == 0 and "warm-up" not in r.output
     assert GMMLocalizer.load(tmp_path / "b.npz").extra_["keep_warmup"] is True
+    r = CliRunner().invoke(app, ["localize", "fit", str(planted_ref), "--max-steps", "5", "-o", str(tmp_path / "c.npz")])
+    assert r.exit_code == 0, r.output
+    x = GMMLocalizer.load(tmp_path / "c.npz").extra_
+    assert x["reference_steps"] == 5 and x["reference_steps_sampled_from"] > 5
     r = CliRunner().invoke(app, ["diagnose", str(planted_ref), "-r", str(planted_ref), "--keep-warmup", "--no-model",
                                  "-o", str(tmp_path / "d"), "-q"])
     assert r.exit_code == 0, r.output

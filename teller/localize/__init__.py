@@ -125,10 +125,15 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
             use[st[pick[lo:lo + len(st)]]] = True
             keeps[i] = keeps[i] & use[f.instances.step]
             lo += len(st)
-    for f, keep in zip(feats, keeps, strict=True):
+    # features read here (not given by the caller) are this function's own: their rows are
+    # compacted in place and their forests let go before the fit (the fit needs neither)
+    own = [f is not r for f, r in zip(feats, runs, strict=True)]
+    for f, keep, mine in zip(feats, keeps, own, strict=True):
         if not keep_warmup and f.steps.warmup is not None:
             warm_left += int(f.steps.warmup.sum())
-        X_parts.append(f.instances.X if keep.all() else f.instances.X[keep])
+        X_parts.append(f.instances.X if keep.all() else _take_rows(f.instances.X, keep) if mine else f.instances.X[keep])
+        if mine:
+            f.forest = f.comm_edges = None
         to_all = np.searchsorted(np.asarray(all_names, dtype=object), np.asarray(f.instances.families, dtype=object))
         fam_parts.append(to_all.astype(np.int64)[f.instances.family[keep]] if len(to_all) else np.zeros(int(keep.sum()), np.int64))
         grp_parts.append(f.instances.step[keep] + offset)  # steps of different runs stay apart
@@ -160,12 +165,33 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "reference_steps": total,
         "reference_steps_flagged": flagged,
         **({"reference_steps_sampled_from": n_ref_steps} if sampled else {}),
+        **_calibration_note(est),
         "reference_warmup_steps": warm_left if not keep_warmup else 0,
         "keep_warmup": bool(keep_warmup),
         **({"warmup_note": warmup_note} if warmup_note else {}),
         "step_rules": sorted({f.steps.rule for f in feats}),
     }
     return est
+
+
+def _take_rows(X: np.ndarray, keep: np.ndarray, block: int = 65536) -> np.ndarray:
+    """``X[keep]`` written over the first rows of ``X`` itself (a view of them is returned): rows
+    move only towards the front, block by block, so no second matrix is made. ``X`` is lost."""
+    idx = np.flatnonzero(keep)
+    for lo in range(0, len(idx), block):
+        take = idx[lo:lo + block]
+        X[lo:lo + len(take)] = X[take]  # the block is read (a copy) before it is written
+    return X[:len(idx)]
+
+
+def _calibration_note(est: GMMLocalizer) -> dict[str, Any]:
+    """``extra_`` entries saying which families were calibrated on a sample (none: no entry)."""
+    rows = getattr(est, "calibration_rows_", None)
+    if rows is None or not (rows < est.n_samples_).any():
+        return {}
+    part = rows < est.n_samples_
+    return {"calibration_sample": {"max_per_family": est.max_calibration_samples, "families_sampled": int(part.sum()),
+                                   "instances": int(rows.sum()), "of_instances": int(est.n_samples_.sum())}}
 
 
 @dataclass
@@ -186,27 +212,47 @@ class Localization:
     a: np.ndarray
     m2: np.ndarray
     unseen: np.ndarray
-    z: np.ndarray
+    z: np.ndarray  # per-feature deviations of the instances ``z_rows`` (all of them when None)
     component: np.ndarray
     steps: StepScores
     flagged: dict[int, StepResult]
     summary: dict[str, Any]
     collective: np.ndarray  # suspects standing for a family raised by the shift test alone
+    z_rows: np.ndarray | None = None  # the instances ``z`` holds (sorted): the suspicious ones of flagged steps
+
+    def z_of(self, idx: np.ndarray) -> np.ndarray | None:
+        """``z`` of the instances ``idx``; None when some of them are not held."""
+        if self.z_rows is None:
+            return self.z[idx]
+        pos = np.minimum(np.searchsorted(self.z_rows, idx), max(len(self.z_rows) - 1, 0))
+        if not len(self.z_rows) or not np.array_equal(self.z_rows[pos], idx):
+            return None
+        return self.z[pos]
 
 
 def step_scores(est: GMMLocalizer, inst: Instances) -> StepScores:
     """The step scores and flags of ``inst`` alone (:meth:`GMMLocalizer.score_steps`), without
     the candidates and suspects of :func:`localize`."""
-    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families, with_z_ref=False)
-    return est.score_steps(det["a"], inst.family, inst.step, det["z"], det["family"])
+    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families, with_z_ref=False,
+                      with_z=False, steps=inst.step)
+    return est.score_steps(det["a"], inst.family, inst.step, codes=det["family"], shift_groups=det["shift"])
+
+
+def _z_rows(est: GMMLocalizer, X: np.ndarray, inst: Instances, rows: np.ndarray) -> np.ndarray:
+    """The per-feature deviations z (:meth:`GMMLocalizer.details`) of the instances ``rows`` only."""
+    return est.details(X[rows], inst.family[rows], None if inst.batch is None else inst.batch[rows],
+                       family_names=inst.families, with_z_ref=False)["z"]
 
 
 def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
     X = feature_matrix(est, inst)
-    det = est.details(X, inst.family, inst.batch, family_names=inst.families, with_z_ref=False)
+    # no (instances × features) deviation matrix: the shift statistic comes family by family, and
+    # the deviations of the few suspicious instances are computed for them alone (below)
+    det = est.details(X, inst.family, inst.batch, family_names=inst.families, with_z_ref=False, with_z=False,
+                      steps=inst.step)
     a = det["a"]
-    ss = est.score_steps(a, inst.family, inst.step, det["z"], det["family"])
+    ss = est.score_steps(a, inst.family, inst.step, codes=det["family"], shift_groups=det["shift"])
     flagged_steps = ss.steps[ss.flag]
     # candidate (step, family) pairs
     is_flag_step = np.zeros(int(inst.step.max(initial=-1)) + 2, bool)
@@ -245,9 +291,12 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
         explainer[cu[first]] = st[first]
         explains_cand[st[hit & in_cand[cu]]] = True
         cur = np.where(live, inst.parent[np.maximum(cur, 0)], -1)
-    z = det["z"]
+    z_rows = np.flatnonzero(S)  # every suspect and every instance that may be explained away is one
+    z = _z_rows(est, X, inst, z_rows)
     self_col = list(est.feature_names_in_).index("self_ns") if "self_ns" in list(est.feature_names_in_) else None
-    own = np.abs(np.nan_to_num(z[:, self_col])) >= est.own_z if self_col is not None else np.zeros(inst.n, bool)
+    own = np.zeros(inst.n, bool)
+    if self_col is not None:
+        own[z_rows] = np.abs(np.nan_to_num(z[:, self_col])) >= est.own_z
     explained = S & has_desc & ~own
     suspect = S & ~explained & (in_cand | explains_cand)
     # per flagged step: candidates and suspects (loop over flagged steps; arrays inside)
@@ -298,7 +347,7 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
         "explained_away": int(explained.sum()),
         "collective_suspects": int(collective.sum()),
     }
-    return Localization(a, det["m2"], det["unseen"], z, det["component"], ss, flagged, summary, collective)
+    return Localization(a, det["m2"], det["unseen"], z, det["component"], ss, flagged, summary, collective, z_rows)
 
 
 def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndarray) -> list[list[dict[str, Any]]]:
@@ -310,8 +359,11 @@ def evidence(est: GMMLocalizer, inst: Instances, loc: Localization, idx: np.ndar
         return []
     fam = np.asarray(inst.families, dtype=object)[inst.family[idx]]  # these instances' names only
     ref = est.reference_value(fam, loc.component[idx], None if inst.batch is None else inst.batch[idx])
-    X = feature_matrix(est, inst)[idx]
-    Z = loc.z[idx]
+    X = feature_matrix(est, inst)
+    Z = loc.z_of(idx)
+    if Z is None:  # instances the localization did not keep deviations for
+        Z = _z_rows(est, X, inst, idx)
+    X = X[idx]
     names = list(est.feature_names_in_)
     out = []
     for j in range(len(idx)):  # suspects only

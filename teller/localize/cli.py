@@ -25,6 +25,7 @@ def fit_cmd(
     max_components: int = typer.Option(4, "--max-components", help="Most Gaussian components per operator family (chosen by BIC)."),
     tail: float = typer.Option(1e-4, "--tail", help="Share of normal instances allowed beyond the outlier radius."),
     keep_warmup: bool = typer.Option(False, "--keep-warmup", help="Keep the warm-up steps (warm-up requests only, or a process's first 2 steps) in the reference; by default they are left out."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", min=1, help="Fit on this many reference steps drawn at random (seeded), every part of the fit then costs what they cost; default: every step (a family of more than 50,000 instances is calibrated on a sample of whole steps either way)."),
 ) -> None:
     """Fit the per-family Gaussian mixtures on reference runs and save them as one artefact."""
     # imported when the command runs, so `teller --help` does not load sklearn and pyarrow
@@ -38,7 +39,7 @@ def fit_cmd(
     for r in reference:
         ensure_reconstructed(r, lambda m: err.print(f"[yellow]note[/]: {escape(str(m))}"))
     est = fit_localizer(list(reference), window_ns=window_ns(window_ms), keep_warmup=keep_warmup,
-                        max_components=max_components, tail=tail)
+                        max_steps=max_steps, max_components=max_components, tail=tail)
     out.parent.mkdir(parents=True, exist_ok=True)
     est.save(out)
     x = est.extra_

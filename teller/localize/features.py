@@ -380,6 +380,37 @@ class Instances:
                          None if self.batch is None else self.batch[idx])
 
 
+class _SubtreeSums:
+    """Subtree sums (:meth:`teller.forest.Forest.subtree_sums`) of masked values for the instance
+    rows: with the depth-first layout, from the positions of the masked rows alone (the
+    instances' subtree bounds searched once per mask, one cumulative sum per value over the
+    masked rows: no forest-sized temporary per feature); else through ``subtree_sums``. Integer
+    sums, so both give the same numbers."""
+
+    def __init__(self, fa: Forest, rows: np.ndarray):
+        self.fa, self.rows = fa, rows
+        self.end = rows + fa.size[rows] if fa.preorder else None
+
+    def __call__(self, mask: np.ndarray, values: tuple[np.ndarray | None, ...]) -> list[np.ndarray]:
+        """Per value (None: the count of masked rows) its sums over each instance's subtree, float64."""
+        fa = self.fa
+        if self.end is None:
+            zeros = np.zeros(fa.n, np.int64)
+            return [fa.subtree_sums(mask.astype(np.int64) if v is None else np.where(mask, v, zeros), self.rows)
+                    .astype(np.float64) for v in values]
+        pos = np.flatnonzero(mask)
+        lo, hi = np.searchsorted(pos, self.rows), np.searchsorted(pos, self.end)
+        out = []
+        for v in values:
+            if v is None:
+                out.append((hi - lo).astype(np.float64))
+                continue
+            c = np.zeros(len(pos) + 1, np.int64)
+            np.cumsum(np.asarray(v, np.int64)[pos], out=c[1:])
+            out.append((c[hi] - c[lo]).astype(np.float64))
+        return out
+
+
 def _name_class(fa: Forest, pattern: str) -> np.ndarray:
     """Rows whose name matches ``pattern`` (a regex, tested once per distinct name)."""
     import re
@@ -420,29 +451,23 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
     comm = fa.layer == LAYER_CODE["COMM"]
     outer_comm = comm & (fa.nearest_ancestor(comm) < 0)
     ovl = _overlap_ns(fa, kern | mem)
-    zeros = np.zeros(n, np.int64)
-
-    def ss(v: np.ndarray) -> np.ndarray:
-        return fa.subtree_sums(v, rows).astype(np.float64)
-
-    k_ns = ss(np.where(kern, dur, zeros))
+    sums = _SubtreeSums(fa, rows)
     X = np.full((len(rows), len(FEATURES)), np.nan)
     if len(rows):
-        X[:, :len(OP_FEATURES)] = np.column_stack([
-            dur[rows].astype(np.float64),
-            self_ns[rows].astype(np.float64),
-            ss(np.where(rt, dur, zeros)),
-            ss(rt.astype(np.int64)),
-            ss(np.where(drv, dur, zeros)),
-            ss(drv.astype(np.int64)),
-            ss(kern.astype(np.int64)),
-            k_ns,
-            ss(np.where(mem, np.maximum(fa.nbytes, 0), zeros)),
-            ss(np.where(mem, dur, zeros)),
-            ss(np.where(sync, dur, zeros)),
-            np.divide(ss(np.where(kern, ovl, zeros)), k_ns, out=np.zeros(len(rows)), where=k_ns > 0),
-            ss(np.where(outer_comm, np.maximum(fa.nbytes, 0), zeros)),
-        ])
+        # each column written in place (no (instances × 13) block assembled first)
+        col = {name: j for j, name in enumerate(OP_FEATURES)}
+        X[:, col["dur_ns"]] = dur[rows]
+        X[:, col["self_ns"]] = self_ns[rows]
+        nbytes = np.maximum(fa.nbytes, 0)
+        for mask, names, values in ((rt, ("rt_ns", "rt_n"), (dur, None)), (drv, ("drv_ns", "drv_n"), (dur, None)),
+                                    (kern, ("k_n", "k_ns", "overlap"), (None, dur, ovl)),
+                                    (mem, ("mem_bytes", "mem_ns"), (nbytes, dur)), (sync, ("sync_ns",), (dur,)),
+                                    (outer_comm, ("comm_bytes",), (nbytes,))):
+            for name, v in zip(names, sums(mask, values), strict=True):
+                X[:, col[name]] = v
+        k_ns = X[:, col["k_ns"]]
+        ov = X[:, col["overlap"]]
+        X[:, col["overlap"]] = np.divide(ov, k_ns, out=np.zeros(len(rows)), where=k_ns > 0)
         lay = fa.layer[rows]
         whole = np.isin(lay, [LAYER_CODE["STEP"], LAYER_CODE["OTHER"]])  # STEP and OTHER instances
         if whole.any():

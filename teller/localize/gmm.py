@@ -25,6 +25,13 @@ Fitting, per family f (reference runs: normal operation):
    split in two folds (even and odd steps) and each fold is measured against a mixture fitted on
    the other, so T_f also reflects new data, not only the data the mixture has already seen.
 
+A family of more than ``max_calibration_samples`` reference instances is fitted (steps 1–4, the
+batch slope, the shift test's radius and the in-sample flag rate) on a calibration sample of
+that many: whole reference steps taken in one seeded random order of the steps, until they hold
+``max_calibration_samples`` of the family's instances (the same reference gives the same
+sample; None: every instance). The fit then costs what the sample costs, whatever the length of
+the reference; the in-sample flag rate counts the steps that every family's sample holds.
+
 Scoring an instance x of family f:
 
 - m²_k(x): squared Mahalanobis distance to component k; r_k(x): its posterior responsibility;
@@ -222,6 +229,32 @@ def _kmeans_pp(X: np.ndarray, k: int, random_state: int, sq_norms: np.ndarray) -
         return kmeans_plusplus(X, k, random_state=random_state)[1]
 
 
+class _Priorities:
+    """A seeded random priority per reference step (rows without a step: one each), from which a
+    family's calibration sample takes the steps of lowest priority: the sample holds whole steps
+    (the folds, the shift statistic and the step scores see every instance of a step they see),
+    and one order serves every family, so a prefix of it is in all samples."""
+
+    def __init__(self, random_state: int, n_groups: int, g: np.ndarray | None):
+        self._rng = np.random.default_rng([int(random_state), 1])
+        self._step = self._rng.random(n_groups)
+        self._g = g
+
+    def of_steps(self) -> np.ndarray:
+        return self._step
+
+    def sample(self, idx: np.ndarray, cap: int) -> tuple[np.ndarray, float]:
+        """The rows of ``idx`` (ascending) in the steps of lowest priority holding at least ``cap``
+        of them, and the highest priority taken."""
+        if self._g is None:
+            pr = self._rng.random(len(idx))
+        else:
+            gi = self._g[idx]
+            pr = np.where(gi >= 0, self._step[np.maximum(gi, 0)], 1.0 + self._rng.random(len(idx)))
+        last = float(np.partition(pr, cap - 1)[cap - 1])
+        return idx[pr <= last], last
+
+
 def _distinct_rows(Z: np.ndarray, cap: int) -> int:
     """Number of distinct rows of ``Z``, counted up to ``cap``."""
     count, rest = 0, Z
@@ -272,6 +305,7 @@ class GMMLocalizer(BaseEstimator):
         unseen_score: float = 1.0,
         min_family_size: int = 8,
         max_fit_samples: int = 5000,
+        max_calibration_samples: int | None = 50000,
         reg_covar: float = 1e-4,
         random_state: int = 0,
         batch_norm: bool = True,
@@ -300,6 +334,7 @@ class GMMLocalizer(BaseEstimator):
         self.unseen_score = unseen_score
         self.min_family_size = min_family_size
         self.max_fit_samples = max_fit_samples
+        self.max_calibration_samples = max_calibration_samples
         self.reg_covar = reg_covar
         self.random_state = random_state
         self.batch_norm = batch_norm
@@ -366,10 +401,22 @@ class GMMLocalizer(BaseEstimator):
         fin_all = np.isfinite(X)
         self.nan_values_ = int(fin_all.size - np.count_nonzero(fin_all))
         ctx = self._context_mask()
+        n_groups = int(g.max(initial=-1)) + 1 if g is not None else 0
+        # the calibration sample: a family of more than max_calibration_samples instances is
+        # calibrated on whole reference steps drawn in one seeded random order (the same order for
+        # every family, so the first steps of it hold every family's instances)
+        cap = self.max_calibration_samples
+        prio = _Priorities(self.random_state, n_groups, g)
+        covered = np.inf  # steps of priority below this are in every family's sample
+        self.calibration_rows_ = np.zeros(F, np.int64)
         # per reference step: the in-sample step score (max over families), -inf without instances
-        step_max = np.full(int(g.max(initial=-1)) + 1 if g is not None else 0, -np.inf)
+        step_max = np.full(n_groups, -np.inf)
         for f in range(F):  # one loop turn per family (tens to hundreds)
             idx = order[bounds[f]:bounds[f + 1]]
+            if cap is not None and len(idx) > cap:
+                idx, last = prio.sample(idx, int(cap))
+                covered = min(covered, last)
+            self.calibration_rows_[f] = len(idx)
             cols = np.flatnonzero(fin_all[idx].any(axis=0) & ~ctx)  # the family's columns with values
             z_held, a_in, z_in = self._fit_family(f, X[np.ix_(idx, cols)], cols, fold[idx], rng, u_all[idx])
             # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
@@ -394,6 +441,8 @@ class GMMLocalizer(BaseEstimator):
                                   np.full(int(okf.sum()), f))
             step_max[ss.steps] = np.maximum(step_max[ss.steps], ss.score)
         seen = step_max > -np.inf
+        if np.isfinite(covered):  # the flag rate of the steps every family's sample holds
+            seen &= prio.of_steps() <= covered
         self.reference_steps_ = int(seen.sum()) if g is not None else None
         self.reference_steps_flagged_ = int((step_max[seen] >= self.step_threshold).sum()) if g is not None else None
         return self
@@ -694,12 +743,17 @@ class GMMLocalizer(BaseEstimator):
         return np.where(hit, pos, -1)
 
     def details(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None,
-                family_names: Any = None, with_z_ref: bool = True) -> dict[str, np.ndarray]:
+                family_names: Any = None, with_z_ref: bool = True, with_z: bool = True,
+                steps: np.ndarray | None = None) -> dict[str, Any]:
         """a(x) plus what explains it: ``a``, ``unseen`` (bool), ``m2`` (squared distance to the
         nearest central component), ``component`` (its index), ``z`` (n × d: per-feature deviation
-        from that component in its standard deviations), ``z_ref`` (n × d: robust z against the
-        family median; None unless ``with_z_ref``). ``batch``: requests of each row's step (the
-        batch normalisation). With ``family_names``, ``families`` are integer codes into it."""
+        from that component in its standard deviations; None unless ``with_z``), ``z_ref`` (n × d:
+        robust z against the family median; None unless ``with_z_ref``). ``batch``: requests of
+        each row's step (the batch normalisation). With ``family_names``, ``families`` are integer
+        codes into it. With ``steps`` (each row's step, < 0: none), also ``shift``: the shift
+        statistic m²_shift of every (family, step) group (:meth:`score_steps` takes it instead of
+        ``z``), as arrays (family code, step, m²) ordered by family, then step: computed family by
+        family, so no (n × d) matrix is needed for it."""
         self._check()
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features_in_:
@@ -713,8 +767,10 @@ class GMMLocalizer(BaseEstimator):
         a = np.full(n, np.nan)
         m2_out = np.full(n, np.nan)
         comp = np.full(n, -1, np.int64)
-        z = np.full((n, d), np.nan, order="F")  # column-major: the shift test reads it by feature
+        z = np.full((n, d), np.nan, order="F") if with_z else None  # column-major: the shift test reads it by feature
         z_ref = np.full((n, d), np.nan, order="F") if with_z_ref else None
+        shift: list[tuple[np.ndarray, np.ndarray]] = []
+        step_all = None if steps is None else np.asarray(steps).astype(np.int64)
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         bounds = np.searchsorted(sc, np.arange(-1, len(self.families_) + 1))
@@ -730,12 +786,23 @@ class GMMLocalizer(BaseEstimator):
             finite = ~np.isnan(L)
             Z = (L - self.median_[f, cols]) / self.scale_[f, cols]
             a[idx], comp[idx], m2_out[idx], zc = self._score_family(f, Z, finite, cols)
-            z[np.ix_(idx, cols)] = zc
+            if z is not None:
+                z[np.ix_(idx, cols)] = zc
             if z_ref is not None:
                 z_ref[np.ix_(idx, cols)] = Z
+            if step_all is not None:  # the groups score_steps forms: rows in a step with a finite score
+                live = (step_all[idx] >= 0) & np.isfinite(a[idx])
+                us, gid = np.unique(step_all[idx][live], return_inverse=True)
+                shift.append((us, self._group_m2(np.asfortranarray(zc[live]), gid.reshape(-1), len(us))))
         unseen = codes < 0
         a[unseen] = self.unseen_score
-        return {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
+        out = {"a": a, "unseen": unseen, "m2": m2_out, "component": comp, "z": z, "z_ref": z_ref, "family": codes}
+        if step_all is not None:
+            fams = [f for f in range(len(self.families_)) if bounds[f + 2] > bounds[f + 1]]
+            out["shift"] = (np.concatenate([np.full(len(u), f, np.int64) for f, (u, _) in zip(fams, shift, strict=True)] or [np.zeros(0, np.int64)]),
+                            np.concatenate([u for u, _ in shift] or [np.zeros(0, np.int64)]),
+                            np.concatenate([m for _, m in shift] or [np.zeros(0)]))
+        return out
 
     def score_samples(self, X: np.ndarray, families: np.ndarray, batch: np.ndarray | None = None) -> np.ndarray:
         """Anomaly score a(x) = 1 − ρ(x) of every instance (``unseen_score`` for unseen families)."""
@@ -790,14 +857,15 @@ class GMMLocalizer(BaseEstimator):
         return out
 
     def score_steps(self, a: np.ndarray, family: np.ndarray, step: np.ndarray, z: np.ndarray | None = None,
-                    codes: np.ndarray | None = None) -> StepScores:
+                    codes: np.ndarray | None = None, shift_groups: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepScores:
         """Family suspiciousness per (step, family) and the step scores (vectorized).
 
         ``family`` are integer codes of the run's families, ``step`` step indices; rows with
         step < 0 or NaN scores are ignored. With ``z`` and ``codes`` (from :meth:`details`) and
         ``shift_test``, a family whose instances in a step are all somewhat off also scores:
         a_shift = 1 − expit((T_shift − m²_shift) / 2), and the family's suspiciousness is the
-        larger of that and the least-confident-quantile mean."""
+        larger of that and the least-confident-quantile mean. ``shift_groups`` (with ``codes``): the
+        groups' m²_shift as :meth:`details` gives them with ``steps``, instead of ``z``."""
         a = np.asarray(a, dtype=np.float64)
         ok = (step >= 0) & np.isfinite(a)
         a, fam, st = a[ok], np.asarray(family)[ok].astype(np.int64), np.asarray(step)[ok].astype(np.int64)
@@ -816,11 +884,20 @@ class GMMLocalizer(BaseEstimator):
         take = rank < top[gid]
         susp = np.bincount(gid[take], weights=a[take], minlength=len(gstart)) / top
         shift = np.zeros(len(gstart))
-        if self.shift_test and z is not None and codes is not None:
-            row_gid = np.full(len(ok), -1, np.int64)  # each input row's group (rows left out: -1)
-            row_gid[np.flatnonzero(ok)[o]] = gid
-            m2 = self._group_m2(np.asarray(z), row_gid, len(gstart))
+        if self.shift_test and (z is not None or shift_groups is not None) and codes is not None:
             gc = np.asarray(codes)[ok][o][gstart]
+            if shift_groups is not None:  # precomputed per (family, step): look the groups up
+                sh_f, sh_s, sh_m2 = (np.asarray(x) for x in shift_groups)
+                span = int(max(st.max(initial=0), sh_s.max(initial=0))) + 1
+                keys = sh_f * span + sh_s
+                want = gc * span + st[gstart]
+                pos = np.minimum(np.searchsorted(keys, want), max(len(keys) - 1, 0))
+                hit = (keys[pos] == want) if len(keys) else np.zeros(len(want), bool)
+                m2 = np.where(hit, sh_m2[pos] if len(keys) else 0.0, 0.0)
+            else:
+                row_gid = np.full(len(ok), -1, np.int64)  # each input row's group (rows left out: -1)
+                row_gid[np.flatnonzero(ok)[o]] = gid
+                m2 = self._group_m2(np.asarray(z), row_gid, len(gstart))
             use = (gsize >= 2) & (gc >= 0)
             shift[use] = 1.0 - expit((self.shift_radius_[gc[use]] - m2[use]) / 2.0)
             susp = np.maximum(susp, shift)
