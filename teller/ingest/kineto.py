@@ -1106,29 +1106,25 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         bad = np.logical_or.reduce(surr)
         flags[bad] |= FLAG_REPAIRED
         stats.repaired["invalid_unicode"] += int((bad & ok).sum())
-    keep = ok
-    if not keep.all():
-        stats.skipped["bad_timestamp"] += int((~keep).sum())
-    t = pa.table(
-        {
-            "kind": pa.array(kind, pa.int8()),
-            "cat": cat_a,
-            "name": names,
-            "pid": pa.array(pid, pa.int64()),
-            "tid": pa.array(tid, pa.int64()),
-            "device": pa.array(device, pa.int32()),
-            "stream": pa.array(stream, pa.int64()),
-            "start": pa.array(start, pa.int64()),
-            "dur": pa.array(dur, pa.int64()),
-            "corr_id": pa.array(corr, pa.int64()),
-            "graph_id": pa.array(graph, pa.int64()),
-            "bytes": pa.array(nbytes, pa.int64()),
-            "flags": pa.array(flags, pa.int32()),
-            "args": args_arr,
-            "gpu": pa.array(is_gpu, pa.bool_()),
-        }
-    )
-    return t if keep.all() else t.filter(pa.array(keep))
+    t = _chunk_table(ok, stats, kind=kind, cat=cat_a, name=names, pid=pid, tid=tid, device=device, stream=stream,
+                     start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
+                     gpu=is_gpu)
+    return t
+
+
+_CHUNK_TYPES = {"kind": pa.int8(), "pid": pa.int64(), "tid": pa.int64(), "device": pa.int32(), "stream": pa.int64(),
+                "start": pa.int64(), "dur": pa.int64(), "corr_id": pa.int64(), "graph_id": pa.int64(),
+                "bytes": pa.int64(), "flags": pa.int32(), "gpu": pa.bool_()}
+
+
+def _chunk_table(ok: np.ndarray, stats: Any, **cols: Any) -> pa.Table:
+    """One chunk's rows as a table (columns in the order given; the numeric ones typed by
+    :data:`_CHUNK_TYPES`, ``cat``/``name``/``args`` already Arrow arrays), the rows whose
+    timestamp could not be read (``~ok``) left out and counted as ``bad_timestamp``."""
+    if not ok.all():
+        stats.skipped["bad_timestamp"] += int((~ok).sum())
+    t = pa.table({k: pa.array(v, _CHUNK_TYPES[k]) if k in _CHUNK_TYPES else v for k, v in cols.items()})
+    return t if ok.all() else t.filter(pa.array(ok))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1511,29 +1507,10 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
         args_arr = pc.replace_with_mask(args_arr, pa.array(mask), pa.array(patched, pa.string()))
 
     # no lone surrogates here: msgspec rejects them in strings, the args were checked above
-    keep = ok
-    if not keep.all():
-        stats.skipped["bad_timestamp"] += int((~keep).sum())
-    t = pa.table(
-        {
-            "kind": pa.array(kind, pa.int8()),
-            "cat": cat_a,
-            "name": names,
-            "pid": pa.array(pid, pa.int64()),
-            "tid": pa.array(tid, pa.int64()),
-            "device": pa.array(device, pa.int32()),
-            "stream": pa.array(stream, pa.int64()),
-            "start": pa.array(start, pa.int64()),
-            "dur": pa.array(dur, pa.int64()),
-            "corr_id": pa.array(corr, pa.int64()),
-            "graph_id": pa.array(graph, pa.int64()),
-            "bytes": pa.array(nbytes, pa.int64()),
-            "flags": pa.array(flags, pa.int32()),
-            "args": args_arr,
-            "gpu": pa.array(is_gpu, pa.bool_()),
-        }
-    )
-    return (t if keep.all() else t.filter(pa.array(keep))), stats
+    t = _chunk_table(ok, stats, kind=kind, cat=cat_a, name=names, pid=pid, tid=tid, device=device, stream=stream,
+                     start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
+                     gpu=is_gpu)
+    return t, stats
 
 
 def _collective_bytes(args: list[dict]) -> np.ndarray:
