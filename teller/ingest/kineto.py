@@ -1069,22 +1069,11 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
         alt, _ = _int_array([evs[i].get("correlation") for i in need])
         corr[need] = alt
 
-    # GPU rows: Kineto puts pid = device and tid = stream; canonical rows keep them in
-    # device/stream and set tid = -1 (pid becomes the file's main process in _finish_file).
-    gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
-    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
-    device = np.full(n, -1, np.int32)
-    stream = np.full(n, -1, np.int64)
-    graph = np.full(n, -1, np.int64)
-    gi = np.flatnonzero(is_gpu)
-    if len(gi):
-        dev, _ = _int_array([args[i].get("device") for i in gi], fill=-(2**62))
-        stm, _ = _int_array([args[i].get("stream") for i in gi], fill=-(2**62))
-        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
-        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
-        tid[gi] = -1
-        g, _ = _int_array([args[i].get("graph id", args[i].get("graph_id")) for i in gi])
-        graph[gi] = g
+    # GPU rows: Kineto puts pid = device and tid = stream (_gpu_columns)
+    is_gpu, device, stream, graph = _gpu_columns(
+        kind, cat_dict, cat_codes, pid, tid,
+        lambda gi: ([args[i].get("device") for i in gi], [args[i].get("stream") for i in gi],
+                    [args[i].get("graph id", args[i].get("graph_id")) for i in gi]))
 
     nbytes = np.full(n, -1, np.int64)
     mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
@@ -1110,6 +1099,30 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
                      start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
                      gpu=is_gpu)
     return t
+
+
+def _gpu_columns(kind: np.ndarray, cat_dict: list[str], cat_codes: np.ndarray, pid: np.ndarray, tid: np.ndarray,
+                 fields: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """GPU rows of a chunk and their device, stream and graph id. Kineto puts pid = device and
+    tid = stream; canonical rows keep them in device/stream and set tid = -1 (changed in place;
+    pid becomes the file's main process in _finish_file). ``fields(gi)``: the args' device,
+    stream and graph id values of the rows ``gi`` (three lists, None where absent)."""
+    n = len(kind)
+    gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
+    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
+    device = np.full(n, -1, np.int32)
+    stream = np.full(n, -1, np.int64)
+    graph = np.full(n, -1, np.int64)
+    gi = np.flatnonzero(is_gpu)
+    if len(gi):
+        devs, stms, graphs = fields(gi)
+        dev, _ = _int_array(devs, fill=-(2**62))
+        stm, _ = _int_array(stms, fill=-(2**62))
+        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
+        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
+        tid[gi] = -1
+        graph[gi], _ = _int_array(graphs)
+    return is_gpu, device, stream, graph
 
 
 _CHUNK_TYPES = {"kind": pa.int8(), "pid": pa.int64(), "tid": pa.int64(), "device": pa.int32(), "stream": pa.int64(),
@@ -1461,22 +1474,10 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
         alt, _ = _int_array([evs[i].correlation for i in need])
         corr[need] = alt
 
-    gpu_cat = np.fromiter((c in _GPU_RANGE_CATS for c in cat_dict), bool, len(cat_dict))
-    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
-    device = np.full(n, -1, np.int32)
-    stream = np.full(n, -1, np.int64)
-    graph = np.full(n, -1, np.int64)
-    gi = np.flatnonzero(is_gpu)
-    if len(gi):
-        dev, _ = _int_array([args[i].device for i in gi], fill=-(2**62))
-        stm, _ = _int_array([args[i].stream for i in gi], fill=-(2**62))
-        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
-        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
-        tid[gi] = -1
-        g, _ = _int_array(
-            [a.graph_id if (a := args[i]).graph_sp is _UNSET else a.graph_sp for i in gi]
-        )
-        graph[gi] = g
+    is_gpu, device, stream, graph = _gpu_columns(
+        kind, cat_dict, cat_codes, pid, tid,
+        lambda gi: ([args[i].device for i in gi], [args[i].stream for i in gi],
+                    [a.graph_id if (a := args[i]).graph_sp is _UNSET else a.graph_sp for i in gi]))
 
     nbytes = np.full(n, -1, np.int64)
     mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
