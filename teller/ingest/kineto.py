@@ -1013,22 +1013,7 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
 
     start, ok = _us_to_ns([e.get("ts") for e in evs], exact)
     dur, dur_ok = _us_to_ns([e.get("dur") for e in evs], exact)
-    flags = np.zeros(n, np.int32)
-    is_x = cls == _X
-    miss = is_x & ~dur_ok
-    neg = is_x & dur_ok & (dur < 0)
-    if miss.any():
-        # a number too large (or infinite) to be a duration is absurd, not missing
-        mi = np.flatnonzero(miss & ok)
-        huge = sum(1 for i in mi if type(evs[i].get("dur")) in (int, float, Decimal))
-        if huge:
-            stats.repaired["absurd_duration"] += huge
-        if len(mi) - huge:
-            stats.repaired["missing_duration"] += len(mi) - huge
-    if neg.any():
-        stats.repaired["negative_duration"] += int((neg & ok).sum())
-    flags[miss | neg] |= FLAG_REPAIRED
-    dur = np.where(is_x & dur_ok & (dur > 0), dur, 0)
+    dur, flags = _durations(cls, dur, dur_ok, ok, stats, lambda i: evs[i].get("dur"))
 
     # kinds: complete events by category, the rest by phase
     cat_a, surr_cat = _str_array_marked(cat)
@@ -1099,6 +1084,29 @@ def _segment(evs: list, exact: bool, stats: _Stats) -> pa.Table | None:
                      start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
                      gpu=is_gpu)
     return t
+
+
+def _durations(cls: np.ndarray, dur: np.ndarray, dur_ok: np.ndarray, ok: np.ndarray, stats: Any,
+               raw: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Durations of a chunk's complete events, repaired: missing, absurd (a number too large or
+    infinite to be a duration, not missing) and negative ones become 0 and are flagged and
+    counted (rows with a readable timestamp, ``ok``). ``raw(i)``: row i's ``dur`` as decoded.
+    Returns the durations and the rows' flags."""
+    flags = np.zeros(len(cls), np.int32)
+    is_x = cls == _X
+    miss = is_x & ~dur_ok
+    neg = is_x & dur_ok & (dur < 0)
+    if miss.any():
+        mi = np.flatnonzero(miss & ok)
+        huge = sum(1 for i in mi.tolist() if type(raw(i)) in (int, float, Decimal))
+        if huge:
+            stats.repaired["absurd_duration"] += huge
+        if len(mi) - huge:
+            stats.repaired["missing_duration"] += len(mi) - huge
+    if neg.any():
+        stats.repaired["negative_duration"] += int((neg & ok).sum())
+    flags[miss | neg] |= FLAG_REPAIRED
+    return np.where(is_x & dur_ok & (dur > 0), dur, 0), flags
 
 
 def _gpu_columns(kind: np.ndarray, cat_dict: list[str], cat_codes: np.ndarray, pid: np.ndarray, tid: np.ndarray,
@@ -1432,21 +1440,7 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
 
     start, ok, _ = _raw_us_to_ns(list(map(_G_TS, evs)), exact, loads)
     dur, dur_ok, dur_odd = _raw_us_to_ns(list(map(_G_DUR, evs)), exact, loads)
-    flags = np.zeros(n, np.int32)
-    is_x = cls == _X
-    miss = is_x & ~dur_ok
-    neg = is_x & dur_ok & (dur < 0)
-    if miss.any():
-        mi = np.flatnonzero(miss & ok)
-        huge = sum(1 for i in mi.tolist() if type(dur_odd.get(i)) in (int, float, Decimal))
-        if huge:
-            stats.repaired["absurd_duration"] += huge
-        if len(mi) - huge:
-            stats.repaired["missing_duration"] += len(mi) - huge
-    if neg.any():
-        stats.repaired["negative_duration"] += int((neg & ok).sum())
-    flags[miss | neg] |= FLAG_REPAIRED
-    dur = np.where(is_x & dur_ok & (dur > 0), dur, 0)
+    dur, flags = _durations(cls, dur, dur_ok, ok, stats, dur_odd.get)
 
     cat_a = pa.DictionaryArray.from_arrays(
         pa.array(cat_codes.astype(np.int32)), pa.array(cat_dict, pa.string())
