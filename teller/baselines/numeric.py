@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.baselines.base import Method, Prediction, register
-from teller.baselines.steps import StepSet
+from teller.baselines.steps import StepSet, _str
 from teller.forest import Forest, step_blocks, warmup_steps
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
@@ -39,9 +39,11 @@ from teller.localize.features import (
     ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
-    admission_delay,
+    first_log_lines,
     instance_features,
     iteration_matrix,
+    pageable_of,
+    request_admission_delay,
 )
 from teller.rundir import LAYER_CODE, dict_codes
 
@@ -60,10 +62,6 @@ def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.nda
     n = np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False), np.float64)
     empty = np.asarray(pc.equal(reqs.fill_null(""), "").to_numpy(zero_copy_only=False), bool)
     return np.where(empty, np.nan, n), warm
-
-
-def _str(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object).astype(str)
 
 
 def _keys_of(runs: np.ndarray, run_names: np.ndarray, step_id: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -113,33 +111,20 @@ def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray)
     out = np.full(max(n, 0), np.nan)
     if not (ds / "logs.parquet").is_file() or not n:
         return out
-    lg = pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"])
-    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
-    arr = lg.group_by(["run_id", "request_id"]).aggregate([("ts_ns", "min")])
-    arr_key = np.char.add(np.char.add(_str(arr.column("run_id")), "\x00"), _str(arr.column("request_id")))
-    arr_order = np.argsort(arr_key)
-    arr_key, arr_ts = arr_key[arr_order], arr.column("ts_ns_min").to_numpy()[arr_order]
+    first = first_log_lines(pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"]),
+                            ["run_id", "request_id"])
+    frun = _str(first.column("run_id"))
     rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
     rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
-    rrun, rreq, rsid = _str(rec.column("run_id")), _str(rec.column("request_id")), rec.column("step_id").to_numpy()
+    rrun, rsid = _str(rec.column("run_id")), rec.column("step_id").to_numpy().astype(np.int64)
+    col = {c: it.column(c).to_numpy().astype(np.int64) for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")}
     for name in np.unique(irun).tolist():  # runs: tens
         rows = np.flatnonzero(irun == name)
-        sid = it.column("step_id").to_numpy()[rows].astype(np.int64)
-        col = {c: it.column(c).to_numpy()[rows].astype(np.int64) for c in ("start_ns", "end_ns", "pid", "waiting")}
-        m = rrun == name
-        so = np.argsort(sid)
-        p = np.clip(np.searchsorted(sid[so], rsid[m]), 0, max(len(sid) - 1, 0))
-        sidx = np.where(sid[so][p] == rsid[m], so[p], -1)
-        rq = rreq[m][sidx >= 0]
-        sidx = sidx[sidx >= 0]
-        # each request's first kept step on each process
-        o = np.lexsort((col["start_ns"][sidx], col["pid"][sidx], rq))
-        rq, sidx = rq[o], sidx[o]
-        first = np.r_[True, (rq[1:] != rq[:-1]) | (col["pid"][sidx][1:] != col["pid"][sidx][:-1])] if len(o) else np.zeros(0, bool)
-        q = np.char.add(name + "\x00", rq[first]) if first.any() else np.zeros(0, str)
-        j = np.clip(np.searchsorted(arr_key, q), 0, max(len(arr_key) - 1, 0))
-        arrival = np.where((arr_key[j] == q) if len(arr_key) else np.zeros(len(q), bool), arr_ts[j] if len(arr_ts) else -1, -1)
-        d = admission_delay(col["start_ns"], col["end_ns"], col["pid"], col["waiting"], sidx[first], arrival)
+        m, f = np.flatnonzero(rrun == name), np.flatnonzero(frun == name)
+        d = request_admission_delay(*(col[c][rows] for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")),
+                                    rec.column("request_id").take(pa.array(m)), rsid[m],
+                                    first.column("request_id").take(pa.array(f)),
+                                    first.column("ts_ns_min").to_numpy()[f])
         ok = pos[rows] >= 0
         out[pos[rows][ok]] = d[ok]
     return out
@@ -163,23 +148,6 @@ def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
     pos = np.clip(np.searchsorted(key[o], sidx), 0, len(key) - 1)
     hit = (sidx >= 0) & (key[o][pos] == sidx)
     return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
-
-
-def _pageable(fa: Forest, args: pa.ChunkedArray | None) -> np.ndarray | None:
-    """Per row: a copy from or to pageable host memory (CUPTI memory kinds in ``args``), or None
-    when the subtrees keep no memory kinds (as :func:`teller.localize.features.pageable_rows`)."""
-    if args is None:
-        return None
-    col = args.combine_chunks() if isinstance(args, pa.ChunkedArray) else args
-    if not pa.types.is_dictionary(col.type):
-        col = pc.dictionary_encode(col.cast(pa.string()))
-    vals = [v or "" for v in col.dictionary.to_pylist()]
-    codes = col.indices.fill_null(len(vals)).to_numpy(zero_copy_only=False)
-    has = np.array([("src_kind" in v) for v in vals] + [False])[codes]
-    mem = fa.kind_or_layer("MEMCPY", "MEM")
-    if not (has & mem).any():
-        return None
-    return np.array([("Pageable" in v) for v in vals] + [False])[codes] & mem
 
 
 def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, context: dict[str, Any] | None,
@@ -231,7 +199,7 @@ def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, cont
             has = hit & context["has"][gs]
             batch = np.where(has, context["batch"][gs], name_batch)
             it = np.where(hit[:, None], context["iter"][gs], np.nan)
-        pg = _pageable(fa, args)
+        pg = pageable_of(fa, args) if args is not None else None
         info["runs"] += 1
         info["runs_with_memory_kinds"] += pg is not None
         inst = instance_features(fa, step_of_row, layers, step_batch=batch, step_iter=it, pageable=pg)

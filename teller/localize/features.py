@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from teller.errors import TellerError
 from teller.forest import Forest, family_names, warmup_steps
@@ -79,6 +80,9 @@ __all__ = [
     "FALLBACK_LAYERS",
     "StepTable",
     "admission_delay",
+    "request_admission_delay",
+    "first_log_lines",
+    "pageable_of",
     "Instances",
     "family_names",
     "instance_features",
@@ -199,13 +203,13 @@ def iteration_matrix(t: pa.Table) -> np.ndarray:
     -1, the contract's "not recorded", becomes NaN)."""
     out = np.full((t.num_rows, len(ITER_FEATURES)), np.nan)
     for j, name in enumerate(ITER_FEATURES):
-        if name not in _ITER_SOURCE and name != "batch.kv_frac":
-            continue  # derived from other tables (iter.admit_delay: :func:`admission_delay`)
         if name == "batch.kv_frac":
             used, total = _np(t, "kv_used").astype(np.float64), _np(t, "kv_total").astype(np.float64)
             ok = (used >= 0) & (total > 0)
             out[ok, j] = used[ok] / total[ok]
             continue
+        if name not in _ITER_SOURCE:
+            continue  # derived from other tables (iter.admit_delay: :func:`admission_delay`)
         v = _np(t, _ITER_SOURCE[name]).astype(np.float64)
         out[:, j] = np.where(v >= 0, v, np.nan)
     return out
@@ -246,10 +250,42 @@ def admission_delay(start: np.ndarray, end: np.ndarray, pid: np.ndarray, waiting
     return out
 
 
-def _run_admission_delay(rd: RunDir, steps: pa.Table, it: pa.Table) -> np.ndarray | None:
-    """:func:`admission_delay` of a run directory: arrivals are each request's first log line on
-    τ (``log_alignment.parquet``, the line's ``request_id``), first steps from ``requests.parquet``
-    (per request and process). None when the run has no aligned logs or no request table."""
+def request_admission_delay(it_step_id: np.ndarray, start: np.ndarray, end: np.ndarray, pid: np.ndarray,
+                            waiting: np.ndarray, row_request: pa.Array, row_step_id: np.ndarray,
+                            arrival_request: pa.Array, arrival_ns: np.ndarray) -> np.ndarray:
+    """:func:`admission_delay` from the tables that hold it: the iterations (``it_step_id``,
+    ``start``, ``end``, ``pid``, ``waiting``: one row per step), the requests' rows (one per
+    request and step it ran in: ``row_request``, ``row_step_id``) and each request's arrival
+    (``arrival_request``, ``arrival_ns``: its first log line on τ). A request's first step is the
+    earliest of its rows on each process."""
+    sorder = np.argsort(it_step_id, kind="stable")
+    pos = np.clip(np.searchsorted(it_step_id[sorder], row_step_id), 0, max(len(it_step_id) - 1, 0))
+    sidx = np.where(it_step_id[sorder][pos] == row_step_id, sorder[pos], -1) if len(it_step_id) else \
+        np.full(len(row_step_id), -1, np.int64)
+    names = arrival_request.cast(pa.string())
+    names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    rcode = pc.index_in(row_request.cast(pa.string()), value_set=names).fill_null(-1)
+    rcode = rcode.to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = (sidx >= 0) & (rcode >= 0)
+    rcode, sidx = rcode[keep], sidx[keep]
+    o = np.lexsort((start[sidx], pid[sidx], rcode))
+    rcode, sidx = rcode[o], sidx[o]
+    first = np.r_[True, (rcode[1:] != rcode[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
+    return admission_delay(start, end, pid, waiting, sidx[first], np.asarray(arrival_ns, np.int64)[rcode[first]])
+
+
+def first_log_lines(lines: pa.Table, by: list[str]) -> pa.Table:
+    """The earliest τ of the lines naming each request (``lines``: ``request_id``, ``ts_ns`` and
+    the ``by`` columns; lines without a request or a time left out): columns ``by`` and
+    ``ts_ns_min``."""
+    lines = lines.filter(pc.and_(pc.is_valid(lines.column("request_id")), pc.greater_equal(lines.column("ts_ns"), 0)))
+    return lines.group_by(by).aggregate([("ts_ns", "min")])
+
+
+def _run_admission_delay(rd: RunDir, it: pa.Table) -> np.ndarray | None:
+    """:func:`request_admission_delay` of a run directory: arrivals from
+    ``log_alignment.parquet`` (the line's ``request_id``), request rows from ``requests.parquet``.
+    None when the run has no aligned logs or no request table."""
     if not (rd.has_table("requests") and rd.has_table("log_alignment")):
         return None
     try:
@@ -257,30 +293,13 @@ def _run_admission_delay(rd: RunDir, steps: pa.Table, it: pa.Table) -> np.ndarra
         lg = rd.read_table("log_alignment", columns=["request_id", "ts_ns"])
     except (TellerError, OSError, pa.ArrowInvalid, KeyError):
         return None
-    import pyarrow.compute as pc
-
-    lg = lg.filter(pc.and_(pc.is_valid(lg.column("request_id")), pc.greater_equal(lg.column("ts_ns"), 0)))
-    if not lg.num_rows or not rq.num_rows:
+    first = first_log_lines(lg, ["request_id"])
+    if not first.num_rows or not rq.num_rows:
         return None
-    first_line = lg.group_by("request_id").aggregate([("ts_ns", "min")])
-    names = first_line.column("request_id").cast(pa.string())
-    arrival_of = first_line.column("ts_ns_min").to_numpy()
-    step_ids = _np(steps, "step_id")
-    sorder = np.argsort(step_ids, kind="stable")
-    rstep = rq.column("step_id").to_numpy(zero_copy_only=False).astype(np.int64)
-    pos = np.clip(np.searchsorted(step_ids[sorder], rstep), 0, max(len(step_ids) - 1, 0))
-    hit = step_ids[sorder][pos] == rstep
-    sidx = np.where(hit, sorder[pos], -1)
-    start, pid = _np(it, "start_ns"), _np(it, "pid")
-    # each request's first step on each process: the earliest of its rows there
-    rcode = pc.index_in(rq.column("request_id").cast(pa.string()), value_set=names).fill_null(-1).to_numpy(
-        zero_copy_only=False).astype(np.int64)
-    keep = (sidx >= 0) & (rcode >= 0)
-    rcode, sidx = rcode[keep], sidx[keep]
-    o = np.lexsort((start[sidx], pid[sidx], rcode))
-    rcode, sidx = rcode[o], sidx[o]
-    first = np.r_[True, (rcode[1:] != rcode[:-1]) | (pid[sidx][1:] != pid[sidx][:-1])] if len(o) else np.zeros(0, bool)
-    return admission_delay(start, _np(it, "end_ns"), pid, _np(it, "waiting"), sidx[first], arrival_of[rcode[first]])
+    return request_admission_delay(_np(it, "step_id"), _np(it, "start_ns"), _np(it, "end_ns"), _np(it, "pid"),
+                                   _np(it, "waiting"), rq.column("request_id"),
+                                   rq.column("step_id").to_numpy(zero_copy_only=False).astype(np.int64),
+                                   first.column("request_id"), first.column("ts_ns_min").to_numpy())
 
 
 def read_steps(rd: RunDir, fa: Forest) -> StepTable:
@@ -308,7 +327,7 @@ def read_steps(rd: RunDir, fa: Forest) -> StepTable:
     if it is not None:
         warm = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)
         iters = iteration_matrix(it)
-        delay = _run_admission_delay(rd, steps, it)
+        delay = _run_admission_delay(rd, it)
         if delay is not None:
             iters[:, ITER_FEATURES.index("iter.admit_delay")] = delay
     else:  # the same rule the reconstruction writes into iterations.parquet
@@ -517,9 +536,8 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
 
 
 def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:
-    """Per forest row: a copy whose source or destination is pageable host memory (CUPTI's
-    memcpy ``src_kind``/``dst_kind``, kept in the ``args`` column), or None when the forest keeps
-    no memory kinds (no ``args``, or no copy has them)."""
+    """:func:`pageable_of` the run's forest, from its ``args`` column; None when the forest keeps
+    no ``args``."""
     import pyarrow.parquet as pq
 
     p = Path(run) / "forest.parquet"
@@ -529,6 +547,13 @@ def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:
         args = pq.read_table(p, columns=["args"], read_dictionary=["args"]).column("args")
     except (OSError, pa.ArrowInvalid):
         return None
+    return pageable_of(fa, args)
+
+
+def pageable_of(fa: Forest, args: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """Per row of ``fa`` (``args``: its args column): a copy whose source or destination is
+    pageable host memory (CUPTI's memcpy ``src_kind``/``dst_kind``), or None when no copy has
+    memory kinds."""
     if len(args) != fa.n:
         return None
     mem = fa.kind_or_layer("MEMCPY", "MEM")
