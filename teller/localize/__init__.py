@@ -230,14 +230,6 @@ class Localization:
         return self.z[pos]
 
 
-def step_scores(est: GMMLocalizer, inst: Instances) -> StepScores:
-    """The step scores and flags of ``inst`` alone (:meth:`GMMLocalizer.score_steps`), without
-    the candidates and suspects of :func:`localize`."""
-    det = est.details(feature_matrix(est, inst), inst.family, inst.batch, family_names=inst.families, with_z_ref=False,
-                      with_z=False, steps=inst.step)
-    return est.score_steps(det["a"], inst.family, inst.step, codes=det["family"], shift_groups=det["shift"])
-
-
 def _z_rows(est: GMMLocalizer, X: np.ndarray, inst: Instances, rows: np.ndarray) -> np.ndarray:
     """The per-feature deviations z (:meth:`GMMLocalizer.details`) of the instances ``rows`` only."""
     return est.details(X[rows], inst.family[rows], None if inst.batch is None else inst.batch[rows],
