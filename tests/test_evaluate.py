@@ -550,6 +550,36 @@ def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp
         make("teller_mot").fit(steps, np.flatnonzero(train))
 
 
+def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):
+    """``--models DIR``: ``teller_single`` takes the single-stream model trained on the split
+    evaluated; without one it is an error that says how to train it."""
+    pytest.importorskip("torch")
+    from teller.baselines import make
+    from teller.baselines.steps import load_steps, split_masks
+    from teller.rca.train import train
+
+    named = tmp_path / "h200_v2"
+    shutil.copytree(slice_ds, named)
+    steps = load_steps(named, "vertical")
+    train_mask, test, _ = split_masks(steps, "request")
+    steps.extra["split"] = "request"
+    with pytest.raises(ValueError, match="pass `--models DIR`"):
+        make("teller_single").fit(steps, np.flatnonzero(train_mask))
+    models = tmp_path / "models"
+    train(named, models / "a", variant="single", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
+          log=lambda m: None)
+    train(named, models / "b", variant="single", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
+          log=lambda m: None, inputs="log")  # an ablation: not the row's model
+    steps.extra["rca_models"] = str(models)
+    m = make("teller_single").fit(steps, np.flatnonzero(train_mask))
+    assert Path(m.model_path_) == models / "a" and m.model_.cfg.inputs == "trace+log"
+    p = m.predict(steps, np.flatnonzero(test))
+    assert p.score.shape == (int(test.sum()),)
+    steps.extra["split"] = "run"
+    with pytest.raises(ValueError, match="no single model"):
+        make("teller_single").fit(steps, np.flatnonzero(train_mask))
+
+
 def test_explanation_checks_hand_cases():
     from teller.evaluate.scores import explanation_checks
 

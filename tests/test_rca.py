@@ -246,3 +246,70 @@ def test_weights_above_the_part_size_are_written_in_parts(tmp_path, monkeypatch)
     monkeypatch.setattr(api, "SHARD_BYTES", 1 << 30)
     api.save_weights(net, p, "float32")
     assert api.weight_files(p) == [p]
+
+
+@pytest.mark.parametrize("variant,inputs", [("mot", "log"), ("mot", "trace"), ("single", "summary+log"), ("single", "log")])
+def test_ablated_inputs_train_and_stay_within_what_they_read(ds, tmp_path, variant, inputs):
+    """Modality ablations and the prompt-style baseline: a model that does not read the tree names
+    no operator (log only) or only the families its text summary names; a trace-only model reads
+    no log token."""
+    from teller.rca import load
+    from teller.rca.batch import step_summary
+    from teller.rca.train import evaluate, prepare_units, train
+
+    out = tmp_path / f"{variant}-{inputs.replace('+', '_')}"
+    s = train(ds, out, variant=variant, split="request", config="tiny", epochs=4, max_steps=25, progress=False,
+              log=lambda m: None, inputs=inputs)
+    assert s["curve"][-1]["loss"] < s["curve"][0]["loss"]
+    m = load(out)
+    assert m.cfg.inputs == inputs
+    m.cfg.max_expl_tokens = 6
+    pred, res, idx = evaluate(m, ds, "request", "train")
+    _check_schema(pred, m, ds, idx)
+    prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+    logs_nonempty = [k for k, i in enumerate(idx.tolist()) if ds.units.log_text[i]]
+    assert logs_nonempty
+    if inputs == "trace":  # <bos> <log> <trace>: no log token
+        assert all(len(p) == 3 for p in prep.prompt)
+    else:
+        assert max(len(prep.prompt[k]) for k in logs_nonempty) > 3
+    for k, p in enumerate(pred):
+        if inputs == "log":
+            assert p["evidence_operators"] == [] and p["evidence_nodes"] == []
+        if inputs == "summary+log":
+            assert set(p["evidence_operators"]) <= set(step_summary(prep.inputs, k)[1])
+
+
+def test_step_summary_names_the_longest_families(ds):
+    from teller.rca.batch import step_summary
+    from teller.rca.model import RCAConfig
+    from teller.rca.train import fit_tokenizers, prepare_units
+
+    cfg = RCAConfig.preset("tiny")
+    text_tok, trace_tok = fit_tokenizers(ds, ds.units.part("request", "train"), cfg)
+    prep, _ = prepare_units(ds, np.arange(len(ds.units)), cfg, text_tok, trace_tok, None, labels=False)
+    inp = prep.inputs
+    i = int(np.argmax(np.diff(inp.offsets)))
+    text, fams = step_summary(inp, i, top=3)
+    s = inp.tokens(i)
+    tot = {f: float(inp.duration[s][inp.family[s] == inp.families.index(f)].sum()) for f in inp.candidates(i)}
+    assert fams == sorted(tot, key=lambda f: -tot[f])[:3]
+    assert text.startswith(f"step: {int(inp.node_offsets[i + 1] - inp.node_offsets[i])} nodes") and all(f in text for f in fams)
+
+
+def test_no_merges_gives_one_token_per_node(ds):
+    from teller.rca.model import RCAConfig
+    from teller.rca.train import fit_tokenizers, prepare_units
+
+    idx = np.arange(len(ds.units))
+    sizes = {}
+    for v in (0, 400):
+        cfg = RCAConfig.preset("tiny", trace_vocab=v, max_trace_tokens=100000)
+        text_tok, trace_tok = fit_tokenizers(ds, ds.units.part("request", "train"), cfg)
+        prep, _ = prepare_units(ds, idx, cfg, text_tok, trace_tok, None, labels=False)
+        inp = prep.inputs
+        nodes = np.diff(inp.node_offsets)
+        assert (inp.full_tokens == np.diff(inp.offsets)).all() and not inp.truncated.any()
+        sizes[v] = (int(inp.full_tokens.sum()), int(nodes.sum()))
+    assert sizes[0][0] == sizes[0][1]  # no merges: a token per node
+    assert sizes[400][0] < 0.8 * sizes[400][1]  # merges compress the same steps

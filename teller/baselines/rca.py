@@ -1,10 +1,13 @@
-"""TELLER's root-cause model as a row of ``teller evaluate`` (``teller_mot``).
+"""TELLER's root-cause models as rows of ``teller evaluate`` (``teller_mot``, ``teller_single``).
 
-The model is trained beforehand (``teller rca train DATASET --split S``, on the GPU; the package
-ships the MoT model of ``data/h200_v2``'s request split), so "fit" only loads it and checks that
-it may be scored here: the dataset folder it was trained on must be this one and its split the
-one evaluated, otherwise the test steps could be steps it learnt from, and the row is an error
-that says so. Predict encodes each test step from the dataset's subtrees (the whole step tree,
+The models are trained beforehand (``teller rca train DATASET --split S``, on the GPU; the package
+ships the MoT model of ``data/h200_v2``'s request split), so "fit" only finds and loads the one
+for the split evaluated and checks that it may be scored here: the dataset folder it was trained
+on must be this one and its split the one evaluated, otherwise the test steps could be steps it
+learnt from, and the row is an error that says so. ``teller evaluate --models DIR`` names a
+folder of trained models (one sub-folder each, any names): a row takes the one of its variant,
+inputs ``trace+log``, split and seed; without it (or when none fits) ``teller_mot`` takes the
+shipped model. Predict encodes each test step from the dataset's subtrees (the whole step tree,
 TPE-encoded, with its aligned log lines: exactly the units ``teller rca`` trains and scores on;
 both sides split steps by :func:`teller.dataset.splits.step_representatives`) and reads:
 
@@ -18,6 +21,7 @@ Explanations are not generated here (their BLEU is ``teller rca predict``'s).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +42,27 @@ class RCAModel(Method):
     features = "step tree (TPE) + log lines"
     fit_on = "trained beforehand on the split's train steps"
 
+    variant = "mot"
+    inputs = "trace+log"
+
     def __init__(self, seed: int = 0, model: str | Path | None = None, batch_size: int = 64):
         self.seed = seed
         self.model = model
         self.batch_size = batch_size
+
+    def _find(self, folder: Path, split: str | None) -> Path | None:
+        """The model under ``folder`` (``config.json`` one level down) of this row's variant and
+        inputs, trained on ``split`` with this seed."""
+        for cfg in sorted(Path(folder).glob("*/config.json")):
+            try:
+                meta = json.loads(cfg.read_text())
+            except (OSError, ValueError):
+                continue
+            c, tr = meta.get("config", {}), meta.get("training", {})
+            if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
+                    and tr.get("split") == split and int(tr.get("seed", -1)) == self.seed):
+                return cfg.parent
+        return None
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
         from teller.rca import DEFAULT_MODEL
@@ -50,10 +71,19 @@ class RCAModel(Method):
             from teller.rca import load
         except ImportError as e:  # torch / transformers not installed
             raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
-        path = Path(self.model) if self.model is not None else DEFAULT_MODEL
-        m = load(path)
-        tr = m.meta.get("training", {})
         split = steps.extra.get("split")
+        path = Path(self.model) if self.model is not None else None
+        if path is None and steps.extra.get("rca_models"):
+            path = self._find(Path(steps.extra["rca_models"]), split)
+        if path is None:
+            if self.variant != "mot" or self.inputs != "trace+log":
+                where = steps.extra.get("rca_models")
+                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, split {split}, seed {self.seed}) "
+                                 + (f"under {where}" if where else "given: pass `--models DIR`")
+                                 + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} --split {split}`")
+            path = DEFAULT_MODEL
+        m = load(path, device=steps.extra.get("rca_device", "cpu"))
+        tr = m.meta.get("training", {})
         if tr.get("split") != split:
             raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
                              f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
@@ -107,3 +137,9 @@ class RCAModel(Method):
         if hasattr(self, "model_path_"):
             d["model"] = self.model_path_
         return d
+
+
+@register("teller_single")
+class SingleStreamModel(RCAModel):
+    label = "TELLER single-stream (root-cause model)"
+    variant = "single"

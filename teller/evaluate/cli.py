@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the methods, the step sample and the low-prior repeats."),
         limit_steps: Optional[int] = typer.Option(None, "--limit-steps", help="Evaluate a random sample of this many steps per view."),
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
+        models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): teller_mot / teller_single take the one trained on the split evaluated (default: the shipped model, request split)."),
+        device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the root-cause model rows predict (bfloat16 on cuda)."),
     ) -> None:
         """Run every method on the same split and seed; write every metric (JSON, markdown, PNG)."""
         from teller.cliutil import console
@@ -30,9 +32,11 @@ def register(app: typer.Typer) -> None:
         con = console(stderr=True)
         cmd = "teller evaluate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "evaluate" else \
             f"teller evaluate {dataset} --split {split} --view {view}" + (f" --methods {methods}" if methods else "") + \
-            f" --seed {seed}" + (f" --limit-steps {limit_steps}" if limit_steps else "") + f" -o {out}"
+            f" --seed {seed}" + (f" --limit-steps {limit_steps}" if limit_steps else "") + f" -o {out}" + (f" --models {models}" if models else "") + \
+            (f" --device {device}" if device != "cpu" else "")
         res = evaluate(dataset, [s.strip() for s in split.split(",") if s.strip()], [v.strip() for v in view.split(",") if v.strip()],
                        [m.strip() for m in methods.split(",") if m.strip()] if methods else None, seed=seed,
-                       limit_steps=limit_steps, out=out, command=cmd, log=lambda s: con.print(s, highlight=False))
+                       limit_steps=limit_steps, out=out, command=cmd, log=lambda s: con.print(s, highlight=False), models=models,
+                       device=device)
         con.print(f"[green]evaluated[/]: {sum('skipped' not in b for b in res['results'])} split×view blocks, "
                   f"{res['seconds']} s, peak RSS {res['peak_rss_mib']} MiB → {out}/results.json, results.md", highlight=False)

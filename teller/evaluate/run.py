@@ -65,12 +65,18 @@ def _progress(total: int, enabled: bool | None = None) -> Any:
 
 
 def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Sequence[str], seed: int = 0,
-                  limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None) -> list[dict[str, Any]]:
-    """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split."""
+                  limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None,
+                  models: str | Path | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+    """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split.
+    ``models``: a folder of trained root-cause models the ``teller_*`` model rows pick from;
+    ``device``: where those rows predict (cpu | cuda)."""
     from teller.dataset.codec import read_subtrees
 
     t0 = time.perf_counter()
     steps = load_steps(ds, view, limit_steps=limit_steps, seed=seed)
+    if models is not None:
+        steps.extra["rca_models"] = str(models)
+    steps.extra["rca_device"] = device
     masks: dict[str, Any] = {}
     for s in splits:
         try:
@@ -144,10 +150,13 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
 
 def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
              seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
-             log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+             log: Callable[[str], None] = lambda s: None, models: str | Path | None = None,
+             device: str = "cpu") -> dict[str, Any]:
     """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
     into ``out`` (``results.json``, ``results.md``, PNG plots) when given."""
     methods = list(methods or DEFAULT_METHODS)
+    if models is not None and not Path(models).is_dir():
+        raise TellerError(f"--models {models}: not a folder (expected one trained model per sub-folder, `teller rca train -o DIR/NAME`)")
     bad = [m for m in methods if m not in REGISTRY]
     if bad:
         raise TellerError(f"--methods: unknown {', '.join(bad)}; known: {', '.join(REGISTRY)}")
@@ -160,13 +169,14 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     w0 = time.perf_counter()
     blocks: list[dict[str, Any]] = []
     for v in views:
-        blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log)
+        blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device)
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
     res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
            "reference": "docs/design.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
-           "priors": list(PRIORS), "results": blocks,
+           "priors": list(PRIORS), "results": blocks, "models": str(models) if models is not None else None,
+           "model_device": device,
            "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
     if out is not None:
         write_results(res, out)

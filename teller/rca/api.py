@@ -298,7 +298,7 @@ class RCA:
             best = FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))]
             s = inp.tokens(i)
             n = s.stop - s.start
-            nodes = project_operators(ops[k, :n], inp.anchor[s], bool(ftype), self.cfg.max_ops)
+            nodes = project_operators(ops[k, :n], inp.anchor[s], bool(ftype), self.cfg.max_ops) if prep.trace_visible else []
             heads.append((p_ab, ftype, tp, best, nodes))
         targets = [[EXPL] for _ in idx]
         if explain:
@@ -331,7 +331,7 @@ class RCA:
         max_ops = self.cfg.max_ops
 
         def trie_for(r: int) -> NameTrie:
-            cands = inp.candidates(int(idx[r]))
+            cands = prep.candidates(int(idx[r]))
             for c in cands:
                 if c not in name_ids:
                     name_ids[c] = encode_texts(self.text_tok, [c], 64)[0]
@@ -407,7 +407,7 @@ class RCA:
                 for a in inp.anchor[s][fam == w][:2].tolist():
                     if int(a) not in nodes and len(nodes) < max_ops:
                         nodes.append(int(a))
-            if f["ftype"] and not nodes and s.stop > s.start:
+            if f["ftype"] and not nodes and s.stop > s.start and prep.trace_visible:
                 nodes = [int(inp.anchor[s][0])]
             out.append(self._finish(prep, i, f["p_ab"], f["ftype"], f["tp"], f["best"], nodes, f["expl"] if f["ftype"] else None))
         return out

@@ -41,15 +41,57 @@ class Prepared:
     op_target: np.ndarray | None = None  # flat float32 per token
     target: list[np.ndarray] | None = None  # target segment ids per unit
     target_kind: list[np.ndarray] | None = None  # kind of each target token (DECISION, ...)
+    trace_visible: bool = True  # False: the model reads one placeholder token instead of the tree
+    summary_families: list[list[str]] | None = None  # per unit, the families its text summary names
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+    def candidates(self, i: int) -> list[str]:
+        """The operator families the model may name as evidence for unit ``i``: those of the
+        tokens it reads, those its text summary names, or none when it reads neither."""
+        if self.trace_visible:
+            return self.inputs.candidates(i)
+        return list(self.summary_families[i]) if self.summary_families is not None else []
+
+
+#: TPE id of the placeholder token a model that does not read the tree gets in its place (the
+#: tokenizer's <bos>, which no serialized step contains)
+TRACE_PLACEHOLDER = 2
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f} ms" if ns < 1e7 else f"{ns / 1e6:.1f} ms"
+
+
+def step_summary(inp: StepInputs, i: int, top: int = 8) -> tuple[str, list[str]]:
+    """A structured text summary of unit ``i``'s step, as a prompt-style model reads it (no numeric
+    candidate stage, no reference): the step's node and token counts, its total time, and the
+    ``top`` operator families by the time of the tokens they anchor, each with its time and token
+    count. Returns the text and the families it names."""
+    s = inp.tokens(i)
+    fam = inp.family[s].astype(np.int64)
+    dur = inp.duration[s].astype(np.float64)
+    nodes = int(inp.node_offsets[i + 1] - inp.node_offsets[i])
+    tot = np.bincount(fam, weights=dur, minlength=len(inp.families)) if len(fam) else np.zeros(len(inp.families))
+    cnt = np.bincount(fam, minlength=len(inp.families)) if len(fam) else np.zeros(len(inp.families), np.int64)
+    order = [int(j) for j in np.lexsort((np.arange(len(tot)), -tot)) if cnt[j] > 0][:top]
+    ranks = len(inp.step_ids[i]) if inp.step_ids else 1
+    head = f"step: {nodes} nodes, {ranks} rank{'s' if ranks != 1 else ''}, {_ms(float(dur.sum()))} of self time."
+    parts = [f"{inp.families[j]} {_ms(float(tot[j]))} x{int(cnt[j])}" for j in order]
+    return head + " top: " + "; ".join(parts) + ".", [inp.families[j] for j in order]
 
 
 def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, fault: np.ndarray | None = None,
             operator_labels: list[list[str]] | None = None, explanation: list[str] | None = None) -> Prepared:
     """Model inputs of ``inp``; with labels, also the training targets of ``cfg.variant``."""
-    logs = encode_texts(text_tok, inp.log_text, cfg.max_log_tokens)
+    texts = list(inp.log_text) if cfg.reads_log else [""] * len(inp)
+    summary_families = None
+    if cfg.inputs == "summary+log":
+        summ = [step_summary(inp, i) for i in range(len(inp))]
+        summary_families = [f for _, f in summ]
+        texts = [f"{t}\n{x}" if x else t for (t, _), x in zip(summ, texts, strict=True)]
+    logs = encode_texts(text_tok, texts, cfg.max_log_tokens)
     prompt = [np.asarray([BOS, LOG, *ids, TRACE], np.int64) for ids in logs]
     ld = ReferenceStats.log_duration(inp.duration)
     z = ref.z(inp.input_ids, inp.duration)
@@ -57,7 +99,7 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     pos = np.arange(len(inp.input_ids)) - np.repeat(inp.offsets[:-1], np.diff(inp.offsets))
     par = inp.parent_idx.astype(np.int64)
     poff = np.where(par >= 0, pos - par, 0)
-    prep = Prepared(inp, prompt, feat, poff)
+    prep = Prepared(inp, prompt, feat, poff, trace_visible=cfg.reads_trace, summary_families=summary_families)
     if fault is None:
         return prep
     prep.fault = np.asarray(fault, np.int64)
@@ -80,7 +122,7 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
                 continue
             t = [ABN, YES, TYPE, TYPE_TOKENS[f], OPS]
             w = [NONE, DECISION, MARKER, DECISION, MARKER]
-            cands = set(inp.candidates(i))
+            cands = set(prep.candidates(i))
             names = [n for n in dict.fromkeys(operator_labels[i] if operator_labels else []) if n in cands][:cfg.max_ops]
             for k, n in enumerate(names):
                 if n not in cand_ids:
@@ -112,6 +154,12 @@ def _pad(rows: list[np.ndarray], value: int | float, dtype) -> tuple[np.ndarray,
 
 def trace_batch(prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
     inp = prep.inputs
+    if not prep.trace_visible:  # one placeholder token per unit: the tree is not read
+        n = len(idx)
+        z = torch.zeros((n, 1), dtype=torch.long, device=device)
+        return {"ids": torch.full((n, 1), TRACE_PLACEHOLDER, dtype=torch.long, device=device), "depth": z,
+                "parent_off": z.clone(), "valid": torch.ones((n, 1), dtype=torch.bool, device=device),
+                "dur": torch.zeros((n, 1, 2), dtype=torch.float32, device=device)}
     sl = [inp.tokens(int(i)) for i in idx]
     ids, valid = _pad([inp.input_ids[s] for s in sl], 0, np.int64)
     depth, _ = _pad([inp.depth[s] for s in sl], 0, np.int64)

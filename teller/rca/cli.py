@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
         dataset: Path = typer.Argument(..., help="Dataset folder (`teller dataset build`)."),
         out: Path = typer.Option(..., "-o", "--out", help="Model directory to write."),
         variant: str = typer.Option("mot", "--variant", help="mot (shared attention, dual head) | single (one stream, generated target)."),
-        split: str = typer.Option("request", "--split", help="request | run | mechanism: train on that protocol's train part."),
+        split: str = typer.Option("request", "--split", help="request | run | mechanism | workload: train on that protocol's train part."),
+        inputs: str = typer.Option("trace+log", "--inputs", help="trace+log (the model) | trace | log (modality ablations) | summary+log (prompt-style: a text summary of the step instead of its tree)."),
+        trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
         epochs: int = typer.Option(10, "--epochs"),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
@@ -75,7 +77,8 @@ def register(app: typer.Typer) -> None:
         con = console(stderr=True)
         s = train(dataset, out, variant=variant, split=split, device=device, epochs=epochs, max_steps=max_steps, seed=seed,
                   config=config, backbone=str(backbone) if backbone else None, resume=resume, max_minutes=max_minutes,
-                  batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False))
+                  batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False),
+                  inputs=inputs, trace_vocab=trace_vocab)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 

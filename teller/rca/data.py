@@ -308,6 +308,7 @@ class StepInputs:
     view: list[str] = field(default_factory=list)
     step_ids: list[list[int]] = field(default_factory=list)
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    full_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per unit, before truncation
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -335,7 +336,8 @@ class StepInputs:
         return StepInputs(self.input_ids[rows], self.parent_idx[rows], self.depth[rows], self.duration[rows],
                           self.anchor[rows], self.family[rows], off, self.node_id[nrows], self.node_family[nrows], noff,
                           self.families, sub(self.log_text), sub(self.run_id), sub(self.view), sub(self.step_ids),
-                          self.truncated[idx] if len(self.truncated) else self.truncated)
+                          self.truncated[idx] if len(self.truncated) else self.truncated,
+                          self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens)
 
 
 def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int) -> np.ndarray:
@@ -399,6 +401,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     node_fam = sf.node_family[node_tab].astype(np.int64)
     fam = node_fam[anchor + np.repeat(noff[:-1], u_tok)]
     # truncation (few units: the long multi-rank and communication steps)
+    full = u_tok.copy()
     trunc = np.zeros(n, bool)
     keep_mask = np.ones(len(ids), bool)
     new_par = p.copy()
@@ -421,7 +424,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     return StepInputs(ids.astype(np.int32), new_par.astype(np.int32), dep.astype(np.int32), dur, anchor.astype(np.int64),
                       fam.astype(np.int32), toff, sf.node_id[node_tab], node_fam.astype(np.int32), noff, sf.families,
                       list(log_text), list(run_ids), list(views) if views is not None else [""] * n,
-                      [np.asarray(s).tolist() for s in step_ids], trunc)
+                      [np.asarray(s).tolist() for s in step_ids], trunc, full)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -44,6 +44,11 @@ from teller.rca.data import FAULT_TYPES
 from teller.rca.text import PAD
 
 VARIANTS = ("mot", "single")
+#: what a model reads (``RCAConfig.inputs``): the TPE-encoded step tree and the log lines (the
+#: model of docs/design.md §9), one of the two alone (modality ablations), or a structured text
+#: summary of the step beside its log lines instead of the tree (the prompt-style baseline:
+#: :func:`teller.rca.batch.step_summary`)
+INPUTS = ("trace+log", "trace", "log", "summary+log")
 
 
 @dataclass
@@ -51,6 +56,7 @@ class RCAConfig:
     """Hyper-parameters of a model (saved in ``config.json``)."""
 
     variant: str = "mot"
+    inputs: str = "trace+log"
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -87,7 +93,20 @@ class RCAConfig:
             from teller.errors import TellerError
 
             raise TellerError(f"--variant {d['variant']}: expected one of {', '.join(VARIANTS)}")
+        if d.get("inputs", "trace+log") not in INPUTS:
+            from teller.errors import TellerError
+
+            raise TellerError(f"--inputs {d['inputs']}: expected one of {', '.join(INPUTS)}")
         return cls(**d)
+
+    @property
+    def reads_trace(self) -> bool:
+        """The model reads the step's TPE tokens (else one placeholder token stands for them)."""
+        return self.inputs in ("trace+log", "trace")
+
+    @property
+    def reads_log(self) -> bool:
+        return self.inputs != "trace"
 
     def to_json(self) -> dict:
         return asdict(self)

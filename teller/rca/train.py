@@ -97,14 +97,17 @@ def losses(net: torch.nn.Module, cfg: RCAConfig, prep: Prepared, idx: np.ndarray
     if cfg.variant == "mot":
         fault = torch.from_numpy(prep.fault[idx]).to(device)
         terms["fault"] = F.cross_entropy(out["fault"], fault)
-        y = torch.zeros_like(out["ops"])
-        v = tr["valid"].float()
-        for r, i in enumerate(idx.tolist()):
-            s = prep.inputs.tokens(i)
-            y[r, :s.stop - s.start] = torch.from_numpy(prep.op_target[s]).to(device)
-        bce = F.binary_cross_entropy_with_logits(out["ops"], y, reduction="none",
-                                                 pos_weight=torch.tensor(cfg.op_pos_weight, device=device))
-        terms["ops"] = (bce * v).sum() / v.sum().clamp(min=1.0)
+        if prep.trace_visible:
+            y = torch.zeros_like(out["ops"])
+            v = tr["valid"].float()
+            for r, i in enumerate(idx.tolist()):
+                s = prep.inputs.tokens(i)
+                y[r, :s.stop - s.start] = torch.from_numpy(prep.op_target[s]).to(device)
+            bce = F.binary_cross_entropy_with_logits(out["ops"], y, reduction="none",
+                                                     pos_weight=torch.tensor(cfg.op_pos_weight, device=device))
+            terms["ops"] = (bce * v).sum() / v.sum().clamp(min=1.0)
+        else:  # no tree read: no token to score as an operator
+            terms["ops"] = out["ops"].sum() * 0.0
         terms["loss"] = terms["fault"] + cfg.lm_weight * terms["lm"] + cfg.op_weight * terms["ops"]
     else:
         terms["fault"] = mean_of(DECISION)
