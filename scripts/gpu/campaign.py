@@ -3,9 +3,10 @@
     python3 scripts/gpu/campaign.py SPEC RUNS OUT --deadline-s 480 [--lanes 4] [--keep-raw NAME ...] [--only NAME ...]
 
 With --lanes N, runs whose faults act beside the engine (co-located contention: they would
-disturb other runs) are recorded first, one at a time; the rest are then recorded N at a time,
-each lane a process pinned to its own CPU cores (the workloads are host-bound; their GPU work is
-small), until the deadline.
+disturb other runs) are recorded one at a time after the others, which are recorded N at a time
+by ``teller.inject.campaign.run_lanes``: each lane is this script, on its share of the runs,
+pinned to its own CPU cores (the workloads are host-bound; their GPU work is small), until the
+deadline.
 
 Runs are recorded in spec order (``teller.inject.campaign.run_one``); runs already labelled in
 RUNS are skipped, so a second call on the same machine resumes. No run starts after the deadline.
@@ -103,7 +104,7 @@ def main() -> int:
     ap.add_argument("--lanes", type=int, default=1)
     ap.add_argument("--lanes-deadline-s", type=float, default=None, help="no lane run starts after this (default: --deadline-s)")
     ap.add_argument("--until", type=float, default=None, help="absolute deadline (epoch s; lanes)")
-    ap.add_argument("--cpus", default=None, help="pin this process and its children, e.g. 0-3")
+    ap.add_argument("--cpus", default=None, help="pin this process and its children, e.g. 0-3 or 0,1,2,3")
     ap.add_argument("--no-pack", action="store_true")
     ap.add_argument("--co-located-in-lanes", action="store_true",
                     help="record co-located runs in the lanes too (their contention is pinned to the lane's cores)")
@@ -112,8 +113,8 @@ def main() -> int:
     t0 = time.time()
     until = a.until if a.until is not None else t0 + a.deadline_s
     if a.cpus:
-        lo, hi = (int(x) for x in a.cpus.split("-"))
-        os.sched_setaffinity(0, range(lo, hi + 1))
+        os.sched_setaffinity(0, [c for part in a.cpus.split(",") for lo, _, hi in [part.partition("-")]
+                                 for c in range(int(lo), int(hi or lo) + 1)])
     from teller.inject.spec import load_spec
 
     camp = load_spec(a.spec)
@@ -136,20 +137,17 @@ def main() -> int:
         rest, beside = [], []
     _record(a, camp, todo, runs, red, refs, done, until, t0)
     if a.lanes > 1 and not any("smoke run failed" in str(d) for d in done):
-        n = os.cpu_count() or a.lanes
-        per = max(1, n // a.lanes)
-        procs = []
-        for k in range(a.lanes):
-            names = [r.name for r in rest[k::a.lanes]]
-            if names:
-                lane_until = until if a.lanes_deadline_s is None else min(until, t0 + a.lanes_deadline_s)
-                cmd = [sys.executable, __file__, a.spec, a.runs, a.out, "--until", str(lane_until), "--no-pack",
-                       "--cpus", f"{k * per}-{k * per + per - 1}", "--only", *names]
-                if a.keep_raw:
-                    cmd += ["--keep-raw", *a.keep_raw]
-                procs.append(subprocess.Popen(cmd + ["--lane", str(k)]))
-        for p in procs:
-            p.wait()
+        from teller.inject.campaign import run_lanes
+
+        lane_until = until if a.lanes_deadline_s is None else min(until, t0 + a.lanes_deadline_s)
+
+        def lane_command(k: int, names: list[str], cpus: list[int]) -> list[str]:
+            return [sys.executable, __file__, a.spec, a.runs, a.out, "--until", str(lane_until), "--no-pack",
+                    "--cpus", ",".join(map(str, cpus)), "--only", *names, "--keep-raw", *a.keep_raw, "--lane", str(k)]
+
+        failed = sum(1 for c in run_lanes(rest, a.lanes, lane_command) if c)
+        if failed:
+            print(f"{failed} lane(s) exited with an error", flush=True)
         _record(a, camp, beside, runs, red, refs, done, until, t0)
         _relabel_short_references(camp, runs, camp.runs)
     lane = f"-{a.lane}" if a.lane is not None else ""

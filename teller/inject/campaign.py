@@ -149,29 +149,41 @@ def _lane_cpus(lanes: int) -> list[list[int]]:
     return [cpus[k * per:(k + 1) * per] or cpus[-per:] for k in range(lanes)]
 
 
+def run_lanes(runs: list[RunSpec], lanes: int, command: Callable[[int, list[str], list[int]], list[str]]) -> list[int]:
+    """Start up to ``lanes`` processes at once and wait for them all; returns their exit codes.
+
+    Lane ``k`` records ``runs[k::lanes]`` (their names, in that order) on the ``k``-th share of this
+    process's CPU cores (:func:`_lane_cpus`); ``command(k, names, cpus)`` is its command line, and
+    the lane pins itself to ``cpus`` (the engine, its collectors and any host-CPU contention it
+    starts inherit the pinning). Which runs go to the lanes, and what a lane does with each, is the
+    caller's (:func:`run_campaign`: ``python -m teller.inject.lane``; ``scripts/gpu/campaign.py``)."""
+    import subprocess
+
+    cpus = _lane_cpus(lanes)
+    procs = [subprocess.Popen(command(k, [r.name for r in runs[k::lanes]], cpus[k]))
+             for k in range(min(lanes, len(runs)))]
+    return [p.wait() for p in procs]
+
+
 def _run_lanes(camp: Campaign, order: list[RunSpec], out: Path, lanes: int, force: bool,
                quiet: bool, on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Record ``order`` ``lanes`` runs at a time (module docstring); returns the run results."""
-    import subprocess
-
     if not camp.path:
         raise TellerError("--parallel needs the campaign spec as a file (lanes load it by path)")
     reg = registry()
     alone = [r for r in order if r.faults and any(reg[f.mechanism].machine_wide for f in r.faults)]
     normal = [r for r in order if not r.faults]
     rest = [r for r in order if r.faults and r not in alone]
-    cpus = _lane_cpus(lanes)
     refs: dict[str, str] = {}
     results: list[dict[str, Any]] = []
 
+    def lane_command(k: int, names: list[str], cpus: list[int]) -> list[str]:
+        cmd = [sys.executable, "-m", "teller.inject.lane", str(camp.path), str(out), "--cpus",
+               ",".join(map(str, cpus)), "--refs", json.dumps(refs), "--only", *names]
+        return cmd + (["--force"] if force else []) + ([] if quiet else ["--verbose"])
+
     def in_lanes(runs: list[RunSpec]) -> None:
-        procs = []
-        for k in range(min(lanes, len(runs))):
-            names = [r.name for r in runs[k::lanes]]
-            cmd = [sys.executable, "-m", "teller.inject.lane", str(camp.path), str(out), "--cpus",
-                   ",".join(map(str, cpus[k])), "--refs", json.dumps(refs), "--only", *names]
-            procs.append(subprocess.Popen(cmd + (["--force"] if force else []) + ([] if quiet else ["--verbose"])))
-        codes = [p.wait() for p in procs]
+        codes = run_lanes(runs, lanes, lane_command)
         if any(codes):
             print(f"[teller] {sum(1 for c in codes if c)} lane(s) of the campaign exited with an error; "
                   "their runs are reported from what they wrote", file=sys.stderr)
