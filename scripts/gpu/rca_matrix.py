@@ -9,7 +9,7 @@ A job is ``NAME=VARIANT:SPLIT[:KEY=VALUE,...]``; the keys are :class:`teller.rca
 fields (``inputs=log``, ``trace_vocab=0``, ``max_log_tokens=224``). The dataset is read once and
 the workers are forked from the reading process (before CUDA starts), each training one job at a
 time with the same epochs, batch size and seed, so rows differ only in what the job names. Each
-job stops at its epochs or at the deadline (``stopped_by`` says which). Written to OUT (at most 8
+job runs its epochs; the deadline is only a hard stop (``stopped_by`` says which ended it). Written to OUT (at most 8
 files): ``matrix.json`` (per job: the training summary, the test metrics, and the TPE length of
 the test steps: nodes and tokens per step before truncation, the share truncated), the
 ``teller evaluate`` results of ``--evaluate`` (``evaluate.json``, ``evaluate.md``), and a tar of
@@ -83,7 +83,7 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
         minutes = max(0.2, (deadline - time.time() - a["eval_reserve_s"]) / 60)
         s = train(DS, work, variant=job["variant"], split=job["split"], device=a["device"], epochs=a["epochs"],
                   seed=a["seed"], config=a["config"], max_minutes=minutes, batch_size=a["batch_size"], progress=False,
-                  log=log, **job["overrides"])
+                  log=log, replan=False, **job["overrides"])
         summary = {k: v for k, v in s.items() if k != "curve"}
         summary["curve"] = s["curve"][:: max(1, len(s["curve"]) // 40)]
         summary["stopped_by"] = json.loads((work / "config.json").read_text())["training"]["stopped_by"]
@@ -128,6 +128,7 @@ def main() -> int:
     ap.add_argument("--evaluate", default="", help="splits for `teller evaluate` of the model rows (comma-separated)")
     ap.add_argument("--evaluate-reserve-s", type=float, default=150.0, help="time kept at the end for --evaluate")
     ap.add_argument("--methods", default="teller_mot,teller_single")
+    ap.add_argument("--evaluate-jobs", default="", help="the jobs --evaluate may pick from (default: every job)")
     ap.add_argument("--keep", default="", help="jobs whose model directory comes back as a tar (comma-separated)")
     ap.add_argument("--explain", default="", help="jobs whose test scoring decodes explanations (BLEU)")
     ap.add_argument("--max-units", type=int, default=None, help="a sample of units (CPU dry runs)")
@@ -175,8 +176,10 @@ def main() -> int:
     if a.evaluate:
         models = work / "models"
         models.mkdir(exist_ok=True)
-        for name in result["jobs"]:
-            if (work / name / "model.safetensors").is_file() or list((work / name).glob("model-*.safetensors")):
+        pick = [x for x in a.evaluate_jobs.split(",") if x] or list(result["jobs"])
+        for name in pick:
+            if name in result["jobs"] and ((work / name / "model.safetensors").is_file()
+                                           or list((work / name).glob("model-*.safetensors"))):
                 link = models / name
                 if not link.exists():
                     link.symlink_to(work / name)

@@ -173,11 +173,14 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           backbone: str | None = None, resume: bool = False, max_minutes: float | None = None,
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
-          **overrides: Any) -> dict[str, Any]:
+          replan: bool = True, **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
-    (loss curve, sizes, time). ``max_minutes`` stops training when that much time is spent (the
-    learning-rate schedule is re-planned to end there). A checkpoint is written at the end of an
-    epoch when ``checkpoint_every_s`` have passed since the last one, and at the end."""
+    (loss curve, sizes, time). ``max_minutes`` stops training when that much time is spent; with
+    ``replan`` the learning-rate schedule is re-planned to end there (from the pace of the first
+    steps), without it the epochs stay the plan and the time is only a hard stop. ``stopped_by``
+    says whether the steps, a re-planned schedule or the time ended training. A checkpoint is
+    written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
+    and at the end."""
     t_start = time.perf_counter()
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if device == "cuda" and not torch.cuda.is_available():
@@ -296,12 +299,13 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                     bar.update(task, completed=step, info=f"loss {np.mean(run_loss[-10:]):.3f}")
                 if deadline is not None and step - steps_at_loop == 10:
                     t_loop = time.perf_counter()  # the first steps pay for CUDA start-up and kernel selection
-                if deadline is not None and step - steps_at_loop == 30:
+                if deadline is not None and replan and step - steps_at_loop == 30:
                     # re-plan the schedule to end at the deadline, from the pace of steps 10-30
                     per_step = (time.perf_counter() - t_loop) / 20
                     fit = step + int((deadline - time.perf_counter()) / max(per_step, 1e-6))
                     if fit < total:
                         total = max(step + 1, fit)
+                        stopped = "time budget (schedule re-planned)"
                         if bar is not None:
                             bar.update(task, total=total)
                         say(f"time budget: {max_minutes} min allows about {total} steps ({per_step * 1e3:.0f} ms a step)")
