@@ -188,6 +188,94 @@ def test_conversion_reconciles_counts_on_a_synthetic_trace(tmp_path: Path):
     assert s["tids_remapped"] == 3 and cols["layer"].to_pylist() == ["BE"] * 3
 
 
+def test_lopsided_brackets_keep_ops_inside_their_fe_range(tmp_path: Path):
+    """The profiler's timestamp of a step bracket sits at one end of its τ bracket, not in the
+    middle (recording: the bracket's enter work comes before the timestamp); the bracket's
+    midpoint is then µs off, more than an op's distance to the FE range that encloses it. The
+    narrowed brackets put each op back inside its FE range, within a few hundred ns of its true τ."""
+    base = 1_700_000_000_000_000_000
+    off = 5_000_000  # true clocks: τ = profiler ns − off (no drift)
+    ev = []
+
+    def x(name: str, ts_us: float, dur_us: float) -> None:
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 7, "tid": 11, "ts": ts_us, "dur": dur_us})
+
+    def tau(ts_us: float) -> int:
+        return base + int(round(ts_us * 1000)) - off
+
+    x(f"{tpo.STEP_MARK}0", 100.0, 60.0)
+    x("aten::linear", 101.5, 10.0)  # 1.5 µs after the bracket: early in its FE range
+    x(f"{tpo.STEP_MARK}1", 300.0, 60.0)
+    x("aten::linear", 348.0, 10.0)  # ends 0.8 µs before its FE range does
+    trace = tmp_path / "7-0000.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": ev}))
+    s0, e0, s1, e1 = tau(100.0), tau(160.0), tau(300.0), tau(360.0)
+    # (a, b) around each bracket's enter, (c, d) around its exit: window 0 has its enter
+    # timestamp at the end of a 6.2 µs bracket; window 1 has a lopsided enter and exit
+    win = [[0, 111, s0 - 6_000, s0 + 200, e0 - 300, e0 + 300, 1],
+           [1, 111, s1 - 5_000, s1 + 100, e1 - 100, e1 + 4_000, 1]]
+    (tmp_path / "7-0000.windows.json").write_text(json.dumps({"pid": 7, "windows": win}))
+    fe = [(tau(101.0), tau(112.5)), (tau(347.0), tau(358.8))]  # the FE ranges around the two ops (τ)
+    cols, s = tpo.convert_segment(trace)
+    got = sorted(zip(cols["start_ns"].tolist(), cols["end_ns"].tolist(), strict=True))
+    assert len(got) == 2
+    for (a, b), (fs, fe_end) in zip(got, fe, strict=True):
+        assert fs <= a and b <= fe_end, (a - fs, fe_end - b)
+    truth = [(tau(101.5), tau(111.5)), (tau(348.0), tau(358.0))]
+    assert max(abs(g - t) for pair in zip(got, truth, strict=True) for g, t in zip(*pair, strict=True)) <= 300
+    # what the narrowing did is in the summary
+    assert s["anchor_err_raw_max_ns"] == 3_100 and s["anchor_err_max_ns"] <= 300
+    assert s["anchors_narrowed"] == 4 and s["anchor_shift_max_ns"] >= 2_000
+    assert s["anchor_drift_bound_ppm"] == 20 and s["anchor_sets_inconsistent"] == 0
+    assert s["bracket_len_diff_max_ns"] <= 300
+
+
+@st.composite
+def true_clock_brackets(draw):
+    """Anchors of a source clock whose offset to τ drifts by at most 10 ppm, each with a τ
+    bracket that contains its true τ at a random place (zero width allowed)."""
+    n = draw(st.integers(2, 30))
+    gaps = draw(st.lists(st.integers(200_000, 50_000_000), min_size=n, max_size=n))  # 1 ns rounding: ≤ 5 ppm
+    src = 1_700_000_000_000_000_000 + np.cumsum(np.array(gaps, np.int64))
+    drift = draw(st.floats(-10e-6, 10e-6))
+    off0 = draw(st.integers(-10**12, 10**12))
+    true = src + off0 + np.rint((src - src[0]) * drift).astype(np.int64)
+    below = np.array(draw(st.lists(st.integers(0, 20_000), min_size=n, max_size=n)), np.int64)
+    above = np.array(draw(st.lists(st.integers(0, 20_000), min_size=n, max_size=n)), np.int64)
+    return src, true, true - below, true + above
+
+
+@settings(max_examples=200, deadline=None)
+@given(true_clock_brackets())
+def test_narrowed_brackets_still_hold_the_true_time(case):
+    from teller.record import clock
+
+    src, true, lo, hi = case
+    order = np.random.default_rng(len(src)).permutation(len(src))  # input order does not matter
+    src, true, lo, hi = src[order], true[order], lo[order], hi[order]
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm == 20  # the true drift (≤ 10 ppm) is within the smallest bound
+    assert np.all(lo <= nlo) and np.all(nhi <= hi)  # inside the given brackets
+    assert np.all(nlo <= true) and np.all(true <= nhi)  # and still around the true time
+    # the tightest bracket bounds every other one, up to the drift allowed between them (+ rounding)
+    i = int(np.argmin(hi - lo))
+    allowed = (hi[i] - lo[i]) + 2 * np.ceil(20e-6 * np.abs(src - src[i])).astype(np.int64) + 2
+    assert np.all(nhi - nlo <= np.minimum(hi - lo, allowed))
+
+
+def test_brackets_no_drift_bound_reconciles_stay_as_they_are():
+    from teller.record import clock
+
+    src = np.array([0, 1_000_000], np.int64)  # 1 ms apart, offsets 1001 ns apart: above 1000 ppm
+    lo = np.array([0, 1_001_001], np.int64)
+    hi = np.array([0, 1_001_001], np.int64)
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm is None and nlo.tolist() == lo.tolist() and nhi.tolist() == hi.tolist()
+    lo[1] -= 2  # offsets 999..1001 ns apart: 1000 ppm reconciles them, and bounds the second
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm == 1000 and nlo.tolist() == [0, 1_000_999] and nhi.tolist() == [0, 1_001_000]
+
+
 @st.composite
 def nested_intervals(draw):
     """Random forests of properly nested intervals on a few threads, with their true depths.

@@ -161,8 +161,8 @@ class ProfilerBE:
             return
         n = next(self._ids)
         self.steps = n + 1
+        rf = self._rff(f"{STEP_MARK}{n}")  # built outside the τ bracket: it only widens it
         a = clock.tau_now()
-        rf = self._rff(f"{STEP_MARK}{n}")
         rf.__enter__()
         b = clock.tau_now()
         with self._lock:
@@ -432,7 +432,13 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
     Keeps ``aten::`` cpu_ops that lie inside a step window on the window's thread, at most the
     window's depth of aten ops deep; maps their times onto τ with the windows' anchors. The
     summary reconciles: ``cpu_ops = kept + outside_steps + too_deep`` over the aten rows, plus
-    the non-aten rows and the step brackets seen/matched.
+    the non-aten rows and the step brackets seen/matched. The anchors' τ are the midpoints of
+    their brackets narrowed by :func:`teller.record.clock.tighten_brackets`; the summary says by
+    how much that moved them (``anchor_shift_max_ns``, ``anchors_narrowed``), the half-widths
+    before and after (``anchor_err_raw_max_ns``, ``anchor_err_max_ns``: the mapping's error
+    bound) and the drift bound used (``anchor_drift_bound_ppm``; None and
+    ``anchor_sets_inconsistent`` = 1 when no bound reconciles the brackets, which then stay as
+    they are).
     """
     # numpy, pyarrow and the Kineto reader load here, at conversion, never in the recorded
     # process's start-up (this module is imported when the runtime installs the BE backend)
@@ -481,11 +487,30 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         return None, summ
     wi = np.array([p[0] for p in pairs], np.int64)
     mi = np.array([p[1] for p in pairs], np.int64)
-    # clock anchors: (profiler ns, τ) at each bracket's start and end
+    # clock anchors: (profiler ns, τ) at each bracket's start and end. The profiler's timestamp
+    # lies somewhere in its τ bracket, not necessarily in the middle (the work before it in
+    # RecordFunction's enter is not the work after it, and a thread can be held up on either
+    # side): the midpoint of a bracket alone can be off by half its width, several µs, more than
+    # an aten op's distance to the FE range around it. The brackets are narrowed first with what
+    # the others allow (the two clocks' offset changes slowly), then their midpoints are used.
     src = np.concatenate([start[mi], end[mi]])
-    tau = np.concatenate([(win[wi, 2] + win[wi, 3]) // 2, (win[wi, 4] + win[wi, 5]) // 2])
-    err = np.concatenate([(win[wi, 3] - win[wi, 2] + 1) // 2, (win[wi, 5] - win[wi, 4] + 1) // 2])
-    # loose brackets (a first call, a preempted thread) would bend the map: keep the tight ones
+    lo = np.concatenate([win[wi, 2], win[wi, 4]])
+    hi = np.concatenate([win[wi, 3], win[wi, 5]])
+    lo_t, hi_t, drift_bound = clock.tighten_brackets(src, lo, hi)
+    mid_raw = (lo + hi) // 2
+    tau = (lo_t + hi_t) // 2
+    err = (hi_t - lo_t + 1) // 2
+    summ["anchor_err_raw_max_ns"] = int(((hi - lo + 1) // 2).max())
+    summ["anchor_shift_max_ns"] = int(np.abs(tau - mid_raw).max())
+    summ["anchors_narrowed"] = int(((hi_t - lo_t) < (hi - lo)).sum())
+    summ["anchor_drift_bound_ppm"] = drift_bound
+    # segments whose brackets no drift bound reconciles (their midpoints are used as they are)
+    summ["anchor_sets_inconsistent"] = int(drift_bound is None and len(src) >= 2)
+    # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
+    k_len = end[mi] - start[mi]
+    t_len = tau[len(wi):] - tau[: len(wi)]
+    summ["bracket_len_diff_max_ns"] = int(np.abs(k_len - t_len).max())
+    # brackets still loose after narrowing (a lone slow call) would bend the map: keep the tight ones
     tight = err <= max(5_000, 4 * int(np.median(err)))
     if tight.sum() >= 2:
         src, tau, err = src[tight], tau[tight], err[tight]
@@ -494,10 +519,6 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
     cm = clock.ClockMap()
     for s, t, e in zip(src[order].tolist(), tau[order].tolist(), err[order].tolist(), strict=True):
         cm.add(s, t, e)
-    # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
-    k_len = end[mi] - start[mi]
-    t_len = (win[wi, 4] + win[wi, 5]) // 2 - (win[wi, 2] + win[wi, 3]) // 2
-    summ["bracket_len_diff_max_ns"] = int(np.abs(k_len - t_len).max())
     summ["anchor_err_max_ns"] = int(err.max())
     summ["clock_drift_ppm"] = cm.drift_ppm()
     # aten rows inside a matched window on the same thread
