@@ -230,6 +230,74 @@ def test_lopsided_brackets_keep_ops_inside_their_fe_range(tmp_path: Path):
     assert s["bracket_len_diff_max_ns"] <= 300
 
 
+def test_host_ranges_put_ops_back_when_every_bracket_is_lopsided(tmp_path: Path):
+    """Brackets that all have their timestamp at the same end narrow nothing (they agree): the
+    mapping stays 2.9 µs early. The process's own FE/STEP ranges then put the window's ops back
+    inside (one shift per window, within the error bound), counted."""
+    base = 1_700_000_000_000_000_000
+    ev = [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 7, "tid": 11, "ts": ts, "dur": d}
+          for n, ts, d in [(f"{tpo.STEP_MARK}0", 100.0, 60.0), ("aten::linear", 101.5, 10.0),
+                           ("aten::addmm", 101.8, 9.0), ("aten::softmax", 140.0, 5.0)]]
+    trace = tmp_path / "7-0000.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": ev}))
+
+    def tau(ts_us: float) -> int:  # true clocks: τ = profiler ns − 5 ms
+        return base + int(round(ts_us * 1000)) - 5_000_000
+
+    s0, e0 = tau(100.0), tau(160.0)
+    win = [[0, 111, s0 - 6_000, s0 + 200, e0 - 6_000, e0 + 200, 2]]
+    (tmp_path / "7-0000.windows.json").write_text(json.dumps({"pid": 7, "windows": win}))
+    step = (tau(93.0), tau(167.0))  # the STEP range opens before the bracket's first τ reading
+    fe = [(tau(101.0), tau(112.5)), (tau(139.5), tau(146.0))]  # FE ranges around linear, softmax
+    host = {"tid": np.array([111, 111, 111]), "start_ns": np.array([step[0], fe[0][0], fe[1][0]]),
+            "end_ns": np.array([step[1], fe[0][1], fe[1][1]])}
+    plain, s_plain = tpo.convert_segment(trace)
+    assert s_plain["anchor_err_max_ns"] == 3_100 and "host_ranges" not in s_plain
+    assert plain["start_ns"].min() < fe[0][0]  # anchors alone: linear starts before its FE range
+    cols, s = tpo.convert_segment(trace, host=host)
+    assert s["host_ranges"] == 3 and s["straddles"] == 3 and s["straddles_unrepaired"] == 0  # all three ops
+    assert s["windows_shifted"] == 1 and 0 < s["nesting_shift_max_ns"] <= s["anchor_err_max_ns"]
+    got = dict(zip(cols["name"].to_pylist(), zip(cols["start_ns"].tolist(), cols["end_ns"].tolist(), strict=True),
+                   strict=True))
+    for name, (fs, fe_end) in (("BE aten::linear", fe[0]), ("BE aten::addmm", fe[0]), ("BE aten::softmax", fe[1])):
+        a, b = got[name]
+        assert fs <= a and b <= fe_end, name
+    # one shift for the window: durations and the ops' own nesting are kept
+    d = got["BE aten::linear"][0] - plain["start_ns"][plain["name"].to_pylist().index("BE aten::linear")]
+    for i, name in enumerate(plain["name"].to_pylist()):
+        assert got[name] == (plain["start_ns"][i] + d, plain["end_ns"][i] + d)
+
+
+def test_host_nesting_repair_bounds():
+    r = tpo.repair_host_nesting
+    tid = np.array([1, 1, 1])
+    # three ops of one window; host range [100, 200]: op 0 sticks out 3 before it, op 1 is
+    # inside, op 2 lies after it, 5 clear of its end
+    s, e = np.array([97, 150, 205]), np.array([120, 160, 230])
+    hs, he = np.array([100]), np.array([200])
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1]), hs, he, tol_ns=10)
+    assert ns.tolist() == [100, 153, 208] and (ne - ns).tolist() == (e - s).tolist()
+    assert (c["straddles"], c["straddles_unrepaired"], c["windows_shifted"], c["nesting_shift_max_ns"]) == (1, 0, 1, 3)
+    # a straddle deeper than the error bound is no clock error: left alone, counted
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1]), hs, he, tol_ns=2)
+    assert ns.tolist() == s.tolist() and c["straddles_unrepaired"] == 1 and c["windows_shifted"] == 0
+    # no shift fits: op 2 may move right by 2 at most (another host range starts at 232)
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1, 1]), np.array([100, 232]), np.array([200, 300]), tol_ns=10)
+    assert ns.tolist() == s.tolist() and c["straddles_unrepaired"] == 1
+    # in windows of their own, op 0 moves alone
+    ns, ne, c = r(tid, s, e, np.array([0, 1, 1]), np.array([1, 1]), np.array([100, 232]), np.array([200, 300]),
+                  tol_ns=10)
+    assert ns.tolist() == [100, 150, 205] and c["windows_shifted"] == 1
+    # the nearer side wins: 3 past the end of a range, the op moves out of it, to the right
+    ns, ne, c = r(np.array([1]), np.array([197]), np.array([230]), np.zeros(1), np.array([1]), hs, he, tol_ns=10)
+    assert ns.tolist() == [200]
+    # an op with a whole host range inside it (a Python op running a module) is left alone; so
+    # are ops on threads without host ranges
+    ns, ne, c = r(np.array([1, 2]), np.array([90, 97]), np.array([210, 120]), np.zeros(2), np.array([1]), hs, he,
+                  tol_ns=10)
+    assert ns.tolist() == [90, 97] and c["straddles"] == 0
+
+
 @st.composite
 def true_clock_brackets(draw):
     """Anchors of a source clock whose offset to τ drifts by at most 10 ppm, each with a τ
@@ -408,6 +476,8 @@ def test_recorded_workload_with_the_profiler_backend(tmp_path: Path, plain_tiny_
     conv = info["be_conversion"]
     assert conv["failed"] == 0 and conv["kept"] > 0 and conv["windows_matched"] == conv["windows"]
     assert conv["aten_rows"] == conv["kept"] + conv["outside_steps"] + conv["too_deep"]
+    # the launcher's conversion had the process's FE/STEP ranges to check nesting against
+    assert conv["host_ranges"] > 0 and conv["straddles_unrepaired"] == 0
     proc = info["processes"][0]
     assert proc["collector"]["be_backend"] == "profiler" and proc["be"]["started"]
     assert not (run / tpo.SEGMENT_DIR).exists()
