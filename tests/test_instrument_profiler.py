@@ -188,6 +188,162 @@ def test_conversion_reconciles_counts_on_a_synthetic_trace(tmp_path: Path):
     assert s["tids_remapped"] == 3 and cols["layer"].to_pylist() == ["BE"] * 3
 
 
+def test_lopsided_brackets_keep_ops_inside_their_fe_range(tmp_path: Path):
+    """The profiler's timestamp of a step bracket sits at one end of its τ bracket, not in the
+    middle (recording: the bracket's enter work comes before the timestamp); the bracket's
+    midpoint is then µs off, more than an op's distance to the FE range that encloses it. The
+    narrowed brackets put each op back inside its FE range, within a few hundred ns of its true τ."""
+    base = 1_700_000_000_000_000_000
+    off = 5_000_000  # true clocks: τ = profiler ns − off (no drift)
+    ev = []
+
+    def x(name: str, ts_us: float, dur_us: float) -> None:
+        ev.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 7, "tid": 11, "ts": ts_us, "dur": dur_us})
+
+    def tau(ts_us: float) -> int:
+        return base + int(round(ts_us * 1000)) - off
+
+    x(f"{tpo.STEP_MARK}0", 100.0, 60.0)
+    x("aten::linear", 101.5, 10.0)  # 1.5 µs after the bracket: early in its FE range
+    x(f"{tpo.STEP_MARK}1", 300.0, 60.0)
+    x("aten::linear", 348.0, 10.0)  # ends 0.8 µs before its FE range does
+    trace = tmp_path / "7-0000.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": ev}))
+    s0, e0, s1, e1 = tau(100.0), tau(160.0), tau(300.0), tau(360.0)
+    # (a, b) around each bracket's enter, (c, d) around its exit: window 0 has its enter
+    # timestamp at the end of a 6.2 µs bracket; window 1 has a lopsided enter and exit
+    win = [[0, 111, s0 - 6_000, s0 + 200, e0 - 300, e0 + 300, 1],
+           [1, 111, s1 - 5_000, s1 + 100, e1 - 100, e1 + 4_000, 1]]
+    (tmp_path / "7-0000.windows.json").write_text(json.dumps({"pid": 7, "windows": win}))
+    fe = [(tau(101.0), tau(112.5)), (tau(347.0), tau(358.8))]  # the FE ranges around the two ops (τ)
+    cols, s = tpo.convert_segment(trace)
+    got = sorted(zip(cols["start_ns"].tolist(), cols["end_ns"].tolist(), strict=True))
+    assert len(got) == 2
+    for (a, b), (fs, fe_end) in zip(got, fe, strict=True):
+        assert fs <= a and b <= fe_end, (a - fs, fe_end - b)
+    truth = [(tau(101.5), tau(111.5)), (tau(348.0), tau(358.0))]
+    assert max(abs(g - t) for pair in zip(got, truth, strict=True) for g, t in zip(*pair, strict=True)) <= 300
+    # what the narrowing did is in the summary
+    assert s["anchor_err_raw_max_ns"] == 3_100 and s["anchor_err_max_ns"] <= 300
+    assert s["anchors_narrowed"] == 4 and s["anchor_shift_max_ns"] >= 2_000
+    assert s["anchor_drift_bound_ppm"] == 20 and s["anchor_sets_inconsistent"] == 0
+    assert s["bracket_len_diff_max_ns"] <= 300
+
+
+def test_host_ranges_put_ops_back_when_every_bracket_is_lopsided(tmp_path: Path):
+    """Brackets that all have their timestamp at the same end narrow nothing (they agree): the
+    mapping stays 2.9 µs early. The process's own FE/STEP ranges then put the window's ops back
+    inside (one shift per window, within the error bound), counted."""
+    base = 1_700_000_000_000_000_000
+    ev = [{"ph": "X", "cat": "cpu_op", "name": n, "pid": 7, "tid": 11, "ts": ts, "dur": d}
+          for n, ts, d in [(f"{tpo.STEP_MARK}0", 100.0, 60.0), ("aten::linear", 101.5, 10.0),
+                           ("aten::addmm", 101.8, 9.0), ("aten::softmax", 140.0, 5.0)]]
+    trace = tmp_path / "7-0000.json"
+    trace.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": base, "traceEvents": ev}))
+
+    def tau(ts_us: float) -> int:  # true clocks: τ = profiler ns − 5 ms
+        return base + int(round(ts_us * 1000)) - 5_000_000
+
+    s0, e0 = tau(100.0), tau(160.0)
+    win = [[0, 111, s0 - 6_000, s0 + 200, e0 - 6_000, e0 + 200, 2]]
+    (tmp_path / "7-0000.windows.json").write_text(json.dumps({"pid": 7, "windows": win}))
+    step = (tau(93.0), tau(167.0))  # the STEP range opens before the bracket's first τ reading
+    fe = [(tau(101.0), tau(112.5)), (tau(139.5), tau(146.0))]  # FE ranges around linear, softmax
+    host = {"tid": np.array([111, 111, 111]), "start_ns": np.array([step[0], fe[0][0], fe[1][0]]),
+            "end_ns": np.array([step[1], fe[0][1], fe[1][1]])}
+    plain, s_plain = tpo.convert_segment(trace)
+    assert s_plain["anchor_err_max_ns"] == 3_100 and "host_ranges" not in s_plain
+    assert plain["start_ns"].min() < fe[0][0]  # anchors alone: linear starts before its FE range
+    cols, s = tpo.convert_segment(trace, host=host)
+    assert s["host_ranges"] == 3 and s["straddles"] == 3 and s["straddles_unrepaired"] == 0  # all three ops
+    assert s["windows_shifted"] == 1 and 0 < s["nesting_shift_max_ns"] <= s["anchor_err_max_ns"]
+    got = dict(zip(cols["name"].to_pylist(), zip(cols["start_ns"].tolist(), cols["end_ns"].tolist(), strict=True),
+                   strict=True))
+    for name, (fs, fe_end) in (("BE aten::linear", fe[0]), ("BE aten::addmm", fe[0]), ("BE aten::softmax", fe[1])):
+        a, b = got[name]
+        assert fs <= a and b <= fe_end, name
+    # one shift for the window: durations and the ops' own nesting are kept
+    d = got["BE aten::linear"][0] - plain["start_ns"][plain["name"].to_pylist().index("BE aten::linear")]
+    for i, name in enumerate(plain["name"].to_pylist()):
+        assert got[name] == (plain["start_ns"][i] + d, plain["end_ns"][i] + d)
+
+
+def test_host_nesting_repair_bounds():
+    r = tpo.repair_host_nesting
+    tid = np.array([1, 1, 1])
+    # three ops of one window; host range [100, 200]: op 0 sticks out 3 before it, op 1 is
+    # inside, op 2 lies after it, 5 clear of its end
+    s, e = np.array([97, 150, 205]), np.array([120, 160, 230])
+    hs, he = np.array([100]), np.array([200])
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1]), hs, he, tol_ns=10)
+    assert ns.tolist() == [100, 153, 208] and (ne - ns).tolist() == (e - s).tolist()
+    assert (c["straddles"], c["straddles_unrepaired"], c["windows_shifted"], c["nesting_shift_max_ns"]) == (1, 0, 1, 3)
+    # a straddle deeper than the error bound is no clock error: left alone, counted
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1]), hs, he, tol_ns=2)
+    assert ns.tolist() == s.tolist() and c["straddles_unrepaired"] == 1 and c["windows_shifted"] == 0
+    # no shift fits: op 2 may move right by 2 at most (another host range starts at 232)
+    ns, ne, c = r(tid, s, e, np.zeros(3), np.array([1, 1]), np.array([100, 232]), np.array([200, 300]), tol_ns=10)
+    assert ns.tolist() == s.tolist() and c["straddles_unrepaired"] == 1
+    # in windows of their own, op 0 moves alone
+    ns, ne, c = r(tid, s, e, np.array([0, 1, 1]), np.array([1, 1]), np.array([100, 232]), np.array([200, 300]),
+                  tol_ns=10)
+    assert ns.tolist() == [100, 150, 205] and c["windows_shifted"] == 1
+    # the nearer side wins: 3 past the end of a range, the op moves out of it, to the right
+    ns, ne, c = r(np.array([1]), np.array([197]), np.array([230]), np.zeros(1), np.array([1]), hs, he, tol_ns=10)
+    assert ns.tolist() == [200]
+    # an op with a whole host range inside it (a Python op running a module) is left alone; so
+    # are ops on threads without host ranges
+    ns, ne, c = r(np.array([1, 2]), np.array([90, 97]), np.array([210, 120]), np.zeros(2), np.array([1]), hs, he,
+                  tol_ns=10)
+    assert ns.tolist() == [90, 97] and c["straddles"] == 0
+
+
+@st.composite
+def true_clock_brackets(draw):
+    """Anchors of a source clock whose offset to τ drifts by at most 10 ppm, each with a τ
+    bracket that contains its true τ at a random place (zero width allowed)."""
+    n = draw(st.integers(2, 30))
+    gaps = draw(st.lists(st.integers(200_000, 50_000_000), min_size=n, max_size=n))  # 1 ns rounding: ≤ 5 ppm
+    src = 1_700_000_000_000_000_000 + np.cumsum(np.array(gaps, np.int64))
+    drift = draw(st.floats(-10e-6, 10e-6))
+    off0 = draw(st.integers(-10**12, 10**12))
+    true = src + off0 + np.rint((src - src[0]) * drift).astype(np.int64)
+    below = np.array(draw(st.lists(st.integers(0, 20_000), min_size=n, max_size=n)), np.int64)
+    above = np.array(draw(st.lists(st.integers(0, 20_000), min_size=n, max_size=n)), np.int64)
+    return src, true, true - below, true + above
+
+
+@settings(max_examples=200, deadline=None)
+@given(true_clock_brackets())
+def test_narrowed_brackets_still_hold_the_true_time(case):
+    from teller.record import clock
+
+    src, true, lo, hi = case
+    order = np.random.default_rng(len(src)).permutation(len(src))  # input order does not matter
+    src, true, lo, hi = src[order], true[order], lo[order], hi[order]
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm == 20  # the true drift (≤ 10 ppm) is within the smallest bound
+    assert np.all(lo <= nlo) and np.all(nhi <= hi)  # inside the given brackets
+    assert np.all(nlo <= true) and np.all(true <= nhi)  # and still around the true time
+    # the tightest bracket bounds every other one, up to the drift allowed between them (+ rounding)
+    i = int(np.argmin(hi - lo))
+    allowed = (hi[i] - lo[i]) + 2 * np.ceil(20e-6 * np.abs(src - src[i])).astype(np.int64) + 2
+    assert np.all(nhi - nlo <= np.minimum(hi - lo, allowed))
+
+
+def test_brackets_no_drift_bound_reconciles_stay_as_they_are():
+    from teller.record import clock
+
+    src = np.array([0, 1_000_000], np.int64)  # 1 ms apart, offsets 1001 ns apart: above 1000 ppm
+    lo = np.array([0, 1_001_001], np.int64)
+    hi = np.array([0, 1_001_001], np.int64)
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm is None and nlo.tolist() == lo.tolist() and nhi.tolist() == hi.tolist()
+    lo[1] -= 2  # offsets 999..1001 ns apart: 1000 ppm reconciles them, and bounds the second
+    nlo, nhi, ppm = clock.tighten_brackets(src, lo, hi)
+    assert ppm == 1000 and nlo.tolist() == [0, 1_000_999] and nhi.tolist() == [0, 1_001_000]
+
+
 @st.composite
 def nested_intervals(draw):
     """Random forests of properly nested intervals on a few threads, with their true depths.
@@ -320,6 +476,8 @@ def test_recorded_workload_with_the_profiler_backend(tmp_path: Path, plain_tiny_
     conv = info["be_conversion"]
     assert conv["failed"] == 0 and conv["kept"] > 0 and conv["windows_matched"] == conv["windows"]
     assert conv["aten_rows"] == conv["kept"] + conv["outside_steps"] + conv["too_deep"]
+    # the launcher's conversion had the process's FE/STEP ranges to check nesting against
+    assert conv["host_ranges"] > 0 and conv["straddles_unrepaired"] == 0
     proc = info["processes"][0]
     assert proc["collector"]["be_backend"] == "profiler" and proc["be"]["started"]
     assert not (run / tpo.SEGMENT_DIR).exists()

@@ -114,6 +114,62 @@ class ClockMap:
                 "max_err_ns": max(self.err) if self.err else None}
 
 
+#: drift bounds (ppm) tried in turn by :func:`tighten_brackets`, smallest first
+DRIFT_BOUNDS_PPM = (20, 50, 100, 200, 500, 1000)
+
+
+def tighten_brackets(src_ns: Any, lo_ns: Any, hi_ns: Any,
+                     bounds_ppm: tuple[float, ...] = DRIFT_BOUNDS_PPM) -> tuple[Any, Any, float | None]:
+    """Narrow each anchor's τ bracket with what the other anchors say about the clock offset.
+
+    Anchor ``i`` says that source time ``src_ns[i]`` happened at some τ in ``[lo_ns[i], hi_ns[i]]``
+    (two τ readings around the event that produced the source timestamp). Where in the bracket
+    is not known: the midpoint is only a guess, off by up to half the bracket, and the work
+    inside a bracket is seldom symmetric around the timestamp. The offset τ − source changes by
+    at most ρ per ns between two instants (ρ: the drift bound), so every anchor ``j`` bounds the
+    offset at anchor ``i`` to its own interval widened by ``ρ·|src_i − src_j|``; intersecting all
+    of them (cumulative max/min sweeps both ways, O(n log n)) narrows wide brackets to what their
+    neighbours allow. The bounds in ``bounds_ppm`` are tried smallest first; the first one under
+    which every narrowed bracket is non-empty is used (a larger drift, a clock step or a
+    bracket that misses its timestamp makes a small bound inconsistent).
+
+    Returns the narrowed ``(lo, hi)`` as int64 arrays (inside the given brackets) and the drift
+    bound used in ppm, or the brackets unchanged and None when no bound is consistent.
+    """
+    import numpy as np  # not at module load (module docstring)
+
+    src = np.asarray(src_ns, dtype=np.int64)
+    lo = np.asarray(lo_ns, dtype=np.int64)
+    hi = np.asarray(hi_ns, dtype=np.int64)
+    if len(src) < 2:
+        return lo.copy(), hi.copy(), None
+    order = np.argsort(src, kind="stable")
+    # offsets relative to the first anchor's lower bound, times relative to the first source
+    # time: float64 holds them exactly (epoch-sized values would not)
+    x = (src[order] - src[order[0]]).astype(np.float64)
+    base = int(lo[order[0]] - src[order[0]])
+    lo_off = (lo[order] - src[order] - base).astype(np.float64)
+    hi_off = (hi[order] - src[order] - base).astype(np.float64)
+    for ppm in bounds_ppm:
+        r = ppm * 1e-6
+        # lower: max_j lo_j − r|x_i − x_j|, over j ≤ i (forward sweep) and j ≥ i (backward);
+        # upper: min_j hi_j + r|x_i − x_j| the same way
+        lo_f = np.maximum.accumulate(lo_off + r * x) - r * x
+        lo_b = np.maximum.accumulate((lo_off - r * x)[::-1])[::-1] + r * x
+        hi_f = np.minimum.accumulate(hi_off - r * x) + r * x
+        hi_b = np.minimum.accumulate((hi_off + r * x)[::-1])[::-1] - r * x
+        new_lo = np.maximum(lo_f, lo_b)
+        new_hi = np.minimum(hi_f, hi_b)
+        if np.all(new_lo <= new_hi + 1e-6):
+            # whole ns, rounded outwards (float noise aside), never outside the given bracket
+            out_lo = np.empty_like(lo)
+            out_hi = np.empty_like(hi)
+            out_lo[order] = np.maximum(np.floor(new_lo + 1e-6).astype(np.int64) + base + src[order], lo[order])
+            out_hi[order] = np.minimum(np.ceil(new_hi - 1e-6).astype(np.int64) + base + src[order], hi[order])
+            return out_lo, out_hi, float(ppm)
+    return lo.copy(), hi.copy(), None
+
+
 def take_anchor(read_src: Callable[[], int], tries: int = 3) -> tuple[int, int, int]:
     """Read the other clock between two τ readings; keep the tightest of ``tries`` pairs.
 

@@ -28,7 +28,10 @@ How it fits the runtime (``runtime.set_be_backend``):
   another aten op), named ``BE aten::<op>`` like the dispatch backend's, times mapped onto τ
   through the step anchors. Conversion happens in-process at the final stop, or, when the
   launcher sets ``TELLER_BE_DEFER=1``, in the launcher after the process has exited
-  (:func:`convert_run`); counts in and out are reported either way.
+  (:func:`convert_run`); counts in and out are reported either way. The launcher's conversion
+  also has the process's host ranges (FE, STEP) from its events files: an op the mapping put
+  across one of their boundaries, by no more than the mapping's error bound, is moved back with
+  its window (:func:`repair_host_nesting`, counted).
 
 CUDA: on a machine with a GPU, Kineto enables CUPTI's RUNTIME, DRIVER and EXTERNAL_CORRELATION
 activity and registers its own CUPTI buffer callbacks even for a CPU-only session. With the CUPTI
@@ -161,8 +164,8 @@ class ProfilerBE:
             return
         n = next(self._ids)
         self.steps = n + 1
+        rf = self._rff(f"{STEP_MARK}{n}")  # built outside the τ bracket: it only widens it
         a = clock.tau_now()
-        rf = self._rff(f"{STEP_MARK}{n}")
         rf.__enter__()
         b = clock.tau_now()
         with self._lock:
@@ -426,13 +429,26 @@ def _remove_segment(trace: str) -> None:
             pass
 
 
-def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+def convert_segment(trace: str | os.PathLike, host: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Canonical BE RANGE columns of one exported segment, and its counts.
 
     Keeps ``aten::`` cpu_ops that lie inside a step window on the window's thread, at most the
     window's depth of aten ops deep; maps their times onto τ with the windows' anchors. The
     summary reconciles: ``cpu_ops = kept + outside_steps + too_deep`` over the aten rows, plus
-    the non-aten rows and the step brackets seen/matched.
+    the non-aten rows and the step brackets seen/matched. The anchors' τ are the midpoints of
+    their brackets narrowed by :func:`teller.record.clock.tighten_brackets`; the summary says by
+    how much that moved them (``anchor_shift_max_ns``, ``anchors_narrowed``), the half-widths
+    before and after (``anchor_err_raw_max_ns``, ``anchor_err_max_ns``: the mapping's error
+    bound) and the drift bound used (``anchor_drift_bound_ppm``; None and
+    ``anchor_sets_inconsistent`` = 1 when no bound reconciles the brackets, which then stay as
+    they are).
+
+    ``host``: the process's own host ranges on τ (``tid``, ``start_ns``, ``end_ns`` arrays: FE,
+    STEP, ... as the range recorder wrote them). With them, the ops of a window that straddle a
+    host range's boundary by no more than the mapping's error bound are moved back into place
+    (:func:`repair_host_nesting`; counted as ``host_ranges``, ``straddles``,
+    ``straddles_unrepaired``, ``windows_shifted``, ``nesting_shift_max_ns``).
     """
     # numpy, pyarrow and the Kineto reader load here, at conversion, never in the recorded
     # process's start-up (this module is imported when the runtime installs the BE backend)
@@ -481,11 +497,30 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         return None, summ
     wi = np.array([p[0] for p in pairs], np.int64)
     mi = np.array([p[1] for p in pairs], np.int64)
-    # clock anchors: (profiler ns, τ) at each bracket's start and end
+    # clock anchors: (profiler ns, τ) at each bracket's start and end. The profiler's timestamp
+    # lies somewhere in its τ bracket, not necessarily in the middle (the work before it in
+    # RecordFunction's enter is not the work after it, and a thread can be held up on either
+    # side): the midpoint of a bracket alone can be off by half its width, several µs, more than
+    # an aten op's distance to the FE range around it. The brackets are narrowed first with what
+    # the others allow (the two clocks' offset changes slowly), then their midpoints are used.
     src = np.concatenate([start[mi], end[mi]])
-    tau = np.concatenate([(win[wi, 2] + win[wi, 3]) // 2, (win[wi, 4] + win[wi, 5]) // 2])
-    err = np.concatenate([(win[wi, 3] - win[wi, 2] + 1) // 2, (win[wi, 5] - win[wi, 4] + 1) // 2])
-    # loose brackets (a first call, a preempted thread) would bend the map: keep the tight ones
+    lo = np.concatenate([win[wi, 2], win[wi, 4]])
+    hi = np.concatenate([win[wi, 3], win[wi, 5]])
+    lo_t, hi_t, drift_bound = clock.tighten_brackets(src, lo, hi)
+    mid_raw = (lo + hi) // 2
+    tau = (lo_t + hi_t) // 2
+    err = (hi_t - lo_t + 1) // 2
+    summ["anchor_err_raw_max_ns"] = int(((hi - lo + 1) // 2).max())
+    summ["anchor_shift_max_ns"] = int(np.abs(tau - mid_raw).max())
+    summ["anchors_narrowed"] = int(((hi_t - lo_t) < (hi - lo)).sum())
+    summ["anchor_drift_bound_ppm"] = drift_bound
+    # segments whose brackets no drift bound reconciles (their midpoints are used as they are)
+    summ["anchor_sets_inconsistent"] = int(drift_bound is None and len(src) >= 2)
+    # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
+    k_len = end[mi] - start[mi]
+    t_len = tau[len(wi):] - tau[: len(wi)]
+    summ["bracket_len_diff_max_ns"] = int(np.abs(k_len - t_len).max())
+    # brackets still loose after narrowing (a lone slow call) would bend the map: keep the tight ones
     tight = err <= max(5_000, 4 * int(np.median(err)))
     if tight.sum() >= 2:
         src, tau, err = src[tight], tau[tight], err[tight]
@@ -494,16 +529,13 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
     cm = clock.ClockMap()
     for s, t, e in zip(src[order].tolist(), tau[order].tolist(), err[order].tolist(), strict=True):
         cm.add(s, t, e)
-    # consistency of the two clocks: a bracket's length on the profiler's clock vs on τ
-    k_len = end[mi] - start[mi]
-    t_len = (win[wi, 4] + win[wi, 5]) // 2 - (win[wi, 2] + win[wi, 3]) // 2
-    summ["bracket_len_diff_max_ns"] = int(np.abs(k_len - t_len).max())
     summ["anchor_err_max_ns"] = int(err.max())
     summ["clock_drift_ppm"] = cm.drift_ppm()
     # aten rows inside a matched window on the same thread
     ai = np.flatnonzero(aten)
     keep = np.zeros(len(ai), dtype=bool)
     depth_cap = np.zeros(len(ai), dtype=np.int64)
+    win_of = np.full(len(ai), -1, dtype=np.int64)  # the matched window each kept op lies in
     w_start, w_end, w_tid, w_depth = start[mi], end[mi], tid[mi], win[wi, 6]
     for t in np.unique(w_tid).tolist():  # per thread (few)
         sel = np.flatnonzero(tid[ai] == t)
@@ -515,6 +547,7 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         ok &= end[ai[sel]] <= w_end[ws[kk]]
         keep[sel] = ok
         depth_cap[sel] = np.where(ok, w_depth[ws[kk]], 0)
+        win_of[sel] = np.where(ok, ws[kk], -1)
     inside = ai[keep]
     lvl = nesting_depth(tid[inside], start[inside], end[inside])
     deep_ok = lvl < depth_cap[keep]
@@ -535,6 +568,14 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         hit = keys[p] == out_tid
         out_tid = np.where(hit, vals[p], out_tid)
         summ["tids_remapped"] = int(hit.sum())
+    out_start, out_end = cm.map(start[final]), cm.map(end[final])
+    if host is not None:
+        h_tid = np.asarray(host["tid"], np.int64)
+        summ["host_ranges"] = int(len(h_tid))
+        out_start, out_end, fix = repair_host_nesting(
+            out_tid, out_start, out_end, win_of[keep][deep_ok], h_tid,
+            np.asarray(host["start_ns"], np.int64), np.asarray(host["end_ns"], np.int64), summ["anchor_err_max_ns"])
+        summ.update(fix)
     summ["convert_us"] = int((time.perf_counter() - t_conv) * 1e6)
     d_codes, d_inv = np.unique(idx[final], return_inverse=True)
     dictionary = ["BE " + dvals[c] for c in d_codes.tolist()]
@@ -545,11 +586,90 @@ def convert_segment(trace: str | os.PathLike) -> tuple[dict[str, Any] | None, di
         "layer": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array(["BE"], pa.string())),
         "pid": np.full(n, int(side.get("pid", -1)), dtype=np.int64),
         "tid": out_tid,
-        "start_ns": cm.map(start[final]),
-        "end_ns": cm.map(end[final]),
+        "start_ns": out_start,
+        "end_ns": out_end,
         "flags": np.zeros(n, dtype=np.int32),
     }
     return cols, summ
+
+
+_FAR = 1 << 62
+
+
+def repair_host_nesting(tid: Any, start: Any, end: Any, group: Any, host_tid: Any, host_start: Any,
+                        host_end: Any, tol_ns: int) -> tuple[Any, Any, dict[str, int]]:
+    """Move converted ops that straddle a host range's boundary by at most ``tol_ns`` back into place.
+
+    On one thread an aten op and a host range (an FE module, the step) nest: a host range's
+    push or pop never happens inside an aten op unless the whole range does (a Python op
+    running a module). A boundary found inside a converted op with the range's other end
+    outside it is therefore the clock mapping's error, at most its error bound ``tol_ns``. The
+    op goes to the nearer side of the boundary (inside the range or clear of it). All ops of one
+    ``group`` (a step window: one set of anchors, one error) move by the same shift, the smallest
+    that clears every straddle of the group without making a new one or pulling an op across
+    any other host boundary, so durations and the ops' nesting among themselves are kept. A
+    group with no such shift within ``tol_ns``, or a straddle deeper than ``tol_ns``, stays as
+    it is and is counted in ``straddles_unrepaired``.
+
+    Returns the new start and end arrays and the counts ``straddles``, ``straddles_unrepaired``,
+    ``windows_shifted`` and ``nesting_shift_max_ns``.
+    """
+    import numpy as np
+
+    tid = np.asarray(tid, np.int64)
+    start = np.asarray(start, np.int64)
+    end = np.asarray(end, np.int64)
+    group = np.asarray(group, np.int64)
+    host_tid = np.asarray(host_tid, np.int64)
+    out = {"straddles": 0, "straddles_unrepaired": 0, "windows_shifted": 0, "nesting_shift_max_ns": 0}
+    shift = np.zeros(len(start), np.int64)
+    for t in np.intersect1d(np.unique(tid), np.unique(host_tid)).tolist():
+        sel = np.flatnonzero(tid == t)
+        hm = host_tid == t
+        hs = np.asarray(host_start, np.int64)[hm]
+        he = np.asarray(host_end, np.int64)[hm]
+        bounds = np.sort(np.concatenate([hs, he]))
+        by_s, by_e = np.argsort(hs, kind="stable"), np.argsort(he, kind="stable")
+        hs_sorted, he_sorted = hs[by_s], he[by_e]
+        s, e = start[sel], end[sel]
+        i0 = np.searchsorted(bounds, s, side="right")  # boundaries ≤ start: [0, i0)
+        i1 = np.searchsorted(bounds, e, side="left")  # boundaries ≥ end: [i1, n)
+        # the shift each op allows: not past the nearest host boundary on either side
+        lo = np.where(i0 > 0, bounds[np.maximum(i0 - 1, 0)] - s, -_FAR)
+        hi = np.where(i1 < len(bounds), bounds[np.minimum(i1, len(bounds) - 1)] - e, _FAR)
+        need = np.zeros(len(sel), np.int64)  # straddles each op has (within tol_ns)
+        for k in np.flatnonzero(i1 > i0).tolist():  # the few ops with a host boundary inside
+            a, b = int(s[k]), int(e[k])
+            st_in = by_s[np.searchsorted(hs_sorted, a, "right"):np.searchsorted(hs_sorted, b, "left")]
+            en_in = by_e[np.searchsorted(he_sorted, a, "right"):np.searchsorted(he_sorted, b, "left")]
+            both = np.intersect1d(st_in, en_in)  # ranges wholly inside the op stay inside it
+            if len(both):
+                lo[k] = max(int(lo[k]), int(he[both].max()) - b)
+                hi[k] = min(int(hi[k]), int(hs[both].min()) - a)
+            cut = np.concatenate([hs[np.setdiff1d(st_in, en_in)], he[np.setdiff1d(en_in, st_in)]])
+            for p in cut.tolist():
+                right, left = p - a, b - p  # start at the boundary, or end there
+                out["straddles"] += 1
+                if min(right, left) > tol_ns:
+                    out["straddles_unrepaired"] += 1
+                    continue
+                need[k] += 1
+                if right <= left:
+                    lo[k] = max(int(lo[k]), right)
+                else:
+                    hi[k] = min(int(hi[k]), -left)
+        g = group[sel]
+        for w in np.unique(g[need > 0]).tolist():  # the groups with something to repair
+            m = g == w
+            g_lo, g_hi = int(lo[m].max()), int(hi[m].min())
+            d = min(max(0, g_lo), g_hi)
+            if g_lo > g_hi or abs(d) > tol_ns:
+                out["straddles_unrepaired"] += int(need[m].sum())
+                continue
+            shift[sel[m]] = d
+            out["windows_shifted"] += 1
+            out["nesting_shift_max_ns"] = max(out["nesting_shift_max_ns"], abs(d))
+    return start + shift, end + shift, out
 
 
 def nesting_depth(tid: Any, start: Any, end: Any) -> Any:
@@ -588,6 +708,44 @@ def merge_counts(total: dict[str, Any], summ: dict[str, Any]) -> None:
         total[k] = max(total.get(k, 0), v) if k.endswith("_max_ns") else total.get(k, 0) + v
 
 
+def _segment_pid(side: Path) -> int:
+    try:
+        return int(json.loads(side.read_text()).get("pid", -1))
+    except (OSError, ValueError, AttributeError):
+        return -1
+
+
+def host_ranges(run: Any, pid: int) -> dict[str, Any] | None:
+    """The host RANGE events (every layer but BE) a process wrote to the run's events files.
+
+    Only the process's own files (``<pid>-*.parquet``, as its sink names them) are read, only
+    the columns needed; None when there are none (or they cannot be read: the conversion then
+    relies on the anchors alone).
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+
+    parts = []
+    for f in run.event_files(skip_copies=True):
+        if not f.name.startswith(f"{pid}-") or f.name.endswith("-be.parquet"):
+            continue
+        try:
+            t = pq.read_table(f, columns=["kind", "layer", "tid", "start_ns", "end_ns"])
+        except (pa.ArrowInvalid, OSError):  # an unreadable file: the run's reader reports it
+            continue
+        t = t.filter(pc.and_(pc.equal(t.column("kind").cast(pa.string()), "RANGE"),
+                             pc.not_equal(t.column("layer").cast(pa.string()), "BE")))
+        if t.num_rows:
+            parts.append(t)
+    if not parts:
+        return None
+    return {c: np.concatenate([p.column(c).to_numpy() for p in parts]).astype(np.int64)
+            for c in ("tid", "start_ns", "end_ns")}
+
+
 def convert_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """Convert the segments left in ``RUN/be/`` into events files (the launcher, after the run).
 
@@ -601,6 +759,7 @@ def convert_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     out: dict[str, Any] = {"segments": 0, "failed": 0, "errors": []}
     if not d.is_dir():
         return out
+    hosts: dict[int, Any] = {}  # per process, read before its first BE file is written
     for side in sorted(d.glob("*.windows.json")):
         trace = str(side)[: -len(".windows.json")] + ".json"
         if not os.path.isfile(trace):
@@ -608,7 +767,10 @@ def convert_run(run_dir: str | os.PathLike) -> dict[str, Any]:
             out["errors"].append(f"{side.name}: trace file missing (the process died while exporting)")
             continue
         try:
-            cols, summ = convert_segment(trace)
+            pid = _segment_pid(side)
+            if pid not in hosts:
+                hosts[pid] = host_ranges(run, pid)
+            cols, summ = convert_segment(trace, host=hosts[pid])
             if cols is not None:
                 n = len(cols["start_ns"])
                 cols.setdefault("node", [0] * n)
