@@ -573,10 +573,16 @@ def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_
     steps.extra["rca_models"] = str(models)
     m = make("teller_single").fit(steps, np.flatnonzero(train_mask))
     assert Path(m.model_path_) == models / "a" and m.model_.cfg.inputs == "trace+log"
+    with pytest.raises(ValueError, match="no single model \\(inputs summary\\+log"):
+        make("teller_prompt").fit(steps, np.flatnonzero(train_mask))
     p = m.predict(steps, np.flatnonzero(test))
     assert p.score.shape == (int(test.sum()),)
     steps.extra["split"] = "run"
     with pytest.raises(ValueError, match="no single model"):
+        make("teller_single").fit(steps, np.flatnonzero(train_mask))
+    steps.extra["split"] = "request"  # a second model that fits the row: refused, not picked by name
+    shutil.copytree(models / "a", models / "c")
+    with pytest.raises(ValueError, match="2 single models .* a, c"):
         make("teller_single").fit(steps, np.flatnonzero(train_mask))
 
 

@@ -6,8 +6,10 @@ for the split evaluated and checks that it may be scored here: the dataset folde
 on must be this one and its split the one evaluated, otherwise the test steps could be steps it
 learnt from, and the row is an error that says so. ``teller evaluate --models DIR`` names a
 folder of trained models (one sub-folder each, any names): a row takes the one of its variant,
-inputs ``trace+log``, split and seed; without it (or when none fits) ``teller_mot`` takes the
-shipped model. Predict encodes each test step from the dataset's subtrees (the whole step tree,
+inputs, split and seed; without it (or when none fits) ``teller_mot`` takes the shipped model.
+The modality ablations (``teller_mot_trace``, ``teller_mot_log``) and the prompt-style baseline
+(``teller_prompt``: the single-stream backbone reading a text summary of the step and its log
+lines) are rows of the same kind, each taking the model trained with its ``inputs``. Predict encodes each test step from the dataset's subtrees (the whole step tree,
 TPE-encoded, with its aligned log lines: exactly the units ``teller rca`` trains and scores on;
 both sides split steps by :func:`teller.dataset.splits.step_representatives`) and reads:
 
@@ -52,7 +54,9 @@ class RCAModel(Method):
 
     def _find(self, folder: Path, split: str | None) -> Path | None:
         """The model under ``folder`` (``config.json`` one level down) of this row's variant and
-        inputs, trained on ``split`` with this seed."""
+        inputs, trained on ``split`` with this seed; several that fit are an error (which one
+        the row scores must not depend on folder names)."""
+        found = []
         for cfg in sorted(Path(folder).glob("*/config.json")):
             try:
                 meta = json.loads(cfg.read_text())
@@ -61,8 +65,11 @@ class RCAModel(Method):
             c, tr = meta.get("config", {}), meta.get("training", {})
             if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
                     and tr.get("split") == split and int(tr.get("seed", -1)) == self.seed):
-                return cfg.parent
-        return None
+                found.append(cfg.parent)
+        if len(found) > 1:
+            raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, split {split}, seed {self.seed}) "
+                             f"under {folder}: {', '.join(p.name for p in found)}; pass a folder that holds one")
+        return found[0] if found else None
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
         from teller.rca import DEFAULT_MODEL
@@ -143,3 +150,26 @@ class RCAModel(Method):
 class SingleStreamModel(RCAModel):
     label = "TELLER single-stream (root-cause model)"
     variant = "single"
+
+
+@register("teller_mot_trace")
+class TraceOnlyModel(RCAModel):
+    label = "TELLER MoT w/o log (trace only; ablation)"
+    features = "step tree (TPE)"
+    inputs = "trace"
+
+
+@register("teller_mot_log")
+class LogOnlyModel(RCAModel):
+    label = "TELLER MoT w/o trace (log only; ablation)"
+    features = "log lines"
+    inputs = "log"
+
+
+@register("teller_prompt")
+class PromptModel(RCAModel):
+    label = "prompt-style (single-stream on a text summary of the step)"
+    kind = "prompt"
+    features = "step summary text + log lines"
+    variant = "single"
+    inputs = "summary+log"
