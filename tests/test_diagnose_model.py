@@ -128,5 +128,34 @@ def test_grounding_keeps_the_mechanism_and_fills_the_rest_from_the_answer():
     g2 = _ground("Communication/network fault (straggler_rank) in step 3", st)
     assert "straggler_rank" not in g2 and g2.startswith("CUDA/kernel fault in step 7 on rank 1")
     assert _ground(t, {**st, "fault_type": None}) == ""
-    assert re.fullmatch(r"CUDA/kernel fault in step 7 on rank 1: evidence FE LlamaMLP\.",
+    assert re.fullmatch(r"CUDA/kernel fault in step 7 on rank 1: evidence FE LlamaMLP\. "
+                        r"Next: check the named operator's kernels against a fault-free run\.",
                         _ground("", {**st, "suspects": []}))
+
+
+def test_grounded_explanations_end_with_a_next_step_of_their_cause():
+    """The sentence ends with the kept mechanism's action (else the fault type's), and passes the
+    programmatic checks an operator-facing explanation must (anomaly and type stated, actionable,
+    one complete sentence)."""
+    from teller.evaluate.scores import explanation_checks
+    from teller.inject import CATEGORIES, CATEGORY_ACTIONS, CATEGORY_TITLES
+    from teller.inject.mechanisms import registry
+
+    reg = registry()
+    assert set(CATEGORY_ACTIONS) == set(CATEGORIES) and all(m.action for m in reg.values())
+    texts, types = [], []
+    for name, m in sorted(reg.items()):
+        st = {"step_num": 4, "rank": 0, "fault_type": m.category, "evidence_families": ["FE LlamaMLP"], "suspects": []}
+        g = _ground(f"{CATEGORY_TITLES[m.category]} fault ({name}) in step 9", st)
+        assert f"({name})" in g and g.endswith(f" Next: {m.action}.")
+        texts.append(g)
+        types.append(m.category)
+    for c in CATEGORIES:  # no mechanism named: the type's next step
+        g = _ground("", {"step_num": 4, "rank": 0, "fault_type": c, "evidence_families": [], "suspects": []})
+        assert g.endswith(f" Next: {CATEGORY_ACTIONS[c]}.")
+        texts.append(g)
+        types.append(c)
+    res = explanation_checks(texts, types, [["FE LlamaMLP"]] * len(texts), [{"FE LlamaMLP"}] * len(texts))
+    for k in ("anomaly_correct", "type_correct", "causal_consistent", "actionable", "complete"):
+        ok = res["per_step"][k][:len(reg)] if k == "causal_consistent" else res["per_step"][k]  # a cause needs a mechanism
+        assert all(ok), (k, [t for t, o in zip(texts, ok, strict=False) if not o])

@@ -22,6 +22,14 @@ CATEGORY_TITLES = {
     "communication": "communication/network",
     "scheduling": "scheduling/software",
 }
+#: the next step of a fault type whose mechanism is not named (``teller diagnose``'s explanation)
+CATEGORY_ACTIONS = {
+    "memory": "check the GPU memory, bandwidth and host CPU used by the engine and by co-located processes",
+    "kernel": "check the named operator's kernels against a fault-free run",
+    "runtime": "check the step's runtime calls (synchronizations, allocations, copies) with `teller show`",
+    "communication": "check the ranks' step times and the interconnect between them",
+    "scheduling": "check the engine loop and the scheduler between and around the flagged steps",
+}
 ENV_FAULTS = "TELLER_FAULTS"
 #: what the recording bootstrap calls in each recorded process of a campaign run (its runtime as
 #: argument): the fault agent's installer (``teller.record.launcher.record(extensions=...)``)

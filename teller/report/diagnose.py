@@ -327,9 +327,10 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     kept, and only when it is a registered mechanism of the type the fault head chose; the type,
     the step and rank, the evidence operators (the operator head's, nodes of this step) and the
     numbers (the numeric stage's measurement of this step) are filled in from the structured
-    answer, and the cause is the mechanism's own description. Numbers the model writes are never
-    shown: it saw them in training, not in this run."""
-    from teller.inject import CATEGORY_TITLES
+    answer, the cause is the mechanism's own description, and the sentence ends with the next
+    step an operator can take (the mechanism's ``action``, else the fault type's). Numbers the
+    model writes are never shown: it saw them in training, not in this run."""
+    from teller.inject import CATEGORY_ACTIONS, CATEGORY_TITLES
     from teller.inject.mechanisms import registry
 
     ft = step.get("fault_type")
@@ -346,6 +347,9 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     out += "."
     if mech and reg[mech].cause:
         out += f" Cause: {reg[mech].cause}."
+    action = (reg[mech].action if mech else "") or CATEGORY_ACTIONS.get(ft, "")
+    if action:
+        out += f" Next: {action}."
     return out
 
 

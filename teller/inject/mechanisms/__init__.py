@@ -44,6 +44,8 @@ class Mechanism:
     #: what the CPU run does instead when the GPU original cannot run (None: GPU only)
     cpu_analogue: str | None = None
     cause = ""
+    #: the next step an operator can take when this is the cause (``teller diagnose``'s explanation)
+    action = ""
 
     # ---- where it can run --------------------------------------------------------------------
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
@@ -84,7 +86,7 @@ class Mechanism:
                 "default_magnitude": self.default_magnitude, "targets": list(self.targets),
                 "evidence": self.evidence, "where": self.where, "machine_wide": self.machine_wide,
                 "log_pattern": self.log_pattern, "needs": list(self.needs),
-                "cpu_analogue": self.cpu_analogue, "cause": self.cause}
+                "cpu_analogue": self.cpu_analogue, "cause": self.cause, "action": self.action}
 
 
 _MODULES = ("memory", "kernel", "runtime_driver", "communication", "scheduling")

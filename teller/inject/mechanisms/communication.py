@@ -28,6 +28,7 @@ class StragglerRank(Mechanism):
     evidence = "comm"
     needs = ("tp",)
     cause = "one rank reaches every collective late, so the other ranks wait inside all_reduce"
+    action = "check the late rank's host and GPU (load, clocks, placement) against the other ranks, then rebalance or replace it"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         delay = float(fault["magnitude"]) / 1e3
@@ -49,6 +50,7 @@ class ThrottledCollective(Mechanism):
     evidence = "comm"
     needs = ("tp",)
     cause = "transfers are throttled: each collective is sent in many small chunks with gaps"
+    action = "check the collective's transport settings (NCCL chunk, buffer and channel variables) and the link's utilisation"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         chunks = max(1, int(fault["magnitude"]))
@@ -82,6 +84,7 @@ class NetemLink(Mechanism):
     machine_wide = True
     needs = ("root", "tp")
     cause = "the link between ranks is slow (netem delay/loss), so every collective takes longer"
+    action = "check the link between the ranks (errors, congestion, tc/netem rules) and move the ranks onto a faster one"
 
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
         reason = super().unavailable(ctx) or netns_unavailable()

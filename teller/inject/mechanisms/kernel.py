@@ -24,6 +24,7 @@ class TargetedOpDelay(Mechanism):
     evidence = "targets"
     cpu_analogue = "busy-wait of the same length on the host inside the targeted operator"
     cause = "extra device work inside the targeted operator (torch.cuda._sleep) lengthens its kernels"
+    action = "check the named operator's kernels against a fault-free run and the recent changes to that operator"
 
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
         return None  # GPU: torch.cuda._sleep; CPU: the busy-wait analogue
@@ -61,6 +62,7 @@ class GpuComputeContention(Mechanism):
     machine_wide = True
     needs = ("gpu",)
     cause = "a co-located process keeps the GPU's SMs busy with matmuls, so the engine's kernels queue"
+    action = "check nvidia-smi for other processes on the engine's GPU and give the engine a GPU (or MIG/MPS share) of its own"
 
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         dev = int((fault.get("params") or {}).get("device", 0))

@@ -17,6 +17,7 @@ class HostCpuContention(Mechanism):
     evidence = "step"
     where = "co_located"
     cause = "co-located busy processes pinned to the engine's cores take CPU time from its host threads"
+    action = "check for other processes on the engine's CPU cores and pin the engine to cores of its own"
 
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -36,6 +37,7 @@ class GpuMemBandwidthHog(Mechanism):
     machine_wide = True
     needs = ("gpu",)
     cause = "a co-located process saturates the GPU's memory bandwidth with device-to-device copies"
+    action = "check nvidia-smi for co-located processes copying on the engine's GPU and move them to another device"
 
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         dev = int((fault.get("params") or {}).get("device", 0))
@@ -52,6 +54,7 @@ class KvCachePressure(Mechanism):
     where = "workload"
     needs = ("transformers_cb",)
     cause = "too few KV-cache blocks: the scheduler offloads (soft-resets) requests and prefills them again"
+    action = "increase the KV-cache blocks (the engine's GPU memory share) or reduce the maximum number of running sequences"
     #: the engine's own record of the effect: a step with an aligned offload/preemption line shows it
     #: even when it is not slow (the pressure makes many small steps rather than slow ones)
     log_pattern = r"(?i)\boffload(ed|ing)?\b.*\brequests?\b|\bpreempt"

@@ -16,6 +16,7 @@ class AllocatorChurn(Mechanism):
     evidence = "step"
     cpu_analogue = "host allocation touched and freed each step (page faults, mmap/munmap)"
     cause = "the caching allocator is emptied every step, so memory is returned and re-allocated (cudaFree/cudaMalloc)"
+    action = "remove the per-step cache emptying (torch.cuda.empty_cache or allocator resets) so the caching allocator stays warm"
 
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
         return None
@@ -53,6 +54,7 @@ class HiddenHostSync(Mechanism):
     evidence = "targets"
     cpu_analogue = "forced .item() on a reduction of the operator's input (a host read-back per call)"
     cause = "host synchronizations hidden inside the operator (.item(), torch.cuda.synchronize) stall the launch queue"
+    action = "remove the host synchronizations (.item(), torch.cuda.synchronize) from the named operator's path"
 
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
         return None
@@ -87,6 +89,7 @@ class PageableCopies(Mechanism):
     evidence = "targets"
     needs = ("gpu",)
     cause = "copies from pageable (unpinned) host memory are staged and synchronous, blocking the host"
+    action = "pin the host buffers (pin_memory=True) so host-to-device copies run asynchronously"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         nbytes = int(float(fault["magnitude"]) * (1 << 20))

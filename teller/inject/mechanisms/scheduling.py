@@ -17,6 +17,7 @@ class GilContention(Mechanism):
     targets = ()
     evidence = "step"
     cause = "a busy Python thread in the engine process holds the GIL, so the engine's host code waits for it"
+    action = "check the engine process's other Python threads (a stack dump of the process) and move busy work out of it"
 
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         stop = threading.Event()
@@ -51,6 +52,7 @@ class DelayedAdmission(Mechanism):
     evidence = "admission"
     needs = ("transformers_cb",)
     cause = "requests are admitted late (a slow admission path), so their first step comes late and batches shrink"
+    action = "check the request admission path (front-end queue, tokenization) for what delays new requests"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         delay = float(fault["magnitude"]) / 1e3
@@ -78,6 +80,7 @@ class SchedulerStall(Mechanism):
     evidence = "step"
     needs = ("transformers_cb",)
     cause = "the scheduler's per-step bookkeeping stalls before update_batch, idling the step"
+    action = "check the scheduler's per-step bookkeeping around update_batch with a profile of the engine loop"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         delay = float(fault["magnitude"]) / 1e3
@@ -109,6 +112,7 @@ class LoopStall(Mechanism):
     evidence = "step"
     needs = ("transformers_cb",)
     cause = "the engine thread is held up between iterations (before scheduling), so every iteration grows by an untraced gap"
+    action = "check what holds the engine thread before scheduling (stack samples of the engine loop between iterations)"
 
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         delay = float(fault["magnitude"]) / 1e3
