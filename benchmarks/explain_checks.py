@@ -5,8 +5,9 @@ sentences and the dataset's reference sentences, on the truly abnormal test step
 
 For every truly abnormal unit of the split's test part (the model's units,
 ``teller.dataset.splits.step_representatives``) the model predicts with explanations (greedy,
-CPU); ``teller.evaluate.scores.explanation_checks`` scores the model's sentence as written (not
-the projection ``teller diagnose`` applies) and the reference sentence, against the unit's
+CPU); ``teller.evaluate.scores.explanation_checks`` scores the model's sentence as written, the
+same sentence grounded as ``teller diagnose`` shows it (vertical units; no numeric-stage
+numbers, as the dataset has no reference run here) and the reference sentence, against the unit's
 labelled category and operators and the operator families of its own tree. Prints the rates and
 writes them (with the per-step booleans' counts) as JSON.
 """
@@ -54,6 +55,25 @@ def main() -> int:
     types = [FAULT_TYPES[int(f)] for f in u.fault]
     res = {"dataset": a.ds, "split": split, "part": "test (truly abnormal units)", "units": int(len(idx)),
            "model": str(a.model or "teller/rca/default"), "definitions": EXPLANATION_CHECKS}
+    # what `teller diagnose` shows: the model's sentence grounded (teller.report.diagnose._ground) on
+    # the step's number and rank and the model's type and evidence; per-rank (vertical) steps only,
+    # the ones diagnose explains, and without the numeric stage's "measured" clause (no reference here)
+    import pyarrow.parquet as pq
+
+    from teller.report.diagnose import _ground
+
+    rec = pq.read_table(Path(a.ds) / "records.parquet", columns=["record_id", "rank"])
+    rank_of = dict(zip(rec.column("record_id").to_pylist(), rec.column("rank").to_pylist(), strict=True))
+    grounded = [_ground(p["explanation"] or "", {"fault_type": p["fault_type"] or None, "step_num": int(u.step_num[i]),
+                                                 "rank": int(rank_of.get(int(u.record_id[i]), 0)),
+                                                 "evidence_families": p["evidence_operators"], "suspects": []})
+                if u.view[i] == "vertical" else "" for i, p in enumerate(pred)]
+    vert = np.flatnonzero(u.view == "vertical")
+    gc = explanation_checks([grounded[i] for i in vert], [types[i] for i in vert], [u.operator_labels[i] for i in vert],
+                            [fams[i] for i in vert])
+    res["grounded_vertical"] = {"units": int(len(vert)), "rates": gc["rates"],
+                                "passing": {k: int(sum(v)) for k, v in gc["per_step"].items()},
+                                "empty": int(sum(1 for i in vert if not grounded[i]))}
     for name, texts in (("generated", [p["explanation"] or "" for p in pred]), ("reference", list(u.explanation))):
         c = explanation_checks(texts, types, u.operator_labels, fams)
         res[name] = {"rates": c["rates"], "passing": {k: int(sum(v)) for k, v in c["per_step"].items()},
@@ -66,9 +86,10 @@ def main() -> int:
                 res[name][v] = {"units": int(len(sel)), "rates": cv["rates"]}
     res["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"{res['units']} truly abnormal test units of split {split} ({res['seconds']} s)")
-    print(f"{'check':20s} {'generated':>10s} {'reference':>10s}")
+    print(f"{'check':20s} {'generated':>10s} {'grounded (vertical)':>20s} {'reference':>10s}")
     for k in EXPLANATION_CHECKS:
-        print(f"{k:20s} {res['generated']['rates'][k]:10.3f} {res['reference']['rates'][k]:10.3f}")
+        print(f"{k:20s} {res['generated']['rates'][k]:10.3f} {res['grounded_vertical']['rates'][k]:20.3f} "
+              f"{res['reference']['rates'][k]:10.3f}")
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     return 0

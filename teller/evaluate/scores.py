@@ -201,7 +201,7 @@ def _stated_type(text: str) -> str | None:
 
 
 def _evidence_names(text: str) -> list[str]:
-    m = re.search(r":\s*evidence (.+?)(?: \(layer [^)]*\))?;", text)
+    m = re.search(r":\s*evidence (.+?)(?: \(layer [^)]*\))?(?:;|\.(?:\s|$))", text)  # the list ends its clause or sentence
     if not m:
         return []
     return [x.strip() for x in m.group(1).split(",") if x.strip()]
