@@ -4,6 +4,8 @@
     python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m        # generate once, reuse
     python benchmarks/bench_diagnose_model.py --example                 # the bundled H200 op-delay run
     python benchmarks/bench_diagnose_model.py --example --model-steps 0 --explain full
+    python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m --worst-decode --no-baseline
+    python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m --plant-every 7   # ~570 flagged steps
     python benchmarks/bench_diagnose_model.py --agreement data/h200_v2     # stopped vs full explanations
 
 The run pair is :func:`bench_diagnose.make_pair`'s (a fault-free reference and a run with planted
@@ -31,6 +33,19 @@ Peak memory: the kernel's resident high-water mark is reset when the model step 
 resident size the numeric stage left. ``diagnose`` is also run with ``model=False`` in its own
 fresh processes: ``end_to_end_added`` is the difference of the two commands' wall and CPU
 times (best of the repeats each). Best of ``--repeat`` by the model step's wall time.
+
+The shipped model reads the synthetic runs' steps as normal (their operators are not the H200
+recordings' it learnt from), so it decodes no explanation there. Two worst cases stand in for a
+run it types: ``--all-typed`` (its fault head's best type on every step it reads, so each gets an
+explanation; the model then mostly writes <eos> at once) and ``--worst-decode`` (also <eos> never
+chosen and no mechanism recognised: every explanation runs to the token bound of the diagnose
+mode, or to ``max_expl_tokens`` with ``--explain full`` and on code without the bound).
+``--plant-every N`` generates the run with a planted anomaly every N steps (make_pair's three
+mechanisms; every 97 there), for more flagged steps than the model reads by default.
+
+``--agreement DATA``: the model's predictions on DATA's split part (default: request test) with
+explanations decoded to their end and stopped as ``teller diagnose`` stops them; the heads must
+agree, and the mechanism diagnose keeps from each is compared unit by unit.
 """
 
 from __future__ import annotations
@@ -90,6 +105,14 @@ def apply_model(*a, **k):
     import teller.rca.api as api
     add("import", t0)
     R = api.RCA
+    if spec.get("worst_decode"):  # every typed step decodes to the token bound: no <eos>, no mechanism found
+        _ft = R._free_token
+        def no_eos(self, logits, history, *a, **k):
+            lg = logits.copy()
+            lg[api.EOS] = -float("inf")
+            return _ft(self, lg, history, *a, **k)
+        R._free_token = no_eos
+        D.mechanism_written = lambda text, fault_type: False
     if spec.get("all_typed"):  # worst case for decoding: every step the model reads is typed
         _pf = api.project_fault
         def typed(probs):
@@ -175,7 +198,8 @@ def agreement(args: argparse.Namespace) -> int:
                     None) if p["fault_type"] else None
 
     out = {}
-    for name, kw in (("full", {}), ("mechanism", {"explain_done": mechanism_written, "explain_tokens": MECHANISM_TOKENS})):
+    bound = args.mechanism_tokens or MECHANISM_TOKENS
+    for name, kw in (("full", {}), ("mechanism", {"explain_done": mechanism_written, "explain_tokens": bound})):
         t0, c0 = time.perf_counter(), time.process_time()
         pred = m.predict(prep, batch_size=MODEL_BATCH, **kw)
         out[name] = {"pred": pred, "wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
@@ -186,7 +210,8 @@ def agreement(args: argparse.Namespace) -> int:
     ma, mb = [mech(a[k]) for k in typed], [mech(b[k]) for k in typed]
     agree = sum(x == y for x, y in zip(ma, mb, strict=True))
     words = [len(re.findall(r"\S+", a[k]["explanation"])) for k in typed]
-    res = {"data": str(args.agreement), "split": args.split, "part": args.part, "units": len(a), "typed": len(typed),
+    res = {"data": str(args.agreement), "split": args.split, "part": args.part, "explain_tokens": bound,
+           "units": len(a), "typed": len(typed),
            "same_heads": same_heads, "with_mechanism_full": sum(x is not None for x in ma),
            "with_mechanism_stopped": sum(x is not None for x in mb), "mechanism_agrees": agree,
            "disagreements": [{"unit": int(idx[typed[k]]), "full": ma[k], "stopped": mb[k]}
@@ -197,6 +222,27 @@ def agreement(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     return 0
+
+
+def dense_pair(where: Path, n_events: int, every: int) -> tuple[Path, Path]:
+    """``where/ref`` (reused when it is there) and ``where/dense{every}``: make_pair's run with the
+    same three mechanisms planted every ``every`` steps instead of every 97."""
+    from teller.reconstruct import reconstruct
+    from teller.testing.planted import Plant, write_planted_run
+
+    ref, bad = where / "ref", where / f"dense{every}"
+    scale = 1.31  # as make_pair
+    if not (ref / "reconstruct.json").is_file():
+        write_planted_run(ref, int(n_events * scale), [], seed=1)
+        reconstruct(ref)
+    if not (bad / "reconstruct.json").is_file():
+        n = json.loads((ref / "reconstruct.json").read_text())["steps"]
+        steps = list(range(50, n - 50, every))
+        plants = [Plant("BE aten::mul", steps[0::3], "host", 4.0), Plant("BE aten::linear", steps[1::3], "kernel", 4.0),
+                  Plant("BE aten::silu", steps[2::3], "churn", 4.0)]
+        write_planted_run(bad, int(n_events * scale), plants, seed=2)
+        reconstruct(bad)
+    return ref, bad
 
 
 def child(spec: dict) -> dict:
@@ -242,10 +288,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="worst case for decoding: the fault head's verdict replaced by its best type on every step "
                          "(an explanation decoded for each; the synthetic runs are off the model's training data, "
                          "which reads them as normal)")
+    ap.add_argument("--worst-decode", action="store_true",
+                    help="worst case for decoding: --all-typed, <eos> never chosen and no mechanism recognised, so "
+                         "every read step decodes its explanation to the token bound")
+    ap.add_argument("--plant-every", type=int, default=None,
+                    help="generate the run with a planted anomaly every N steps (more flagged steps than the bound)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the model=False runs")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     ap.add_argument("--agreement", type=Path, default=None, metavar="DATA",
                     help="instead: the mechanism kept from full and from stopped explanations on DATA's split part")
+    ap.add_argument("--mechanism-tokens", type=int, default=None, help="with --agreement: the token bound (default diagnose's)")
     ap.add_argument("--split", default="request")
     ap.add_argument("--part", default="test")
     args = ap.parse_args(argv)
@@ -275,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from bench_diagnose import make_pair
 
-            if args.pair is not None and (args.pair / "bad" / "reconstruct.json").is_file():
+            if args.plant_every:
+                ref, run = dense_pair(args.pair or tmp, int(args.events), args.plant_every)
+            elif args.pair is not None and (args.pair / "bad" / "reconstruct.json").is_file():
                 ref, run = args.pair / "ref", args.pair / "bad"
             else:
                 where = args.pair or tmp
@@ -294,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeat):
             print(f"model run {i + 1}/{args.repeat}", file=sys.stderr)
             rows_m.append(child({"run": str(run), "out": str(tmp / "out_m"), "kw": {**base, "model": None, **extra},
-                                 "all_typed": args.all_typed}))
+                                 "all_typed": args.all_typed or args.worst_decode, "worst_decode": args.worst_decode}))
             if not args.no_baseline:
                 rows_n.append(child({"run": str(run), "out": str(tmp / "out_n"), "kw": {**base, "model": False}}))
     m = best(rows_m, lambda r: r["phases"]["model"]["wall"])
-    res = {"what": what, "events": events, "options": extra, "all_typed": args.all_typed, "repeat": args.repeat,
+    res = {"what": what, "events": events, "options": extra, "all_typed": args.all_typed, "worst_decode": args.worst_decode, "repeat": args.repeat,
            "loadavg": {"start": load0, "end": os.getloadavg()}, "model": m,
            "model_wall_all": [round(r["phases"]["model"]["wall"], 3) for r in rows_m]}
     if rows_n:
@@ -311,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(res, indent=1))
     g = 2**30
     ph = m["phases"]
-    print(f"\n{what}; options {extra or 'default'}{'; every read step typed (--all-typed)' if args.all_typed else ''}; best of {args.repeat} (model step wall: {res['model_wall_all']})")
+    print(f"\n{what}; options {extra or 'default'}{'; every read step typed (--all-typed)' if args.all_typed else ''}{'; every read step typed and decoded to the token bound (--worst-decode)' if args.worst_decode else ''}; best of {args.repeat} (model step wall: {res['model_wall_all']})")
     print(f"flagged {m['steps_flagged']} of {m['steps']} steps; the model read {m['model_read']}, typed {m['model_typed']}, "
           f"decoded {m['decoded_rows']} explanations in {m['decode_turns']} token turns")
     print("\n| phase | wall s | CPU s |\n|---|---:|---:|")
