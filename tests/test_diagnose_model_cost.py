@@ -108,8 +108,11 @@ def test_the_model_reads_the_highest_scored_steps_up_to_the_bound(numeric):
     info = apply_model(x, d / RUN, max_steps=3)
     assert (info["steps_eligible"], info["steps_read"], info["max_steps"]) == (len(flagged), 3, 3)
     read = _read(x)
-    top = sorted(flagged, key=lambda s: (-s["score"], s["start_ns"]))[:3]
+    # the highest scores; among equal ones (scores saturate at 1) the largest suspect distances
+    top = sorted(flagged, key=lambda s: (-s["score"], -max((x["distance"] for x in s["suspects"]), default=-1.0),
+                                           s["start_ns"]))[:3]
     assert set(read) == {s["node_id"] for s in top}
+    assert sum(s["score"] == 1.0 for s in flagged) > 3  # the tie-break decides here
     for s in x["steps"]:
         assert bool(s.get("model_not_read")) == (s["flag"] and s["node_id"] not in read)
     full_read = _read(whole)

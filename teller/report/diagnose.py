@@ -398,23 +398,31 @@ MODEL_BATCH = 16
 def _step_blocks(forest: Any, step_ids: list[int]) -> tuple[np.ndarray, Any]:
     """Sizes of the STEP nodes' subtrees and a table of their rows only: a run's forest is in
     depth-first preorder with ``node_id`` the row, so a step's tree is the block of rows
-    ``[node_id, node_id + size)``; the model then serializes these steps, not the whole run's
-    (the whole table and its sizes from the ``size`` column are returned for a table of another
-    layout)."""
+    ``[node_id, node_id + size)``; the model then serializes these steps, not the whole run's.
+    A table of another layout is returned whole, with sizes 0."""
     import pyarrow as pa
 
     ids = np.asarray(step_ids, np.int64)
     n = forest.num_rows
-    if "size" not in forest.column_names or not n:
-        return np.zeros(len(ids), np.int64), forest
     whole = np.zeros(len(ids), np.int64), forest
-    if not len(ids) or ids.min() < 0 or ids.max() >= n or not np.array_equal(forest.column("node_id").to_numpy(), np.arange(n)):
+    if "size" not in forest.column_names or not n or not len(ids) or ids.min() < 0 or ids.max() >= n:
+        return whole
+    if not np.array_equal(forest.column("node_id").to_numpy(), np.arange(n)):
         return whole
     size = forest.column("size").to_numpy()[ids].astype(np.int64)
     if np.any(size < 1) or np.any(ids + size > n):
         return whole
     rows = np.concatenate([np.arange(i, i + k) for i, k in zip(ids.tolist(), size.tolist(), strict=True)])
     return size, forest.take(pa.array(rows))
+
+
+def _model_rank(step: dict[str, Any]) -> tuple[float, float, int]:
+    """Order in which flagged steps are given to the model: by score, highest first; scores
+    saturate at 1, so ties go by the largest distance of a suspect from its reference mode, then
+    by time."""
+    score = step["score"] if step.get("score") is not None else -math.inf
+    dist = max((s["distance"] for s in step.get("suspects") or [] if s.get("distance") is not None), default=-math.inf)
+    return -score, -dist, step["start_ns"]
 
 
 def mechanism_written(text: str, fault_type: str) -> bool:
@@ -440,7 +448,7 @@ def mechanism_written(text: str, fault_type: str) -> bool:
 #: reference sentences name it in their first words ("TYPE fault (MECHANISM)": 9 to 12 tokens
 #: of the shipped model's text tokenizer), so an explanation that has none by then gets none. On
 #: data/h200_v2's request test part the mechanism kept is that of full decoding for all 269
-#: typed units, with this bound and with 16 (benchmarks/README.md)
+#: typed units, with this bound and with 16 and 32 (benchmarks/README.md)
 MECHANISM_TOKENS = 24
 
 #: the mechanism must end within this many characters for decoding to stop at it (the explanation
@@ -479,13 +487,14 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     the console and the report say so). Steps without a node (fixed windows) are left to the numeric stage.
 
     ``max_steps``: the model reads at most this many flagged steps, those with the highest
-    numeric scores (None or 0: all). Its cost grows with each step it reads, so the default of
+    numeric scores (ties: the largest suspect distance; :func:`_model_rank`) (None or 0: all). Its cost grows with each step it reads, so the default of
     ``teller diagnose`` (:data:`MODEL_STEPS`) bounds it; the others keep the numeric stage's
     verdict and are marked ``model_not_read``, and ``diag["model"]`` says how many steps were
     eligible (``steps_eligible``), read (``steps_read``) and the bound (``max_steps``).
     ``explain``: ``"mechanism"`` stops decoding an explanation once it has written what
-    :func:`_ground` keeps (:func:`mechanism_written`; ``explanation_model`` is then the text up to
-    there), ``"full"`` decodes it to its end.
+    :func:`_ground` keeps (:func:`mechanism_written`), or after :data:`MECHANISM_TOKENS` tokens
+    without it (``explanation_model`` is then the text up to there); ``"full"`` decodes it to
+    its end.
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     if explain not in ("mechanism", "full"):
         raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
@@ -526,8 +535,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
     if not flagged:
         return info
-    # the highest-scored first (then in time order); past ``max_steps`` the numeric verdict stands
-    ranked = sorted(flagged, key=lambda d: (-(d["score"] if d.get("score") is not None else -math.inf), d["start_ns"]))
+    # the highest-scored first; past ``max_steps`` the numeric verdict stands
+    ranked = sorted(flagged, key=_model_rank)
     keep = ranked[:max_steps] if max_steps else ranked
     info.update(steps_eligible=len(flagged), steps_read=len(keep))
     if len(keep) < len(flagged):
