@@ -26,7 +26,8 @@ Inside the model step the phases are timed (wall and this process's CPU):
 - ``heads``: the forward pass over [prompt | trace | <expl>] for the fault and operator heads;
 - ``decode``: the greedy explanation of every step the fault head types (prompt and trace
   re-run once to fill the key/value cache, then one position per token);
-- ``other``: the rest of ``apply_model`` (the forest's STEP rows, evidence names, grounding).
+- ``other``: the rest of ``apply_model`` (the forest's STEP rows and, now, the flagged steps' own
+  rows taken from it; evidence names, grounding).
 
 Peak memory: the kernel's resident high-water mark is reset when the model step starts
 (``/proc/self/clear_refs``), so ``model_peak_growth`` is the model's own growth over the
