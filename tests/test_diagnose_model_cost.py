@@ -130,14 +130,21 @@ def test_the_model_reads_the_highest_scored_steps_up_to_the_bound(numeric):
 
 def test_cli_model_steps(numeric, tmp_path):
     from teller.cli import main
+    from teller.report.diagnose import MODEL_STEPS
 
     _, d = numeric
-    out = tmp_path / "o"
-    assert main(["diagnose", str(d / RUN), "-r", str(d / "h200_normal_a"), "-o", str(out), "--model-steps", "2", "-q"]) == 0
-    res = json.loads((out / "diagnosis.json").read_text())
-    assert res["model"]["steps_read"] == 2 and res["model"]["max_steps"] == 2 and res["model"]["explanations"] == "mechanism"
+    runs = {}
+    for name, extra in (("default", []), ("two", ["--model-steps", "2", "--full-explanation"])):
+        out = tmp_path / name
+        assert main(["diagnose", str(d / RUN), "-r", str(d / "h200_normal_a"), "-o", str(out), "-q", *extra]) == 0
+        runs[name] = json.loads((out / "diagnosis.json").read_text())
+    a, b = runs["default"]["model"], runs["two"]["model"]
+    assert (a["max_steps"], a["explanations"]) == (MODEL_STEPS, "mechanism")
+    assert a["steps_read"] == a["steps_eligible"] < MODEL_STEPS  # the example's flagged steps are all read
+    assert (b["steps_read"], b["max_steps"], b["explanations"]) == (2, 2, "full")
+    res = runs["two"]
     assert sum("model_unknown_share" in s for s in res["steps"]) == 2
-    assert sum(bool(s.get("model_not_read")) for s in res["steps"]) == res["model"]["steps_eligible"] - 2
+    assert sum(bool(s.get("model_not_read")) for s in res["steps"]) == b["steps_eligible"] - 2
 
 
 def test_the_steps_own_rows_encode_as_the_whole_forest(numeric):
