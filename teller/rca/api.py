@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -182,18 +182,41 @@ class RCA:
 
     # ---- prediction ---------------------------------------------------------------------------
     @torch.no_grad()
-    def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True) -> list[dict[str, Any]]:
+    def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True,
+                explain_done: Callable[[str, str], bool] | None = None,
+                explain_tokens: int | None = None) -> list[dict[str, Any]]:
         """Per unit: ``abnormal_prob``, ``abnormal``, ``fault_type`` ("" when normal) and
         ``fault_type_prob`` (given abnormal), ``fault_type_best`` (the best of the five, also for a
         normal step), ``evidence_nodes`` (indices into the unit's nodes), ``evidence_node_ids``
-        (forest node ids), ``evidence_operators`` (their families), ``explanation``."""
+        (forest node ids), ``evidence_operators`` (their families), ``explanation``.
+
+        ``explain_done(text, fault_type)``: called after each explanation token with the text
+        decoded so far; True ends that unit's explanation there (a caller that needs only its
+        beginning, e.g. the mechanism `teller diagnose` keeps). ``explain_tokens``: at most this
+        many explanation tokens (below the model's ``max_expl_tokens``). None (the defaults):
+        every explanation runs to <eos> or ``max_expl_tokens``."""
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         self.net.eval()
+        stop = self._explain_stop(explain_done, explain_tokens)
         out: list[dict[str, Any]] = []
         for a in range(0, len(prep), batch_size):
             idx = np.arange(a, min(a + batch_size, len(prep)))
-            out += (self._predict_mot if self.cfg.variant == "mot" else self._predict_single)(prep, idx, explain)
+            out += (self._predict_mot if self.cfg.variant == "mot" else self._predict_single)(prep, idx, explain, stop)
         return out
+
+    def _explain_stop(self, explain_done: Callable[[str, str], bool] | None,
+                      explain_tokens: int | None) -> Callable[[list[int], str], bool] | None:
+        """``stop(ids, fault_type)``, asked after each explanation token (ids so far): whether it
+        ends there (:meth:`predict`'s ``explain_done`` and ``explain_tokens``)."""
+        if explain_done is None and explain_tokens is None:
+            return None
+
+        def stop(ids: list[int], ftype: str) -> bool:
+            if explain_tokens is not None and len(ids) >= explain_tokens:
+                return True
+            return explain_done is not None and explain_done(self.text_tok.decode([t for t in ids if t >= len(SPECIALS)]), ftype)
+
+        return stop
 
     def _amp(self):
         if self.device.type == "cuda":
@@ -202,12 +225,12 @@ class RCA:
 
         return contextlib.nullcontext()
 
-    def _forward(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]]):
+    def _forward(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], cache=None):
         p, pv = prompt_batch(prep, idx, self.device)
         tr = trace_batch(prep, idx, self.device)
         t, tv = target_batch([np.asarray(x, np.int64) for x in targets], self.device)
         with self._amp():
-            return self.net(p, pv, tr, t, tv)
+            return self.net(p, pv, tr, t, tv, **({} if cache is None else {"cache": cache}))
 
     def _decode(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], choose) -> None:
         """Lockstep greedy decoding: ``choose(row, logits)`` returns the tokens to append to row
@@ -228,21 +251,35 @@ class RCA:
                     still.append(r)
             active = still
 
-    def _decode_cached(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], choose) -> None:
+    def _decode_cached(self, prep: Prepared, idx: np.ndarray, targets: list[list[int]], choose,
+                       start: tuple[Any, torch.Tensor, np.ndarray] | None = None) -> None:
         """What :meth:`_decode` does, for the MoT model and one token per turn, with its key/value
         cache (:meth:`teller.rca.model.MoTModel.extend`): the prompt and trace are run once, then
         each new token costs one position instead of the whole sequence. The rows start with
-        targets of one length; a finished row is fed padding until every row is done."""
+        targets of one length; a finished row is fed padding until every row is done.
+        ``start``: ``(cache, lm logits, rows)`` of a forward pass over a batch that ``idx`` is
+        rows ``rows`` of, with these targets, whose cache was filled (the heads' pass): decoding
+        goes on from it instead of running the prompt and trace again."""
         from teller.rca.model import KVCache
 
         if len({len(t) for t in targets}) != 1:
             return self._decode(prep, idx, targets, choose)
-        cache = KVCache()
-        p, pv = prompt_batch(prep, idx, self.device)
-        tr = trace_batch(prep, idx, self.device)
-        t, tv = target_batch([np.asarray(x, np.int64) for x in targets], self.device)
-        with self._amp():
-            logits = self.net(p, pv, tr, t, tv, cache=cache)["lm"][:, -1].float().cpu().numpy()
+        if start is not None:
+            cache, lm, rows = start
+            sel = torch.as_tensor(rows, dtype=torch.long, device=self.device)
+            if len(rows) != lm.shape[0]:  # keep the rows being decoded
+                for d in (cache.k, cache.v):
+                    for layer in d:
+                        d[layer] = d[layer].index_select(0, sel)
+                cache.valid, cache.last_pos = cache.valid.index_select(0, sel), cache.last_pos.index_select(0, sel)
+            logits = lm.index_select(0, sel)[:, -1].float().cpu().numpy()
+        else:
+            cache = KVCache()
+            p, pv = prompt_batch(prep, idx, self.device)
+            tr = trace_batch(prep, idx, self.device)
+            t, tv = target_batch([np.asarray(x, np.int64) for x in targets], self.device)
+            with self._amp():
+                logits = self.net(p, pv, tr, t, tv, cache=cache)["lm"][:, -1].float().cpu().numpy()
         done = [False] * len(idx)
         for _ in range(self.cfg.max_expl_tokens + self.cfg.max_ops_tokens + 16):
             nxt = []
@@ -287,8 +324,12 @@ class RCA:
                 "evidence_operators": list(dict.fromkeys(fams)),
                 "explanation": project_explanation(text, ftype, list(dict.fromkeys(fams)), self.cfg.max_explanation_chars)}
 
-    def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool) -> list[dict[str, Any]]:
-        res = self._forward(prep, idx, [[EXPL] for _ in idx])
+    def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool,
+                     stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:
+        from teller.rca.model import KVCache
+
+        cache = KVCache() if explain else None  # the heads' pass fills it; decoding goes on from it
+        res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
         probs = torch.softmax(res["fault"], -1).cpu().numpy()
         ops = res["ops"].cpu().numpy()
         inp = prep.inputs
@@ -307,16 +348,19 @@ class RCA:
                 sub_t = [[EXPL] for _ in rows]
 
                 def choose(r: int, logits: np.ndarray):
+                    if stop is not None and stop(sub_t[r][1:], heads[rows[r]][1]):
+                        return None
                     t = self._free_token(logits, sub_t[r][1:])
                     return None if t == EOS else [t]
 
-                self._decode_cached(prep, idx[rows], sub_t, choose)
+                self._decode_cached(prep, idx[rows], sub_t, choose, (cache, res["lm"], rows))
                 for k, t in zip(rows, sub_t, strict=True):
                     targets[k] = t
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
 
-    def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool) -> list[dict[str, Any]]:
+    def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool,
+                        stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:
         from teller.rca.text import ABN
 
         inp = prep.inputs
@@ -389,6 +433,8 @@ class RCA:
                 node[r] = nd[tok]
                 return [tok]
             # explanation
+            if stop is not None and stop(info[r]["expl"], info[r]["ftype"]):
+                return None
             tok = self._free_token(logits, info[r]["expl"])
             if tok == EOS:
                 return None

@@ -29,6 +29,13 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
                              relevance, suspect}],
                    "edges": {"p": [[u, v]...], "t": [...], "c": [...]}, "dropped", "info"}} ]}
 
+With the root-cause model (:func:`apply_model`) flagged steps also get its answer (``fault_type``,
+``fault_probability``, ``abnormal_probability``, ``evidence_operators``, ``explanation``, ...) and
+``"model"`` describes it: path, training data, ``steps_eligible`` / ``steps_read`` /
+``max_steps`` (it reads the highest-scored flagged steps up to the bound; those past it are
+marked ``model_not_read``) and ``explanations`` (``"mechanism"``: each explanation decoded until
+the mechanism the diagnosis keeps was written, ``"full"``: to its end).
+
 Node ids are forest ``node_id`` values (``teller show RUN --step N`` prints the same tree).
 A slice node's ``reference_dur_ns`` is the reference's typical duration of that operator (its
 family's median duration in the reference runs, at the step's batch size; an evidence item's
@@ -239,13 +246,17 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
              localizer: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
              html: bool = False, window_ns: int | None = None, slice_config: SliceConfig | None = None,
              params: dict[str, Any] | None = None, note: Any = None,
-             model: str | os.PathLike | bool | None = None, keep_warmup: bool = False) -> dict[str, Any]:
+             model: str | os.PathLike | bool | None = None, keep_warmup: bool = False,
+             model_steps: int | None = None, model_explain: str = "mechanism") -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
 
     ``model``: the root-cause model that names the fault type, the evidence operators and the
     explanation of every flagged step (:func:`apply_model`): None or True for the model shipped
     with the package, a path for another (``teller rca train -o PATH``), False for the numeric
-    stage alone.
+    stage alone. ``model_steps``: the model reads at most this many flagged steps, the
+    highest-scored (None: :data:`MODEL_STEPS`; 0: every flagged step); ``model_explain``:
+    ``"mechanism"`` (each explanation is decoded until the mechanism diagnose keeps is written)
+    or ``"full"`` (to its end). See :func:`apply_model`.
 
     ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
     not reconstructed yet is reconstructed here, once, through the same public call
@@ -273,7 +284,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if model is not False:
         t_m = time.perf_counter()
-        apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table)
+        apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
+                    max_steps=MODEL_STEPS if model_steps is None else model_steps, explain=model_explain)
         diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
@@ -378,6 +390,76 @@ def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
+#: flagged steps the root-cause model reads by default in `teller diagnose` (``--model-steps``):
+#: the highest-scored. The model's cost grows with each step it reads (benchmarks/README.md,
+#: bench_diagnose_model.py), and this bound keeps it a few seconds of one core
+MODEL_STEPS = 48
+
+#: steps per forward pass of the model (in the order of their trees' sizes, so a batch pads little)
+MODEL_BATCH = 16
+
+
+def _step_blocks(forest: Any, step_ids: list[int]) -> tuple[np.ndarray, Any]:
+    """Sizes of the STEP nodes' subtrees and a table of their rows only: a run's forest is in
+    depth-first preorder with ``node_id`` the row, so a step's tree is the block of rows
+    ``[node_id, node_id + size)``; the model then serializes these steps, not the whole run's.
+    A table of another layout is returned whole, with sizes 0."""
+    import pyarrow as pa
+
+    ids = np.asarray(step_ids, np.int64)
+    n = forest.num_rows
+    whole = np.zeros(len(ids), np.int64), forest
+    if "size" not in forest.column_names or not n or not len(ids) or ids.min() < 0 or ids.max() >= n:
+        return whole
+    if not np.array_equal(forest.column("node_id").to_numpy(), np.arange(n)):
+        return whole
+    size = forest.column("size").to_numpy()[ids].astype(np.int64)
+    if np.any(size < 1) or np.any(ids + size > n):
+        return whole
+    rows = np.concatenate([np.arange(i, i + k) for i, k in zip(ids.tolist(), size.tolist(), strict=True)])
+    return size, forest.take(pa.array(rows))
+
+
+def _model_rank(step: dict[str, Any]) -> tuple[float, float, int]:
+    """Order in which flagged steps are given to the model: by score, highest first; scores
+    saturate at 1, so ties go by the largest distance of a suspect from its reference mode, then
+    by time."""
+    score = step["score"] if step.get("score") is not None else -math.inf
+    dist = max((s["distance"] for s in step.get("suspects") or [] if s.get("distance") is not None), default=-math.inf)
+    return -score, -dist, step["start_ns"]
+
+
+def mechanism_written(text: str, fault_type: str) -> bool:
+    """Whether an explanation decoded so far already holds what :func:`_ground` keeps of the whole
+    one: a registered mechanism of ``fault_type`` in parentheses, in its first sentence and well
+    inside ``max_explanation_chars``. The rest of the text cannot change that choice (the first
+    such word is kept, and the projection keeps the first sentence), so decoding can stop there.
+    A mechanism written after a sentence end is not enough: the projection may drop that sentence
+    only once it knows where it ends, so such a text is decoded to its end."""
+    from teller.inject.mechanisms import registry
+    from teller.rca.schema import _SENT_END, _WS
+
+    t = _WS.sub(" ", (text or "").replace("\x00", " ")).strip()
+    reg = registry()
+    for mt in _MECH_WORD.finditer(t):
+        w = mt.group(1)
+        if w in reg and reg[w].category == fault_type:
+            return mt.end() <= _MECH_CHARS and not _SENT_END.search(t, 0, mt.start())
+    return False
+
+
+#: explanation tokens decoded at most while looking for the mechanism (``explain="mechanism"``): the
+#: reference sentences name it in their first words ("TYPE fault (MECHANISM)": 9 to 12 tokens
+#: of the shipped model's text tokenizer), so an explanation that has none by then gets none. On
+#: data/h200_v2's request test part the mechanism kept is that of full decoding for all 269
+#: typed units, with this bound and with 16 and 32 (benchmarks/README.md)
+MECHANISM_TOKENS = 24
+
+#: the mechanism must end within this many characters for decoding to stop at it (the explanation
+#: is projected onto max_explanation_chars, 480 for the shipped model)
+_MECH_CHARS = 240
+
+
 #: share of a step's trace tokens unknown to the model (operators it never saw in training) above
 #: which its verdict on the step is marked off its training distribution
 OFF_DISTRIBUTION = 0.25
@@ -393,7 +475,8 @@ def unknown_share(inp: Any, trace_tok: Any) -> np.ndarray:
 
 
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
-                note: Any = None, forest: Any = None) -> dict[str, Any] | None:
+                note: Any = None, forest: Any = None, max_steps: int | None = None,
+                explain: str = "mechanism") -> dict[str, Any] | None:
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``), ``evidence_operators``
@@ -406,7 +489,19 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     model's vocabulary does not know; above :data:`OFF_DISTRIBUTION` the step is marked
     ``model_off_distribution`` (the model never saw such operators: its verdict is a guess, and
     the console and the report say so). Steps without a node (fixed windows) are left to the numeric stage.
+
+    ``max_steps``: the model reads at most this many flagged steps, those with the highest
+    numeric scores (ties: the largest suspect distance; :func:`_model_rank`) (None or 0: all). Its cost grows with each step it reads, so the default of
+    ``teller diagnose`` (:data:`MODEL_STEPS`) bounds it; the others keep the numeric stage's
+    verdict and are marked ``model_not_read``, and ``diag["model"]`` says how many steps were
+    eligible (``steps_eligible``), read (``steps_read``) and the bound (``max_steps``).
+    ``explain``: ``"mechanism"`` stops decoding an explanation once it has written what
+    :func:`_ground` keeps (:func:`mechanism_written`), or after :data:`MECHANISM_TOKENS` tokens
+    without it (``explanation_model`` is then the text up to there); ``"full"`` decodes it to
+    its end.
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
+    if explain not in ("mechanism", "full"):
+        raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
     path = Path(model) if model is not None else DEFAULT_MODEL
     # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
     # are left to the numeric stage
@@ -428,6 +523,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     tr = m.meta.get("training", {})
     info = {"path": str(path), "variant": m.cfg.variant,
             **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
+    info.update(steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None, explanations=explain)
     diag["model"] = info
     if not flagged:
         return info
@@ -443,16 +539,31 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
     if not flagged:
         return info
+    # the highest-scored first; past ``max_steps`` the numeric verdict stands
+    ranked = sorted(flagged, key=_model_rank)
+    keep = ranked[:max_steps] if max_steps else ranked
+    info.update(steps_eligible=len(flagged), steps_read=len(keep))
+    if len(keep) < len(flagged):
+        for d in ranked[len(keep):]:
+            d["model_not_read"] = True
+        if note is not None:
+            note(f"the root-cause model read the {len(keep)} highest-scored of {len(flagged)} flagged steps "
+                 "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict only")
+    # in the order of their trees' sizes: batches of steps of similar length pad little
+    block, sub = _step_blocks(forest, [int(d["node_id"]) for d in keep])
+    flagged = [keep[k] for k in np.argsort(block, kind="stable").tolist()]
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
     try:
-        inp = m.inputs(forest, [[i] for i in ids], [logs.get(i, "") for i in ids])
+        inp = m.inputs(sub, [[i] for i in ids], [logs.get(i, "") for i in ids])
     except TellerError as e:  # a forest the model cannot read: the numeric stage's verdict stands
         info["skipped"] = f"the model could not read the flagged steps' trees: {e}"
         if note is not None:
             note(f"root-cause model skipped: {info['skipped']}")
         return info
-    preds = m.predict(inp)
+    mech = explain == "mechanism"
+    preds = m.predict(inp, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
+                      explain_tokens=MECHANISM_TOKENS if mech else None)
     unknown = unknown_share(inp, m.trace_tok)
     # names of the evidence nodes, from the forest rows they are
     ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
@@ -520,6 +631,8 @@ def verdict_line(x: dict[str, Any]) -> str:
             return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"
         return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {ev}"
+    if x.get("model_not_read"):
+        head += " [not read by the model: numeric stage only]"
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}); "
                 f"{ev or x.get('top_family') or ''}")
@@ -538,6 +651,9 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
     m = None if m and m.get("skipped") else m
     console.print(f"[bold]verdict[/] ({'root-cause model ' + m['variant'] if m else 'numeric stage only'}): "
                   f"{len(flagged)} flagged step(s)")
+    if m and m.get("steps_read", 0) < m.get("steps_eligible", 0):
+        console.print(f"  the model read the {m['steps_read']} highest-scored of {m['steps_eligible']} flagged steps "
+                      "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict")
     for x in flagged[:top]:
         console.print("  " + verdict_line(x), soft_wrap=True, markup=False, highlight=False)
     if len(flagged) > top:
