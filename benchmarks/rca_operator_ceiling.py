@@ -1,0 +1,64 @@
+"""The highest operator Macro₊ F1 a model reading what ``teller rca`` reads could score: per truly
+abnormal test unit with labelled operators, the F1 of naming exactly the labelled families that
+are present among the unit's trace tokens (families outside them cannot be named), averaged as
+Macro₊; per fault type, with the labelled families no token carries.
+
+    python benchmarks/rca_operator_ceiling.py [--ds data/h200_v2] [--split request] [--model DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ds", default=str(ROOT / "data" / "h200_v2"))
+    ap.add_argument("--split", default="request")
+    ap.add_argument("--model", default=None, help="model whose tokenizers encode the units (default: the shipped one)")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from teller.rca import DEFAULT_MODEL, load
+    from teller.rca.data import FAULT_TYPES, load_dataset
+    from teller.rca.train import prepare_units
+
+    m = load(a.model or DEFAULT_MODEL)
+    ds = load_dataset(a.ds)
+    idx = ds.units.part(a.split, "test")
+    u = ds.units.select(idx)
+    prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+    rows = []
+    for i in np.flatnonzero(u.is_anomaly).tolist():
+        lab = set(u.operator_labels[i])
+        if not lab:
+            continue
+        hit = lab & set(prep.inputs.candidates(i))
+        rows.append((FAULT_TYPES[int(u.fault[i])], str(u.view[i]), 2 * len(hit) / (len(hit) + len(lab)), sorted(lab - hit)))
+    print(f"{a.split} test, {len(rows)} abnormal units with labelled operators")
+    for view in ("all", "vertical", "horizontal"):
+        sel = [r for r in rows if view in ("all", r[1])]
+        if sel:
+            print(f"  Macro+ F1 ceiling, {view}: {np.mean([r[2] for r in sel]):.3f} ({len(sel)} units)")
+    for t in FAULT_TYPES[1:]:
+        sel = [r for r in rows if r[0] == t]
+        if not sel:
+            continue
+        miss: dict[str, int] = {}
+        for r in sel:
+            for f in r[3]:
+                miss[f] = miss.get(f, 0) + 1
+        print(f"  {t}: {len(sel)} units, ceiling {np.mean([r[2] for r in sel]):.3f}; labelled families no token carries: "
+              + (", ".join(f"{k} ({v})" for k, v in sorted(miss.items(), key=lambda x: -x[1])) or "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
