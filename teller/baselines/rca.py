@@ -146,30 +146,14 @@ class RCAModel(Method):
         return d
 
 
-@register("teller_single")
-class SingleStreamModel(RCAModel):
-    label = "TELLER single-stream (root-cause model)"
-    variant = "single"
-
-
-@register("teller_mot_trace")
-class TraceOnlyModel(RCAModel):
-    label = "TELLER MoT w/o log (trace only; ablation)"
-    features = "step tree (TPE)"
-    inputs = "trace"
-
-
-@register("teller_mot_log")
-class LogOnlyModel(RCAModel):
-    label = "TELLER MoT w/o trace (log only; ablation)"
-    features = "log lines"
-    inputs = "log"
-
-
-@register("teller_prompt")
-class PromptModel(RCAModel):
-    label = "prompt-style (single-stream on a text summary of the step)"
-    kind = "prompt"
-    features = "step summary text + log lines"
-    variant = "single"
-    inputs = "summary+log"
+#: the other model rows: (method, label, variant, inputs, features, kind)
+MODEL_ROWS = (
+    ("teller_single", "TELLER single-stream (root-cause model)", "single", "trace+log", "step tree (TPE) + log lines", "teller"),
+    ("teller_mot_trace", "TELLER MoT w/o log (trace only; ablation)", "mot", "trace", "step tree (TPE)", "teller"),
+    ("teller_mot_log", "TELLER MoT w/o trace (log only; ablation)", "mot", "log", "log lines", "teller"),
+    ("teller_prompt", "prompt-style (single-stream on a text summary of the step)", "single", "summary+log",
+     "step summary text + log lines", "prompt"),
+)
+for _name, _label, _variant, _inputs, _features, _kind in MODEL_ROWS:
+    register(_name)(type(f"RCAModel_{_name}", (RCAModel,), {"label": _label, "variant": _variant, "inputs": _inputs,
+                                                           "features": _features, "kind": _kind}))
