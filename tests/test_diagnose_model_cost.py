@@ -134,7 +134,7 @@ def test_cli_model_steps(numeric, tmp_path):
 
     _, d = numeric
     runs = {}
-    for name, extra in (("default", []), ("two", ["--model-steps", "2", "--full-explanation"])):
+    for name, extra in (("default", []), ("two", ["--model-steps", "2", "--full-explanation", "--html"])):
         out = tmp_path / name
         assert main(["diagnose", str(d / RUN), "-r", str(d / "h200_normal_a"), "-o", str(out), "-q", *extra]) == 0
         runs[name] = json.loads((out / "diagnosis.json").read_text())
@@ -145,6 +145,8 @@ def test_cli_model_steps(numeric, tmp_path):
     res = runs["two"]
     assert sum("model_unknown_share" in s for s in res["steps"]) == 2
     assert sum(bool(s.get("model_not_read")) for s in res["steps"]) == b["steps_eligible"] - 2
+    page = (tmp_path / "two" / "report.html").read_text()  # the report says what the model did not read
+    assert f"it read the 2 highest-scored of {b['steps_eligible']} flagged steps" in page
 
 
 def test_the_steps_own_rows_encode_as_the_whole_forest(numeric):

@@ -262,6 +262,12 @@ class _Page:
                 line = f"The root-cause model names a fault type for {len(named):,} of them"
                 if normal:
                     line += f" and reads {len(normal):,} as normal"
+                m = self.d.get("model") or {}
+                unread = m.get("steps_eligible", 0) - m.get("steps_read", 0)
+                if unread > 0:  # past the bound the numeric stage's verdict stands
+                    line += (f"; it read the {m['steps_read']:,} highest-scored of {m['steps_eligible']:,} flagged steps "
+                             f"(bound {m.get('max_steps')}, `teller diagnose --model-steps N`), the other {unread:,} "
+                             "have the numeric stage's verdict only")
                 out.append(f'<p class="sub">{_e(line)}.</p>')
             else:
                 skipped = (self.d.get("model") or {}).get("skipped")
