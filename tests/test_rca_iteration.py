@@ -131,7 +131,9 @@ def test_truncated_iterations_stay_trees(both):
     prep, _ = prepare_units(it, np.arange(len(it.units)), cfg, text_tok, trace_tok, None, labels=False)
     inp = prep.inputs
     assert inp.truncated.any() and np.diff(inp.offsets).max() <= cfg.max_trace_tokens
+    step_code = inp.families.index("STEP")
     for i in range(len(inp)):
+        assert step_code in inp.family[inp.tokens(i)]  # the STEP root always stays
         s = inp.tokens(i)
         par = inp.parent_idx[s]
         pos = np.arange(len(par))
@@ -139,6 +141,19 @@ def test_truncated_iterations_stay_trees(both):
         assert ((par < 0) | (inp.depth[s] == inp.depth[s][np.maximum(par, 0)] + 1)).all()
         n_nodes = inp.node_offsets[i + 1] - inp.node_offsets[i]
         assert (inp.anchor[s] >= 0).all() and (inp.anchor[s] < n_nodes).all()
+
+
+def test_truncation_ranks_the_rows_beside_the_step_one_level_deeper():
+    from teller.rca.data import truncate_order
+
+    depth = np.array([0, 1, 1, 0, 0, 1])  # STEP, two children, a schedule root, a GAP root, a schedule child
+    dur = np.array([100, 50, 5, 20, 30, 1])
+    out = np.array([False, False, False, True, True, True])
+    # the roots beside the STEP compete with its children (by duration), their children come after
+    assert truncate_order(depth, dur, 3, out).tolist() == [0, 1, 4]
+    assert truncate_order(depth, dur, 5, out).tolist() == [0, 1, 2, 3, 4]
+    assert truncate_order(depth, dur, 3).tolist() == [0, 3, 4]  # without it: every root first
+    assert truncate_order(depth, dur, 3, np.zeros(6, bool)).tolist() == truncate_order(depth, dur, 3).tolist()
 
 
 def test_step_sequences_ignore_the_rows_beside_them(table):

@@ -215,6 +215,8 @@ class StepForest:
     families: list[str]
     node_id: np.ndarray  # int64 per table row (the run's forest node id)
     unit: str = "step"
+    #: bool per table row: in a STEP subtree (``step_id >= 0``); empty: every row is
+    node_in_step: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def find(self, run_ids: Sequence[str], step_ids: np.ndarray) -> np.ndarray:
         lut = {r: i for i, r in enumerate(self.runs)}
@@ -335,7 +337,7 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
         prio.append(_LAYER_PRIORITY.get(L, 3))
     families, fcode = np.unique(np.asarray(fam, dtype=object).astype(str), return_inverse=True)
     return StepForest(seqs, rcode[roots] << 40 | sid[roots], runs, fcode[pinv].astype(np.int32),
-                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid, unit)
+                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid, unit, sid >= 0)
 
 
 def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, extra_of: np.ndarray,
@@ -426,12 +428,17 @@ class StepInputs:
                           self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens)
 
 
-def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int) -> np.ndarray:
+def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int, outside: np.ndarray | None = None) -> np.ndarray:
     """Positions kept by the truncation rule (module docstring): the first ``limit`` tokens in
-    order of (depth ascending, duration descending, position), returned in position order."""
+    order of (depth ascending, duration descending, position), returned in position order.
+    ``outside`` (iteration units): tokens outside the STEP subtree rank one level deeper (an
+    iteration's roots beside the STEP compete with the STEP's children)."""
     if len(depth) <= limit:
         return np.arange(len(depth))
-    order = np.lexsort((np.arange(len(depth)), -np.asarray(duration, np.int64), np.asarray(depth, np.int64)))
+    d = np.asarray(depth, np.int64)
+    if outside is not None:
+        d = d + np.asarray(outside, bool)
+    order = np.lexsort((np.arange(len(depth)), -np.asarray(duration, np.int64), d))
     return np.sort(order[:limit])
 
 
@@ -485,7 +492,9 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     dur = enc.duration[rows].astype(np.int64)
     node_tab = node_rows[nrows]
     node_fam = sf.node_family[node_tab].astype(np.int64)
+    tok_node = node_tab[anchor + np.repeat(noff[:-1], u_tok)]  # table row of each token's anchor
     fam = node_fam[anchor + np.repeat(noff[:-1], u_tok)]
+    out_tok = ~sf.node_in_step[tok_node] if sf.unit == "iteration" and len(sf.node_in_step) else None
     # truncation (few units: the long multi-rank and communication steps)
     full = u_tok.copy()
     trunc = np.zeros(n, bool)
@@ -493,7 +502,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     new_par = p.copy()
     for i in np.flatnonzero(u_tok > max_trace_tokens).tolist():
         a, b = int(toff[i]), int(toff[i + 1])
-        kept = truncate_order(dep[a:b], dur[a:b], max_trace_tokens)
+        kept = truncate_order(dep[a:b], dur[a:b], max_trace_tokens, out_tok[a:b] if out_tok is not None else None)
         remap = np.full(b - a, -1, np.int64)
         remap[kept] = np.arange(len(kept))
         lp = p[a:b]
