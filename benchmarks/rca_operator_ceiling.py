@@ -49,8 +49,10 @@ def main() -> int:
             continue
         hit = lab & set(prep.inputs.candidates(i))
         rows.append((FAULT_TYPES[int(u.fault[i])], str(u.view[i]), 2 * len(hit) / (len(hit) + len(lab)), sorted(lab - hit)))
+    n_cand = [len(prep.inputs.candidates(i)) for i in range(len(idx))]
     print(f"{a.split} test, unit {cfg.unit}, at most {cfg.max_trace_tokens} trace tokens: {len(rows)} abnormal units "
-          f"with labelled operators ({int(prep.inputs.truncated.sum())} of {len(idx)} test units truncated)")
+          f"with labelled operators ({int(prep.inputs.truncated.sum())} of {len(idx)} test units truncated; "
+          f"candidate families per unit: mean {np.mean(n_cand):.1f}, median {np.median(n_cand):.0f})")
     for view in ("all", "vertical", "horizontal"):
         sel = [r for r in rows if view in ("all", r[1])]
         if sel:

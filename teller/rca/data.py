@@ -27,6 +27,20 @@ their order. A token's parent is shallower than the token, so a kept token's par
 the truncated sequence is still a tree (parents remapped). Long steps lose their deepest, shortest
 tokens (kernels and runtime calls under the largest operators stay).
 
+**Unit** (``RCAConfig.unit``, :data:`UNITS`). ``"step"``: a step's trace is its STEP subtree
+(the rows with ``step_id`` the STEP's node id). ``"iteration"``: the whole engine iteration
+(docs/design.md §5.7), i.e. the STEP subtree and the rows of the same run outside every STEP
+subtree (``step_id < 0``) that carry the STEP row's ``step_idx``: the schedule/update ranges, GAP
+rows and other threads' roots with their subtrees (an outside row keeps its parent where the
+parent row is in the table). The roots (the STEP and those rows without a parent in the
+iteration) follow each other in start-time order, each with its subtree in DFS order, as one
+sequence; a step is still found by (run, STEP node id), so units, splits and predictions are
+the same rows. A table without ``step_idx`` (older forests), or a STEP row whose ``step_idx``
+is missing or shared, gives the STEP subtree. Truncation ranks the tokens outside the STEP
+subtree one level deeper than their depth: the iteration's roots beside the STEP compete with
+the STEP's children by duration instead of all coming first (a tensor-parallel iteration has tens
+of runtime-call roots of other threads).
+
 **Tokens and operators.** A TPE token stands for a contiguous run of nodes (a subtree
 fragment). Its *anchor* is the node that names it as an operator: the first node of the most
 operator-like layer (STEP, then FE/OTHER/COMM, then BE, then the rest), shallowest first. The
