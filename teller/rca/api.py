@@ -170,8 +170,14 @@ class RCA:
     def inputs(self, forest: pa.Table | StepForest, steps: Sequence[Sequence[int]], log_text: Sequence[str] | None = None,
                run_ids: Sequence[str] | None = None, views: Sequence[str] | None = None) -> StepInputs:
         """Model inputs of units given as lists of step node ids (one per rank) of ``forest`` (a
-        run's ``forest.parquet`` table, a dataset's subtrees, or a :class:`StepForest`)."""
-        sf = forest if isinstance(forest, StepForest) else step_forest(forest)
+        run's ``forest.parquet`` table, a dataset's subtrees, or a :class:`StepForest` of the
+        model's unit). For a model of unit "iteration" a table must hold the iteration rows
+        beside the STEP subtrees (rows with the STEP row's ``step_idx`` and ``step_id`` -1, as a run's
+        forest and a dataset's subtrees do); where they are missing the units are the STEP subtrees."""
+        if isinstance(forest, StepForest) and forest.unit != self.cfg.unit:
+            raise TellerError(f"the steps were serialized as unit {forest.unit!r}, the model reads unit {self.cfg.unit!r}; "
+                              f"give the forest table or step_forest(table, unit={self.cfg.unit!r})")
+        sf = forest if isinstance(forest, StepForest) else step_forest(forest, unit=self.cfg.unit)
         runs = list(run_ids) if run_ids is not None else [sf.runs[0]] * len(steps)
         logs = list(log_text) if log_text is not None else [""] * len(steps)
         return encode_units(sf, self.trace_tok, runs, [np.asarray(s, np.int64) for s in steps], logs,

@@ -55,6 +55,7 @@ def register(app: typer.Typer) -> None:
         variant: str = typer.Option("mot", "--variant", help="mot (shared attention, dual head) | single (one stream, generated target)."),
         split: str = typer.Option("request", "--split", help="request | run | mechanism | workload: train on that protocol's train part."),
         inputs: str = typer.Option("trace+log", "--inputs", help="trace+log (the model) | trace | log (modality ablations) | summary+log (prompt-style: a text summary of the step instead of its tree)."),
+        unit: str = typer.Option("step", "--unit", help="step (a unit's trace is the STEP subtree) | iteration (the whole engine iteration: the STEP subtree with the iteration's schedule/update ranges and GAP rows)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
         epochs: int = typer.Option(10, "--epochs"),
@@ -78,7 +79,7 @@ def register(app: typer.Typer) -> None:
         s = train(dataset, out, variant=variant, split=split, device=device, epochs=epochs, max_steps=max_steps, seed=seed,
                   config=config, backbone=str(backbone) if backbone else None, resume=resume, max_minutes=max_minutes,
                   batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False),
-                  inputs=inputs, trace_vocab=trace_vocab)
+                  inputs=inputs, trace_vocab=trace_vocab, unit=unit)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 
@@ -108,7 +109,7 @@ def register(app: typer.Typer) -> None:
 
         con = console(stderr=True)
         m = load(model, device=device)
-        ds = load_dataset(dataset, max_units=max_units, seed=seed)
+        ds = load_dataset(dataset, max_units=max_units, seed=seed, unit=m.cfg.unit)
         sp = split or m.meta.get("training", {}).get("split", "request")
         pred, res, idx = evaluate(m, ds, sp, split_part, batch_size=batch_size)
         out.parent.mkdir(parents=True, exist_ok=True)

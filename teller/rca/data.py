@@ -27,6 +27,20 @@ their order. A token's parent is shallower than the token, so a kept token's par
 the truncated sequence is still a tree (parents remapped). Long steps lose their deepest, shortest
 tokens (kernels and runtime calls under the largest operators stay).
 
+**Unit** (``RCAConfig.unit``, :data:`UNITS`). ``"step"``: a step's trace is its STEP subtree
+(the rows with ``step_id`` the STEP's node id). ``"iteration"``: the whole engine iteration
+(docs/design.md §5.7), i.e. the STEP subtree and the rows of the same run outside every STEP
+subtree (``step_id < 0``) that carry the STEP row's ``step_idx``: the schedule/update ranges, GAP
+rows and other threads' roots with their subtrees (an outside row keeps its parent where the
+parent row is in the table). The roots (the STEP and those rows without a parent in the
+iteration) follow each other in start-time order, each with its subtree in DFS order, as one
+sequence; a step is still found by (run, STEP node id), so units, splits and predictions are
+the same rows. A table without ``step_idx`` (older forests), or a STEP row whose ``step_idx``
+is missing or shared, gives the STEP subtree. Truncation ranks the tokens outside the STEP
+subtree one level deeper than their depth: the iteration's roots beside the STEP compete with
+the STEP's children by duration instead of all coming first (a tensor-parallel iteration has tens
+of runtime-call roots of other threads).
+
 **Tokens and operators.** A TPE token stands for a contiguous run of nodes (a subtree
 fragment). Its *anchor* is the node that names it as an operator: the first node of the most
 operator-like layer (STEP, then FE/OTHER/COMM, then BE, then the rest), shallowest first. The
@@ -59,6 +73,9 @@ from teller.errors import InputError, TellerError
 
 #: Fault classes of the fault head: index 0 is "no fault", then the dataset's five categories.
 FAULT_TYPES = ("normal", "communication", "kernel", "memory", "runtime", "scheduling")
+#: what one unit's trace holds (``RCAConfig.unit``): the STEP subtree, or the whole engine iteration
+#: (the STEP subtree and the iteration's schedule/update ranges and GAP rows beside it)
+UNITS = ("step", "iteration")
 PROTOCOLS = ("request", "run", "mechanism", "workload")  # workload: only datasets of two or more model shapes
 SPLIT_PARTS = ("train", "val", "test")
 #: anchor priority of a node's layer (lower is more operator-like)
@@ -201,7 +218,8 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
 @dataclass
 class StepForest:
     """The steps of a forest table (a dataset's subtrees, or one run's ``forest.parquet``),
-    serialized once: find a step by (run, step node id); per node its family and layer code."""
+    serialized once: find a step by (run, step node id); per node its family and layer code.
+    ``unit``: what a step's sequence holds (:data:`UNITS`, :func:`step_forest`)."""
 
     seqs: Any  # teller.tpe.serialize.Sequences, one per step
     key: np.ndarray  # run code << 40 | step_id, per step
@@ -210,6 +228,9 @@ class StepForest:
     node_priority: np.ndarray  # int8 per table row (anchor priority of its layer)
     families: list[str]
     node_id: np.ndarray  # int64 per table row (the run's forest node id)
+    unit: str = "step"
+    #: bool per table row: in a STEP subtree (``step_id >= 0``); empty: every row is
+    node_in_step: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def find(self, run_ids: Sequence[str], step_ids: np.ndarray) -> np.ndarray:
         lut = {r: i for i, r in enumerate(self.runs)}
@@ -223,14 +244,57 @@ class StepForest:
         return np.where(hit, order[j], -1)
 
 
-def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = None) -> StepForest:
+def check_unit(unit: str) -> str:
+    if unit not in UNITS:
+        raise TellerError(f"--unit {unit}: expected one of {', '.join(UNITS)}")
+    return unit
+
+
+def iteration_roots(table: pa.Table, rcode: np.ndarray, gpar: np.ndarray, step_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The roots of each STEP row's engine iteration outside its STEP subtree (module docstring):
+    rows with ``step_id < 0`` and the STEP row's ``step_idx`` (same run) whose parent row is not
+    such a row of the same iteration. Returns (root rows, index into ``step_rows`` of each); none
+    when the table has no ``step_idx`` or a STEP row's ``step_idx`` is missing or shared."""
+    none = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if "step_idx" not in table.column_names or not len(step_rows):
+        return none
+    six = table.column("step_idx").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = table.column("step_id").to_numpy().astype(np.int64)
+    k_step = rcode[step_rows] << 40 | np.maximum(six[step_rows], 0)
+    order = np.argsort(k_step, kind="stable")
+    ks = k_step[order]
+    dup = np.zeros(len(ks), bool)
+    dup[1:] = ks[1:] == ks[:-1]
+    dup[:-1] |= dup[1:]
+    usable = np.ones(len(step_rows), bool)
+    usable[order[dup]] = False  # two STEP rows of one iteration: neither gets outside rows
+    usable &= six[step_rows] >= 0
+    cand = np.flatnonzero((sid < 0) & (six >= 0))
+    kc = rcode[cand] << 40 | six[cand]
+    pos = np.clip(np.searchsorted(ks, kc), 0, len(ks) - 1)
+    hit = ks[pos] == kc
+    cand, unit = cand[hit], order[pos[hit]]
+    keep = usable[unit]
+    cand, unit = cand[keep], unit[keep]
+    member = np.full(len(sid), -1, np.int64)
+    member[cand] = unit
+    p = gpar[cand]
+    top = (p < 0) | (member[np.maximum(p, 0)] != unit)
+    return cand[top], unit[top]
+
+
+def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = None, unit: str = "step") -> StepForest:
     """Serialize every step (rows with ``node_id == step_id``) of a forest table.
 
     ``table`` holds whole step blocks ``[step_id, step_id + size)`` in DFS order, each with its
-    ``run_id`` (a dataset's subtrees) or, for one run's forest, ``run_id`` names the run."""
+    ``run_id`` (a dataset's subtrees) or, for one run's forest, ``run_id`` names the run.
+    ``unit="iteration"``: each step's sequence is its engine iteration, the STEP subtree and the
+    subtrees of the iteration's rows outside it (:func:`iteration_roots`), roots in start-time
+    order; a table without ``step_idx`` gives the STEP subtrees."""
     from teller.forest import Forest, family_names
     from teller.tpe.serialize import serialize_steps
 
+    check_unit(unit)
     if "run_id" in table.column_names:
         run = table.column("run_id").combine_chunks()
         if not pa.types.is_dictionary(run.type):
@@ -245,13 +309,25 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
     sid = table.column("step_id").to_numpy().astype(np.int64)
     row = np.arange(len(nid), dtype=np.int64)
     inside = (par >= sid) & (nid != sid) & (sid >= 0)
-    gpar = np.where(inside, row - (nid - par), -1)
+    # a row outside the steps keeps its parent where the parent's row is in the table: the block
+    # layout puts it (node id difference) rows above, in the same run
+    prow = row - (nid - par)
+    pc_ = np.clip(prow, 0, max(len(nid) - 1, 0))
+    outside = (sid < 0) & (par >= 0) & (prow >= 0) & (prow < row)
+    if len(nid):
+        outside &= (nid[pc_] == par) & (rcode[pc_] == rcode)
+    gpar = np.where(inside | outside, prow, -1)
     # node ids repeat across runs: the forest is numbered by row (parents as rows)
     t2 = table.set_column(table.column_names.index("parent_id"), "parent_id", pa.array(gpar))
     t2 = t2.set_column(t2.column_names.index("node_id"), "node_id", pa.array(row))
     forest = Forest.from_table(t2, path="subtrees")
     roots = np.flatnonzero((nid == sid) & (sid >= 0))
-    seqs = serialize_steps(forest, roots, "self", normalizer)
+    extra, extra_of = (iteration_roots(table, rcode, gpar, roots) if unit == "iteration"
+                       else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    if not len(extra):
+        seqs = serialize_steps(forest, roots, "self", normalizer)
+    else:
+        seqs = _iteration_sequences(forest, roots, extra, extra_of, normalizer)
     # families per row from the distinct (layer, name) pairs
     lay = table.column("layer").combine_chunks()
     nam = table.column("name").combine_chunks()
@@ -275,7 +351,33 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
         prio.append(_LAYER_PRIORITY.get(L, 3))
     families, fcode = np.unique(np.asarray(fam, dtype=object).astype(str), return_inverse=True)
     return StepForest(seqs, rcode[roots] << 40 | sid[roots], runs, fcode[pinv].astype(np.int32),
-                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid)
+                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid, unit, sid >= 0)
+
+
+def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, extra_of: np.ndarray,
+                         normalizer: Any) -> Any:
+    """One sequence per STEP row: the subtrees of its iteration's roots (``extra``, of STEP
+    ``extra_of``) and its own, roots in (start time, row) order, each root's subtree in DFS order."""
+    from teller.tpe.serialize import Sequences, check_preorder, serialize_steps
+
+    n = len(step_rows)
+    piece_root = np.concatenate([step_rows, extra])
+    piece_unit = np.concatenate([np.arange(n, dtype=np.int64), extra_of])
+    pieces = serialize_steps(forest, piece_root, "self", normalizer)
+    order = np.lexsort((piece_root, forest.start[piece_root], piece_unit))
+    seqs = pieces.select(order)
+    pu = piece_unit[order]
+    plen = seqs.lengths()
+    # parents: local to the piece -> local to the unit (each piece starts a root)
+    u_len = np.bincount(pu, weights=plen, minlength=n).astype(np.int64)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(u_len, out=offsets[1:])
+    shift = np.cumsum(plen) - plen - offsets[pu]  # piece start within its unit
+    par = seqs.parent.astype(np.int64)
+    par = np.where(par >= 0, par + np.repeat(shift, plen), -1)
+    check_preorder(par, seqs.depth, offsets, "iteration units")
+    return Sequences(seqs.symbols, seqs.codes, par.astype(np.int32), seqs.depth, seqs.duration, offsets,
+                     seqs.node_id, step_rows.astype(np.int64), checked=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,12 +442,17 @@ class StepInputs:
                           self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens)
 
 
-def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int) -> np.ndarray:
+def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int, outside: np.ndarray | None = None) -> np.ndarray:
     """Positions kept by the truncation rule (module docstring): the first ``limit`` tokens in
-    order of (depth ascending, duration descending, position), returned in position order."""
+    order of (depth ascending, duration descending, position), returned in position order.
+    ``outside`` (iteration units): tokens outside the STEP subtree rank one level deeper (an
+    iteration's roots beside the STEP compete with the STEP's children)."""
     if len(depth) <= limit:
         return np.arange(len(depth))
-    order = np.lexsort((np.arange(len(depth)), -np.asarray(duration, np.int64), np.asarray(depth, np.int64)))
+    d = np.asarray(depth, np.int64)
+    if outside is not None:
+        d = d + np.asarray(outside, bool)
+    order = np.lexsort((np.arange(len(depth)), -np.asarray(duration, np.int64), d))
     return np.sort(order[:limit])
 
 
@@ -399,7 +506,9 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     dur = enc.duration[rows].astype(np.int64)
     node_tab = node_rows[nrows]
     node_fam = sf.node_family[node_tab].astype(np.int64)
+    tok_node = node_tab[anchor + np.repeat(noff[:-1], u_tok)]  # table row of each token's anchor
     fam = node_fam[anchor + np.repeat(noff[:-1], u_tok)]
+    out_tok = ~sf.node_in_step[tok_node] if sf.unit == "iteration" and len(sf.node_in_step) else None
     # truncation (few units: the long multi-rank and communication steps)
     full = u_tok.copy()
     trunc = np.zeros(n, bool)
@@ -407,7 +516,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     new_par = p.copy()
     for i in np.flatnonzero(u_tok > max_trace_tokens).tolist():
         a, b = int(toff[i]), int(toff[i + 1])
-        kept = truncate_order(dep[a:b], dur[a:b], max_trace_tokens)
+        kept = truncate_order(dep[a:b], dur[a:b], max_trace_tokens, out_tok[a:b] if out_tok is not None else None)
         remap = np.full(b - a, -1, np.int64)
         remap[kept] = np.arange(len(kept))
         lp = p[a:b]
@@ -525,15 +634,27 @@ class ReferenceStats:
 
 @dataclass
 class Dataset:
-    """A dataset's units and their steps, serialized once (shared by every split's training)."""
+    """A dataset's units and their steps, serialized once (shared by every split's training);
+    ``forest.unit`` says whether a step's trace is its STEP subtree or its engine iteration."""
 
     path: Path
     units: Units
     forest: StepForest
 
+    @property
+    def unit(self) -> str:
+        return self.forest.unit
+
     def explanations_and_logs(self, idx: np.ndarray) -> list[str]:
         return [self.units.explanation[i] for i in idx.tolist() if self.units.explanation[i]] + \
                [self.units.log_text[i] for i in idx.tolist() if self.units.log_text[i]]
+
+
+def require_unit(ds: Dataset, unit: str, what: str = "the model") -> None:
+    """Raise unless ``ds`` was serialized with ``unit`` (a model reads the units it was trained on)."""
+    if ds.unit != unit:
+        raise TellerError(f"{ds.path}: loaded with unit {ds.unit!r}, but {what} reads unit {unit!r}; "
+                          f"load it with load_dataset(..., unit={unit!r})")
 
 
 def read_steps(ds: str | Path, runs: Sequence[str] | None = None) -> pa.Table:
@@ -561,9 +682,11 @@ def read_steps(ds: str | Path, runs: Sequence[str] | None = None) -> pa.Table:
 
 
 def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: int | None = None,
-                 seed: int = 0) -> Dataset:
+                 seed: int = 0, unit: str = "step") -> Dataset:
     """Read a dataset folder. ``runs``: keep these runs only; ``max_units``: a random sample of
-    that many units (drawn with ``seed``; for tests and smoke runs)."""
+    that many units (drawn with ``seed``; for tests and smoke runs); ``unit``: what a step's trace
+    holds (:data:`UNITS`, :func:`step_forest`)."""
+    check_unit(unit)
     ds = Path(ds)
     units = read_units(ds, runs=runs)
     idx = np.arange(len(units))
@@ -575,6 +698,14 @@ def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: i
         # keep only the blocks of the sampled units' steps (a block's rows carry its step_id)
         key = np.unique(np.asarray([f"{r}\x1f{s}" for r, ss in zip(units.run_id.tolist(), units.step_ids, strict=True)
                                     for s in ss.tolist()], dtype=object))
-        rk = pc.binary_join_element_wise(sub.column("run_id").cast(pa.string()), pc.cast(sub.column("step_id"), pa.string()), "\x1f")
-        sub = sub.filter(pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string())))
-    return Dataset(ds, units, step_forest(sub))
+        run_s = sub.column("run_id").cast(pa.string())
+        rk = pc.binary_join_element_wise(run_s, pc.cast(sub.column("step_id"), pa.string()), "\x1f")
+        keep = pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string()))
+        if unit == "iteration" and "step_idx" in sub.column_names:
+            # and the rows of their iterations outside the STEP subtrees (same run and step_idx)
+            ik = pc.binary_join_element_wise(run_s, pc.cast(sub.column("step_idx"), pa.string()), "\x1f")
+            is_step = pc.and_(keep, pc.equal(sub.column("node_id"), sub.column("step_id")))
+            its = pc.unique(ik.filter(is_step))
+            keep = pc.or_(keep, pc.and_(pc.less(sub.column("step_id"), 0), pc.is_in(ik, value_set=its)))
+        sub = sub.filter(keep)
+    return Dataset(ds, units, step_forest(sub, unit=unit))

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from teller.rca import llama
-from teller.rca.data import FAULT_TYPES
+from teller.rca.data import FAULT_TYPES, UNITS
 from teller.rca.text import PAD
 
 VARIANTS = ("mot", "single")
@@ -57,6 +57,9 @@ class RCAConfig:
 
     variant: str = "mot"
     inputs: str = "trace+log"
+    #: what a unit's trace holds (:data:`.data.UNITS`): the STEP subtree, or the whole engine
+    #: iteration (with its schedule/update ranges and GAP rows); a config.json without it is "step"
+    unit: str = "step"
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -97,6 +100,10 @@ class RCAConfig:
             from teller.errors import TellerError
 
             raise TellerError(f"--inputs {d['inputs']}: expected one of {', '.join(INPUTS)}")
+        if d.get("unit", "step") not in UNITS:
+            from teller.errors import TellerError
+
+            raise TellerError(f"--unit {d['unit']}: expected one of {', '.join(UNITS)}")
         return cls(**d)
 
     @property

@@ -39,7 +39,7 @@ from teller.rca.batch import (
     target_batch,
     trace_batch,
 )
-from teller.rca.data import Dataset, ReferenceStats, Units, encode_units, load_dataset
+from teller.rca.data import Dataset, ReferenceStats, Units, encode_units, load_dataset, require_unit
 from teller.rca.model import RCAConfig, build_model, token_ce
 
 MARKER_WEIGHT = 0.1
@@ -65,7 +65,9 @@ def fit_tokenizers(ds: Dataset, train_idx: np.ndarray, cfg: RCAConfig):
 
 def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_tok, ref: ReferenceStats | None,
                   labels: bool = True) -> tuple[Prepared, ReferenceStats]:
-    """Inputs (and targets) of units ``idx``; ``ref=None`` fits the reference on their normal units."""
+    """Inputs (and targets) of units ``idx``; ``ref=None`` fits the reference on their normal units.
+    ``ds`` must be serialized with ``cfg.unit`` (:func:`.data.load_dataset`'s ``unit``)."""
+    require_unit(ds, cfg.unit)
     u = ds.units.select(idx)
     inp = encode_units(ds.forest, trace_tok, u.run_id.tolist(), u.step_ids, u.log_text, cfg.max_trace_tokens,
                        u.view.tolist())
@@ -175,7 +177,9 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
           replan: bool = True, **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
-    (loss curve, sizes, time). ``max_minutes`` stops training when that much time is spent; with
+    (loss curve, sizes, time). ``overrides`` set :class:`RCAConfig` fields (``inputs``,
+    ``trace_vocab``, ``unit``, ...; a given :class:`Dataset` must be serialized with that
+    ``unit``). ``max_minutes`` stops training when that much time is spent; with
     ``replan`` the learning-rate schedule is re-planned to end there (from the pace of the first
     steps), without it the epochs stay the plan and the time is only a hard stop. ``stopped_by``
     says whether the steps, a re-planned schedule or the time ended training. A checkpoint is
@@ -193,7 +197,11 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     state = None
     if resume and (ck / "state.json").is_file():
         state = json.loads((ck / "state.json").read_text())
-    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, max_units=max_units, seed=seed)
+    # the unit (STEP subtree or engine iteration) decides how the dataset is serialized
+    unit = (RCAConfig.from_json(json.loads((out / "config.json").read_text())["config"]).unit if state is not None
+            else overrides.get("unit") or "step")
+    ds = dataset if isinstance(dataset, Dataset) else load_dataset(dataset, max_units=max_units, seed=seed, unit=unit)
+    require_unit(ds, unit, f"a model of unit {unit!r}")
     units: Units = ds.units
     tr_idx, va_idx = units.part(split, "train"), units.part(split, "val")
     if not len(tr_idx):
