@@ -169,6 +169,29 @@ def test_the_steps_own_rows_encode_as_the_whole_forest(numeric):
     assert _step_blocks(other, ids[:1])[1] is other
 
 
+def test_iteration_rows_beside_the_steps_encode_as_the_whole_forest(numeric):
+    """A model whose unit is the engine iteration gets, beside each flagged STEP subtree, the
+    iteration's schedule/update ranges and GAP rows: the same inputs as from the whole forest."""
+    from teller.forest import Forest
+    from teller.rca import load
+
+    diag, d = numeric
+    m = load(DEFAULT_MODEL)
+    m.cfg.unit = "iteration"
+    table = Forest.read(d / RUN).table
+    ids = [x["node_id"] for x in diag["steps"] if x["flag"]]
+    size, sub = _step_blocks(table, ids, iteration=True)
+    assert int(size.sum()) < sub.num_rows < table.num_rows  # more than the STEP blocks, less than the run
+    a, b = m.inputs(table, [[i] for i in ids]), m.inputs(sub, [[i] for i in ids])
+    for k in ("input_ids", "offsets", "depth", "parent_idx", "duration", "anchor", "node_id", "node_offsets"):
+        assert np.array_equal(getattr(a, k), getattr(b, k)), k
+    cands = [b.candidates(i) for i in range(len(b))]
+    assert cands == [a.candidates(i) for i in range(len(a))]
+    assert any("OTHER schedule" in c for c in cands) and any("GAP untraced" in c for c in cands)
+    m.cfg.unit = "step"
+    assert not any("GAP untraced" in c for c in (m.inputs(sub, [[i] for i in ids]).candidates(i) for i in range(len(ids))))
+
+
 def _tiny(monkeypatch):
     """A tiny random MoT model with the shipped tokenizers; its fault head types every other step."""
     from teller.rca import api, load

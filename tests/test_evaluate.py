@@ -577,6 +577,13 @@ def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_
         make("teller_prompt").fit(steps, np.flatnonzero(train_mask))
     p = m.predict(steps, np.flatnonzero(test))
     assert p.score.shape == (int(test.sum()),)
+    # a model of the engine iteration reads the dataset serialized as iterations
+    train(named, models / "it", variant="mot", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
+          log=lambda m: None, unit="iteration")
+    mi = make("teller_mot").fit(steps, np.flatnonzero(train_mask))
+    assert Path(mi.model_path_) == models / "it" and mi.model_.cfg.unit == "iteration"
+    assert mi.predict(steps, np.flatnonzero(test)).score.shape == (int(test.sum()),)
+    assert set(steps.extra["rca_datasets"]) == {"step", "iteration"}
     steps.extra["split"] = "run"
     with pytest.raises(ValueError, match="no single model"):
         make("teller_single").fit(steps, np.flatnonzero(train_mask))

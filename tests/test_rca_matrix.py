@@ -27,15 +27,15 @@ def test_matrix_trains_scores_and_keeps(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "gpu" / "rca_matrix.py"), "--data", str(DATA), "--out", str(out),
            "--work", str(work), "--device", "cpu", "--config", "tiny", "--workers", "2", "--threads", "1", "--epochs", "1",
            "--batch-size", "16", "--max-units", "160", "--deadline-s", "900",
-           "--job", "m=mot:request", "--job", "v0=mot:request:trace_vocab=0",
+           "--job", "m=mot:request", "--job", "v0=mot:request:trace_vocab=0", "--job", "it=single:request:unit=iteration",
            "--job", "bad=mot:request:inputs=nonsense", "--keep", "m"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads((out / "matrix.json").read_text())
-    assert res["protocol"]["epochs"] == 1 and set(res["jobs"]) == {"m", "v0", "bad"}
+    assert res["protocol"]["epochs"] == 1 and set(res["jobs"]) == {"m", "v0", "it", "bad"}
     assert "--inputs nonsense" in res["jobs"]["bad"]["error"]  # a failing job is a row, not the end of the call
-    for name in ("m", "v0"):
+    for name in ("m", "v0", "it"):
         j = res["jobs"][name]
         assert j["training"]["stopped_by"] == "steps" and j["test"]["all"]["units"] == j["tpe"]["units"] > 0
     assert res["jobs"]["v0"]["tpe"]["length_reduction"] == 0.0  # no merges: a token per node

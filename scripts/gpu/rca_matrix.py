@@ -6,7 +6,8 @@ left in OUT.
         --job mot_run=mot:run --job tpe0=mot:request:trace_vocab=0 --evaluate run,mechanism
 
 A job is ``NAME=VARIANT:SPLIT[:KEY=VALUE,...]``; the keys are :class:`teller.rca.model.RCAConfig`
-fields (``inputs=log``, ``trace_vocab=0``, ``max_log_tokens=224``). The dataset is read once and
+fields (``inputs=log``, ``trace_vocab=0``, ``max_log_tokens=224``, ``unit=iteration``: the
+dataset is then also read as engine iterations). The dataset is read once and
 the workers are forked from the reading process (before CUDA starts), each training one job at a
 time with the same epochs, batch size and seed, so rows differ only in what the job names. Each
 job runs its epochs; the deadline is only a hard stop (``stopped_by`` says which ended it). Written to OUT (at most 8
@@ -33,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-DS = None  # the dataset, read once in the parent and shared with the forked workers
+DS: dict = {}  # the dataset per unit (step, iteration), read once in the parent and shared with the forked workers
 
 
 def parse_job(spec: str) -> dict:
@@ -81,7 +82,8 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
     res: dict = {"job": job}
     try:
         minutes = max(0.2, (deadline - time.time() - a["eval_reserve_s"]) / 60)
-        s = train(DS, work, variant=job["variant"], split=job["split"], device=a["device"], epochs=a["epochs"],
+        ds = DS[job["overrides"].get("unit", "step")]
+        s = train(ds, work, variant=job["variant"], split=job["split"], device=a["device"], epochs=a["epochs"],
                   seed=a["seed"], config=a["config"], max_minutes=minutes, batch_size=a["batch_size"], progress=False,
                   log=log, replan=False, **job["overrides"])
         summary = {k: v for k, v in s.items() if k != "curve"}
@@ -90,8 +92,8 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
         res["training"] = summary
         te = time.time()
         model = load(work, device=a["device"])
-        _, metrics, idx = evaluate(model, DS, job["split"], "test", batch_size=256, explain=job["name"] in a["explain"])
-        prep, _ = prepare_units(DS, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+        _, metrics, idx = evaluate(model, ds, job["split"], "test", batch_size=256, explain=job["name"] in a["explain"])
+        prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
         res["tpe"] = {"trace_vocab": len(model.trace_tok), **tpe_lengths(prep.inputs)}
         res["test"] = metrics
         res["eval_seconds"] = round(time.time() - te, 1)
@@ -110,7 +112,6 @@ def _worker(args):
 
 
 def main() -> int:
-    global DS
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(REPO / "data" / "h200_v2"))
     ap.add_argument("--out", default=os.environ.get("OUT", "out"))
@@ -143,9 +144,10 @@ def main() -> int:
 
     from teller.rca.data import load_dataset
 
-    DS = load_dataset(a.data, max_units=a.max_units, seed=a.seed)
-    print(f"dataset: {len(DS.units)} units, read in {time.time() - t0:.0f} s; torch {torch.__version__}, "
-          f"transformers {transformers.__version__}", flush=True)
+    for unit in sorted({j["overrides"].get("unit", "step") for j in jobs} or {"step"}):
+        DS[unit] = load_dataset(a.data, max_units=a.max_units, seed=a.seed, unit=unit)
+        print(f"dataset ({unit} units): {len(DS[unit].units)} units, read in {time.time() - t0:.0f} s", flush=True)
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}", flush=True)
     opts = {"work": str(work), "device": a.device, "config": a.config, "epochs": a.epochs, "batch_size": a.batch_size,
             "seed": a.seed, "threads": a.threads, "eval_reserve_s": a.eval_reserve_s,
             "explain": [x for x in a.explain.split(",") if x]}

@@ -107,9 +107,11 @@ class RCAModel(Method):
         """The ``teller rca`` dataset (read once per StepSet) and the unit of each step ``idx``."""
         from teller.rca.data import load_dataset
 
-        ds = steps.extra.get("rca_dataset")
+        unit = self.model_.cfg.unit  # the dataset serialized as the model reads it (step or iteration), once per unit
+        cache = steps.extra.setdefault("rca_datasets", {})
+        ds = cache.get(unit)
         if ds is None:
-            ds = steps.extra["rca_dataset"] = load_dataset(steps.dataset)
+            ds = cache[unit] = load_dataset(steps.dataset, unit=unit)
         u = ds.units
         where = {(r, v, tuple(s.tolist())): i for i, (r, v, s) in enumerate(zip(u.run_id.tolist(), u.view.tolist(),
                                                                                   u.step_ids, strict=True))}

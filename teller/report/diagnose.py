@@ -399,11 +399,14 @@ MODEL_STEPS = 48
 MODEL_BATCH = 16
 
 
-def _step_blocks(forest: Any, step_ids: list[int]) -> tuple[np.ndarray, Any]:
+def _step_blocks(forest: Any, step_ids: list[int], iteration: bool = False) -> tuple[np.ndarray, Any]:
     """Sizes of the STEP nodes' subtrees and a table of their rows only: a run's forest is in
     depth-first preorder with ``node_id`` the row, so a step's tree is the block of rows
     ``[node_id, node_id + size)``; the model then serializes these steps, not the whole run's.
-    A table of another layout is returned whole, with sizes 0."""
+    ``iteration`` (a model whose unit is the engine iteration): also the blocks of the
+    iteration's rows outside the STEP subtree (``step_id`` < 0, the STEP row's ``step_idx``:
+    schedule/update ranges, GAP rows), whole subtrees, in row order. A table of another layout is
+    returned whole, with sizes 0."""
     import pyarrow as pa
 
     ids = np.asarray(step_ids, np.int64)
@@ -413,11 +416,23 @@ def _step_blocks(forest: Any, step_ids: list[int]) -> tuple[np.ndarray, Any]:
         return whole
     if not np.array_equal(forest.column("node_id").to_numpy(), np.arange(n)):
         return whole
-    size = forest.column("size").to_numpy()[ids].astype(np.int64)
+    all_size = forest.column("size").to_numpy().astype(np.int64)
+    size = all_size[ids]
     if np.any(size < 1) or np.any(ids + size > n):
         return whole
-    rows = np.concatenate([np.arange(i, i + k) for i, k in zip(ids.tolist(), size.tolist(), strict=True)])
-    return size, forest.take(pa.array(rows))
+    from teller.forest import ranges
+
+    if not (iteration and "step_idx" in forest.column_names):
+        return size, forest.take(pa.array(ranges(ids, ids + size)))
+    six = forest.column("step_idx").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    sid = forest.column("step_id").to_numpy().astype(np.int64)
+    par = forest.column("parent_id").to_numpy().astype(np.int64)
+    want = six[ids][six[ids] >= 0]
+    member = (sid < 0) & np.isin(six, want)
+    top = np.flatnonzero(member & ((par < 0) | ~member[np.clip(par, 0, n - 1)]))
+    top = top[(all_size[top] >= 1) & (top + all_size[top] <= n)]
+    starts, lens = np.concatenate([ids, top]), np.concatenate([size, all_size[top]])
+    return size, forest.take(pa.array(np.unique(ranges(starts, starts + lens))))
 
 
 def _model_rank(step: dict[str, Any]) -> tuple[float, float, int]:
@@ -550,7 +565,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             note(f"the root-cause model read the {len(keep)} highest-scored of {len(flagged)} flagged steps "
                  "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict only")
     # in the order of their trees' sizes: batches of steps of similar length pad little
-    block, sub = _step_blocks(forest, [int(d["node_id"]) for d in keep])
+    block, sub = _step_blocks(forest, [int(d["node_id"]) for d in keep], iteration=m.cfg.unit == "iteration")
     flagged = [keep[k] for k in np.argsort(block, kind="stable").tolist()]
     ids = [int(d["node_id"]) for d in flagged]
     logs = _step_logs(rd.path, ids, note)
