@@ -4,25 +4,18 @@ projection, save/load, the CLI round trip."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from rca_slice import DATA, RUNS, check_schema, need_rca, small_dataset
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("safetensors")
+torch = need_rca()
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from teller.rca.data import FAULT_TYPES, ReferenceStats, load_dataset, truncate_order  # noqa: E402
 from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators  # noqa: E402
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v2"
-#: a run with a delayed operator, and a tensor-parallel run with a straggler rank (horizontal units)
-RUNS = ["targeted-op-delay-b-r0", "straggler-rank-b-r0"]
 
 
 @pytest.fixture(scope="module")
@@ -114,16 +107,7 @@ def test_single_stream_trains_and_decodes_within_the_schema(ds, tmp_path):
 def _check_schema(pred, model, ds, idx):
     prep_inp = model.inputs(ds.forest, [ds.units.step_ids[i] for i in idx.tolist()],
                             [ds.units.log_text[i] for i in idx.tolist()], ds.units.run_id[idx].tolist())
-    for k, p in enumerate(pred):
-        assert p["fault_type"] in FAULT_TYPES[1:] or p["fault_type"] == ""
-        assert p["abnormal"] == bool(p["fault_type"]) and 0.0 <= p["abnormal_prob"] <= 1.0
-        s = prep_inp.tokens(k)
-        assert set(p["evidence_nodes"]) <= set(prep_inp.anchor[s].tolist())
-        assert set(p["evidence_operators"]) <= set(prep_inp.candidates(k))
-        if not p["abnormal"]:
-            assert p["evidence_nodes"] == [] and p["explanation"] == ""
-        else:
-            assert p["explanation"].endswith((".", "!", "?")) and len(p["explanation"]) <= model.cfg.max_explanation_chars
+    check_schema(pred, prep_inp, model.cfg.max_explanation_chars)
 
 
 def test_save_load_gives_identical_predictions(trained, ds):
@@ -195,24 +179,11 @@ def test_name_trie_walks_only_to_given_names(names, data):
 
 
 def test_cli_train_predict_round_trip(tmp_path, ds):
-    import pyarrow as pa
-
-    # a dataset folder of two runs' records and their subtrees (the CLI reads folders)
-    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from teller.cli import main
-    from teller.dataset.codec import write_subtree_parts
-    from teller.rca.data import read_steps
 
-    small = tmp_path / "ds"
-    small.mkdir()
-    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [RUNS[0]])])
-    rec = rec.filter(pc.less(rec.column("step_num"), 30))
-    pq.write_table(rec, small / "records.parquet")
-    sub = read_steps(DATA, [RUNS[0]])
-    sub = sub.filter(pc.is_in(sub.column("step_id"), value_set=pa.array(np.unique(rec.column("step_id").to_numpy()))))
-    write_subtree_parts(sub, small / "subtrees")
+    small = small_dataset(tmp_path / "ds", 30)  # the CLI reads dataset folders
     model = tmp_path / "m"
     assert main(["rca", "train", str(small), "-o", str(model), "--variant", "mot", "--split", "request",
                  "--config", "tiny", "--epochs", "1", "--max-steps", "3", "--seed", "1"]) == 0

@@ -6,24 +6,19 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
+from rca_slice import DATA, RUNS, check_schema, need_rca, small_dataset
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
-pytest.importorskip("safetensors")
+torch = need_rca()
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from teller.errors import TellerError  # noqa: E402
-from teller.rca.data import FAULT_TYPES, load_dataset, read_steps, step_forest  # noqa: E402
+from teller.rca.data import load_dataset, read_steps, step_forest  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v2"
-RUNS = ["targeted-op-delay-b-r0", "straggler-rank-b-r0"]
 ITERATION_FAMILIES = {"OTHER schedule", "GAP untraced"}
 
 
@@ -189,14 +184,7 @@ def test_iteration_model_trains_predicts_and_keeps_its_unit(both, tmp_path):
     assert res["all"]["units"] == len(idx) == len(pred)
     inp = m.inputs(read_steps(DATA, RUNS), [it.units.step_ids[i] for i in idx.tolist()],
                    [it.units.log_text[i] for i in idx.tolist()], it.units.run_id[idx].tolist())
-    named = set()
-    for k, p in enumerate(pred):
-        assert p["fault_type"] in FAULT_TYPES[1:] or p["fault_type"] == ""
-        assert p["abnormal"] == bool(p["fault_type"]) and 0.0 <= p["abnormal_prob"] <= 1.0
-        sl = inp.tokens(k)
-        assert set(p["evidence_nodes"]) <= set(inp.anchor[sl].tolist())
-        assert set(p["evidence_operators"]) <= set(inp.candidates(k))
-        named |= set(p["evidence_operators"])
+    check_schema(pred, inp, m.cfg.max_explanation_chars)
     # a model of one unit refuses a dataset serialized as the other
     with pytest.raises(TellerError, match="unit"):
         evaluate(m, step, "request", "train")
@@ -215,24 +203,12 @@ def test_iteration_model_trains_predicts_and_keeps_its_unit(both, tmp_path):
         RCAConfig.preset("tiny", unit="bogus")
 
 
-def test_cli_trains_an_iteration_model(tmp_path, table):
+def test_cli_trains_an_iteration_model(tmp_path):
     import pyarrow.parquet as pq
 
     from teller.cli import main
-    from teller.dataset.codec import write_subtree_parts
 
-    small = tmp_path / "ds"
-    small.mkdir()
-    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [RUNS[0]])])
-    rec = rec.filter(pc.less(rec.column("step_num"), 20))
-    pq.write_table(rec, small / "records.parquet")
-    sub = table.filter(pc.equal(table.column("run_id").cast(pa.string()), RUNS[0]))
-    steps = pa.array(np.unique(rec.column("step_id").to_numpy()))
-    is_step = pc.and_(pc.is_in(sub.column("step_id"), value_set=steps), pc.equal(sub.column("node_id"), sub.column("step_id")))
-    its = pc.unique(sub.column("step_idx").filter(is_step))
-    keep = pc.or_(pc.is_in(sub.column("step_id"), value_set=steps),
-                  pc.and_(pc.less(sub.column("step_id"), 0), pc.is_in(sub.column("step_idx"), value_set=its)))
-    write_subtree_parts(sub.filter(keep), small / "subtrees")
+    small = small_dataset(tmp_path / "ds", 20, iterations=True)
     model = tmp_path / "m"
     assert main(["rca", "train", str(small), "-o", str(model), "--config", "tiny", "--epochs", "1", "--max-steps", "3",
                  "--unit", "iteration"]) == 0

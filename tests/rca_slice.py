@@ -1,0 +1,63 @@
+"""The slice of data/h200_v2 the root-cause model tests read: a run with a delayed operator and a
+tensor-parallel run with a straggler rank (horizontal units)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "h200_v2"
+RUNS = ["targeted-op-delay-b-r0", "straggler-rank-b-r0"]
+
+
+def need_rca():
+    """torch (returned) and the packages the models need, or skip the module."""
+    torch = pytest.importorskip("torch")
+    for name in ("transformers", "tokenizers", "safetensors"):
+        pytest.importorskip(name)
+    return torch
+
+
+def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Path:
+    """A dataset folder of the first run's steps numbered below ``steps_below``: its records and
+    subtrees (with ``iterations``, also each kept step's iteration rows beside its STEP subtree)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from teller.dataset.codec import write_subtree_parts
+    from teller.rca.data import read_steps
+
+    dest.mkdir(parents=True, exist_ok=True)
+    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [RUNS[0]])])
+    rec = rec.filter(pc.less(rec.column("step_num"), steps_below))
+    pq.write_table(rec, dest / "records.parquet")
+    sub = read_steps(DATA, [RUNS[0]])
+    steps = pa.array(np.unique(rec.column("step_id").to_numpy()))
+    keep = pc.is_in(sub.column("step_id"), value_set=steps)
+    if iterations:
+        is_step = pc.and_(keep, pc.equal(sub.column("node_id"), sub.column("step_id")))
+        its = pc.unique(sub.column("step_idx").filter(is_step))
+        keep = pc.or_(keep, pc.and_(pc.less(sub.column("step_id"), 0), pc.is_in(sub.column("step_idx"), value_set=its)))
+    write_subtree_parts(sub.filter(keep), dest / "subtrees")
+    return dest
+
+
+def check_schema(pred: list, inp, max_chars: int) -> None:
+    """Every prediction within the schema: a valid type, the abnormal flag its type, evidence
+    nodes among the unit's token anchors and families among its candidates, nothing for a normal
+    step, and a bounded sentence for an abnormal one."""
+    from teller.rca.data import FAULT_TYPES
+
+    for k, p in enumerate(pred):
+        assert p["fault_type"] in FAULT_TYPES[1:] or p["fault_type"] == ""
+        assert p["abnormal"] == bool(p["fault_type"]) and 0.0 <= p["abnormal_prob"] <= 1.0
+        s = inp.tokens(k)
+        assert set(p["evidence_nodes"]) <= set(inp.anchor[s].tolist())
+        assert set(p["evidence_operators"]) <= set(inp.candidates(k))
+        if not p["abnormal"]:
+            assert p["evidence_nodes"] == [] and p["explanation"] == ""
+        else:
+            assert p["explanation"].endswith((".", "!", "?")) and len(p["explanation"]) <= max_chars
