@@ -81,6 +81,19 @@ def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return shift + np.arange(total, dtype=np.int64)
 
 
+def with_iterations(keep: np.ndarray, is_step: np.ndarray, step_id: np.ndarray, step_idx: np.ndarray,
+                    run: np.ndarray | None = None) -> np.ndarray:
+    """``keep`` (bool per row: rows of kept STEP subtrees) with the rows of those steps' engine
+    iterations outside every STEP subtree: ``step_id < 0`` and the ``step_idx`` of a kept STEP row
+    (``is_step``) of the same ``run`` (int codes; None: one run). The schedule/update ranges and
+    GAP rows an iteration holds beside its STEP (docs/design.md §5.7)."""
+    six = np.asarray(step_idx, np.int64)
+    r = np.zeros(len(six), np.int64) if run is None else np.asarray(run, np.int64)
+    key = r << 40 | np.maximum(six, 0)
+    kept = np.unique(key[keep & is_step & (six >= 0)])
+    return keep | ((np.asarray(step_id) < 0) & (six >= 0) & np.isin(key, kept))
+
+
 def gpu_rows(gpu_work: np.ndarray, tid: np.ndarray, device: np.ndarray, sync: np.ndarray) -> np.ndarray:
     """The GPU-row rule (:attr:`Forest.is_gpu`, and reconstruction's before the forest is
     written): GPU work, and rows without a host thread (``tid < 0``) that sit on a device or are

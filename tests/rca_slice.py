@@ -28,6 +28,7 @@ def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Pat
     import pyarrow.parquet as pq
 
     from teller.dataset.codec import write_subtree_parts
+    from teller.forest import with_iterations
     from teller.rca.data import read_steps
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -35,13 +36,11 @@ def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Pat
     rec = rec.filter(pc.less(rec.column("step_num"), steps_below))
     pq.write_table(rec, dest / "records.parquet")
     sub = read_steps(DATA, [RUNS[0]])
-    steps = pa.array(np.unique(rec.column("step_id").to_numpy()))
-    keep = pc.is_in(sub.column("step_id"), value_set=steps)
+    sid = sub.column("step_id").to_numpy()
+    keep = np.isin(sid, np.unique(rec.column("step_id").to_numpy()))
     if iterations:
-        is_step = pc.and_(keep, pc.equal(sub.column("node_id"), sub.column("step_id")))
-        its = pc.unique(sub.column("step_idx").filter(is_step))
-        keep = pc.or_(keep, pc.and_(pc.less(sub.column("step_id"), 0), pc.is_in(sub.column("step_idx"), value_set=its)))
-    write_subtree_parts(sub.filter(keep), dest / "subtrees")
+        keep = with_iterations(keep, sid == sub.column("node_id").to_numpy(), sid, sub.column("step_idx").to_numpy())
+    write_subtree_parts(sub.filter(pa.array(keep)), dest / "subtrees")
     return dest
 
 

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet, _str
-from teller.forest import Forest, step_blocks, warmup_steps
+from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
 from teller.localize import GMMLocalizer, localize
 from teller.localize.features import (
     FEATURES,
@@ -176,8 +176,7 @@ def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, cont
         ukeys = keys[(keys >> 40) == g] & ((1 << 40) - 1)
         keep = np.isin(sid_all[rows], ukeys)
         if sidx_all is not None:  # the iteration's rows outside its STEP (schedule, update, GAP): by step_idx
-            kept_idx = sidx_all[rows[keep & is_step[rows]]]
-            keep |= (sid_all[rows] < 0) & np.isin(sidx_all[rows], kept_idx)
+            keep = with_iterations(keep, is_step[rows], sid_all[rows], sidx_all[rows])
         rows = rows[keep]
         if not len(rows):
             continue

@@ -700,12 +700,14 @@ def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: i
                                     for s in ss.tolist()], dtype=object))
         run_s = sub.column("run_id").cast(pa.string())
         rk = pc.binary_join_element_wise(run_s, pc.cast(sub.column("step_id"), pa.string()), "\x1f")
-        keep = pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string()))
+        keep = pc.is_in(rk, value_set=pa.array(key.tolist(), pa.string())).to_numpy(zero_copy_only=False)
         if unit == "iteration" and "step_idx" in sub.column_names:
             # and the rows of their iterations outside the STEP subtrees (same run and step_idx)
-            ik = pc.binary_join_element_wise(run_s, pc.cast(sub.column("step_idx"), pa.string()), "\x1f")
-            is_step = pc.and_(keep, pc.equal(sub.column("node_id"), sub.column("step_id")))
-            its = pc.unique(ik.filter(is_step))
-            keep = pc.or_(keep, pc.and_(pc.less(sub.column("step_id"), 0), pc.is_in(ik, value_set=its)))
-        sub = sub.filter(keep)
+            from teller.forest import with_iterations
+
+            sid = sub.column("step_id").to_numpy()
+            six = sub.column("step_idx").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False)
+            run = run_s.combine_chunks().dictionary_encode().indices.to_numpy(zero_copy_only=False)
+            keep = with_iterations(keep, sid == sub.column("node_id").to_numpy(), sid, six, run)
+        sub = sub.filter(pa.array(keep))
     return Dataset(ds, units, step_forest(sub, unit=unit))

@@ -403,10 +403,9 @@ def _step_blocks(forest: Any, step_ids: list[int], iteration: bool = False) -> t
     """Sizes of the STEP nodes' subtrees and a table of their rows only: a run's forest is in
     depth-first preorder with ``node_id`` the row, so a step's tree is the block of rows
     ``[node_id, node_id + size)``; the model then serializes these steps, not the whole run's.
-    ``iteration`` (a model whose unit is the engine iteration): also the blocks of the
-    iteration's rows outside the STEP subtree (``step_id`` < 0, the STEP row's ``step_idx``:
-    schedule/update ranges, GAP rows), whole subtrees, in row order. A table of another layout is
-    returned whole, with sizes 0."""
+    ``iteration`` (a model whose unit is the engine iteration): also the iteration's rows outside
+    the STEP subtree (:func:`teller.forest.with_iterations`: schedule/update ranges, GAP rows), in
+    row order. A table of another layout is returned whole, with sizes 0."""
     import pyarrow as pa
 
     ids = np.asarray(step_ids, np.int64)
@@ -416,23 +415,21 @@ def _step_blocks(forest: Any, step_ids: list[int], iteration: bool = False) -> t
         return whole
     if not np.array_equal(forest.column("node_id").to_numpy(), np.arange(n)):
         return whole
-    all_size = forest.column("size").to_numpy().astype(np.int64)
-    size = all_size[ids]
+    size = forest.column("size").to_numpy()[ids].astype(np.int64)
     if np.any(size < 1) or np.any(ids + size > n):
         return whole
-    from teller.forest import ranges
+    from teller.forest import ranges, with_iterations
 
+    rows = ranges(ids, ids + size)
     if not (iteration and "step_idx" in forest.column_names):
-        return size, forest.take(pa.array(ranges(ids, ids + size)))
-    six = forest.column("step_idx").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    sid = forest.column("step_id").to_numpy().astype(np.int64)
-    par = forest.column("parent_id").to_numpy().astype(np.int64)
-    want = six[ids][six[ids] >= 0]
-    member = (sid < 0) & np.isin(six, want)
-    top = np.flatnonzero(member & ((par < 0) | ~member[np.clip(par, 0, n - 1)]))
-    top = top[(all_size[top] >= 1) & (top + all_size[top] <= n)]
-    starts, lens = np.concatenate([ids, top]), np.concatenate([size, all_size[top]])
-    return size, forest.take(pa.array(np.unique(ranges(starts, starts + lens))))
+        return size, forest.take(pa.array(rows))
+    keep = np.zeros(n, bool)
+    keep[rows] = True
+    is_step = np.zeros(n, bool)
+    is_step[ids] = True
+    six = forest.column("step_idx").combine_chunks().fill_null(-1).to_numpy(zero_copy_only=False)
+    keep = with_iterations(keep, is_step, forest.column("step_id").to_numpy(), six)
+    return size, forest.take(pa.array(np.flatnonzero(keep)))
 
 
 def _model_rank(step: dict[str, Any]) -> tuple[float, float, int]:
