@@ -24,6 +24,7 @@ from teller.rca.text import (
     YES,
     encode_texts,
 )
+from teller.tpe.tokenizer import BOS as TPE_BOS
 
 #: kinds of target tokens (each has its own share of the loss, :func:`teller.rca.train.losses`)
 NONE, DECISION, OPERATOR, EXPLANATION, MARKER = range(5)
@@ -57,7 +58,7 @@ class Prepared:
 
 #: TPE id of the placeholder token a model that does not read the tree gets in its place (the
 #: tokenizer's <bos>, which no serialized step contains)
-TRACE_PLACEHOLDER = 2
+TRACE_PLACEHOLDER = TPE_BOS
 
 
 def _ms(ns: float) -> str:

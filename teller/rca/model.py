@@ -86,24 +86,15 @@ class RCAConfig:
 
     @classmethod
     def preset(cls, name: str, **over: Any) -> "RCAConfig":
-        if name not in PRESETS:
-            from teller.errors import TellerError
+        from teller.errors import TellerError
 
+        if name not in PRESETS:
             raise TellerError(f"--config {name}: expected one of {', '.join(PRESETS)}")
         d = dict(PRESETS[name])
         d.update({k: v for k, v in over.items() if v is not None})
-        if d.get("variant", "mot") not in VARIANTS:
-            from teller.errors import TellerError
-
-            raise TellerError(f"--variant {d['variant']}: expected one of {', '.join(VARIANTS)}")
-        if d.get("inputs", "trace+log") not in INPUTS:
-            from teller.errors import TellerError
-
-            raise TellerError(f"--inputs {d['inputs']}: expected one of {', '.join(INPUTS)}")
-        if d.get("unit", "step") not in UNITS:
-            from teller.errors import TellerError
-
-            raise TellerError(f"--unit {d['unit']}: expected one of {', '.join(UNITS)}")
+        for key, allowed in (("variant", VARIANTS), ("inputs", INPUTS), ("unit", UNITS)):
+            if key in d and d[key] not in allowed:
+                raise TellerError(f"--{key} {d[key]}: expected one of {', '.join(allowed)}")
         return cls(**d)
 
     @property
