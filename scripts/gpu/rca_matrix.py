@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 import traceback
 from pathlib import Path
@@ -142,6 +141,7 @@ def main() -> int:
     import torch
     import transformers
 
+    from teller.rca.api import pack, weight_files
     from teller.rca.data import load_dataset
 
     for unit in sorted({j["overrides"].get("unit", "step") for j in jobs} or {"step"}):
@@ -171,17 +171,13 @@ def main() -> int:
     for name in [x for x in a.keep.split(",") if x]:
         mdir = work / name
         if (mdir / "config.json").is_file():
-            with tarfile.open(out / f"rca_{name}.tar", "w") as tf:
-                for f in sorted(mdir.rglob("*")):
-                    if f.is_file() and "checkpoint" not in f.relative_to(mdir).parts:
-                        tf.add(f, arcname=f"rca_{name}/{f.relative_to(mdir)}")
+            pack(mdir, out / f"rca_{name}.tar", f"rca_{name}")
     if a.evaluate:
         models = work / "models"
         models.mkdir(exist_ok=True)
         pick = [x for x in a.evaluate_jobs.split(",") if x] or list(result["jobs"])
         for name in pick:
-            if name in result["jobs"] and ((work / name / "model.safetensors").is_file()
-                                           or list((work / name).glob("model-*.safetensors"))):
+            if name in result["jobs"] and weight_files(work / name / "model.safetensors"):
                 link = models / name
                 if not link.exists():
                     link.symlink_to(work / name)

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -54,6 +53,7 @@ def main() -> int:
     import torch
 
     from teller.rca import load
+    from teller.rca.api import pack
     from teller.rca.data import load_dataset
     from teller.rca.train import evaluate, train
 
@@ -99,10 +99,7 @@ def main() -> int:
         result["total_seconds"] = round(time.time() - t0, 1)
         mpath.write_text(json.dumps(result, indent=1))
         if split == "request":
-            with tarfile.open(out / f"rca_{a.variant}.tar", "w") as tf:
-                for f in sorted(mdir.rglob("*")):
-                    if f.is_file() and "checkpoint" not in f.relative_to(mdir).parts:
-                        tf.add(f, arcname=f"rca_{a.variant}/{f.relative_to(mdir)}")
+            pack(mdir, out / f"rca_{a.variant}.tar", f"rca_{a.variant}")
     print(f"\ndone in {time.time() - t0:.0f} s; wrote {mpath}", flush=True)
     return 0
 

@@ -67,6 +67,18 @@ def weight_files(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.stem}-*-of-*{path.suffix}"))
 
 
+def pack(model_dir: str | Path, tar_path: str | Path, name: str) -> None:
+    """The model directory as an (uncompressed) tar under the folder ``name``, without its
+    ``checkpoint/`` (training state): what a trained model ships as."""
+    import tarfile
+
+    model_dir = Path(model_dir)
+    with tarfile.open(tar_path, "w") as tf:
+        for f in sorted(model_dir.rglob("*")):
+            if f.is_file() and "checkpoint" not in f.relative_to(model_dir).parts:
+                tf.add(f, arcname=f"{name}/{f.relative_to(model_dir)}")
+
+
 def save_weights(module: torch.nn.Module, path: Path, dtype: str = "float32", metadata: dict | None = None) -> None:
     from safetensors.torch import save_file
 
