@@ -670,7 +670,8 @@ def run_long_one(config: str, rnd: int, out: Path, workload: list[str], slot: di
     serve = [sys.executable, "-m", "teller.workload", "serve", *workload, "--out-json", str(wjson)]
     cmd = serve if spec["collector"] is None else record_cmd(run_dir, spec["collector"], spec.get("kw", {}), serve)
     env = {**os.environ, **spec["env"]}
-    if slot.get("gpu") is not None:
+    if slot.get("gpu") is not None:  # nvidia-smi's index order is the PCI bus order
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = str(slot["gpu"])
     cpus = slot.get("cpus")
     pre = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
