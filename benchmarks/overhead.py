@@ -842,8 +842,9 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     ap.add_argument("--configs", default="none,hooks,cupti,cupti_deferred,cupti_lean")
     ap.add_argument("--rounds", type=int, default=10, help="stop after this many rounds in all")
     ap.add_argument("--deadline", type=float, required=True, help="Unix time by which every run has ended")
-    ap.add_argument("--gpus", default="auto", help="auto | none | comma list; as many GPUs as configurations: "
-                    "a round runs them at once, one per GPU, rotated per round; fewer: one after another")
+    ap.add_argument("--gpus", default="auto", help="auto | none | comma list. Two GPUs or more: runs at once, "
+                    "one per GPU, slots rotated per round (a whole round at once with a GPU per configuration, "
+                    "else in waves); one: one run after another")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="parallel rounds: each run on its own physical cores")
     ap.add_argument("--requests", type=int, help="requests per run (default: calibrated by the first warm-up)")
@@ -876,7 +877,8 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
         gpus = [g["index"] for g in q] if q else [None]
     else:
         gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
-    parallel = len(gpus) >= len(configs) and gpus[0] is not None
+    # two GPUs or more: runs at once, one per GPU (a round in waves when GPUs < configurations)
+    parallel = len(gpus) >= 2 and gpus[0] is not None
     slots = make_slots(gpus[:len(configs)] if parallel else gpus[:1], pin=args.pin and parallel)
     log = {"call": call, "started_unix": time.time(), "deadline_unix": args.deadline, "parallel": parallel,
            "slots": [{"gpu": s["gpu"], "cpus": _compress(s["cpus"]) if s["cpus"] else None} for s in slots],
@@ -889,8 +891,12 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     if fixed is None:
         prev = [r["workload"] for r in rows if not r.get("warmup") and r.get("workload")]
         fixed = prev[-1] if prev else None
-    if fixed is None and args.requests:
-        fixed = _set_arg(base, "--requests", str(args.requests))
+    if args.requests:  # given: it wins (runs on another count stay out of the summary)
+        fixed = _set_arg(fixed or base, "--requests", str(args.requests))
+        if wfile.is_file() and json.loads(wfile.read_text())["workload"] != fixed:
+            wfile.write_text(json.dumps({"workload": fixed, "checked": True, "set_by": "--requests"}, indent=1))
+    with open(state / "calls.jsonl", "a") as f:
+        f.write(json.dumps(log) + "\n")
 
     def run_parallel(items: list[tuple[str, dict[str, Any]]], rnd: int, w: list[str], warmup: bool,
                      timeout: float) -> list[dict[str, Any]]:
@@ -992,7 +998,10 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
             if left() < est:
                 print(f"[overhead] stop: round {rnd} needs ~{est:.0f} s, {left():.0f} s left", flush=True)
                 break
-            items = [(c, slots[(configs.index(c) + rnd) % len(slots)]) for c in todo]
+            wave = todo[:len(slots)]  # all of the round when there is a GPU per configuration
+            items = [(c, slots[(configs.index(c) + rnd) % len(slots)]) for c in wave]
+            if len({id(sl) for _, sl in items}) < len(items):  # a wave of a round: slots in order
+                items = [(c, slots[(i + rnd) % len(slots)]) for i, c in enumerate(wave)]
             new = run_parallel(items, rnd, fixed, False, left() - 2)
         else:
             if left() < est:

@@ -3,7 +3,7 @@
 # warm machine and it continues with the next round (state in $STATE, kept between calls).
 #   bash scripts/gpu/overhead_long.sh [BUDGET_S] [CONFIGS] [ROUNDS] [GPUS]
 # BUDGET_S: seconds from the start of this script by which every run has ended (default 525);
-# GPUS: auto (parallel rounds when there is a GPU per configuration, else one run at a time),
+# GPUS: auto (runs at once, one per GPU: whole rounds with a GPU per configuration, else waves),
 # none, or a list such as 0,1,2,3,4. Results: $OUT/ovl/{overhead_long.md,overhead_long.json,
 # runs.jsonl,workload.json}, $OUT/matrix.log, $OUT/env_call.txt.
 T0=$(date +%s)
