@@ -808,14 +808,15 @@ def serving_model(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
     return fixed, 1.0 / steady
 
 
-def calibrate_requests(runs: list[dict[str, Any]], serve_s: float, mean_out: float) -> int | None:
+def calibrate_requests(runs: list[dict[str, Any]], serve_s: float, mean_out: float,
+                       max_requests: int = 10**9) -> int | None:
     """Requests (a multiple of 50) for ``serve_s`` of serving under :func:`serving_model`."""
     m = serving_model(runs)
     if m is None:
         return None
     fixed, per_token = m
     n = max(1.0, serve_s - fixed) / per_token / mean_out
-    return int(-(-n // 50) * 50)
+    return min(int(-(-n // 50) * 50), max_requests)
 
 
 def _set_arg(workload: list[str], flag: str, value: str) -> list[str]:
@@ -850,6 +851,8 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     ap.add_argument("--requests", type=int, help="requests per run (default: calibrated by the first warm-up)")
     ap.add_argument("--serve-s", type=float, default=66.0, help="serving seconds the calibration aims at")
     ap.add_argument("--probe-requests", type=int, default=600, help="requests of the warm-up run")
+    ap.add_argument("--max-requests", type=int, default=16000,
+                    help="calibration's upper bound (every request's KV cache is resident: ~32 kB per token on the GPU preset)")
     ap.add_argument("--min-serving-s", type=float, default=0.0, help="runs serving less are left out of the summary")
     ap.add_argument("--run-estimate-s", type=float, default=110.0, help="run length assumed before one is measured")
     ap.add_argument("--no-warmup", action="store_true")
@@ -936,7 +939,7 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
                 print(json.dumps({k: r.get(k) for k in ("config", "warmup", "gpu", "exit_code", "throughput_tok_s",
                                                          "serving_s", "process_wall_s")}), flush=True)
             if fixed is None:
-                n = calibrate_requests(warm, args.serve_s, mean_out)
+                n = calibrate_requests(warm, args.serve_s, mean_out, args.max_requests)
                 if n is None:
                     sys.exit("warm-up failed: no throughput to calibrate the workload on; see runs.jsonl")
                 fixed = _set_arg(base, "--requests", str(n))
@@ -967,7 +970,7 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
             wfile.write_text(json.dumps(meta, indent=1))
             return w
         n = calibrate_requests([r for r in rows if r["config"] == "none" and r.get("serving_s")],
-                               args.serve_s, mean_out)
+                               args.serve_s, mean_out, args.max_requests)
         if n is None:
             wfile.write_text(json.dumps(meta, indent=1))
             return w
@@ -980,7 +983,8 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     def write_summary() -> None:
         summ = summarize_long([r for r in rows if r.get("workload") == fixed], configs, args.min_serving_s)
         (out / "overhead_long.json").write_text(json.dumps(
-            {"workload": fixed, "configs": configs, "calls": [log], "summary": summ}, indent=1, default=str))
+            {"workload": fixed, "configs": configs, "calls": load_jsonl(state / "calls.jsonl"),
+             "workload_meta": json.loads(wfile.read_text()), "summary": summ}, indent=1, default=str))
         (out / "overhead_long.md").write_text(table_long(summ) + "\n")
         shutil.copy(jsonl, out / "runs.jsonl")
         shutil.copy(wfile, out / "workload.json")

@@ -70,6 +70,7 @@ def test_calibration_from_a_line_and_from_one_run():
     fixed, per_token = ov.serving_model(runs)
     assert fixed == pytest.approx(2.0) and per_token == pytest.approx(0.01)
     assert ov.calibrate_requests(runs, 66.0, 32.0) == 200  # (66 - 2) / 0.01 = 6,400 tokens / 32
+    assert ov.calibrate_requests(runs, 66.0, 32.0, max_requests=150) == 150
     one = [{"throughput_tok_s": 80.0, "serving_s": 12.5, "generated_tokens": 1000, "steady_tok_s": 100.0}]
     assert ov.serving_model(one) == (pytest.approx(2.5), pytest.approx(0.01))
     assert ov.calibrate_requests([], 66.0, 32.0) is None
