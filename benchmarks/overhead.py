@@ -896,7 +896,8 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
         fixed = prev[-1] if prev else None
     if args.requests:  # given: it wins (runs on another count stay out of the summary)
         fixed = _set_arg(fixed or base, "--requests", str(args.requests))
-        if wfile.is_file() and json.loads(wfile.read_text())["workload"] != fixed:
+        if not wfile.is_file() or json.loads(wfile.read_text())["workload"] != fixed:
+            # no recalibration either: the count is the caller's
             wfile.write_text(json.dumps({"workload": fixed, "checked": True, "set_by": "--requests"}, indent=1))
     with open(state / "calls.jsonl", "a") as f:
         f.write(json.dumps(log) + "\n")
