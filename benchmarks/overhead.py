@@ -387,18 +387,29 @@ _GPU_FIELDS = ("index", "clocks.sm", "clocks.mem", "temperature.gpu", "power.dra
 
 
 def gpu_query() -> list[dict[str, Any]] | None:
-    """Clocks, temperature and power of every GPU (``nvidia-smi --query-gpu``), None without one."""
+    """Clocks, temperature and power of every GPU (``nvidia-smi --query-gpu``), None without one.
+    A driver that rejects one of the fields gets the basic ones (index, SM/memory clock, °C)."""
     if shutil.which("nvidia-smi") is None:
         return None
+    for fields in (_GPU_FIELDS, _GPU_FIELDS[:4]):
+        out = _gpu_rows(fields)
+        if out:
+            return out
+    return None
+
+
+def _gpu_rows(fields: tuple[str, ...]) -> list[dict[str, Any]]:
     try:
-        p = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(_GPU_FIELDS)}", "--format=csv,noheader,nounits"],
+        p = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return []
+    if p.returncode != 0:
+        return []
     out = []
     for line in p.stdout.strip().splitlines():
-        v = [x.strip() for x in line.split(",")]
-        if len(v) != len(_GPU_FIELDS):
+        v = [x.strip() for x in line.split(",")] + [""] * (len(_GPU_FIELDS) - len(fields))
+        if len(v) != len(_GPU_FIELDS) or not v[0].isdigit():
             continue
 
         def num(x: str) -> float | None:
@@ -409,7 +420,7 @@ def gpu_query() -> list[dict[str, Any]] | None:
 
         out.append({"index": int(v[0]), "sm_mhz": num(v[1]), "mem_mhz": num(v[2]), "temp_c": num(v[3]),
                     "power_w": num(v[4]), "sm_max_mhz": num(v[5])})
-    return out or None
+    return out
 
 
 def _gpu_of(query: list[dict[str, Any]] | None, gpu: int | None) -> dict[str, Any] | None:

@@ -102,3 +102,14 @@ def test_workload_args_and_slots():
     pinned = ov.make_slots([None, None], pin=True)
     cpus = [set(s["cpus"]) for s in pinned]
     assert all(cpus) and not cpus[0] & cpus[1]
+
+
+def test_gpu_query_falls_back_to_the_basic_fields(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/bash\ncase \"$*\" in\n  *power.draw*) echo bad field >&2; exit 2;;\n"
+                   "  *) echo '0, 1980, 3201, 35'; echo '1, 345, 3201, 30';;\nesac\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    q = ov.gpu_query()
+    assert [g["index"] for g in q] == [0, 1] and q[1]["sm_mhz"] == 345.0 and q[0]["power_w"] is None
+    assert ov._gpu_of(q, 1)["temp_c"] == 30.0 and ov._gpu_of(None, 0) is None
