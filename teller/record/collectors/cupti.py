@@ -19,9 +19,10 @@ id; they are paired here, across buffers, into RANGE events whose ``tid`` is the
 
 Decoding runs in CUPTI's buffer-completed callback (``inline``, the default) or, with
 ``TELLER_CUPTI_DECODE=deferred``, after the run: the callback then copies the buffer aside
-(:class:`PendingBuffers`) and :meth:`CuptiCollector.stop` decodes the copies (the kernel and
-marker names they point at stay valid in the process; the clock anchors taken at every buffer
-bracket the records as they would inline). What a crash loses in each mode is in
+(:class:`PendingBuffers`) and :meth:`CuptiCollector.stop` decodes the copies (kernel and marker
+names are read then through the pointers in the records, which CUPTI keeps in the process, as
+Kineto reads them after a session; the clock anchors taken at every buffer bracket the records
+as they would inline). What a crash loses in each mode is in
 :class:`CuptiCollector`'s docstring.
 
 The decode logic (:class:`RecordDecoder`) does not import CUPTI, so it is tested on synthetic
@@ -809,10 +810,11 @@ class CuptiCollector:
     What a crash loses: the event sink writes what was decoded at every flush (``--flush-interval``,
     2 s), so inline decoding loses at most the last interval's records on a SIGKILL. Deferred
     decoding on a SIGKILL loses every CUPTI record still held (all of them on a recording shorter
-    than the cap: at the measured ~140 kB of raw buffers per step of the bundled GPU workload,
+    than the cap: at an estimated ~140 kB of raw buffers per step of the bundled GPU workload,
     256 MiB is about 1,900 steps), while the hooks' ranges and the logs are kept as inline;
     exit, SIGTERM and SIGINT decode everything first (a launcher deadline's SIGKILL follows its
-    SIGTERM after 10 s: a longer decode at stop is cut and loses what was held). ``api_filter``: leave out the query calls of
+    SIGTERM after 10 s: a longer decode at stop is cut and loses what was held).
+    ``api_filter``: leave out the query calls of
     :data:`QUIET_APIS` (``TELLER_CUPTI_API_FILTER=0`` records them); ``runtime``: the recording
     runtime, whose range backend becomes NVTX with ``TELLER_CUPTI_RANGES=nvtx``.
     """
