@@ -542,6 +542,7 @@ from teller.record.collectors.cupti import (  # noqa: E402
     RawLayout,
     parse_decode,
     quiet_cbids,
+    unique_rows,
     walk_records,
 )
 
@@ -805,6 +806,25 @@ def test_deferred_stop_decodes_once(tmp_path, monkeypatch):
     c.decode_pending()
     c.stop()
     assert c.info()["records"] == 54 and c.sink.rows_written == rows and len(c.pending) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 2**32), st.integers(-(2**40), 2**40)),
+                min_size=1, max_size=60))
+def test_unique_rows_matches_numpy(rows):
+    keys = np.array(rows, np.int64)
+    uniq, inv = unique_rows(keys)
+    assert np.array_equal(uniq[inv], keys)
+    assert sorted(map(tuple, uniq.tolist())) == sorted(map(tuple, np.unique(keys, axis=0).tolist()))
+
+
+def test_unique_rows_falls_back_when_hashes_collide(monkeypatch):
+    import teller.record.collectors.cupti as cupti_mod
+
+    monkeypatch.setattr(cupti_mod, "_ROW_MULT", np.zeros(12, np.uint64))  # every row hashes alike
+    keys = np.array([[1, 2], [3, 4], [1, 2]], np.int64)
+    uniq, inv = unique_rows(keys)
+    assert uniq.tolist() == [[1, 2], [3, 4]] and inv.tolist() == [0, 1, 0]
 
 
 def test_quiet_api_filter_selects_query_calls_only():

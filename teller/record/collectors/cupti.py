@@ -143,11 +143,42 @@ def _const_dict(value: str, n: int) -> pa.DictionaryArray:
     return _dict_array(np.zeros(n, np.int32), [value])
 
 
+#: odd 64-bit multipliers of :func:`unique_rows`'s row hash, one per column (wrapping arithmetic)
+_ROW_MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                      0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x27D4EB2F165667C5, 0x94D049BB133111EB,
+                      0xBF58476D1CE4E5B9, 0x2545F4914F6CDD1D, 0x9FB21C651E98DF25, 0x5851F42D4C957F2D],
+                     dtype=np.uint64)
+
+
+def unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a 2-D integer array and, per row, the index of its distinct row.
+
+    The same sets as ``np.unique(keys, axis=0, return_inverse=True)`` (the distinct rows may come
+    in another order), through one 64-bit hash per row and a sort of the hashes, which is several
+    times faster than numpy's row sort; a hash shared by two different rows is detected and the
+    call falls back to ``np.unique``.
+    """
+    keys = np.asarray(keys)
+    n, m = keys.shape
+    if n == 0 or m > len(_ROW_MULT):
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    with np.errstate(over="ignore"):
+        h = (keys.astype(np.int64).view(np.uint64) * _ROW_MULT[:m]).sum(axis=1, dtype=np.uint64)
+    hu, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    uniq = keys[first]
+    if not np.array_equal(uniq[inv], keys):  # two rows share a hash: the exact way
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    return uniq, inv
+
+
 def _unique_json(keys: np.ndarray, make: Callable[[tuple], str | None]) -> pa.Array:
     """``args`` for rows whose JSON depends only on a few integer columns: built once per distinct row."""
     if len(keys) == 0:
         return pa.array([], pa.string())
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inv = unique_rows(keys)
     texts = [make(tuple(int(v) for v in row)) for row in uniq]
     return pa.array(texts, pa.string()).take(pa.array(inv.reshape(-1).astype(np.int32)))
 
