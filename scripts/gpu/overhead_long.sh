@@ -11,7 +11,8 @@ BUDGET=${1:-525}
 CONFIGS=${2:-none,hooks,cupti,cupti_deferred,cupti_lean}
 ROUNDS=${3:-10}
 GPUS=${4:-auto}
-STATE=${TELLER_OVL_STATE:-/tmp/teller_overhead_long/state}
+# in the checkout's ignored runs/ folder, which a warm device machine keeps between calls
+STATE=${TELLER_OVL_STATE:-runs/overhead_long/state}
 source scripts/gpu/setup.sh
 mkdir -p "$STATE"
 # a fresh machine for the second call: the first call's files, if carried in the checkout
