@@ -537,9 +537,12 @@ import ctypes  # noqa: E402
 
 from teller.record.collectors.cupti import (  # noqa: E402
     QUIET_APIS,
+    PendingBuffers,
     RawBuffers,
     RawLayout,
+    parse_decode,
     quiet_cbids,
+    unique_rows,
     walk_records,
 )
 
@@ -704,6 +707,124 @@ def test_raw_buffers_hand_out_and_take_back():
     assert len(rb._free) == 0 and len(rb._live) == 1
     rb._completed(None, 0, 12345, 4096, 8)  # not ours: reported, not decoded
     assert got == [b"abcdefgh"] and rb.errors
+
+
+# ------------------------------------------------------------------ deferred decoding
+
+
+def test_pending_buffers_copy_keep_order_and_bound_the_bytes_held():
+    pb = PendingBuffers(cap_bytes=250)
+    src = np.arange(200, dtype=np.uint8)
+    assert pb.add(src, 100) == []
+    src[:] = 7  # CUPTI refills its buffer: the held copy must not change
+    assert pb.add(src, 100) == [] and pb.bytes == 200
+    out = pb.add(np.full(120, 3, np.uint8), 120)  # 320 > 250: the oldest goes back
+    assert len(out) == 1 and out[0].tolist() == list(range(100))
+    assert pb.bytes == 220 and pb.peak_bytes == 320 and pb.released_early == 1
+    out = pb.add(np.zeros(999, np.uint8), 999)  # over the cap alone: the older ones go, it stays
+    assert [a.tolist() for a in out] == [[7] * 100, [3] * 120] and pb.released_early == 3
+    rest = pb.take()
+    assert [len(a) for a in rest] == [999] and pb.bytes == 0 and len(pb) == 0 and pb.take() == []
+    assert pb.info()["buffers_in"] == 4 and pb.info()["bytes_in"] == 1319
+
+
+def test_decode_mode_names():
+    assert parse_decode(None) == parse_decode("inline") == parse_decode("raw") == ("raw", "inline")
+    assert parse_decode("Deferred") == ("raw", "deferred") and parse_decode("objects") == ("objects", "inline")
+    with pytest.raises(ValueError):
+        parse_decode("later")
+    c = CuptiCollector(decode="nonsense")  # never raises into the engine
+    assert (c.decode_mode, c.decode_at) == ("raw", "inline") and c.errors
+
+
+def _buffers(fake) -> "Callable":  # noqa: F821
+    """Buffer ``i`` of a deterministic stream, its record times after the collector's last anchor."""
+
+    def make(i: int) -> np.ndarray:
+        t = fake.state["ts"] + 1  # records come after the last anchor, before the next one
+        recs = [api("RUNTIME", 211, t + 10 * j, t + 10 * j + 5, corr=100 * i + j, tid=9) for j in range(6)]
+        recs += [kernel(f"_Z2k{i % 3}v", t + 70, t + 90, corr=100 * i, grid=(i + 1, 1, 1)),
+                 memcpy(t + 91, t + 95, corr=100 * i + 1), sync(t + 96, t + 99, corr=100 * i + 2)]
+        recs += [marker(2, t + 3, 500 + i, f"STEP id={i}", tid=9)]  # its end comes in the next buffer
+        if i:
+            recs.append(marker(4, t + 2, 500 + i - 1, tid=9))
+        return pack(recs)
+
+    return make
+
+
+def _drive(tmp_path, monkeypatch, decode: str, n: int = 5, pending_mb: float | None = None):
+    """A raw-path collector fed ``n`` synthetic buffers (the last one by the final flush)."""
+    import teller.record.collectors.cupti as cupti_mod
+
+    # τ of an anchor as a fixed function of CUPTI's time, its offset jumping by up to 2.4 µs from
+    # anchor to anchor (so a record mapped with other anchors than inline would land elsewhere)
+    monkeypatch.setattr(cupti_mod, "take_anchor", lambda read: (lambda s: (
+        s, (s - CUPTI_T0) + ((s - CUPTI_T0) // 1000 % 7) * 400, 3))(int(read())))
+    fake = fake_cupti([])
+    make = _buffers(fake)
+    sink = EventSink(tmp_path, pid=1234)
+    c = CuptiCollector(decode=decode, pending_mb=pending_mb)
+    c._cupti, c.sink, c._active = fake, sink, True
+    c.decoder = RecordDecoder(K, lambda kind, cbid: RT_NAMES.get(cbid, f"cuFunc{cbid}_v2"), c.clockmap, LAYOUTS)
+    c._anchor()
+    for i in range(n - 1):
+        buf = make(i)
+        c._raw_completed(buf, len(buf))
+        buf[:] = 0  # the buffer goes back to CUPTI and is overwritten
+        c.flush()
+    fake.activity_flush_all = lambda flag: c._raw_completed(make(n - 1), len(make(n - 1)))
+    c.stop()
+    sink.close()
+    return c, RunDir(tmp_path).read_events()
+
+
+@pytest.mark.parametrize("pending_mb", [None, 1200 / 2**20])
+def test_deferred_decode_equals_inline_exactly(tmp_path, monkeypatch, pending_mb):
+    ci, inline = _drive(tmp_path / "inline", monkeypatch, "inline")
+    cd, deferred = _drive(tmp_path / "deferred", monkeypatch, "deferred", pending_mb=pending_mb)
+    assert inline.num_rows == 5 * 9 + 5  # 9 events a buffer, 4 paired ranges, 1 left open
+    assert deferred.to_pylist() == inline.to_pylist()  # same rows, same order, same τ
+    assert col(deferred, "flags").count(FLAG_TRUNCATED) == 1
+    info = cd.info()
+    assert info["decode_at"] == "deferred" and ci.info()["deferred"] is None
+    assert info["records"] == ci.info()["records"] == 54 and info["buffers"] == 5
+    assert info["clock_anchors"]["count"] == ci.info()["clock_anchors"]["count"]
+    d = info["deferred"]
+    assert d["buffers_in"] == 5 and d["held_bytes"] == 0 and d["peak_bytes"] > 0
+    if pending_mb is None:  # nothing decoded before stop; everything at once after the final flush
+        assert d["decoded_before_stop"] == 0 and d["peak_bytes"] == d["bytes_in"]
+    else:  # the cap (1,200 bytes: two buffers of about 530) decoded the oldest as new ones came
+        assert d["decoded_before_stop"] >= 2 and d["peak_bytes"] < d["bytes_in"]
+    assert info["errors"] == [] and info["lost_buffers"] == 0
+    json.dumps(info)
+
+
+def test_deferred_stop_decodes_once(tmp_path, monkeypatch):
+    c, t = _drive(tmp_path, monkeypatch, "deferred")
+    rows = t.num_rows
+    c.decode_pending()
+    c.stop()
+    assert c.info()["records"] == 54 and c.sink.rows_written == rows and len(c.pending) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 3), st.integers(0, 2**32), st.integers(-(2**40), 2**40)),
+                min_size=1, max_size=60))
+def test_unique_rows_matches_numpy(rows):
+    keys = np.array(rows, np.int64)
+    uniq, inv = unique_rows(keys)
+    assert np.array_equal(uniq[inv], keys)
+    assert sorted(map(tuple, uniq.tolist())) == sorted(map(tuple, np.unique(keys, axis=0).tolist()))
+
+
+def test_unique_rows_falls_back_when_hashes_collide(monkeypatch):
+    import teller.record.collectors.cupti as cupti_mod
+
+    monkeypatch.setattr(cupti_mod, "_ROW_MULT", np.zeros(12, np.uint64))  # every row hashes alike
+    keys = np.array([[1, 2], [3, 4], [1, 2]], np.int64)
+    uniq, inv = unique_rows(keys)
+    assert uniq.tolist() == [[1, 2], [3, 4]] and inv.tolist() == [0, 1, 0]
 
 
 def test_quiet_api_filter_selects_query_calls_only():

@@ -368,3 +368,17 @@ def test_deadline_ends_the_whole_process_tree(tmp_path: Path):
     time.sleep(0.5)
     assert gone(kid)
     assert kid not in _descendants(os.getpid())
+
+
+def test_cupti_decode_flag_reaches_the_process_and_run_json(tmp_path: Path):
+    prog = tmp_path / "show.py"
+    prog.write_text("import os\nprint('decode=' + os.environ.get('TELLER_CUPTI_DECODE', '-'))\n")
+    run = tmp_path / "run"
+    p = teller("record", "-o", str(run), "--collector", "cupti", "--cupti-decode", "Deferred", "--",
+               sys.executable, str(prog), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert b"decode=deferred" in p.stdout
+    assert json.loads((run / "run.json").read_text())["collector"]["cupti_decode"] == "deferred"
+    bad = teller("record", "-o", str(tmp_path / "r2"), "--cupti-decode", "later", "--", sys.executable,
+                 str(prog), cwd=tmp_path)
+    assert bad.returncode != 0 and b"--cupti-decode" in bad.stderr

@@ -90,3 +90,20 @@ def test_step_ids_and_hook_failures_are_counted(capsys):
         runtime.hook_failed("unit.test", ValueError("boom"))
     assert runtime._hook_errors["unit.test"] == 3
     assert capsys.readouterr().err.count("hook unit.test failed (ValueError: boom)") == 1
+
+
+def test_flusher_thread_is_named_and_reported(rt):
+    import sys
+    import threading
+
+    rt.ensure_started()
+    t = rt._flusher
+    for _ in range(3000):  # the thread notes its id as it starts (no time asserted: up to 30 s)
+        if rt.flusher_tid is not None:
+            break
+        threading.Event().wait(0.01)
+    assert rt.flusher_tid is not None and rt.flusher_tid != threading.get_native_id()
+    assert rt.proc_info("running")["threads"] == {"flush": rt.flusher_tid}
+    if sys.platform.startswith("linux") and t.is_alive():
+        comm = Path(f"/proc/self/task/{rt.flusher_tid}/comm").read_text().strip()
+        assert comm == "teller-flush"

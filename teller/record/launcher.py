@@ -311,6 +311,7 @@ def record(
     drain_timeout_s: float = 5.0,
     extensions: Sequence[str] = (),
     deadline_s: float | None = None,
+    cupti_decode: str | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` under recording into ``out``; returns a summary with ``exit_code``.
 
@@ -320,6 +321,9 @@ def record(
     campaign's ``teller.inject.agent:install``). ``deadline_s``: a command still running after
     this many seconds is ended with its whole process tree (SIGTERM, then SIGKILL after
     :data:`KILL_GRACE_S`); what it recorded is kept and ``run.json`` says ``killed_by: deadline``.
+    ``cupti_decode``: when the CUPTI collector decodes its buffers (``inline``, the default, or
+    ``deferred``; ``objects``: cupti-python's record objects), passed as ``TELLER_CUPTI_DECODE``;
+    None leaves that variable as the environment has it.
     """
     command = list(command)
     if not command:
@@ -334,6 +338,14 @@ def record(
     be_backend = (be_backend or DEFAULT_BE_BACKEND).lower()
     if be_backend not in BE_BACKENDS:
         raise TellerError(f"--be-backend {be_backend!r}: expected one of {', '.join(BE_BACKENDS)}")
+    if cupti_decode is not None:
+        from teller.record.collectors.cupti import parse_decode  # numpy/pyarrow: only when asked
+
+        try:
+            parse_decode(cupti_decode)
+        except ValueError as e:
+            raise TellerError(f"--cupti-decode: {e}") from None
+        cupti_decode = cupti_decode.strip().lower()
     hooks_path = None
     if hooks is not None:
         hooks_path = str(Path(hooks).resolve())
@@ -365,6 +377,8 @@ def record(
         })
         if hooks_path:
             env["TELLER_HOOKS"] = hooks_path
+        if cupti_decode is not None:
+            env["TELLER_CUPTI_DECODE"] = cupti_decode
         if extensions:
             env[ENV_EXTENSIONS] = ",".join(extensions)
         if resolved == "cupti" and cupti_lib and not env.get("NVTX_INJECTION64_PATH"):
@@ -374,6 +388,7 @@ def record(
     settings = {"requested": collector, "resolved": resolved, "cupti_library": cupti_lib,
                 "nvtx_injection": env.get("NVTX_INJECTION64_PATH") if resolved == "cupti" else None,
                 "gpu": gpu_present(), "be_depth": be_depth, "be_backend": be_backend, "flush_s": flush_s,
+                "cupti_decode": env.get("TELLER_CUPTI_DECODE") if resolved == "cupti" else None,
                 "notes": notes}
     info = RunInfo(source="teller record", command=command,
                    engine={"requested": engine, "hooks_file": hooks_path},

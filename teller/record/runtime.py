@@ -233,6 +233,18 @@ def is_compiling() -> bool:
         return False
 
 
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread a kernel-visible name (Linux ``PR_SET_NAME``, 15 bytes); no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+    except Exception:
+        pass
+
+
 # ---------------------------------------------------------------------------------------------
 # the per-process runtime
 
@@ -274,6 +286,7 @@ class Runtime:
         self._flusher: threading.Thread | None = None
         self._prev_handlers: dict[int, Any] = {}
         self.flushes = 0
+        self.flusher_tid: int | None = None
 
     # ---- activation (sitecustomize time: light) -------------------------------------------
     def install(self) -> None:
@@ -395,6 +408,8 @@ class Runtime:
         t.start()
 
     def _flush_loop(self) -> None:
+        self.flusher_tid = threading.get_native_id()
+        _name_os_thread("teller-flush")  # so top -H and /proc/PID/task/*/comm tell it apart
         while not self._stop_evt.wait(self.flush_s):
             self.flush()
 
@@ -577,6 +592,7 @@ class Runtime:
             "node": self.node,
             "rank": self.rank,
             "thread_count": threading.active_count(),
+            "threads": {"flush": self.flusher_tid},
             "status": status,
             "start_wall_ns": self.start_wall_ns,
             "update_wall_ns": time.time_ns(),

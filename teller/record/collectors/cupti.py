@@ -17,6 +17,14 @@ NVTX ranges arrive as MARKER records when ``NVTX_INJECTION64_PATH`` points at li
 launcher sets it): a start record (flags 2) carries the message, an end record (flags 4) the same
 id; they are paired here, across buffers, into RANGE events whose ``tid`` is the pushing thread.
 
+Decoding runs in CUPTI's buffer-completed callback (``inline``, the default) or, with
+``TELLER_CUPTI_DECODE=deferred``, after the run: the callback then copies the buffer aside
+(:class:`PendingBuffers`) and :meth:`CuptiCollector.stop` decodes the copies (kernel and marker
+names are read then through the pointers in the records, which CUPTI keeps in the process, as
+Kineto reads them after a session; the clock anchors taken at every buffer bracket the records
+as they would inline). What a crash loses in each mode is in
+:class:`CuptiCollector`'s docstring.
+
 The decode logic (:class:`RecordDecoder`) does not import CUPTI, so it is tested on synthetic
 records on machines without a GPU. :class:`CuptiCollector` never raises into the engine: a missing
 ``cupti`` module, a CUPTI error or a decode bug lands in ``info()["errors"]`` and the collector
@@ -135,11 +143,42 @@ def _const_dict(value: str, n: int) -> pa.DictionaryArray:
     return _dict_array(np.zeros(n, np.int32), [value])
 
 
+#: odd 64-bit multipliers of :func:`unique_rows`'s row hash, one per column (wrapping arithmetic)
+_ROW_MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                      0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x27D4EB2F165667C5, 0x94D049BB133111EB,
+                      0xBF58476D1CE4E5B9, 0x2545F4914F6CDD1D, 0x9FB21C651E98DF25, 0x5851F42D4C957F2D],
+                     dtype=np.uint64)
+
+
+def unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of a 2-D integer array and, per row, the index of its distinct row.
+
+    The same sets as ``np.unique(keys, axis=0, return_inverse=True)`` (the distinct rows may come
+    in another order), through one 64-bit hash per row and a sort of the hashes, which is several
+    times faster than numpy's row sort; a hash shared by two different rows is detected and the
+    call falls back to ``np.unique``.
+    """
+    keys = np.asarray(keys)
+    n, m = keys.shape
+    if n == 0 or m > len(_ROW_MULT):
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    with np.errstate(over="ignore"):
+        h = (keys.astype(np.int64).view(np.uint64) * _ROW_MULT[:m]).sum(axis=1, dtype=np.uint64)
+    hu, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    uniq = keys[first]
+    if not np.array_equal(uniq[inv], keys):  # two rows share a hash: the exact way
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        return uniq, inv.reshape(-1)
+    return uniq, inv
+
+
 def _unique_json(keys: np.ndarray, make: Callable[[tuple], str | None]) -> pa.Array:
     """``args`` for rows whose JSON depends only on a few integer columns: built once per distinct row."""
     if len(keys) == 0:
         return pa.array([], pa.string())
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    uniq, inv = unique_rows(keys)
     texts = [make(tuple(int(v) for v in row)) for row in uniq]
     return pa.array(texts, pa.string()).take(pa.array(inv.reshape(-1).astype(np.int32)))
 
@@ -705,6 +744,78 @@ class RawBuffers:
 
 
 # ----------------------------------------------------------------------------------------------
+# deferred decoding: completed buffers copied aside, decoded at stop (or when too many are held)
+
+#: ``TELLER_CUPTI_DECODE`` values: where raw buffers are decoded, or cupti-python's objects
+DECODE_CHOICES = ("inline", "deferred", "objects")
+#: raw bytes held for deferred decoding before the oldest buffers are decoded as they come
+#: (``TELLER_CUPTI_PENDING_MB``)
+DEFAULT_PENDING_MB = 256.0
+
+
+def parse_decode(value: str | None) -> tuple[str, str]:
+    """``TELLER_CUPTI_DECODE`` → (record path, when): ``inline``/``raw`` → (raw, inline),
+    ``deferred`` → (raw, deferred), ``objects`` → (objects, inline)."""
+    v = (value or "inline").strip().lower()
+    if v in ("", "inline", "raw"):
+        return "raw", "inline"
+    if v == "deferred":
+        return "raw", "deferred"
+    if v == "objects":
+        return "objects", "inline"
+    raise ValueError(f"CUPTI decode {value!r}: expected one of {', '.join(DECODE_CHOICES)}")
+
+
+class PendingBuffers:
+    """Copies of completed raw activity buffers, held in arrival order until they are decoded.
+
+    ``add`` copies ``buf[:valid]`` (one memcpy; CUPTI gets its buffer back at once) and returns
+    the copies that must be decoded now, oldest first, so that the bytes held stay at most
+    ``cap_bytes`` (one buffer is always held, whatever its size). ``take`` hands over everything
+    held. Nothing here decodes, so the order and bounds are tested without CUPTI.
+    """
+
+    def __init__(self, cap_bytes: int) -> None:
+        self.cap_bytes = max(0, int(cap_bytes))
+        self._held: list[np.ndarray] = []
+        self.bytes = 0
+        self.peak_bytes = 0
+        self.buffers_in = 0
+        self.bytes_in = 0
+        self.released_early = 0  # buffers handed back by add() (decoded before stop)
+        self.copy_ns = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def add(self, buf: np.ndarray, valid: int) -> list[np.ndarray]:
+        t0 = time.perf_counter_ns()
+        arr = np.array(buf[:valid], dtype=np.uint8, copy=True)
+        self.copy_ns += time.perf_counter_ns() - t0
+        self._held.append(arr)
+        self.bytes += arr.nbytes
+        self.buffers_in += 1
+        self.bytes_in += arr.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        out: list[np.ndarray] = []
+        while self.bytes > self.cap_bytes and len(self._held) > 1:
+            old = self._held.pop(0)
+            self.bytes -= old.nbytes
+            out.append(old)
+        self.released_early += len(out)
+        return out
+
+    def take(self) -> list[np.ndarray]:
+        out, self._held, self.bytes = self._held, [], 0
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"cap_bytes": self.cap_bytes, "held_bytes": self.bytes, "held_buffers": len(self._held),
+                "peak_bytes": self.peak_bytes, "buffers_in": self.buffers_in, "bytes_in": self.bytes_in,
+                "decoded_before_stop": self.released_early, "copy_s": self.copy_ns / 1e9}
+
+
+# ----------------------------------------------------------------------------------------------
 # the collector
 
 
@@ -719,9 +830,22 @@ class CuptiCollector:
 
     ``kinds``: activity kinds to enable (default :data:`DEFAULT_KINDS`, or ``TELLER_CUPTI_KINDS``);
     ``buffer_bytes``: size of each activity buffer (``TELLER_CUPTI_BUFFER_MB``, default 4);
-    ``decode``: ``raw`` reads records straight from CUPTI's buffers (default), ``objects`` takes
-    the Python objects cupti-python builds per record (slower; also the fallback when raw setup
-    fails) (``TELLER_CUPTI_DECODE``); ``api_filter``: leave out the query calls of
+    ``decode`` (``TELLER_CUPTI_DECODE``, ``teller record --cupti-decode``): ``inline`` (default;
+    ``raw`` is the same) reads records straight from CUPTI's buffers in the buffer-completed
+    callback; ``deferred`` only copies each completed buffer there (one memcpy, plus the clock
+    anchor taken as inline) and decodes the copies at :meth:`stop`, after the final flush, and
+    earlier only for the oldest copies once more than ``pending_mb`` (``TELLER_CUPTI_PENDING_MB``,
+    default 256) are held, so memory stays bounded and a long recording decodes, past the cap, one
+    buffer per buffer like inline; ``objects`` takes the Python objects cupti-python builds per
+    record (slower; also the fallback when raw setup fails, then always inline).
+    What a crash loses: the event sink writes what was decoded at every flush (``--flush-interval``,
+    2 s), so inline decoding loses at most the last interval's records on a SIGKILL. Deferred
+    decoding on a SIGKILL loses every CUPTI record still held (all of them on a recording shorter
+    than the cap: at an estimated ~140 kB of raw buffers per step of the bundled GPU workload,
+    256 MiB is about 1,900 steps), while the hooks' ranges and the logs are kept as inline;
+    exit, SIGTERM and SIGINT decode everything first (a launcher deadline's SIGKILL follows its
+    SIGTERM after 10 s: a longer decode at stop is cut and loses what was held).
+    ``api_filter``: leave out the query calls of
     :data:`QUIET_APIS` (``TELLER_CUPTI_API_FILTER=0`` records them); ``runtime``: the recording
     runtime, whose range backend becomes NVTX with ``TELLER_CUPTI_RANGES=nvtx``.
     """
@@ -729,12 +853,26 @@ class CuptiCollector:
     name = "cupti"
 
     def __init__(self, kinds: Iterable[str] | None = None, buffer_bytes: int | None = None,
-                 decode: str | None = None, api_filter: bool | None = None, runtime: Any = None) -> None:
+                 decode: str | None = None, api_filter: bool | None = None, runtime: Any = None,
+                 pending_mb: float | None = None) -> None:
         self.rt = runtime
         self.kinds = tuple(k.upper() for k in kinds) if kinds is not None else _env_kinds()
         mb = os.environ.get("TELLER_CUPTI_BUFFER_MB")
         self.buffer_bytes = int(buffer_bytes or (float(mb) * 2**20 if mb else 4 * 2**20))
-        self.decode_mode = (decode or os.environ.get("TELLER_CUPTI_DECODE", "raw")).lower()
+        self.errors: list[str] = []
+        try:
+            self.decode_mode, self.decode_at = parse_decode(decode or os.environ.get("TELLER_CUPTI_DECODE"))
+        except ValueError as e:
+            self.decode_mode, self.decode_at = "raw", "inline"
+            self._error(f"{e}; decoding inline")
+        if pending_mb is None:
+            try:
+                pending_mb = float(os.environ.get("TELLER_CUPTI_PENDING_MB") or DEFAULT_PENDING_MB)
+            except ValueError:
+                pending_mb = DEFAULT_PENDING_MB
+        self.pending = PendingBuffers(int(pending_mb * 2**20)) if self.decode_at == "deferred" else None
+        self.stop_decode_ns = 0
+        self.stop_decode_cpu_ns = 0
         self.api_filter = (os.environ.get("TELLER_CUPTI_API_FILTER", "1") not in ("0", "false", "no")
                            if api_filter is None else api_filter)
         # where the hooks' ranges go: "cpu" (TELLER's range recorder, default) or "nvtx"
@@ -753,7 +891,6 @@ class CuptiCollector:
         self._stopped = False
         self.available = False
         self.reason = ""
-        self.errors: list[str] = []
         self.buffers = 0
         self.records = 0
         self.lost_records = 0
@@ -763,6 +900,7 @@ class CuptiCollector:
         self.clock_source = ""
         self.quiet_apis = 0
         self.callback_ns = 0
+        self.callback_tids: list[int] = []
         self.skipped_bytes = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -829,7 +967,8 @@ class CuptiCollector:
             self._error(f"flush: {type(e).__name__}: {e}")
 
     def stop(self) -> None:
-        """Force-flush every buffer, close open NVTX ranges, disable CUPTI; idempotent."""
+        """Force-flush every buffer, decode the buffers held (deferred decoding), close open NVTX
+        ranges, disable CUPTI; idempotent."""
         if self._stopped or self._cupti is None:
             self._stopped = True
             return
@@ -842,6 +981,7 @@ class CuptiCollector:
                 self._error(f"final flush: {type(e).__name__}: {e}")
             self._read_dropped()
         self._disable()
+        self.decode_pending()
         try:
             with self._lock:
                 cols = self.decoder.close_open_ranges() if self.decoder else None
@@ -849,6 +989,17 @@ class CuptiCollector:
                 self.sink.append(cols)
         except Exception as e:
             self._error(f"closing open ranges: {type(e).__name__}: {e}")
+
+    def decode_pending(self) -> None:
+        """Decode every buffer held for deferred decoding, oldest first (stop() calls it; idempotent)."""
+        if self.pending is None or not len(self.pending):
+            return
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        with self._lock:
+            for arr in self.pending.take():
+                self._decode_buffer(arr, len(arr))
+        self.stop_decode_ns += time.perf_counter_ns() - t0
+        self.stop_decode_cpu_ns += time.thread_time_ns() - c0
 
     def info(self) -> dict[str, Any]:
         d = self.decoder
@@ -861,6 +1012,11 @@ class CuptiCollector:
             "reason": self.reason,
             "kinds": list(self.kinds),
             "decode": self.decode_mode + (" (skipped: overhead study)" if self.skip_decode else ""),
+            "decode_at": self.decode_at,
+            "deferred": ({**self.pending.info(), "stop_decode_s": self.stop_decode_ns / 1e9,
+                          "stop_decode_cpu_s": self.stop_decode_cpu_ns / 1e9}
+                         if self.pending is not None else None),
+            "callback_tids": list(self.callback_tids),
             "ranges": self.ranges,
             "undecoded_bytes": self.skipped_bytes,
             "api_filter": {"on": self.api_filter, "quiet_cbids": self.quiet_apis},
@@ -901,6 +1057,9 @@ class CuptiCollector:
                 self._error(f"raw decoding unavailable ({type(e).__name__}: {e}); using cupti-python objects")
                 self._raw = None
         self.decode_mode = "objects"
+        if self.pending is not None:
+            self._error("deferred decoding needs raw buffers; cupti-python's objects are decoded inline")
+            self.decode_at, self.pending = "inline", None
         self.decoder = RecordDecoder(values, api_name, self.clockmap)
         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
 
@@ -950,6 +1109,7 @@ class CuptiCollector:
 
     def _buffer_completed(self, activities: list) -> None:
         t0 = time.perf_counter_ns()
+        self._note_thread()
         try:
             n = len(activities)
             with self._lock:
@@ -970,7 +1130,9 @@ class CuptiCollector:
         self.callback_ns += time.perf_counter_ns() - t0
 
     def _raw_completed(self, buf: np.ndarray, valid: int) -> None:
+        """A completed raw buffer: decoded now (inline) or copied aside (deferred)."""
         t0 = time.perf_counter_ns()
+        self._note_thread()
         if self.skip_decode:
             self.buffers += 1
             self.skipped_bytes += valid
@@ -978,18 +1140,36 @@ class CuptiCollector:
         try:
             with self._lock:
                 self.buffers += 1
-                before = sum(self.decoder.records_in.values())
                 self._anchor()
-                try:
-                    groups = self.decoder.decode_raw(buf, valid)
-                finally:
-                    self.records += sum(self.decoder.records_in.values()) - before
+                if self.pending is None:
+                    self._decode_buffer(buf, valid)
+                else:
+                    for old in self.pending.add(buf, valid):
+                        self._decode_buffer(old, len(old))
+        except Exception as e:
+            self.lost_buffers += 1
+            self._error(f"buffer: {type(e).__name__}: {e}")
+        self.callback_ns += time.perf_counter_ns() - t0
+
+    def _decode_buffer(self, buf: np.ndarray, valid: int) -> None:
+        """Decode one raw buffer into the sink (caller holds the lock); a bad buffer is counted lost."""
+        try:
+            before = sum(self.decoder.records_in.values())
+            try:
+                groups = self.decoder.decode_raw(buf, valid)
+            finally:
+                self.records += sum(self.decoder.records_in.values()) - before
             for cols in groups:
                 self.sink.append(cols)
         except Exception as e:
             self.lost_buffers += 1
             self._error(f"decode: {type(e).__name__}: {e}")
-        self.callback_ns += time.perf_counter_ns() - t0
+
+    def _note_thread(self) -> None:
+        if len(self.callback_tids) < 8:
+            tid = threading.get_native_id()
+            if tid not in self.callback_tids:
+                self.callback_tids.append(tid)
 
     # -- helpers --------------------------------------------------------------------------------
 
