@@ -43,6 +43,9 @@ The reference is the normal train steps without warm-up steps, as ``teller diagn
 out (``iterations.parquet``'s ``warmup`` column where the dataset has one, else the labeller's rule;
 ``--keep-warmup`` keeps them). Reference variants (``reference_variants`` in the JSON;
 ``--no-variants`` skips them): with warm-up steps, outside fault windows, fault-free runs only.
+``fault_free_held_out_runs`` (also skipped by ``--no-variants``): each fault-free run scored against a
+fit on the other fault-free runs of its deployment shape, under the default step rule and the rule
+before it (:data:`HELD_OUT_RULES`): the normal steps flagged where no fault and no label is involved.
 
 Predictions per step: flagged or not (the step score reaches ``step_threshold``) and, when
 flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evaluate`` reads a
@@ -237,12 +240,13 @@ def _mask_rows(inst: Instances, steps: np.ndarray) -> np.ndarray:
 
 
 def run_protocol(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fit_steps: np.ndarray,
-                 test_steps: np.ndarray) -> dict[str, Any]:
+                 test_steps: np.ndarray, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fit on ``fit_steps``, localize ``test_steps``; per step the flag, the candidate families and
-    the candidates lifted to label granularity (the suspects' :func:`lifted_families`)."""
+    the candidates lifted to label granularity (the suspects' :func:`lifted_families`).
+    ``params``: ``GMMLocalizer`` hyper-parameters (default: its defaults)."""
     t0 = time.perf_counter()
     fit_rows = _mask_rows(inst, fit_steps)
-    est = GMMLocalizer().fit(inst.X[fit_rows], families=inst.family_of()[fit_rows], groups=inst.step[fit_rows],
+    est = GMMLocalizer(**(params or {})).fit(inst.X[fit_rows], families=inst.family_of()[fit_rows], groups=inst.step[fit_rows],
                              batch=None if inst.batch is None else inst.batch[fit_rows])
     t_fit = time.perf_counter() - t0
     ref = localize(est, inst.subset(fit_rows))  # in-sample flag rate (fit_localizer's reference_steps_flagged)
@@ -291,6 +295,36 @@ def run_groups(steps: dict[str, Any], inst: Instances, lifted: np.ndarray,
         for k in ("fit", "localize"):
             out["seconds"][k] = round(out["seconds"][k] + r["seconds"][k], 2)
         out["groups"].append({"fit_steps": r["fit_steps"], "test_steps": int(test_steps.sum())})
+    return out
+
+
+#: step rules compared on held-out fault-free runs (:func:`reference_held_out`)
+HELD_OUT_RULES = {"default (k-th instance, min_instances 2)": {},
+                  "top-quantile mean (the rule before)": {"min_instances": 1, "aggregate": "mean"}}
+
+
+def reference_held_out(steps: dict[str, Any], inst: Instances, lifted: np.ndarray, fault_free: np.ndarray,
+                       par: np.ndarray, ref: np.ndarray) -> dict[str, Any]:
+    """Normal steps flagged in a fault-free run never seen by the fit: per deployment shape, each
+    fault-free run scored against a fit on the shape's other fault-free runs (``ref``: the steps a
+    reference may hold, warm-up out), for each rule of :data:`HELD_OUT_RULES`. No faulty run and
+    no label is involved: this is what the stage does to normal operation recorded apart."""
+    out = {}
+    codes = steps["run_code"]
+    for name, params in HELD_OUT_RULES.items():
+        per_run, tot, fl = {}, 0, 0
+        for p in np.unique(par[fault_free]).tolist():
+            shape = fault_free & (par == p)
+            for c in np.unique(codes[shape]).tolist():
+                test = shape & ref & (codes == c)
+                fit = shape & ref & (codes != c)
+                if not fit.any() or not test.any():
+                    continue
+                r = run_protocol(steps, inst, lifted, fit, test, params)
+                k, n = int((r["flag"] & test).sum()), int(test.sum())
+                per_run[str(steps["runs"][c])] = {"flagged": k, "steps": n}
+                tot, fl = tot + n, fl + k
+        out[name] = {"params": params, "flagged": fl, "steps": tot, "rate": fl / max(tot, 1), "per_run": per_run}
     return out
 
 
@@ -465,6 +499,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if is_main and rname == base_name:
                 main_rows[pname] = summarize(pname, steps, test, r)
             variants.append({"reference": rname, **summarize(pname, steps, test, r, detail=False)})
+    held_out = None if a.no_variants else reference_held_out(steps, inst, lifted, fault_free, par, base)
     out = {
         "dataset": str(ds.relative_to(ROOT) if ds.is_relative_to(ROOT) else ds),
         "view": "vertical",
@@ -479,6 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "instances": info,
         "protocols": main_rows,
         "reference_variants": variants,
+        "fault_free_held_out_runs": held_out,
         "seconds": {"steps": round(t_steps, 2), "total_wall": round(time.perf_counter() - w0, 1),
                     "total_cpu": round(time.process_time() - c0, 1)},
         "peak_rss_mib": round(_peak_mib(), 0),
@@ -495,6 +531,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{ol['macro_plus_f1']:.2f} | " + " ".join(f"{k[:4]} {x:.2f}" for k, x in v["recall_per_category"].items()))
     for v in main_rows.values():
         print(f"{v['protocol']}: per mechanism recall " + ", ".join(f"{k} {x['flagged']}/{x['abnormal']}" for k, x in v["per_mechanism"].items()))
+    for k, v in (held_out or {}).items():
+        print(f"fault-free runs held out, {k}: {v['flagged']}/{v['steps']} normal steps flagged ({v['rate']:.3f}) "
+              + ", ".join(f"{r} {x['flagged']}/{x['steps']}" for r, x in v["per_run"].items()))
     print(f"total {out['seconds']['total_wall']} s wall, {out['seconds']['total_cpu']} s CPU, peak RSS {out['peak_rss_mib']:.0f} MiB -> {out_path}")
     return out
 
