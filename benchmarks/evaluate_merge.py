@@ -10,8 +10,10 @@ trained), every row marked with the run it comes from:
         benchmarks/results/evaluate_rca_ablations_h200_v2.json
 
 A source is ``PATH[#KEY][=METHOD,...]``: the results JSON (``KEY``: the entry of a file holding
-several), and optionally the methods taken from it. Later sources add rows, and replace the row
-of a method an earlier source has (an error row included). Blocks must agree on their split,
+several), and optionally the methods taken from it; ``OLD:NEW`` takes the rows of method ``OLD``
+as method ``NEW`` (a model row measured before its method was renamed). Later sources add rows,
+and replace the row of a method an earlier source has (an error row included). Every row's
+label, kind and features are those of its method in the current code. Blocks must agree on their split,
 view, seed and test steps (checked). Writes ``results.md`` and the plots into ``-o`` with
 `teller evaluate`'s own writer, and the merged JSON.
 """
@@ -27,16 +29,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def read_source(spec: str) -> tuple[dict, list[str] | None, str]:
+def read_source(spec: str) -> tuple[dict, dict[str, str] | None, str]:
+    """The results, ``{method in the file: method in the merge}`` (None: every method as it is)
+    and the spec."""
     path, _, methods = spec.partition("=")
     path, _, key = path.partition("#")
     res = json.loads(Path(path).read_text())
     if key:
         res = res[key]
-    return res, [m for m in methods.split(",") if m] or None, spec
+    names = dict((m.partition(":")[0], m.partition(":")[2] or m.partition(":")[0]) for m in methods.split(",") if m)
+    return res, names or None, spec
 
 
-def merge(sources: list[tuple[dict, list[str] | None, str]]) -> dict:
+def _current(row: dict) -> dict:
+    """The row with its method's label, kind and features as the current code describes them."""
+    from teller.baselines import REGISTRY, make
+
+    if row["method"] not in REGISTRY:
+        return row
+    m = make(row["method"])  # a factory of some methods, so an instance
+    return {**row, "label": m.label, "kind": m.kind, "features": m.features}
+
+
+def merge(sources: list[tuple[dict, dict[str, str] | None, str]]) -> dict:
     blocks: dict[tuple[str, str], dict] = {}
     order: list[tuple[str, str]] = []
     listed = []
@@ -61,7 +76,8 @@ def merge(sources: list[tuple[dict, list[str] | None, str]]) -> dict:
             for r in b["methods"]:
                 if methods is not None and r["method"] not in methods:
                     continue
-                r = {**r, "source": n, "fit_on": f"{r['fit_on']} [source {n}]"}
+                r = _current({**r, "method": methods[r["method"]] if methods else r["method"], "source": n,
+                              "fit_on": f"{r['fit_on']} [source {n}]"})
                 at = [k for k, x in enumerate(base["methods"]) if x["method"] == r["method"]]
                 if at:  # replaced in place
                     base["methods"][at[0]] = r

@@ -43,7 +43,7 @@ def main() -> int:
     t0 = time.perf_counter()
     m = load(a.model or DEFAULT_MODEL)
     split = a.split or m.meta.get("training", {}).get("split", "request")
-    ds = load_dataset(a.ds)
+    ds = load_dataset(a.ds, unit=m.cfg.unit)  # serialized as the model reads its units
     idx = ds.units.part(split, "test")
     idx = idx[ds.units.is_anomaly[idx]]
     prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)

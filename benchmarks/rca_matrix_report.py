@@ -6,8 +6,9 @@
 prints, as markdown: the modality ablations and the prompt-style baseline per split (test part of
 that split, ``all`` / vertical / horizontal units), the TPE vocabulary sweep (per-step length
 reduction of the test steps against step F1, operator Macro₊ F1 and fault-type macro-F1, per
-seed and their mean), and the `teller evaluate` rows of the models beside the best baseline of
-``benchmarks/results/evaluate_h200_v2.json``; writes the trade-off plot (PNG).
+seed and their mean), the unit of the model (the STEP subtree against the whole engine iteration,
+at 256 and 512 trace tokens), and the `teller evaluate` rows of the models beside the best
+baseline of ``benchmarks/results/evaluate_h200_v2.json``; writes the trade-off plot (PNG).
 """
 
 from __future__ import annotations
@@ -99,6 +100,61 @@ def tpe_table(rows: list[dict]) -> str:
         lines.append(f"| {r['vocab']} / {r['trace_vocab']} | {r['seed']} | {r['nodes_per_step']:.0f} | {r['tokens_per_step']:.0f} | "
                      f"{100 * r['length_reduction']:.1f}% | {100 * r['truncated_share']:.1f}% | {_f(v[0])} / {_f(h[0])} | "
                      f"{_f(v[1])} / {_f(h[1])} | {_f(v[2])} / {_f(h[2])} |")
+    return "\n".join(lines)
+
+
+UNIT_ROWS = (("STEP subtree, 256 tokens", "mot_{s}"), ("engine iteration, 256 tokens", "it_{s}"),
+             ("engine iteration, 512 tokens", "it512_{s}"))
+
+
+def unit_table(by_seed: dict[int, dict[str, dict]]) -> str:
+    """What a unit's trace holds (``RCAConfig.unit``) and how many of its tokens are read, per
+    split, on the split's test part (seed 0)."""
+    lines = ["| split | unit, trace tokens read | tokens per unit (before the cut) | units cut | step F1 all / vert / horiz "
+             "| fault-type macro-F1 all / vert / horiz | op Macro₊ F1 all / vert / horiz |",
+             "|---|---|---:|---:|---|---|---|"]
+    jobs = by_seed.get(0, {})
+    for split in ("request", "run", "mechanism", "workload"):
+        for label, job in UNIT_ROWS:
+            j = jobs.get("mot_request" if job == "mot_{s}" and split == "request" else job.format(s=split))
+            if j is None:
+                continue
+            t = j.get("tpe") or {}
+            cells = [metrics(j, v) for v in ("all", "vertical", "horizontal")]
+            lines.append(f"| {split} | {label} | {t.get('tokens_per_step', float('nan')):.0f} | "
+                         f"{100 * t.get('truncated_share', float('nan')):.1f}% | "
+                         + " | ".join(" / ".join(_f(c[k]) for c in cells) for k in range(3)) + " |")
+    return "\n".join(lines)
+
+
+def unit_evaluate_table(step: dict, iteration: dict, baselines: dict) -> str:
+    """``teller evaluate`` rows of the MoT models of both units, beside the best baseline on each
+    metric (cells: step F1 / op Macro₊ F1 / fault-type macro-F1)."""
+    def index(res: dict) -> dict:
+        return {(b["split"], b["view"], r["method"]): r for b in res["results"] for r in b.get("methods", []) if "error" not in r}
+
+    st, it, base = index(step), index(iteration), index(baselines)
+    counts = {(b["split"], b["view"]): (b["test_steps"], b["test_abnormal"]) for b in iteration["results"] if "methods" in b}
+
+    def trio(r: dict | None) -> str:
+        if r is None:
+            return "–"
+        return f"{r['step']['f1']:.3f} / {r['operator']['macro_plus_f1']:.3f} / {r['fault_type']['macro_f1']:.3f}"
+
+    lines = ["| split, view | test steps (abnormal) | MoT, engine iteration | MoT, STEP subtree | best baseline step F1 "
+             "| best baseline op Macro₊ | best baseline fault macro-F1 |", "|---|---:|---|---|---|---|---|"]
+    for view in ("vertical", "horizontal"):
+        for split in ("request", "run", "mechanism", "workload"):
+            others = [r for k, r in base.items() if k[:2] == (split, view) and not k[2].startswith("teller")]
+            cells = []
+            for get in (lambda r: r["step"]["f1"], lambda r: (r.get("operator") or {}).get("macro_plus_f1"),
+                        lambda r: (r.get("fault_type") or {}).get("macro_f1")):
+                rows = [r for r in others if get(r) is not None]
+                b = max(rows, key=get) if rows else None
+                cells.append(f"{get(b):.3f} ({b['label']})" if b else "–")
+            n, a = counts.get((split, view), (0, 0))
+            lines.append(f"| {split}, {view} | {n:,} ({a}) | {trio(it.get((split, view, 'teller_mot')))} | "
+                         f"{trio(st.get((split, view, 'teller_mot')))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -206,6 +262,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--matrix", type=Path, default=RESULTS / "rca_matrix_h200_v2.json")
     ap.add_argument("--evaluate", type=Path, default=RESULTS / "evaluate_rca_h200_v2.json")
+    ap.add_argument("--evaluate-iteration", type=Path, default=RESULTS / "evaluate_rca_iteration_h200_v2.json")
     ap.add_argument("--baselines", type=Path, default=RESULTS / "evaluate_h200_v2.json")
     ap.add_argument("--plot", type=Path, default=None)
     a = ap.parse_args()
@@ -215,6 +272,11 @@ def main() -> int:
     rows = tpe_rows(by_seed)
     print("\n## TPE vocabulary sweep (request split, MoT)\n")
     print(tpe_table(rows))
+    print("\n## The unit: STEP subtree or engine iteration (MoT, seed 0)\n")
+    print(unit_table(by_seed))
+    print("\n## teller evaluate rows of the MoT models of both units\n")
+    print(unit_evaluate_table(json.loads(a.evaluate.read_text())["mot"], json.loads(a.evaluate_iteration.read_text()),
+                              json.loads(a.baselines.read_text())))
     print("\n## teller evaluate rows of the models\n")
     print(evaluate_table(json.loads(a.evaluate.read_text()), json.loads(a.baselines.read_text())))
     print("\n## Low priors\n")

@@ -45,9 +45,10 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
     (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
     in_window = [s for s in typed if s["start_ns"] < win["end_tau_ns"] and s["end_ns"] > win["start_tau_ns"]]
+    inside = [s for s in in_window if s["start_ns"] >= win["start_tau_ns"] and s["end_ns"] <= win["end_tau_ns"]]
     outside = [s for s in typed if s not in in_window]
-    # the steps the delay slowed are typed kernel at the MLP; few typed steps lie outside the window
-    assert len(in_window) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
+    # the steps the delay slowed are typed kernel; few typed steps lie outside the window
+    assert len(inside) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
     assert 2 * len(outside) < len(in_window)
     forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id"])
     step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
@@ -61,7 +62,7 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
         e = s["explanation"]
         assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
         assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e and "measured:" in e
-    for s in in_window:
+    for s in inside:  # a step the window opens in the middle of may be slow for other reasons too
         assert "LlamaMLP" in " ".join(s["evidence_families"]) and s["explanation"].startswith("CUDA/kernel fault")
     json.dumps(res)  # JSON-safe
 
@@ -85,8 +86,9 @@ def test_a_workload_the_model_never_saw_is_marked_low_confidence(diag, tmp_path)
     assert flagged and all(s["model_unknown_share"] > 0.5 and s["model_off_distribution"] for s in flagged)
     con = Console(record=True, width=400)
     print_verdicts(other, con)
-    assert any(s.get("fault_type") and not s.get("model_says_normal") for s in flagged)  # it still guesses a type
-    assert "low confidence" in con.export_text()
+    text = con.export_text()  # every verdict on these steps, typed or normal, is marked
+    verdicts = [line for line in text.splitlines() if line.strip().startswith("step ")]
+    assert len(verdicts) == len(flagged) and all("low confidence" in line for line in verdicts)
     assert "low confidence" in (tmp_path / "o" / "report.html").read_text()
 
 

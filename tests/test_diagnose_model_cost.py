@@ -155,6 +155,7 @@ def test_the_steps_own_rows_encode_as_the_whole_forest(numeric):
 
     diag, d = numeric
     m = load(DEFAULT_MODEL)
+    m.cfg.unit = "step"  # a model of STEP subtrees (the shipped one reads iterations: the next test)
     table = Forest.read(d / RUN).table
     ids = [x["node_id"] for x in diag["steps"] if x["flag"]]
     size, sub = _step_blocks(table, ids)
@@ -177,7 +178,7 @@ def test_iteration_rows_beside_the_steps_encode_as_the_whole_forest(numeric):
 
     diag, d = numeric
     m = load(DEFAULT_MODEL)
-    m.cfg.unit = "iteration"
+    assert m.cfg.unit == "iteration"  # the shipped model
     table = Forest.read(d / RUN).table
     ids = [x["node_id"] for x in diag["steps"] if x["flag"]]
     size, sub = _step_blocks(table, ids, iteration=True)

@@ -580,10 +580,20 @@ def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_
     # a model of the engine iteration reads the dataset serialized as iterations
     train(named, models / "it", variant="mot", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
           log=lambda m: None, unit="iteration")
-    mi = make("teller_mot").fit(steps, np.flatnonzero(train_mask))
+    with pytest.raises(ValueError, match="no mot model \\(inputs trace\\+log, unit step"):
+        make("teller_mot_step").fit(steps, np.flatnonzero(train_mask))  # the unit ablation needs its own model
+    train(named, models / "st", variant="mot", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
+          log=lambda m: None)
+    mi = make("teller_mot").fit(steps, np.flatnonzero(train_mask))  # the iteration model, beside a step one
     assert Path(mi.model_path_) == models / "it" and mi.model_.cfg.unit == "iteration"
     assert mi.predict(steps, np.flatnonzero(test)).score.shape == (int(test.sum()),)
     assert set(steps.extra["rca_datasets"]) == {"step", "iteration"}
+    ms = make("teller_mot_step").fit(steps, np.flatnonzero(train_mask))
+    assert Path(ms.model_path_) == models / "st" and ms.model_.cfg.unit == "step"
+    wrong = make("teller_mot_step")
+    wrong.model = models / "it"
+    with pytest.raises(ValueError, match="reads iteration units, the row 'teller_mot_step' scores step units"):
+        wrong.fit(steps, np.flatnonzero(train_mask))
     steps.extra["split"] = "run"
     with pytest.raises(ValueError, match="no single model"):
         make("teller_single").fit(steps, np.flatnonzero(train_mask))

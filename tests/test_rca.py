@@ -284,3 +284,47 @@ def test_no_merges_gives_one_token_per_node(ds):
         sizes[v] = (int(inp.full_tokens.sum()), int(nodes.sum()))
     assert sizes[0][0] == sizes[0][1]  # no merges: a token per node
     assert sizes[400][0] < 0.8 * sizes[400][1]  # merges compress the same steps
+
+
+def test_operator_threshold_is_chosen_on_held_out_units_and_moves_only_the_operators(trained, ds, tmp_path):
+    """Training ends by choosing the operator head's threshold on the val part (the grid's best
+    Macro₊ there, recomputed here by hand); predictions use it, and changing it changes which
+    operators a flagged step names, never its flag or type."""
+    import shutil
+
+    from teller.rca import load
+    from teller.rca.metrics import operator_metrics
+    from teller.rca.train import OP_THRESHOLDS, calibrate_operators, evaluate, prepare_units
+
+    out, _ = trained
+    m = load(out)
+    cal = m.meta["calibration"]  # written by train()
+    assert cal["part"] == "val" and cal["split"] == "request" and cal["op_threshold"] in OP_THRESHOLDS
+    assert [r["threshold"] for r in cal["grid"]] == list(OP_THRESHOLDS) and m.op_threshold == cal["op_threshold"]
+    idx = ds.units.part("request", "val")
+    u = ds.units.select(idx)
+    truth = [set(o) if a else set() for o, a in zip(u.operator_labels, u.is_anomaly, strict=True)]
+    prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+    for r in cal["grid"]:  # each row is the Macro₊ of predict()'s own operator sets at that threshold
+        m.meta["calibration"] = {"op_threshold": r["threshold"]}
+        pred = m.predict(prep, explain=False)
+        got = operator_metrics(truth, [set(p["evidence_operators"]) if p["abnormal"] else set() for p in pred])
+        assert got["macro_plus_f1"] == pytest.approx(r["macro_plus_f1"], abs=1e-6)
+    assert cal["macro_plus_f1"] == max(r["macro_plus_f1"] for r in cal["grid"])
+    assert calibrate_operators(load(out), ds, "request", "val") == cal  # deterministic
+    # thresholds above / below every logit (saved, read back): flags and types unchanged
+    base, _, _ = evaluate(load(out), ds, "request", "train", explain=False)
+    for name, t in (("high", 1e9), ("low", -1e9)):
+        copy = tmp_path / name
+        shutil.copytree(out, copy)
+        load(copy).save_config(copy, {"calibration": {**cal, "op_threshold": t}})
+        assert load(copy).op_threshold == t
+        got, _, _ = evaluate(load(copy), ds, "request", "train", explain=False)
+        assert [(p["abnormal"], p["fault_type"]) for p in got] == [(p["abnormal"], p["fault_type"]) for p in base]
+    # a unit typed abnormal names its best token's family above every logit, up to max_ops below
+    heads = m.operator_logits(prep)
+    one = [m.evidence_families(prep, i, "kernel", sc, 1e9) for i, (_, sc) in enumerate(heads)]
+    many = [m.evidence_families(prep, i, "kernel", sc, -1e9) for i, (_, sc) in enumerate(heads)]
+    assert all(len(f) == 1 for f in one) and all(1 <= len(f) <= m.cfg.max_ops for f in many)
+    assert any(len(f) > 1 for f in many) and all(a[0] in b for a, b in zip(one, many, strict=True))
+    assert all(m.evidence_families(prep, i, "", sc, -1e9) == [] for i, (_, sc) in enumerate(heads))  # normal: none

@@ -1,12 +1,16 @@
 """TELLER's root-cause models as rows of ``teller evaluate`` (``teller_mot``, ``teller_single``).
 
 The models are trained beforehand (``teller rca train DATASET --split S``, on the GPU; the package
-ships the MoT model of ``data/h200_v2``'s request split), so "fit" only finds and loads the one
+ships the MoT model of ``data/h200_v2``'s request split, reading whole engine iterations), so
+"fit" only finds and loads the one
 for the split evaluated and checks that it may be scored here: the dataset folder it was trained
 on must be this one and its split the one evaluated, otherwise the test steps could be steps it
 learnt from, and the row is an error that says so. ``teller evaluate --models DIR`` names a
 folder of trained models (one sub-folder each, any names): a row takes the one of its variant,
-inputs, split and seed; without it (or when none fits) ``teller_mot`` takes the shipped model.
+inputs, unit, split and seed; without it (or when none fits) ``teller_mot`` takes the shipped
+model. ``teller_mot`` reads engine iterations (``RCAConfig.unit`` ``iteration``: the STEP subtree
+with the iteration's schedule/update ranges and untraced gaps), ``teller_mot_step`` is the same
+model on STEP subtrees alone (the unit ablation); the other rows read STEP subtrees.
 The modality ablations (``teller_mot_trace``, ``teller_mot_log``) and the prompt-style baseline
 (``teller_prompt``: the single-stream backbone reading a text summary of the step and its log
 lines) are rows of the same kind, each taking the model trained with its ``inputs``. Predict encodes each test step from the dataset's subtrees (the whole step tree,
@@ -41,11 +45,12 @@ def _dataset_name(path: str | Path) -> str:
 class RCAModel(Method):
     label = "TELLER MoT (root-cause model)"
     kind = "teller"
-    features = "step tree (TPE) + log lines"
+    features = "engine iteration tree (TPE) + log lines"
     fit_on = "trained beforehand on the split's train steps"
 
     variant = "mot"
     inputs = "trace+log"
+    unit = "iteration"
 
     def __init__(self, seed: int = 0, model: str | Path | None = None, batch_size: int = 64):
         self.seed = seed
@@ -64,10 +69,12 @@ class RCAModel(Method):
                 continue
             c, tr = meta.get("config", {}), meta.get("training", {})
             if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
+                    and c.get("unit", "step") == self.unit
                     and tr.get("split") == split and int(tr.get("seed", -1)) == self.seed):
                 found.append(cfg.parent)
         if len(found) > 1:
-            raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, split {split}, seed {self.seed}) "
+            raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, split {split}, "
+                             f"seed {self.seed}) "
                              f"under {folder}: {', '.join(p.name for p in found)}; pass a folder that holds one")
         return found[0] if found else None
 
@@ -83,14 +90,17 @@ class RCAModel(Method):
         if path is None and steps.extra.get("rca_models"):
             path = self._find(Path(steps.extra["rca_models"]), split)
         if path is None:
-            if self.variant != "mot" or self.inputs != "trace+log":
+            if type(self) is not RCAModel:  # only teller_mot falls back on the shipped model
                 where = steps.extra.get("rca_models")
-                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, split {split}, seed {self.seed}) "
-                                 + (f"under {where}" if where else "given: pass `--models DIR`")
-                                 + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} --split {split}`")
+                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, split {split}, "
+                                 f"seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
+                                 + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} "
+                                 f"--inputs {self.inputs} --unit {self.unit} --split {split}`")
             path = DEFAULT_MODEL
         m = load(path, device=steps.extra.get("rca_device", "cpu"))
         tr = m.meta.get("training", {})
+        if m.cfg.unit != self.unit:
+            raise ValueError(f"the model at {path} reads {m.cfg.unit} units, the row {self.name!r} scores {self.unit} units")
         if tr.get("split") != split:
             raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
                              f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
@@ -148,14 +158,17 @@ class RCAModel(Method):
         return d
 
 
-#: the other model rows: (method, label, variant, inputs, features, kind)
+#: the other model rows: (method, label, variant, inputs, unit, features, kind)
 MODEL_ROWS = (
-    ("teller_single", "TELLER single-stream (root-cause model)", "single", "trace+log", "step tree (TPE) + log lines", "teller"),
-    ("teller_mot_trace", "TELLER MoT w/o log (trace only; ablation)", "mot", "trace", "step tree (TPE)", "teller"),
-    ("teller_mot_log", "TELLER MoT w/o trace (log only; ablation)", "mot", "log", "log lines", "teller"),
-    ("teller_prompt", "prompt-style (single-stream on a text summary of the step)", "single", "summary+log",
+    ("teller_mot_step", "TELLER MoT on STEP subtrees (unit ablation)", "mot", "trace+log", "step",
+     "step tree (TPE) + log lines", "teller"),
+    ("teller_single", "TELLER single-stream (root-cause model)", "single", "trace+log", "step",
+     "step tree (TPE) + log lines", "teller"),
+    ("teller_mot_trace", "TELLER MoT w/o log (trace only; ablation)", "mot", "trace", "step", "step tree (TPE)", "teller"),
+    ("teller_mot_log", "TELLER MoT w/o trace (log only; ablation)", "mot", "log", "step", "log lines", "teller"),
+    ("teller_prompt", "prompt-style (single-stream on a text summary of the step)", "single", "summary+log", "step",
      "step summary text + log lines", "prompt"),
 )
-for _name, _label, _variant, _inputs, _features, _kind in MODEL_ROWS:
+for _name, _label, _variant, _inputs, _unit, _features, _kind in MODEL_ROWS:
     register(_name)(type(f"RCAModel_{_name}", (RCAModel,), {"label": _label, "variant": _variant, "inputs": _inputs,
-                                                           "features": _features, "kind": _kind}))
+                                                           "unit": _unit, "features": _features, "kind": _kind}))

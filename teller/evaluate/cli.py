@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the methods, the step sample and the low-prior repeats."),
         limit_steps: Optional[int] = typer.Option(None, "--limit-steps", help="Evaluate a random sample of this many steps per view."),
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
-        models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): teller_mot / teller_single take the one trained on the split evaluated (default: the shipped model, request split)."),
+        models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): each model row takes the one of its variant, inputs and unit trained on the split evaluated (teller_mot: the MoT reading engine iterations, default the shipped model, request split; teller_mot_step: the MoT reading STEP subtrees)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the root-cause model rows predict (bfloat16 on cuda)."),
     ) -> None:
         """Run every method on the same split and seed; write every metric (JSON, markdown, PNG)."""

@@ -136,14 +136,26 @@ class RCA:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self.save_tokenizers(d)
-        meta = {**self.meta, **(extra or {})}
         save_weights(self.net, d / "model.safetensors", dtype or self.cfg.save_dtype, {"format": FORMAT})
+        return self.save_config(d, extra)
+
+    def save_config(self, directory: str | Path, extra: dict | None = None) -> Path:
+        """(Re)write ``config.json`` alone, with ``extra`` merged into the model's metadata (a
+        calibration after training); weights and tokenizers are left as they are."""
+        d = Path(directory)
+        meta = {**self.meta, **(extra or {})}
         cfg = {"format": FORMAT, "version": FORMAT_VERSION, "config": self.cfg.to_json(),
                "fault_types": list(FAULT_TYPES), "text_vocab": self.text_tok.get_vocab_size(),
                "trace_vocab": len(self.trace_tok), **meta}
         (d / "config.json").write_text(json.dumps(cfg, indent=1))
         self.meta = meta
         return d
+
+    @property
+    def op_threshold(self) -> float:
+        """Logit above which the operator head's tokens are evidence (0: p 0.5); the value
+        :func:`teller.rca.train.calibrate_operators` chose on held-out units, where it ran."""
+        return float((self.meta.get("calibration") or {}).get("op_threshold", 0.0))
 
     def save_tokenizers(self, d: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
@@ -347,17 +359,12 @@ class RCA:
         from teller.rca.model import KVCache
 
         cache = KVCache() if explain else None  # the heads' pass fills it; decoding goes on from it
-        res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
-        probs = torch.softmax(res["fault"], -1).cpu().numpy()
-        ops = res["ops"].cpu().numpy()
+        res, raw = self._mot_heads(prep, idx, cache)
         inp = prep.inputs
         heads = []
-        for k, i in enumerate(idx.tolist()):
-            p_ab, ftype, tp = project_fault(probs[k])
-            best = FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))]
-            s = inp.tokens(i)
-            n = s.stop - s.start
-            nodes = project_operators(ops[k, :n], inp.anchor[s], bool(ftype), self.cfg.max_ops) if prep.trace_visible else []
+        for i, (p_ab, ftype, tp, best, scores) in zip(idx.tolist(), raw, strict=True):
+            nodes = (project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, self.op_threshold)
+                     if prep.trace_visible else [])
             heads.append((p_ab, ftype, tp, best, nodes))
         targets = [[EXPL] for _ in idx]
         if explain:
@@ -376,6 +383,41 @@ class RCA:
                     targets[k] = t
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
+
+    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None) -> tuple[dict, list[tuple]]:
+        """The MoT's fault and operator heads over units ``idx``: the forward pass's outputs and,
+        per unit, (abnormal p, type or "", type p, best type, operator logits of its trace tokens)."""
+        res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
+        probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
+        ops = res["ops"].float().cpu().numpy()
+        out = []
+        for k, i in enumerate(idx.tolist()):
+            p_ab, ftype, tp = project_fault(probs[k])
+            s = prep.inputs.tokens(i)
+            out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], ops[k, :s.stop - s.start]))
+        return res, out
+
+    @torch.no_grad()
+    def operator_logits(self, prep: Prepared, batch_size: int = 64) -> list[tuple[str, np.ndarray]]:
+        """Per unit of ``prep`` (MoT only): its predicted fault type ("" when normal) and the
+        operator head's logits over its trace tokens, for choosing the threshold of
+        :meth:`evidence_families`."""
+        if self.cfg.variant != "mot":
+            raise ValueError("operator logits are the MoT's operator head; the single-stream model names operators as text")
+        self.net.eval()
+        out: list[tuple[str, np.ndarray]] = []
+        for a in range(0, len(prep), batch_size):
+            _, raw = self._mot_heads(prep, np.arange(a, min(a + batch_size, len(prep))))
+            out += [(r[1], r[4]) for r in raw]
+        return out
+
+    def evidence_families(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float) -> list[str]:
+        """The families :meth:`predict` names for unit ``i`` with the operator logits ``scores``
+        at logit ``threshold``."""
+        inp = prep.inputs
+        nodes = project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, threshold)
+        no = inp.node_offsets
+        return list(dict.fromkeys(inp.families[int(inp.node_family[no[i] + n])] for n in nodes))
 
     def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool,
                         stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:

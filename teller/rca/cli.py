@@ -119,4 +119,34 @@ def register(app: typer.Typer) -> None:
             metrics.write_text(json.dumps(res, indent=1))
         con.print(f"[green]predicted[/] {len(pred):,} units into {escape(str(out))}")
 
+    @rca.command("calibrate")
+    def calibrate_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`); its config.json is rewritten."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        split_part: str = typer.Option("val", "--split-part", help="The held-out part to choose on (val; never the test part you score on)."),
+        device: str = typer.Option("cpu", "--device"),
+        batch_size: int = typer.Option(64, "--batch-size"),
+    ) -> None:
+        """Choose the operator head's threshold on held-out units (MoT): the one with the best operator Macro+ F1; `teller rca train` does this on the val part itself."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca import load
+        from teller.rca.data import load_dataset
+        from teller.rca.train import calibrate_operators
+
+        con = console(stderr=True)
+        m = load(model, device=device)
+        ds = load_dataset(dataset, unit=m.cfg.unit)
+        sp = split or m.meta.get("training", {}).get("split", "request")
+        cal = calibrate_operators(m, ds, sp, split_part, batch_size=batch_size)
+        for r in cal["grid"]:
+            con.print(f"  threshold {r['threshold']:+.1f}: Macro+ F1 {r['macro_plus_f1']:.3f} "
+                      f"(P {r['macro_plus_precision']:.3f}, R {r['macro_plus_recall']:.3f})", markup=False)
+        m.save_config(model, {"calibration": cal})
+        con.print(f"[green]calibrated[/] {escape(str(model))}: operator threshold {cal['op_threshold']:+.1f} (logit), "
+                  f"Macro+ F1 {cal['macro_plus_f1']:.3f} on the {split_part} part of {sp} ({cal['units']:,} units; "
+                  f"{cal['macro_plus_f1_at_0']:.3f} at 0)")
+
     app.add_typer(rca, name="rca")

@@ -337,6 +337,10 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     extra["training"].update({"steps": step, "epochs_done": round(step / per_epoch, 2), "stopped_by": stopped,
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
+    if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
+        extra["calibration"] = calibrate_operators(model, ds, split, "val")
+        say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
+            f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
     model.save(out, extra=extra)
     size = sum(f.stat().st_size for f in weight_files(out / "model.safetensors"))
     say(f"saved {out}: {n_params / 1e6:.2f} M parameters, model.safetensors {size / 2**20:.1f} MiB ({cfg.save_dtype}), "
@@ -344,6 +348,43 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     return {"out": str(out), "parameters": int(n_params), "checkpoint_bytes": size, "steps": step,
             "seconds": secs, "curve": curve, "first_loss": run_loss[0] if run_loss else None,
             "last_loss": float(np.mean(run_loss[-10:])) if run_loss else None}
+
+
+#: logits tried as the operator head's threshold (0 = p 0.5, the untrained default)
+OP_THRESHOLDS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", batch_size: int = 64,
+                        grid: tuple[float, ...] = OP_THRESHOLDS) -> dict[str, Any]:
+    """The operator head's logit threshold (:attr:`RCA.op_threshold`) with the best operator
+    Macro₊ F1 on ``split``'s ``part`` (held-out units, never the test part a model is scored
+    on), ties to the threshold nearest 0. The head is trained with positives weighted
+    ``op_pos_weight`` times, so its 0.5 point names more operators than the labels hold; the
+    threshold moves no step flag and no fault type, only which operators a flagged step names.
+    Returns the metadata :meth:`RCA.save_config` stores as ``calibration``."""
+    from teller.rca.metrics import operator_metrics
+
+    if model.cfg.variant != "mot" or not model.cfg.reads_trace:
+        raise TellerError("only a MoT model that reads the trace has an operator head to calibrate")
+    idx = ds.units.part(split, part)
+    if not len(idx):
+        raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
+    prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    heads = model.operator_logits(prep, batch_size)
+    u = ds.units.select(idx)
+    truth = [set(o) if a else set() for o, a in zip(u.operator_labels, u.is_anomaly, strict=True)]
+    rows = []
+    for t in grid:
+        pred = [set(model.evidence_families(prep, i, ft, sc, t)) if ft else set() for i, (ft, sc) in enumerate(heads)]
+        m = operator_metrics(truth, pred)
+        rows.append({"threshold": float(t), "macro_plus_f1": round(float(m["macro_plus_f1"]), 6),
+                     "macro_plus_precision": round(float(m["macro_plus_precision"]), 6),
+                     "macro_plus_recall": round(float(m["macro_plus_recall"]), 6)})
+    best = max(rows, key=lambda r: (r["macro_plus_f1"], -abs(r["threshold"])))
+    at0 = next((r["macro_plus_f1"] for r in rows if r["threshold"] == 0.0), float("nan"))
+    return {"op_threshold": best["threshold"], "split": split, "part": part, "units": int(len(idx)),
+            "operator_positive_units": int(sum(bool(x) for x in truth)), "macro_plus_f1": best["macro_plus_f1"],
+            "macro_plus_f1_at_0": at0, "grid": rows}
 
 
 def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size: int = 64,

@@ -635,10 +635,10 @@ def verdict_line(x: dict[str, Any]) -> str:
     head = f"step {x['step_num']} (rank {x['rank']}, {fmt_ns(x['end_ns'] - x['start_ns'])})"
     sus = x.get("suspects") or []
     ev = f"{suspect_name(sus[0])}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
+    if x.get("model_off_distribution"):  # a verdict either way, typed or normal
+        head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
+                 "never saw in training]")
     if x.get("fault_type") and not x.get("model_says_normal"):
-        if x.get("model_off_distribution"):
-            head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
-                     "never saw in training]")
         if x.get("explanation"):
             return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"

@@ -198,6 +198,18 @@ def score_colour(s: float | None) -> str:
     return f"hsl({120 * (1 - s):.0f},72%,{48 if s > 0.5 else 52}%)"
 
 
+def _low_confidence(steps: list[dict[str, Any]]) -> str:
+    """The warning of a card whose steps are mostly operators the model never saw (its verdict,
+    typed or normal, is then a guess), or ""."""
+    off = [x for x in steps if x.get("model_off_distribution")]
+    if not off:
+        return ""
+    share = max(x.get("model_unknown_share") or 0 for x in off)
+    return (f' <span class="warning">low confidence: up to {share:.0%} of the tree of '
+            f'{"this step" if len(off) == 1 else f"{len(off):,} of these steps"} is operators the '
+            "model never saw in training</span>")
+
+
 def _fault_title(ft: str | None) -> str:
     try:
         from teller.inject import CATEGORY_TITLES
@@ -328,18 +340,13 @@ class _Page:
                 prob = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
                 prob = f' <span class="prob">{self.term("fault probability")} {prob}</span>'
             title = f'<span class="fault">{_e(_fault_title(g["fault_type"]))}</span>{prob}'
-            off = [x for x in steps if x.get("model_off_distribution")]
-            if off:
-                share = max(x.get("model_unknown_share") or 0 for x in off)
-                title += (f' <span class="warning">low confidence: up to {share:.0%} of the tree of '
-                          f'{"this step" if len(off) == 1 else f"{len(off):,} of these steps"} is operators the '
-                          "model never saw in training</span>")
+            title += _low_confidence(steps)
             cls = "card fault-card"
         elif g["kind"] == "normal":
             ps = [x["abnormal_probability"] for x in steps if x.get("abnormal_probability") is not None]
             pr = f' <span class="prob">{self.term("abnormal probability")} at most {max(ps):.2f}</span>' if ps else ""
             what = "Numeric outlier" if len(steps) == 1 else f"{len(steps):,} numeric outliers"
-            title = f'<span class="fault">{what} the root-cause model reads as normal</span>{pr}'
+            title = f'<span class="fault">{what} the root-cause model reads as normal</span>{pr}' + _low_confidence(steps)
             cls = "card normal-card"
         elif g["kind"] == "rest":
             title = (f'<span class="fault">{len(steps):,} other abnormal steps</span> '
