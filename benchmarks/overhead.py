@@ -1064,20 +1064,26 @@ def summarize_main(argv: list[str]) -> None:
     ap.add_argument("--summarize", nargs="+", required=True)
     ap.add_argument("--configs", default="none,hooks,cupti,cupti_deferred,cupti_lean")
     ap.add_argument("--min-serving-s", type=float, default=0.0)
+    ap.add_argument("--json", help="also write the summary and the runs it read here")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     seen: set[tuple] = set()
-    for f in args.summarize:
+    for k, f in enumerate(args.summarize):
         for r in load_jsonl(Path(f)):
             key = (r.get("config"), r.get("round"), r.get("started_unix"))
             if key not in seen:
                 seen.add(key)
-                rows.append(r)
+                # each file's rounds are its own (separate states count rounds from 0): pair within a file
+                rows.append(r if len(args.summarize) == 1 else {**r, "round": f"{k}.{r.get('round')}"})
     configs = [c for c in args.configs.split(",") if c]
     counted = [r for r in rows if not r.get("warmup") and r.get("workload")]
     if counted:  # the workload of the last run (a recalibration leaves earlier runs on another)
         rows = [r for r in rows if r.get("workload") == counted[-1]["workload"]]
-    print(table_long(summarize_long(rows, configs, args.min_serving_s)))
+    summ = summarize_long(rows, configs, args.min_serving_s)
+    print(table_long(summ))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"sources": args.summarize, "configs": configs, "summary": summ,
+                                               "runs": rows}, indent=1, default=str))
 
 
 def main() -> None:

@@ -113,3 +113,20 @@ def test_gpu_query_falls_back_to_the_basic_fields(tmp_path, monkeypatch):
     q = ov.gpu_query()
     assert [g["index"] for g in q] == [0, 1] and q[1]["sm_mhz"] == 345.0 and q[0]["power_w"] is None
     assert ov._gpu_of(q, 1)["temp_c"] == 30.0 and ov._gpu_of(None, 0) is None
+
+
+def test_summarize_pairs_each_files_rounds_within_that_file(tmp_path, capsys):
+    """Two calls with separate states both count from round 0: a run pairs with its own file's
+    `none` run (losses 10% and 20%), not with the other file's."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    w = ["--requests", "10"]
+    a.write_text("\n".join(json.dumps(_row(c, 0, t, 0.1, workload=w, started_unix=k)) for k, (c, t) in
+                           enumerate((("none", 100.0), ("cupti", 90.0)))) + "\n")
+    b.write_text("\n".join(json.dumps(_row(c, 0, t, 0.1, workload=w, started_unix=10 + k)) for k, (c, t) in
+                           enumerate((("none", 200.0), ("cupti", 160.0)))) + "\n")
+    out = tmp_path / "s.json"
+    ov.summarize_main(["--summarize", str(a), str(b), "--configs", "none,cupti", "--json", str(out)])
+    s = json.loads(out.read_text())["summary"]
+    loss = s["cupti"]["tok_s_loss_pct"]
+    assert loss["n"] == 2 and loss["mean"] == pytest.approx(15.0)  # (10 + 20) / 2; pairing by round alone: (55 + 20) / 2
+    assert s["none"]["runs"] == 2 and "| cupti | 2 |" in capsys.readouterr().out
