@@ -23,7 +23,6 @@ cost the records). Medians of ``reps`` interleaved repetitions.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -37,38 +36,13 @@ from teller.record.clock import ClockMap
 from teller.record.collectors.cupti import DEFAULT_KIND_VALUES as K
 from teller.record.collectors.cupti import PendingBuffers, RecordDecoder, walk_records
 from teller.record.sink import EventSink
+from teller.testing import cupti_layouts
 
 T0 = 1_790_000_000_000_000_000
 
 
-def _dt(spec: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
-    return np.dtype({"names": [n for n, _, _ in spec], "formats": [f for _, f, _ in spec],
-                     "offsets": [o for _, _, o in spec], "itemsize": itemsize})
-
-
 def layouts(kernel_bytes: int) -> dict[str, np.dtype]:
-    return {
-        "API": _dt([("kind", "<u4", 0), ("cbid", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
-                    ("process_id", "<u4", 24), ("thread_id", "<u4", 28), ("correlation_id", "<u4", 32),
-                    ("return_value", "<u4", 36)], 40),
-        "KERNEL": _dt([("kind", "<u4", 0), ("start", "<u8", 8), ("end", "<u8", 16), ("device_id", "<u4", 24),
-                       ("stream_id", "<u4", 28), ("correlation_id", "<u4", 32), ("graph_id", "<u4", 36),
-                       ("grid_x", "<i4", 40), ("grid_y", "<i4", 44), ("grid_z", "<i4", 48),
-                       ("block_x", "<i4", 52), ("block_y", "<i4", 56), ("block_z", "<i4", 60),
-                       ("registers_per_thread", "<u2", 64), ("static_shared_memory", "<i4", 68),
-                       ("dynamic_shared_memory", "<i4", 72), ("name", "<u8", 80)], max(88, kernel_bytes)),
-        "MEMCPY": _dt([("kind", "<u4", 0), ("copy_kind", "u1", 4), ("src_kind", "u1", 5), ("dst_kind", "u1", 6),
-                       ("bytes", "<u8", 8), ("start", "<u8", 16), ("end", "<u8", 24), ("device_id", "<u4", 32),
-                       ("stream_id", "<u4", 36), ("correlation_id", "<u4", 40), ("graph_id", "<u4", 44)], 48),
-        "MEMSET": _dt([("kind", "<u4", 0), ("value", "<u4", 4), ("bytes", "<u8", 8), ("start", "<u8", 16),
-                       ("end", "<u8", 24), ("device_id", "<u4", 32), ("stream_id", "<u4", 36),
-                       ("correlation_id", "<u4", 40), ("graph_id", "<u4", 44), ("memory_kind", "<u2", 48)], 56),
-        "SYNC": _dt([("kind", "<u4", 0), ("type", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
-                     ("correlation_id", "<u4", 24), ("stream_id", "<u4", 28), ("cuda_event_id", "<u4", 32)], 40),
-        "MARKER": _dt([("kind", "<u4", 0), ("flags", "<u4", 4), ("timestamp", "<u8", 8), ("id", "<u4", 16),
-                       ("object_kind", "<u4", 20), ("object_id", "V12", 24), ("name", "<u8", 40),
-                       ("domain", "<u8", 48)], 56),
-    }
+    return cupti_layouts.layouts(kernel_bytes)
 
 
 #: per step: (kind, count)
@@ -76,17 +50,12 @@ MIX = (("RUNTIME", 559), ("DRIVER", 100), ("CONCURRENT_KERNEL", 540), ("MEMCPY",
        ("SYNCHRONIZATION", 26))
 GROUP = {"RUNTIME": "API", "DRIVER": "API", "CONCURRENT_KERNEL": "KERNEL", "MEMCPY": "MEMCPY",
          "MEMSET": "MEMSET", "SYNCHRONIZATION": "SYNC"}
-_KEEP: list = []
 
 
 def build_buffer(steps: int, lay: dict[str, np.dtype], seed: int = 0) -> tuple[np.ndarray, int]:
     """``steps`` steps of :data:`MIX`, kinds interleaved as launches are (packed, 8-aligned)."""
     rng = np.random.default_rng(seed)
-    names = []
-    for i in range(30):
-        b = ctypes.create_string_buffer(f"_ZN2at6native18elementwise_kernelILi{i}ELi4EEEviT1_".encode())
-        _KEEP.append(b)
-        names.append(ctypes.addressof(b))
+    names = [cupti_layouts.c_string(f"_ZN2at6native18elementwise_kernelILi{i}ELi4EEEviT1_") for i in range(30)]
     order = np.concatenate([np.full(n, j) for j, (_, n) in enumerate(MIX)] * steps)
     rng.shuffle(order)
     parts = []

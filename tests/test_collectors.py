@@ -545,48 +545,15 @@ from teller.record.collectors.cupti import (  # noqa: E402
     unique_rows,
     walk_records,
 )
-
-
-def _dt(spec: list[tuple[str, str, int]], itemsize: int) -> np.dtype:
-    return np.dtype({"names": [n for n, _, _ in spec], "formats": [f for _, f, _ in spec],
-                     "offsets": [o for _, _, o in spec], "itemsize": itemsize})
-
+from teller.testing.cupti_layouts import c_string as _cstr  # noqa: E402
+from teller.testing.cupti_layouts import layouts  # noqa: E402
+from teller.testing.cupti_layouts import struct as _dt  # noqa: E402
 
 #: C-like record layouts with the field names and offsets a CUPTI header would give
 #: (camelCase on purpose for the API record: the layout lookup accepts both spellings).
-LAYOUTS = {
-    "API": _dt([("kind", "<u4", 0), ("cbid", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
-                ("processId", "<u4", 24), ("threadId", "<u4", 28), ("correlationId", "<u4", 32),
-                ("returnValue", "<u4", 36)], 40),
-    "KERNEL": _dt([("kind", "<u4", 0), ("start", "<u8", 8), ("end", "<u8", 16), ("device_id", "<u4", 24),
-                   ("stream_id", "<u4", 28), ("correlation_id", "<u4", 32), ("graph_id", "<u4", 36),
-                   ("grid_x", "<i4", 40), ("grid_y", "<i4", 44), ("grid_z", "<i4", 48),
-                   ("block_x", "<i4", 52), ("block_y", "<i4", 56), ("block_z", "<i4", 60),
-                   ("registers_per_thread", "<u2", 64), ("static_shared_memory", "<i4", 68),
-                   ("dynamic_shared_memory", "<i4", 72), ("name", "<u8", 80)], 92),  # padded to 96
-    "MEMCPY": _dt([("kind", "<u4", 0), ("copy_kind", "u1", 4), ("src_kind", "u1", 5), ("dst_kind", "u1", 6),
-                   ("bytes", "<u8", 8), ("start", "<u8", 16), ("end", "<u8", 24), ("device_id", "<u4", 32),
-                   ("stream_id", "<u4", 36), ("correlation_id", "<u4", 40), ("graph_id", "<u4", 44)], 48),
-    "MEMSET": _dt([("kind", "<u4", 0), ("value", "<u4", 4), ("bytes", "<u8", 8), ("start", "<u8", 16),
-                   ("end", "<u8", 24), ("device_id", "<u4", 32), ("stream_id", "<u4", 36),
-                   ("correlation_id", "<u4", 40), ("graph_id", "<u4", 44), ("memory_kind", "<u2", 48)], 56),
-    "SYNC": _dt([("kind", "<u4", 0), ("type", "<u4", 4), ("start", "<u8", 8), ("end", "<u8", 16),
-                 ("correlation_id", "<u4", 24), ("stream_id", "<u4", 28), ("cuda_event_id", "<u4", 32)], 40),
-    "MARKER": _dt([("kind", "<u4", 0), ("flags", "<u4", 4), ("timestamp", "<u8", 8), ("id", "<u4", 16),
-                   ("object_kind", "<u4", 20), ("object_id", "V12", 24), ("name", "<u8", 40),
-                   ("domain", "<u8", 48)], 56),
-}
+LAYOUTS = layouts(kernel_bytes=92, camel_api=True)  # the kernel record padded to 96
 GROUP_OF = {K["RUNTIME"]: "API", K["DRIVER"]: "API", K["CONCURRENT_KERNEL"]: "KERNEL", K["MEMCPY"]: "MEMCPY",
             K["MEMSET"]: "MEMSET", K["SYNCHRONIZATION"]: "SYNC", K["MARKER"]: "MARKER"}
-_KEEP: list = []  # C strings referenced by pointer from packed records
-
-
-def _cstr(text: str) -> int:
-    if not text:
-        return 0
-    b = ctypes.create_string_buffer(text.encode())
-    _KEEP.append(b)
-    return ctypes.addressof(b)
 
 
 def pack(records: list) -> np.ndarray:
