@@ -99,6 +99,7 @@ Artefact: ``save(path)`` writes one ``.npz`` file (arrays plus a JSON header, no
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -107,9 +108,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
-from scipy.stats import chi2
-from sklearn.base import BaseEstimator
+from scipy.special import chdtri, expit
 
 from teller import __version__
 from teller.errors import TellerError
@@ -226,17 +225,40 @@ def _robust_stats(L: np.ndarray, nan: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return med, q75, q25, varying
 
 
+def _sq_dist(C: np.ndarray, X: np.ndarray, sq_norms: np.ndarray) -> np.ndarray:
+    """Squared euclidean distances of the rows of ``C`` to the rows of ``X`` (``sq_norms``: the
+    rows' squared norms) as |c|² − 2 c·x + |x|², clipped at 0."""
+    d = -2.0 * (C @ X.T)
+    d += np.einsum("ij,ij->i", C, C)[:, None]
+    d += sq_norms[None, :]
+    return np.maximum(d, 0.0, out=d)
+
+
 def _kmeans_pp(X: np.ndarray, k: int, random_state: int, sq_norms: np.ndarray) -> np.ndarray:
-    """Rows scikit-learn's k-means++ picks as the ``k`` initial centres (its computational core
-    when importable, which skips the per-call validation; else the public function)."""
-    try:
-        from sklearn.cluster._kmeans import _kmeans_plusplus
-
-        return _kmeans_plusplus(X, k, sq_norms, np.ones(len(X)), np.random.RandomState(random_state))[1]
-    except (ImportError, TypeError):
-        from sklearn.cluster import kmeans_plusplus
-
-        return kmeans_plusplus(X, k, random_state=random_state)[1]
+    """Rows greedy k-means++ picks as the ``k`` initial centres: the first uniformly, then each
+    next one the best of 2 + ⌊ln k⌋ candidates drawn in proportion to the squared distance to
+    the nearest centre so far (the one that leaves the smallest total). The draws come from
+    ``np.random.RandomState(random_state)`` in scikit-learn's order and the arithmetic is its
+    own, so the mixture starts where its ``GaussianMixture(init_params="k-means++")`` starts
+    (``tests/test_localize.py`` compares the fits) without importing ``sklearn.cluster``
+    (about 0.3 s)."""
+    rs = np.random.RandomState(random_state)
+    n = len(X)
+    ones = np.ones(n)
+    trials = 2 + int(np.log(k))
+    picked = np.full(k, -1, dtype=np.int64)
+    picked[0] = rs.choice(n, p=ones / ones.sum())
+    closest = _sq_dist(X[picked[:1]], X, sq_norms)
+    pot = closest @ ones
+    for c in range(1, k):
+        cand = np.searchsorted(np.cumsum(ones * closest), rs.uniform(size=trials) * pot)
+        np.clip(cand, None, closest.size - 1, out=cand)
+        dist = _sq_dist(X[cand], X, sq_norms)
+        np.minimum(closest, dist, out=dist)
+        pots = dist @ ones.reshape(-1, 1)
+        best = int(np.argmin(pots))
+        pot, closest, picked[c] = pots[best], dist[best], cand[best]
+    return picked
 
 
 class _Priorities:
@@ -290,7 +312,49 @@ class StepScores:
     sf_shift: np.ndarray  # the family-shift part of the suspiciousness (0 when not tested)
 
 
-class GMMLocalizer(BaseEstimator):
+def _chi2_isf(p: float, dof: float) -> float:
+    """The χ² quantile with upper tail ``p`` at ``dof`` degrees of freedom (what
+    ``scipy.stats.chi2.isf`` computes, through the same special function, without importing
+    ``scipy.stats``)."""
+    return float(chdtri(dof, p))
+
+
+class _Params:
+    """``get_params`` / ``set_params`` over the ``__init__`` arguments, as scikit-learn
+    estimators have them (``sklearn.base.clone`` works on it), without importing scikit-learn,
+    which pulls in ``scipy.stats`` (about a second of a `teller diagnose` run)."""
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return sorted(p.name for p in sig.parameters.values()
+                      if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._param_names()}
+
+    def set_params(self, **params: Any) -> "_Params":
+        names = set(self._param_names())
+        for k, v in params.items():
+            if k not in names:
+                raise ValueError(f"invalid parameter {k!r} for {type(self).__name__}; valid: {', '.join(sorted(names))}")
+            setattr(self, k, v)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items() if not (k in defaults and _same(v, defaults[k]))]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+class GMMLocalizer(_Params):
     """Per-family Gaussian-mixture anomaly scores a(x) = 1 − ρ(x) (module docstring)."""
 
     def __init__(
@@ -435,7 +499,7 @@ class GMMLocalizer(BaseEstimator):
             z_held, a_in, z_in = self._fit_family(f, X[np.ix_(idx, cols)], cols, fold[idx], rng, u_all[idx])
             # shift radius: chi-square floor, raised to the reference steps' own 1 - tail quantile
             # of the held-out shift statistic ((step, family) groups are one family's rows)
-            radius = float(chi2.isf(self.tail, max(int(self.varying_[f]), 1)))
+            radius = float(_chi2_isf(self.tail, max(int(self.varying_[f]), 1)))
             if g is None:
                 self.shift_radius_[f] = radius * self.shift_margin
                 continue
@@ -568,7 +632,7 @@ class GMMLocalizer(BaseEstimator):
         if not len(m2):
             return 0.0
         q = float(np.quantile(m2, 1 - self.calibration_quantile))
-        return q * float(chi2.isf(self.tail, dof) / chi2.isf(self.calibration_quantile, dof))
+        return q * float(_chi2_isf(self.tail, dof) / _chi2_isf(self.calibration_quantile, dof))
 
     def _feature_radius(self, z: np.ndarray, dof: int) -> np.ndarray:
         """Per feature column of ``z`` (the reference's held-out deviations from their nearest
@@ -577,7 +641,7 @@ class GMMLocalizer(BaseEstimator):
         raised to the reference's own 1 − ℓ point extrapolated with the χ²(1) shape, as
         :meth:`_tail_radius` does for the joint distance (ℓ: see the module docstring)."""
         e = self._excess2(z)
-        base = float(chi2.isf(self.tail / max(dof, 1), 1))
+        base = float(_chi2_isf(self.tail / max(dof, 1), 1))
         if not len(e):
             return np.full(z.shape[1], base)
         # the calibration point leaves the reference's TAIL_POINTS largest values above it: in a
@@ -590,7 +654,7 @@ class GMMLocalizer(BaseEstimator):
             warnings.simplefilter("ignore", RuntimeWarning)  # columns without values
             q = np.nanquantile(e, 1 - level, axis=0)
         # max(z, 0)² exceeds t with half the χ²(1) probability: the one-sided level is 2·level
-        q = np.where(np.isfinite(q), q, 0.0) * base / float(chi2.isf(2 * level if self.one_sided else level, 1))
+        q = np.where(np.isfinite(q), q, 0.0) * base / float(_chi2_isf(2 * level if self.one_sided else level, 1))
         return np.maximum(base, q)
 
     def _excess2(self, z: np.ndarray) -> np.ndarray:
@@ -655,7 +719,7 @@ class GMMLocalizer(BaseEstimator):
         if crossfit:  # the final mixture's own distances too: it may be sharper than the folds'
             m2, _ = self._comp_stats(Z, ~nan, w, mu, var, logp=False)
             r_emp = max(r_emp, self._tail_radius(self._best_m2(m2, self._central(w)), dof))
-        self.radius_[f] = max(float(chi2.isf(self.tail, dof)), r_emp)
+        self.radius_[f] = max(float(_chi2_isf(self.tail, dof)), r_emp)
         if str(self.families_[f]).split(" ", 1)[0] in set(self.feature_test or ()):
             tested = ~np.isin(self.feature_names_in_[cols], FEATURE_TEST_EXEMPT)
             self.feature_radius_[f, cols[tested]] = self._feature_radius(z[:, tested], dof)
