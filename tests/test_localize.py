@@ -597,3 +597,30 @@ def test_calibration_sample_whole_steps():
     np.testing.assert_array_equal(a.scale_[1], full.scale_[1])
     c = GMMLocalizer(max_calibration_samples=1000, random_state=1).fit(X, families=codes, groups=groups, family_names=names)
     assert not np.array_equal(c.scale_[0], a.scale_[0])
+
+
+def test_kmeans_pp_picks_scikit_learns_centres_and_the_estimator_clones():
+    """The numpy k-means++ seeding draws and computes as scikit-learn's does (ties included:
+    rounded data), so the mixtures start alike; the estimator's parameters behave as an
+    estimator's (clone, set_params) without scikit-learn imported by the module."""
+    from sklearn.cluster._kmeans import _kmeans_plusplus
+
+    from teller.localize.gmm import _chi2_isf, _kmeans_pp
+
+    rng = np.random.default_rng(0)
+    for t in range(40):
+        n, d, k = int(rng.integers(5, 800)), int(rng.integers(1, 12)), int(rng.integers(2, 8))
+        X = rng.normal(size=(n, d)) * rng.uniform(0.1, 50)
+        if t % 2:
+            X = np.round(X)
+        sq = (X * X).sum(axis=1)
+        want = _kmeans_plusplus(X, k, sq, np.ones(n), np.random.RandomState(t))[1]
+        assert np.array_equal(_kmeans_pp(X, k, t, sq), want)
+    from scipy.stats import chi2
+
+    assert all(_chi2_isf(p, d) == chi2.isf(p, d) for p in (1e-4, 1e-3, 0.3) for d in (1, 7, 36))
+    est = GMMLocalizer(tail=1e-3, max_components=3)
+    assert clone(est).get_params() == est.get_params() and est.get_params()["tail"] == 1e-3
+    assert est.set_params(tail=1e-2).tail == 1e-2 and "tail=0.01" in repr(est)
+    with pytest.raises(ValueError, match="invalid parameter 'nope'"):
+        est.set_params(nope=1)
