@@ -195,6 +195,12 @@ def test_cli_train_predict_round_trip(tmp_path, ds):
     assert t.num_rows > 0 and {"abnormal_prob", "fault_type", "evidence_node_ids", "explanation"} <= set(t.column_names)
     m = json.loads((tmp_path / "m.json").read_text())
     assert m["all"]["units"] == t.num_rows and "macro_plus_f1" in m["all"]["operator"]
+    # calibrate again on another part: config.json's calibration is rewritten, the weights are not
+    weights = (model / "model.safetensors").read_bytes()
+    assert main(["rca", "calibrate", str(model), str(small), "--split-part", "train"]) == 0
+    cal = json.loads((model / "config.json").read_text())["calibration"]
+    assert cal["part"] == "train" and cal["split"] == "request" and len(cal["grid"]) > 3
+    assert (model / "model.safetensors").read_bytes() == weights
     assert main(["rca", "train", str(small), "-o", str(model), "--variant", "bogus", "--config", "tiny"]) == 2
 
 
