@@ -61,9 +61,11 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
         assert 0.5 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= 0.5
         e = s["explanation"]
         assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
-        assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e and "measured:" in e
+        assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e
+        assert "measured:" in e or "the numeric stage's top suspect is" in e  # whose numbers, said
     for s in inside:  # a step the window opens in the middle of may be slow for other reasons too
         assert "LlamaMLP" in " ".join(s["evidence_families"]) and s["explanation"].startswith("CUDA/kernel fault")
+        assert "measured: FE LlamaMLP" in s["explanation"]  # the numbers are those of the named operator
     json.dumps(res)  # JSON-safe
 
 
@@ -133,6 +135,17 @@ def test_grounding_keeps_the_mechanism_and_fills_the_rest_from_the_answer():
     assert re.fullmatch(r"CUDA/kernel fault in step 7 on rank 1: evidence FE LlamaMLP\. "
                         r"Next: check the named operator's kernels against a fault-free run\.",
                         _ground("", {**st, "suspects": []}))
+    # numbers of an operator the model does not name are the numeric stage's, and said to be
+    other = _ground("", {**st, "evidence_families": ["OTHER update_batch"]})
+    assert "evidence OTHER update_batch; the numeric stage's top suspect is FE LlamaMLP: k_ns 1.52 ms" in other
+    assert "measured:" not in other
+    # a suspect inside a named module gives that module's numbers
+    nested = {**st, "evidence_families": ["FE LlamaMLP"], "suspects": [
+        {"family": "BE aten::mm", "module": {"family": "FE LlamaAttention"}, "evidence": [
+            {"feature": "dur_ns", "value": 9e5, "reference": 1e5, "ratio": 9.0, "z": 9.0}]},
+        {"family": "BE aten::mul", "module": {"family": "FE LlamaMLP"}, "evidence": [
+            {"feature": "dur_ns", "value": 5e5, "reference": 1e5, "ratio": 5.0, "z": 5.0}]}]}
+    assert "measured: BE aten::mul in FE LlamaMLP dur_ns" in _ground("", nested)
 
 
 def test_grounded_explanations_end_with_a_next_step_of_their_cause():

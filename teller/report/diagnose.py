@@ -338,7 +338,8 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     on rank R: evidence OPS; NUMBERS. Cause: ...". Of the generated text only the mechanism is
     kept, and only when it is a registered mechanism of the type the fault head chose; the type,
     the step and rank, the evidence operators (the operator head's, nodes of this step) and the
-    numbers (the numeric stage's measurement of this step) are filled in from the structured
+    numbers (the numeric stage's measurement of the first suspect that is, or lies in, an evidence
+    operator; else its top suspect, named as such) are filled in from the structured
     answer, the cause is the mechanism's own description, and the sentence ends with the next
     step an operator can take (the mechanism's ``action``, else the fault type's). Numbers the
     model writes are never shown: it saw them in training, not in this run."""
@@ -354,8 +355,13 @@ def _ground(text: str, step: dict[str, Any]) -> str:
     out = f"{CATEGORY_TITLES.get(ft, ft)} fault" + (f" ({mech})" if mech else "")
     out += f" in step {step['step_num']} on rank {step['rank']}: evidence {ops}"
     ev = [x for x in step.get("suspects") or [] if x.get("evidence")]
-    if ev:
-        out += f"; measured: {suspect_name(ev[0])} {evidence_text(ev[0]['evidence'][0])} against the reference"
+    fams = set(step.get("evidence_families") or [])
+    own = next((x for x in ev if x.get("family") in fams or (x.get("module") or {}).get("family") in fams), None)
+    if own is not None:  # the numbers of an operator the model names
+        out += f"; measured: {suspect_name(own)} {evidence_text(own['evidence'][0])} against the reference"
+    elif ev:  # the model names an operator the numeric stage does not suspect: say whose numbers these are
+        out += (f"; the numeric stage's top suspect is {suspect_name(ev[0])}: "
+                f"{evidence_text(ev[0]['evidence'][0])} against the reference")
     out += "."
     if mech and reg[mech].cause:
         out += f" Cause: {reg[mech].cause}."
