@@ -408,8 +408,8 @@ class Runtime:
         t.start()
 
     def _flush_loop(self) -> None:
-        self.flusher_tid = threading.get_native_id()
         _name_os_thread("teller-flush")  # so top -H and /proc/PID/task/*/comm tell it apart
+        self.flusher_tid = threading.get_native_id()  # after the name: whoever sees the id sees the name
         while not self._stop_evt.wait(self.flush_s):
             self.flush()
 
