@@ -603,7 +603,7 @@ def test_kmeans_pp_picks_scikit_learns_centres_and_the_estimator_clones():
     """The numpy k-means++ seeding draws and computes as scikit-learn's does (ties included:
     rounded data), so the mixtures start alike; the estimator's parameters behave as an
     estimator's (clone, set_params) without scikit-learn imported by the module."""
-    from sklearn.cluster._kmeans import _kmeans_plusplus
+    from sklearn.cluster import kmeans_plusplus
 
     from teller.localize.gmm import _chi2_isf, _kmeans_pp
 
@@ -614,7 +614,7 @@ def test_kmeans_pp_picks_scikit_learns_centres_and_the_estimator_clones():
         if t % 2:
             X = np.round(X)
         sq = (X * X).sum(axis=1)
-        want = _kmeans_plusplus(X, k, sq, np.ones(n), np.random.RandomState(t))[1]
+        want = kmeans_plusplus(X, k, x_squared_norms=sq, random_state=t)[1]
         assert np.array_equal(_kmeans_pp(X, k, t, sq), want)
     from scipy.stats import chi2
 
