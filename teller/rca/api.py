@@ -346,13 +346,13 @@ class RCA:
                 text_ids: list[int] | None) -> dict[str, Any]:
         inp = prep.inputs
         no = inp.node_offsets
-        fams = [inp.families[int(inp.node_family[no[i] + n])] for n in nodes]
+        fams = self._node_families(prep, i, nodes)
         ids = [int(inp.node_id[no[i] + n]) for n in nodes]
         text = self.text_tok.decode([t for t in (text_ids or []) if t >= len(SPECIALS)]) if text_ids else ""
         return {"abnormal_prob": p_ab, "abnormal": bool(ftype), "fault_type": ftype, "fault_type_prob": tp if ftype else 0.0,
                 "fault_type_best": best, "evidence_nodes": nodes, "evidence_node_ids": ids,
-                "evidence_operators": list(dict.fromkeys(fams)),
-                "explanation": project_explanation(text, ftype, list(dict.fromkeys(fams)), self.cfg.max_explanation_chars)}
+                "evidence_operators": fams,
+                "explanation": project_explanation(text, ftype, fams, self.cfg.max_explanation_chars)}
 
     def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool,
                      stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:
@@ -360,12 +360,8 @@ class RCA:
 
         cache = KVCache() if explain else None  # the heads' pass fills it; decoding goes on from it
         res, raw = self._mot_heads(prep, idx, cache)
-        inp = prep.inputs
-        heads = []
-        for i, (p_ab, ftype, tp, best, scores) in zip(idx.tolist(), raw, strict=True):
-            nodes = (project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, self.op_threshold)
-                     if prep.trace_visible else [])
-            heads.append((p_ab, ftype, tp, best, nodes))
+        heads = [(p_ab, ftype, tp, best, self._evidence_nodes(prep, i, ftype, scores, self.op_threshold))
+                 for i, (p_ab, ftype, tp, best, scores) in zip(idx.tolist(), raw, strict=True)]
         targets = [[EXPL] for _ in idx]
         if explain:
             rows = [k for k, h in enumerate(heads) if h[1]]
@@ -414,8 +410,18 @@ class RCA:
     def evidence_families(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float) -> list[str]:
         """The families :meth:`predict` names for unit ``i`` with the operator logits ``scores``
         at logit ``threshold``."""
+        return self._node_families(prep, i, self._evidence_nodes(prep, i, ftype, scores, threshold))
+
+    def _evidence_nodes(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float) -> list[int]:
+        """Unit ``i``'s evidence nodes from its operator logits (none when the trace is not read)."""
+        if not prep.trace_visible:
+            return []
+        return project_operators(scores, prep.inputs.anchor[prep.inputs.tokens(i)], bool(ftype), self.cfg.max_ops, threshold)
+
+    @staticmethod
+    def _node_families(prep: Prepared, i: int, nodes: list[int]) -> list[str]:
+        """The distinct families of unit ``i``'s nodes ``nodes``, in their order."""
         inp = prep.inputs
-        nodes = project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, threshold)
         no = inp.node_offsets
         return list(dict.fromkeys(inp.families[int(inp.node_family[no[i] + n])] for n in nodes))
 
