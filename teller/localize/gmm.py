@@ -957,7 +957,6 @@ class GMMLocalizer(_Params):
         gstart = np.flatnonzero(new)
         gsize = np.diff(np.r_[gstart, len(a)])
         gid = np.cumsum(new) - 1
-        rank = np.arange(len(a)) - gstart[gid]
         # k per group: the top ⌈quantile·n⌉, at least min(n, min_instances), at least one
         top = np.maximum(np.maximum(np.ceil(self.quantile * gsize), np.minimum(gsize, self.min_instances)), 1).astype(np.int64)
         if self.aggregate == "kth":  # groups are sorted least confident first: the k-th row of each
@@ -965,7 +964,7 @@ class GMMLocalizer(_Params):
         elif self.aggregate != "mean":
             raise ValueError(f"aggregate must be 'kth' or 'mean', got {self.aggregate!r}")
         else:
-            take = rank < top[gid]
+            take = np.arange(len(a)) - gstart[gid] < top[gid]  # the top k rows of each group
             susp = np.bincount(gid[take], weights=a[take], minlength=len(gstart)) / top
         shift = np.zeros(len(gstart))
         if self.shift_test and (z is not None or shift_groups is not None) and codes is not None:

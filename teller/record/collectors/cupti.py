@@ -160,18 +160,17 @@ def unique_rows(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     keys = np.asarray(keys)
     n, m = keys.shape
-    if n == 0 or m > len(_ROW_MULT):
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        return uniq, inv.reshape(-1)
-    with np.errstate(over="ignore"):
-        h = (keys.astype(np.int64).view(np.uint64) * _ROW_MULT[:m]).sum(axis=1, dtype=np.uint64)
-    hu, first, inv = np.unique(h, return_index=True, return_inverse=True)
-    inv = inv.reshape(-1)
-    uniq = keys[first]
-    if not np.array_equal(uniq[inv], keys):  # two rows share a hash: the exact way
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-        return uniq, inv.reshape(-1)
-    return uniq, inv
+    if n and m <= len(_ROW_MULT):
+        with np.errstate(over="ignore"):
+            h = (keys.astype(np.int64).view(np.uint64) * _ROW_MULT[:m]).sum(axis=1, dtype=np.uint64)
+        _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        uniq = keys[first]
+        if np.array_equal(uniq[inv], keys):
+            return uniq, inv
+    # no rows, too many columns, or two rows sharing a hash: the exact way
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    return uniq, inv.reshape(-1)
 
 
 def _unique_json(keys: np.ndarray, make: Callable[[tuple], str | None]) -> pa.Array:
@@ -180,7 +179,7 @@ def _unique_json(keys: np.ndarray, make: Callable[[tuple], str | None]) -> pa.Ar
         return pa.array([], pa.string())
     uniq, inv = unique_rows(keys)
     texts = [make(tuple(int(v) for v in row)) for row in uniq]
-    return pa.array(texts, pa.string()).take(pa.array(inv.reshape(-1).astype(np.int32)))
+    return pa.array(texts, pa.string()).take(pa.array(inv.astype(np.int32)))
 
 
 def _none_u32(a: np.ndarray) -> np.ndarray:
