@@ -881,7 +881,9 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     rows = load_jsonl(jsonl)
     call = 1 + max((r.get("call", 0) for r in rows), default=0)
     base = list(workload or LONG_WORKLOAD)
-    mean_out = statistics.fmean(int(x) for x in _expand_len(_get_arg(base, "--output-len") or "32"))
+    from teller.workload.serve import mean_length
+
+    mean_out = mean_length(_get_arg(base, "--output-len") or "32", "output-len")
 
     # GPUs: parallel rounds when there is one per configuration
     if args.gpus == "none":
@@ -1043,19 +1045,6 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
 
 def _get_arg(workload: list[str], flag: str) -> str | None:
     return workload[workload.index(flag) + 1] if flag in workload and workload.index(flag) + 1 < len(workload) else None
-
-
-def _expand_len(spec: str) -> list[int]:
-    """Typical values of a length spec (N, uniform:A:B, choice:A,B, normal:M:S) for the mean."""
-    kind, _, rest = spec.partition(":")
-    if not rest:
-        return [int(float(kind))]
-    if kind == "uniform":
-        a, b = rest.split(":")
-        return [int(a), int(b)]
-    if kind == "choice":
-        return [int(x) for x in rest.split(",")]
-    return [int(float(rest.split(":")[0]))]
 
 
 def summarize_main(argv: list[str]) -> None:

@@ -96,7 +96,9 @@ def test_workload_args_and_slots():
     assert ov._set_arg(w, "--requests", "400") == ["--rate", "0", "--requests", "400"]
     assert ov._get_arg(w, "--rate") == "0" and ov._get_arg(w, "--seed") is None
     assert ov._expand("0-2,5") == [0, 1, 2, 5] and ov._compress([5, 0, 1, 2]) == "0-2,5"
-    assert ov._expand_len("uniform:32:128") == [32, 128] and ov._expand_len("32") == [32]
+    from teller.workload.serve import mean_length  # the mean output length the calibration uses
+
+    assert mean_length("uniform:32:128", "output-len") == 80 and mean_length("32", "output-len") == 32
     slots = ov.make_slots([0, 1, 2], pin=False)
     assert [s["gpu"] for s in slots] == [0, 1, 2] and all(s["cpus"] is None for s in slots)
     pinned = ov.make_slots([None, None], pin=True)

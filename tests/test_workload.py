@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from teller.errors import TellerError
-from teller.workload.serve import ServeConfig, make_requests, parse_length
+from teller.workload.serve import ServeConfig, make_requests, mean_length, parse_length
 
 STATS_RE = re.compile(r"Engine 000: Avg prompt throughput: [\d.]+ tokens/s, Avg generation throughput: [\d.]+ tokens/s, "
                       r"Running: \d+ reqs, Waiting: \d+ reqs, GPU KV cache usage: [\d.]+%, Prefix cache hit rate: 0\.0%")
@@ -26,6 +26,7 @@ def test_length_distributions():
     assert all(3 <= parse_length("uniform:3:5", "x")(rng) <= 5 for _ in range(50))
     assert all(v in (2, 9) for v in (parse_length("choice:2,9", "x")(rng) for _ in range(20)))
     assert all(parse_length("normal:4:10", "x")(rng) >= 1 for _ in range(50))
+    assert [mean_length(s, "x") for s in ("7", "uniform:3:6", "choice:2,9,10", "normal:4.5:10")] == [7.0, 4.5, 7.0, 4.5]
     for bad in ("0", "uniform:5:3", "poisson:3", "normal:a:b", "choice:"):
         with pytest.raises(TellerError, match="--x"):
             parse_length(bad, "x")

@@ -95,32 +95,53 @@ class ServeConfig:
     model: dict[str, int] = field(default_factory=dict)  # resolved model shape (filled by serve)
 
 
-def parse_length(spec: str, what: str) -> Callable[[random.Random], int]:
-    """A length distribution: ``N``, ``uniform:A:B``, ``normal:MEAN:STD`` or ``choice:A,B,C``."""
+def _length_spec(spec: str, what: str) -> tuple[str, tuple]:
+    """(kind, parameters) of a length spec: ``N``, ``uniform:A:B``, ``normal:MEAN:STD`` or
+    ``choice:A,B,C``."""
     s = str(spec).strip().lower()
     try:
         if s.isdigit():
             n = int(s)
             if n < 1:
                 raise ValueError
-            return lambda rng: n
+            return "fixed", (n,)
         kind, _, rest = s.partition(":")
         if kind == "uniform":
             a, b = (int(x) for x in rest.split(":"))
             if not 1 <= a <= b:
                 raise ValueError
-            return lambda rng: rng.randint(a, b)
+            return "uniform", (a, b)
         if kind == "normal":
             mu, sd = (float(x) for x in rest.split(":"))
-            return lambda rng: max(1, int(round(rng.gauss(mu, sd))))
+            return "normal", (mu, sd)
         if kind == "choice":
             vals = [int(x) for x in rest.split(",")]
             if not vals or min(vals) < 1:
                 raise ValueError
-            return lambda rng: rng.choice(vals)
+            return "choice", tuple(vals)
     except ValueError:
         pass
     raise TellerError(f"--{what} {spec!r}: expected N, uniform:A:B, normal:MEAN:STD or choice:A,B,C (lengths ≥ 1)")
+
+
+def parse_length(spec: str, what: str) -> Callable[[random.Random], int]:
+    """A length distribution: ``N``, ``uniform:A:B``, ``normal:MEAN:STD`` or ``choice:A,B,C``."""
+    kind, p = _length_spec(spec, what)
+    if kind == "fixed":
+        return lambda rng: p[0]
+    if kind == "uniform":
+        return lambda rng: rng.randint(*p)
+    if kind == "normal":
+        return lambda rng: max(1, int(round(rng.gauss(*p))))
+    return lambda rng: rng.choice(p)
+
+
+def mean_length(spec: str, what: str) -> float:
+    """The mean of a length spec's distribution (a normal's mean before its clip at 1)."""
+    kind, p = _length_spec(spec, what)
+    if kind == "uniform":
+        return (p[0] + p[1]) / 2
+    return float(p[0]) if kind in ("fixed", "normal") else sum(p) / len(p)
 
 
 def make_requests(cfg: ServeConfig, vocab: int, extra: int = 0) -> list[dict[str, Any]]:
