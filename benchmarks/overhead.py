@@ -98,18 +98,29 @@ def record_cmd(run_dir: Path, collector: str, kw: dict[str, Any], serve: list[st
             "--", *serve]
 
 
-def run_one(config: str, rep: int, out: Path, workload: list[str], keep: bool) -> dict[str, Any]:
-    """One run of ``config``; ``out`` holds its workload JSON and run directory."""
+#: the workload's summary figures every run row takes
+SUMMARY_KEYS = ("throughput_tok_s", "step_p50_s", "step_p99_s", "steps", "generated_tokens", "latency_p50_s", "wall_s")
+
+
+def run_command(config: str, out: Path, tag: str, workload: list[str]) -> tuple[list[str], dict[str, str], Path, Path]:
+    """One run of ``config`` named ``tag``: its command (the workload alone, or recorded), its
+    environment, and where its workload JSON and run directory go under ``out``."""
     spec = CONFIGS[config]
-    tag = f"{config}-{rep}"
     wjson = out / f"workload-{tag}.json"
     run_dir = out / "runs" / tag
     serve = [sys.executable, "-m", "teller.workload", "serve", *workload, "--out-json", str(wjson)]
-    if spec["collector"] is None:
-        cmd = serve
-    else:
-        cmd = record_cmd(run_dir, spec["collector"], spec.get("kw", {}), serve)
-    env = {**os.environ, **spec["env"]}
+    cmd = serve if spec["collector"] is None else record_cmd(run_dir, spec["collector"], spec.get("kw", {}), serve)
+    return cmd, {**os.environ, **spec["env"]}, wjson, run_dir
+
+
+def _notable(text: str) -> list[str]:
+    return [ln[:300] for ln in text.splitlines() if _NOTABLE.search(ln)][:20]
+
+
+def run_one(config: str, rep: int, out: Path, workload: list[str], keep: bool) -> dict[str, Any]:
+    """One run of ``config``; ``out`` holds its workload JSON and run directory."""
+    spec = CONFIGS[config]
+    cmd, env, wjson, run_dir = run_command(config, out, f"{config}-{rep}", workload)
     t0 = time.perf_counter()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -118,15 +129,14 @@ def run_one(config: str, rep: int, out: Path, workload: list[str], keep: bool) -
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     row: dict[str, Any] = {"config": config, "rep": rep, "exit_code": p.returncode, "process_wall_s": wall,
                            "process_cpu_s": cpu}
-    notable = [ln[:300] for ln in p.stdout.splitlines() if _NOTABLE.search(ln)]
+    notable = _notable(p.stdout)
     if notable:
-        row["notable_lines"] = notable[:20]
+        row["notable_lines"] = notable
     if p.returncode != 0 or not wjson.is_file():
         row["error_tail"] = p.stdout[-2000:]
         return row
     s = json.loads(wjson.read_text())["summary"]
-    row.update({k: s.get(k) for k in ("throughput_tok_s", "step_p50_s", "step_p99_s", "steps",
-                                      "generated_tokens", "latency_p50_s", "wall_s")})
+    row.update({k: s.get(k) for k in SUMMARY_KEYS})
     if spec["collector"] is not None and run_dir.is_dir():
         row.update(_run_figures(run_dir, s.get("steps") or 0))
         if not keep:
@@ -675,12 +685,8 @@ def run_long_one(config: str, rnd: int, out: Path, workload: list[str], slot: di
     """One run for the long matrix: :func:`run_one`'s figures plus clocks, cores and serving time."""
     spec = CONFIGS[config]
     tag = f"{'warmup' if warmup else 'r'}{rnd}-{config}-g{slot.get('gpu')}"
-    wjson = out / f"workload-{tag}.json"
-    run_dir = out / "runs" / tag
+    cmd, env, wjson, run_dir = run_command(config, out, tag, workload)
     shutil.rmtree(run_dir, ignore_errors=True)
-    serve = [sys.executable, "-m", "teller.workload", "serve", *workload, "--out-json", str(wjson)]
-    cmd = serve if spec["collector"] is None else record_cmd(run_dir, spec["collector"], spec.get("kw", {}), serve)
-    env = {**os.environ, **spec["env"]}
     if slot.get("gpu") is not None:  # nvidia-smi's index order is the PCI bus order
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = str(slot["gpu"])
@@ -705,9 +711,9 @@ def run_long_one(config: str, rnd: int, out: Path, workload: list[str], slot: di
     # `teller record`), per run even when runs overlap
     row.update({"exit_code": rc, "process_wall_s": wall,
                 "process_cpu_s": (ru.ru_utime + ru.ru_stime) if ru is not None else None})
-    notable = [ln[:300] for ln in text.splitlines() if _NOTABLE.search(ln)]
+    notable = _notable(text)
     if notable:
-        row["notable_lines"] = notable[:20]
+        row["notable_lines"] = notable
     roles = _roles_from_run(run_dir) if run_dir.is_dir() else {}
     sampler.stop()
     row["cores"] = sampler.result(roles)
@@ -716,8 +722,7 @@ def run_long_one(config: str, rnd: int, out: Path, workload: list[str], slot: di
         return row
     res = json.loads(wjson.read_text())
     s = res["summary"]
-    row.update({k: s.get(k) for k in ("throughput_tok_s", "step_p50_s", "step_p99_s", "steps", "generated_tokens",
-                                      "latency_p50_s", "wall_s", "requests_finished", "ok")})
+    row.update({k: s.get(k) for k in (*SUMMARY_KEYS, "requests_finished", "ok")})
     if s.get("throughput_tok_s"):
         row["serving_s"] = s["generated_tokens"] / s["throughput_tok_s"]
         row["steady_tok_s"] = steady_throughput(res.get("requests") or [])
