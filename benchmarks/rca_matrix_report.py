@@ -107,6 +107,18 @@ UNIT_ROWS = (("STEP subtree, 256 tokens", "mot_{s}"), ("engine iteration, 256 to
              ("engine iteration, 512 tokens", "it512_{s}"))
 
 
+def _index(res: dict) -> dict[tuple[str, str, str], dict]:
+    """A `teller evaluate` results JSON's rows by (split, view, method), error rows left out."""
+    return {(b["split"], b["view"], r["method"]): r for b in res["results"] for r in b.get("methods", []) if "error" not in r}
+
+
+def _trio(r: dict | None) -> str:
+    """Step F1 / op Macro₊ F1 / fault-type macro-F1 of a row ("–" without one)."""
+    if r is None:
+        return "–"
+    return f"{r['step']['f1']:.3f} / {r['operator']['macro_plus_f1']:.3f} / {r['fault_type']['macro_f1']:.3f}"
+
+
 def unit_table(by_seed: dict[int, dict[str, dict]]) -> str:
     """What a unit's trace holds (``RCAConfig.unit``) and how many of its tokens are read, per
     split, on the split's test part (seed 0)."""
@@ -130,16 +142,8 @@ def unit_table(by_seed: dict[int, dict[str, dict]]) -> str:
 def unit_evaluate_table(step: dict, iteration: dict, baselines: dict) -> str:
     """``teller evaluate`` rows of the MoT models of both units, beside the best baseline on each
     metric (cells: step F1 / op Macro₊ F1 / fault-type macro-F1)."""
-    def index(res: dict) -> dict:
-        return {(b["split"], b["view"], r["method"]): r for b in res["results"] for r in b.get("methods", []) if "error" not in r}
-
-    st, it, base = index(step), index(iteration), index(baselines)
+    st, it, base = _index(step), _index(iteration), _index(baselines)
     counts = {(b["split"], b["view"]): (b["test_steps"], b["test_abnormal"]) for b in iteration["results"] if "methods" in b}
-
-    def trio(r: dict | None) -> str:
-        if r is None:
-            return "–"
-        return f"{r['step']['f1']:.3f} / {r['operator']['macro_plus_f1']:.3f} / {r['fault_type']['macro_f1']:.3f}"
 
     lines = ["| split, view | test steps (abnormal) | MoT, engine iteration | MoT, STEP subtree | best baseline step F1 "
              "| best baseline op Macro₊ | best baseline fault macro-F1 |", "|---|---:|---|---|---|---|---|"]
@@ -153,8 +157,8 @@ def unit_evaluate_table(step: dict, iteration: dict, baselines: dict) -> str:
                 b = max(rows, key=get) if rows else None
                 cells.append(f"{get(b):.3f} ({b['label']})" if b else "–")
             n, a = counts.get((split, view), (0, 0))
-            lines.append(f"| {split}, {view} | {n:,} ({a}) | {trio(it.get((split, view, 'teller_mot')))} | "
-                         f"{trio(st.get((split, view, 'teller_mot')))} | " + " | ".join(cells) + " |")
+            lines.append(f"| {split}, {view} | {n:,} ({a}) | {_trio(it.get((split, view, 'teller_mot')))} | "
+                         f"{_trio(st.get((split, view, 'teller_mot')))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -205,9 +209,6 @@ def evaluate_table(ev: dict, baselines: dict) -> str:
              "best baseline step F1 | best baseline op Macro₊ | best baseline fault macro-F1 |", "|---|---:|---|---|---|---|---|"]
     counts = {(b["split"], b["view"]): (b["test_steps"], b["test_abnormal"]) for b in ev["mot"]["results"] if "methods" in b}
 
-    def trio(r: dict) -> str:
-        return f"{r['step']['f1']:.3f} / {r['operator']['macro_plus_f1']:.3f} / {r['fault_type']['macro_f1']:.3f}"
-
     for view in ("vertical", "horizontal"):
         for split in ("request", "run", "mechanism", "workload"):
             key = (split, view)
@@ -227,7 +228,7 @@ def evaluate_table(ev: dict, baselines: dict) -> str:
                 return (r.get("fault_type") or {}).get("macro_f1")
 
             n, a = counts.get(key, (0, 0))
-            lines.append(f"| {split}, {view} | {n:,} ({a}) | {trio(m) if m else '–'} | {trio(s) if s else '–'} | "
+            lines.append(f"| {split}, {view} | {n:,} ({a}) | {_trio(m)} | {_trio(s)} | "
                          f"{best(lambda r: r['step']['f1'])} | {best(op)} | {best(ft)} |")
     return "\n".join(lines)
 
@@ -238,10 +239,7 @@ def low_prior_table(ev: dict, baselines: dict) -> str:
     lines = ["| split, view | TELLER MoT F1 at 10% / 5% | MoT AUPRC at 10% | single-stream F1 at 10% / 5% | "
              "best baseline F1 at 10% |", "|---|---|---|---|---|"]
 
-    def index(res: dict) -> dict:
-        return {(b["split"], b["view"], r["method"]): r for b in res["results"] for r in b.get("methods", []) if "error" not in r}
-
-    mot, single, base = index(ev["mot"]), index(ev["single"]), index(baselines)
+    mot, single, base = _index(ev["mot"]), _index(ev["single"]), _index(baselines)
 
     def lp(r: dict | None, prior: str, key: str = "f1") -> str:
         x = (r or {}).get("low_prior", {}).get(prior)
