@@ -41,10 +41,6 @@ from teller.testing import cupti_layouts
 T0 = 1_790_000_000_000_000_000
 
 
-def layouts(kernel_bytes: int) -> dict[str, np.dtype]:
-    return cupti_layouts.layouts(kernel_bytes)
-
-
 #: per step: (kind, count)
 MIX = (("RUNTIME", 559), ("DRIVER", 100), ("CONCURRENT_KERNEL", 540), ("MEMCPY", 40), ("MEMSET", 20),
        ("SYNCHRONIZATION", 26))
@@ -91,7 +87,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--out")
     args = ap.parse_args()
-    lay = layouts(args.kernel_bytes)
+    lay = cupti_layouts.layouts(args.kernel_bytes)
     buf, valid = build_buffer(args.steps, lay)
     n_rec = args.steps * sum(n for _, n in MIX)
     names = {211: "cudaLaunchKernel_v7000", 307: "cuLaunchKernel"}
