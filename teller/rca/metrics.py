@@ -13,7 +13,7 @@ import numpy as np
 from teller.evaluate.metrics import operator_metrics, step_metrics
 from teller.rca.data import FAULT_TYPES
 
-__all__ = ["step_metrics", "operator_metrics", "macro_f1", "evaluate_predictions"]
+__all__ = ["step_metrics", "operator_metrics", "operator_truth", "macro_f1", "evaluate_predictions"]
 
 
 def macro_f1(truth: Sequence[str], pred: Sequence[str], classes: Sequence[str]) -> dict[str, Any]:
@@ -29,6 +29,11 @@ def macro_f1(truth: Sequence[str], pred: Sequence[str], classes: Sequence[str]) 
             per[c] = 2 * tp / (2 * tp + fp + fn)
     return {"macro_f1": float(np.mean(list(per.values()))) if per else 0.0, "per_class_f1": per,
             "accuracy": float((t == p).mean()) if len(t) else 0.0, "n": int(len(t))}
+
+
+def operator_truth(operator_labels: Sequence[Sequence[str]], is_anomaly: np.ndarray) -> list[set[str]]:
+    """The labelled operator set of each unit, empty for a normal one (DESIGN.md §11's empty-set rule)."""
+    return [set(o) if a else set() for o, a in zip(operator_labels, np.asarray(is_anomaly, bool), strict=True)]
 
 
 def evaluate_predictions(pred: list[dict[str, Any]], is_anomaly: np.ndarray, fault: np.ndarray,
@@ -51,7 +56,7 @@ def evaluate_predictions(pred: list[dict[str, Any]], is_anomaly: np.ndarray, fau
     flag = np.asarray([p["abnormal"] for p in pred], bool)
     best = np.asarray([p["fault_type_best"] for p in pred], dtype=object)
     end = np.asarray([p["fault_type"] or "normal" for p in pred], dtype=object)
-    truth_ops = [set(o) if a else set() for o, a in zip(operator_labels, ab, strict=True)]
+    truth_ops = operator_truth(operator_labels, ab)
     pred_ops = [set(p["evidence_operators"]) if p["abnormal"] else set() for p in pred]
     return {
         "units": int(len(pred)),

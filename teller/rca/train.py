@@ -362,7 +362,7 @@ def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", 
     ``op_pos_weight`` times, so its 0.5 point names more operators than the labels hold; the
     threshold moves no step flag and no fault type, only which operators a flagged step names.
     Returns the metadata :meth:`RCA.save_config` stores as ``calibration``."""
-    from teller.rca.metrics import operator_metrics
+    from teller.rca.metrics import operator_metrics, operator_truth
 
     if model.cfg.variant != "mot" or not model.cfg.reads_trace:
         raise TellerError("only a MoT model that reads the trace has an operator head to calibrate")
@@ -372,7 +372,7 @@ def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", 
     prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
     heads = model.operator_logits(prep, batch_size)
     u = ds.units.select(idx)
-    truth = [set(o) if a else set() for o, a in zip(u.operator_labels, u.is_anomaly, strict=True)]
+    truth = operator_truth(u.operator_labels, u.is_anomaly)
     rows = []
     for t in grid:
         pred = [set(model.evidence_families(prep, i, ft, sc, t)) if ft else set() for i, (ft, sc) in enumerate(heads)]
