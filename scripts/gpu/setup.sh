@@ -1,6 +1,6 @@
 # Install what the GPU image lacks (carried wheels) and this checkout; source it from a device call.
 set -e
-python3 -m pip install -q --no-deps --no-index wheels/cupti_python-*cp312*.whl 2>&1 | grep -v "WARNING: Running pip" || true
+python3 -m pip install -q --no-deps --no-index wheels/cupti_python-*cp312*.whl wheels/msgspec-*cp312*.whl 2>&1 | grep -v "WARNING: Running pip" || true
 python3 -c "import drain3" 2>/dev/null || python3 -m pip install -q --no-deps --no-index wheels/drain3-*.whl wheels/cachetools-*.whl wheels/jsonpickle-*.whl 2>&1 | grep -v "WARNING: Running pip" || true
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "WARNING: Running pip" || true
 export PYTHONUNBUFFERED=1
