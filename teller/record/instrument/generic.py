@@ -22,6 +22,14 @@ batch-context fields read when the STEP opens (``prefill``, ``decode``, ``waitin
     [batch]
     "myengine.server:Engine.step" = "self.batch_stats"
 
+An optional ``[models]`` table gives, for a hooked method, a path (same syntax) to the served
+``torch.nn.Module``: when the method is called, its decoder layers, attention and MLP blocks,
+embeddings and LM head get FE ranges, as the built-in engine instrumentors give them (once per
+model; :func:`teller.record.instrument.torch_ops.attach_module_ranges`)::
+
+    [models]
+    "myengine.server:Engine.add_request" = "self.model"
+
 Messages: ``STEP id=<n> reqs=<ids>[ prefill=.. decode=.. ...]`` for STEP hooks (n counts steps
 in the process), else ``<TAG> <Qualname.method>`` (plus `` reqs=<ids>`` when a request path is
 given).
@@ -36,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from teller.errors import InputError
+from teller.record.instrument import torch_ops
 from teller.record.instrument.base import Instrumentor, batch_text
 
 TAGS = ("STEP", "FE", "BE", "COMM", "OTHER")
@@ -113,6 +122,7 @@ class HookSpec:
     hooks: dict[str, str]
     requests: dict[str, RequestPath]
     batch: dict[str, RequestPath] = field(default_factory=dict)
+    models: dict[str, RequestPath] = field(default_factory=dict)
 
     def modules(self) -> list[str]:
         return sorted({t.split(":", 1)[0] for t in self.hooks})
@@ -128,7 +138,7 @@ def load_hooks(path: str | Path) -> HookSpec:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise InputError(p, f"not valid TOML ({e})", 'write entries as "module:Class.method" = "TAG"') from e
     table = dict(data.get("hooks", {}))
-    table.update({k: v for k, v in data.items() if k not in ("hooks", "requests", "batch")})
+    table.update({k: v for k, v in data.items() if k not in ("hooks", "requests", "batch", "models")})
     if not table:
         raise InputError(p, "no hooks", 'add entries such as "mypkg.engine:Engine.step" = "STEP"')
     hooks: dict[str, str] = {}
@@ -142,7 +152,8 @@ def load_hooks(path: str | Path) -> HookSpec:
         hooks[target] = tag.upper()
     requests = _path_table(p, data, "requests", hooks, step_only=False, example="args[0].reqs[*].rid")
     batch = _path_table(p, data, "batch", hooks, step_only=True, example="self.batch_stats")
-    return HookSpec(str(p), hooks, requests, batch)
+    models = _path_table(p, data, "models", hooks, step_only=False, example="self.model")
+    return HookSpec(str(p), hooks, requests, batch, models)
 
 
 
@@ -186,16 +197,31 @@ class GenericInstrumentor(Instrumentor):
             mod, qual = target.split(":", 1)
             if mod == module.__name__:
                 self.wrap(module, qual, self._wrapper(tag, qual, self.spec.requests.get(target),
-                                                      self.spec.batch.get(target)))
+                                                      self.spec.batch.get(target),
+                                                      self.spec.models.get(target)))
+
+    def uninstrument(self) -> None:
+        super().uninstrument()
+        torch_ops.detach_module_ranges()
 
     def _wrapper(self, tag: str, qual: str, req: RequestPath | None,
-                 batch: RequestPath | None = None) -> Callable:
+                 batch: RequestPath | None = None, model: RequestPath | None = None) -> Callable:
         inst, label, rt = self, f"{tag} {qual}", self.rt
         is_step = tag == "STEP"
+        attached = [model is None]  # FE hooks on the served model: once, at the first call that reaches it
 
         def wrapper(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             if rt.is_compiling():
                 return wrapped(*args, **kwargs)
+            if not attached[0]:
+                try:
+                    vals = model.values(instance, args, kwargs)
+                    if len(vals) == 1 and vals[0] is not None:
+                        torch_ops.attach_module_ranges(rt, vals[0])
+                        attached[0] = True
+                except Exception as e:
+                    attached[0] = True
+                    inst.failed(f"{qual} model", e)
             opened = False
             try:
                 reqs = ",".join(req.ids(instance, args, kwargs)) if req is not None else None
