@@ -312,6 +312,63 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
     assert tinyeng.helper(1) == 2 and names() == []
 
 
+def test_generic_models_table_puts_fe_ranges_on_the_served_model(tmp_path: Path):
+    """[models]: the model a hooked method reaches gets FE ranges on its layers, attention and MLP
+    blocks (once, however often the method is called); other submodules stay unrecorded."""
+    (tmp_path / "tinymod.py").write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class TinyAttention(nn.Module):
+            def forward(self, x):
+                return x * 2
+        class TinyMLP(nn.Module):
+            def forward(self, x):
+                return x + 1
+        class TinyDecoderLayer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attn, self.mlp, self.scale = TinyAttention(), TinyMLP(), nn.Identity()
+            def forward(self, x):
+                return self.scale(self.mlp(self.attn(x)))
+        class Engine:
+            def __init__(self):
+                self.model = nn.Sequential(TinyDecoderLayer(), TinyDecoderLayer())
+            def add(self, rid):
+                return rid
+            def step(self, x):
+                return self.model(x)
+    """))
+    (tmp_path / "h.toml").write_text(textwrap.dedent("""
+        "tinymod:Engine.step" = "STEP"
+        "tinymod:Engine.add" = "OTHER"
+        [models]
+        "tinymod:Engine.add" = "self.model"
+    """))
+    sys.path.insert(0, str(tmp_path))
+    ranges.RECORDER.drain(final=True)
+    inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
+    inst.instrument(runtime)
+    try:
+        import torch
+        import tinymod
+
+        eng = tinymod.Engine()
+        assert eng.step(torch.ones(1)).item() == 7.0  # before any add: no FE hooks yet
+        assert [n.split(" id=")[0] for n in names() if n.startswith(("FE", "STEP"))] == ["STEP"]
+        eng.add("a")
+        eng.add("b")
+        assert eng.step(torch.ones(1)).item() == 7.0
+        got = [n for n in names() if n.startswith("FE")]
+        assert got == ["FE TinyAttention", "FE TinyMLP", "FE TinyDecoderLayer"] * 2, got
+    finally:
+        inst.uninstrument()
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("tinymod", None)
+    eng.step(torch.ones(1))
+    assert not [n for n in names() if n.startswith(("FE", "STEP"))]  # the FE hooks left with the instrumentor
+
+
 def test_request_paths_are_walked_not_evaluated():
     class Obj:
         d = {"a": 1, "b": 2}
@@ -332,6 +389,7 @@ def test_bad_hooks_files_name_the_entry(tmp_path: Path):
         '"m:C.f" = "FE"\n[requests]\n"m:C.g" = "args[0]"\n': "not hooked",
         '"m:C.f" = "STEP"\n[requests]\n"m:C.f" = "args[0].__dict__"\n': "dunder",
         '"m:C.f" = "FE"\n[batch]\n"m:C.f" = "self.stats"\n': "not a STEP hook",
+        '"m:C.f" = "FE"\n[models]\n"m:C.g" = "self.model"\n': "not hooked",
         '"m:C.f" = \n': "not valid TOML",
         "": "no hooks",
     }

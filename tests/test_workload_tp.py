@@ -42,6 +42,13 @@ def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     names = np.asarray(forest.column("name").to_pylist(), dtype=object)
     src, dst = np_col(edges, "src_node_id"), np_col(edges, "dst_node_id")
     assert all(names[a].split(" ")[0] == names[b].split(" ")[0] for a, b in zip(src[:20], dst[:20], strict=True))
+    # the model's blocks are FE ranges ([models] in hooks_tp.toml), each all_reduce inside one
+    layer = np.asarray(forest.column("layer").to_pylist(), dtype=object)
+    fe = set(names[layer == "FE"].tolist())
+    assert {"TPDecoderLayer", "TPAttention", "TPMLP", "Embedding"} <= fe, sorted(fe)
+    parent = np_col(forest, "parent_id")
+    comm = np.nonzero((layer == "COMM") & np.char.startswith(names.astype(str), "all_reduce"))[0]
+    assert len(comm) and set(names[parent[comm]].tolist()) == {"TPAttention", "TPMLP"}
     # the STEP messages carry the batch context the loop set ([batch] in hooks_tp.toml)
     step_names = [n for n in rd.read_events().column("name").to_pylist() if n.startswith("STEP")]
     fields = [dict(kv.split("=") for kv in n.split()[3:]) for n in step_names]
