@@ -350,8 +350,8 @@ def test_generic_models_table_puts_fe_ranges_on_the_served_model(tmp_path: Path)
     inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
     inst.instrument(runtime)
     try:
-        import torch
         import tinymod
+        import torch
 
         eng = tinymod.Engine()
         assert eng.step(torch.ones(1)).item() == 7.0  # before any add: no FE hooks yet
