@@ -26,6 +26,7 @@ from teller.dataset.splits import SPLIT_COLUMNS as SPLIT_COLS
 
 ROOT = Path(__file__).resolve().parents[1]
 DS = ROOT / "data" / "h200_v2"
+DS_TP = ROOT / "data" / "h200_v2_tp"  # part 3: tensor-parallel runs, joined to DS by `teller dataset merge`
 EXAMPLES = {"ex-op-delay-r0": ROOT / "examples" / "h200_faulty_op_delay",
             "ex-straggler-tp-r0": ROOT / "examples" / "h200_tp_straggler"}
 TABLES = ("records.parquet", "logs.parquet", "comm_edges.parquet", "iterations.parquet")
@@ -243,8 +244,29 @@ def test_v2_labels_are_complete_and_splits_disjoint(committed):
     assert ((sw == "test") == np.isin(wl, sheet["held_out_workloads"])).all()
 
 
+def test_v2_tensor_parallel_part_is_consistent_and_covers_the_other_categories():
+    """Part 3 agrees with its datasheet, its labels and splits are complete, it builds with the
+    sampling of parts 1-2 (so the parts merge), and its horizontal steps are abnormal through the
+    four categories besides communication, each on three runs or more."""
+    records = pq.read_table(DS_TP / "records.parquet")
+    sheet = _check_consistent(DS_TP, records)
+    assert sheet["sampling"] == json.loads((DS / "datasheet.json").read_text())["sampling"]
+    _check_labels_and_splits(records, sheet["held_out_mechanisms"])
+    assert {r["status"] for r in sheet["runs"]} == {"finished"} and len(sheet["runs"]) == 14
+    assert not set(_str(records, "run_id").tolist()) & set(_str(pq.read_table(DS / "records.parquet", columns=["run_id"]), "run_id").tolist())
+    view, ab, ft, run = (_str(records, "view"), records.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool),
+                         _str(records, "fault_type"), _str(records, "run_id"))
+    h = (view == "horizontal") & ab
+    assert set(ft[h].tolist()) == {"kernel", "memory", "runtime", "scheduling"}
+    for cat in ("kernel", "memory", "scheduling"):
+        assert len(set(run[h & (ft == cat)].tolist())) >= 3, cat
+    # every horizontal record joins both ranks' steps
+    ranks = records.column("ranks").to_pylist()
+    assert all(len(ranks[i]) == 2 for i in np.flatnonzero(view == "horizontal"))
+
+
 def test_committed_data_stays_within_the_budget():
-    """Committed datasets stay small: tens of MiB in all, no file large."""
+    """Committed datasets stay within their budget (v2 in three parts: 86 MiB), no file large."""
     files = [p for p in (ROOT / "data").rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in files) <= 60 * 2**20
+    assert sum(p.stat().st_size for p in files) <= 90 * 2**20
     assert max(p.stat().st_size for p in files) <= 8 * 2**20

@@ -52,3 +52,21 @@ def test_workload_split(rows, seed):
     # the other splits do not depend on the workloads
     s0 = assign_splits(run, req, mech, mech, seed)
     assert all(s[k] == s0[k] for k in ("split_request", "split_run", "split_mechanism"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.sampled_from(["a", "b", "c", "d"]), st.booleans()),
+                min_size=1, max_size=200), st.integers(0, 5))
+def test_held_out_mechanisms_come_from_categories_of_two_or_more(rows, seed):
+    """A record in a window without effect names its mechanism and no category; such records do
+    not make a category of their own, so a category's only mechanism is never held out (it would
+    leave the category without train records). Mechanisms a, b are category x, c and d each alone."""
+    run = np.array([f"r{a}" for a, _, _, _ in rows], dtype=object)
+    req = np.array([f"q{b}" for _, b, _, _ in rows], dtype=object)
+    mech = np.array([m for _, _, m, _ in rows], dtype=object)
+    shown = np.array([s for _, _, _, s in rows])
+    cat = np.where(shown, np.array([{"a": "x", "b": "x", "c": "y", "d": "z"}[m] for m in mech], dtype=object), "")
+    s = assign_splits(run, req, mech, cat, seed)
+    held = set(s["held_out_mechanisms"])
+    assert held <= {"a", "b"}
+    assert (len(held) == 1) == ({"a", "b"} <= set(mech[shown].tolist()))

@@ -105,7 +105,12 @@ def assign_splits(run_id: np.ndarray, request_id: np.ndarray, mechanism: np.ndar
     for c in sorted(set(cat[mech != ""])):
         ms = sorted(set(mech[(cat == c) & (mech != "")]))
         if len(ms) >= 2:
-            held.add(ms[int(rng.integers(len(ms)))])
+            pick = ms[int(rng.integers(len(ms)))]
+            # c == "": records in a window without effect name their mechanism and no category; they
+            # are no category of their own (their draw is still made, so the held-out set of a
+            # dataset built before this rule stays the same)
+            if c:
+                held.add(pick)
     mcode = np.where(np.isin(mech, sorted(held)), 2, np.where(req == 2, 0, req)) if held else req.copy()
     out: dict[str, list[str]] = {"split_request": names[req].tolist(), "split_run": names[run].tolist(),
                                  "split_mechanism": names[mcode].tolist()}
