@@ -47,6 +47,11 @@ out (``iterations.parquet``'s ``warmup`` column where the dataset has one, else 
 fit on the other fault-free runs of its deployment shape, under the default step rule and the rule
 before it (:data:`HELD_OUT_RULES`): the normal steps flagged where no fault and no label is involved.
 
+Normal steps flagged (``false_positives``) are counted in buckets: in a window without the
+effect, outside every window, warm-up, and outside every window with a lockstep partner in one
+(the same step number of the run on another rank: a fault on one rank of a tensor-parallel run
+holds the others up in its collectives, and the labels mark the faulty rank's steps only).
+
 Predictions per step: flagged or not (the step score reaches ``step_threshold``) and, when
 flagged, its candidate families (at most 5), as ``teller.evaluate.metrics.evaluate`` reads a
 diagnosis. Labels: ``is_anomaly`` and ``operator_labels``. Both sides name families with
@@ -149,6 +154,12 @@ def load_steps(ds: Path) -> dict[str, Any]:
         "labels": [lb if a else [] for lb, a in zip(labels, is_ab, strict=True)], "split": split,
         "labels_renamed": int(changed), "records": int(t.num_rows), "requests": np.bincount(inv, minlength=n),
     }
+    # a step outside every window whose lockstep partner (same run and step number, another rank)
+    # is inside one: a fault on one rank of a tensor-parallel run holds the other ranks up in the
+    # next collective, though the labels mark the faulty rank's steps only
+    pkey = steps["run_code"] * (1 << 32) + steps["step_num"].astype(np.int64)
+    win_keys = np.unique(pkey[steps["in_window"]])
+    steps["partner_in_window"] = ~steps["in_window"] & np.isin(pkey, win_keys)
     # warm-up as the labeller sees it (teller.inject.labels.warmup_steps): steps serving warm-up
     # requests only, and a process's first two steps (step numbers start at 0 on every rank)
     warm_req = np.char.startswith(_str(t.column("request_id")).astype(str), "warmup_")
@@ -389,11 +400,13 @@ def summarize(name: str, steps: dict[str, Any], test_steps: np.ndarray, r: dict[
                     "labels": _top(labels, m), "predicted": _top(pred, m & flag), "predicted_lifted": _top(pred_lifted, m & flag)}
         out[key] = d
     norm = test_steps & ~ab
-    warm, win = steps["warmup"], steps["in_window"]
+    warm, win, mate = steps["warmup"], steps["in_window"], steps["partner_in_window"]
     out["false_positives"] = {
         k: {"steps": int(m.sum()), "flagged": int((m & flag).sum()), "rate": float((m & flag).sum() / m.sum()) if m.any() else None}
         for k, m in (("all", norm), ("in_window_no_effect", norm & win), ("outside_windows", norm & ~win),
-                     ("warmup", norm & warm), ("outside_windows_not_warmup", norm & ~win & ~warm))}
+                     ("warmup", norm & warm), ("outside_windows_not_warmup", norm & ~win & ~warm),
+                     ("outside_windows_partner_in_window", norm & mate),
+                     ("outside_windows_no_partner_in_window", norm & ~win & ~mate))}
     out["false_positive_families"] = _top(pred, norm & flag, 8)
     per_run = {}
     for c in np.unique(steps["run_code"][test_steps]).tolist():
