@@ -472,14 +472,17 @@ class _EventStream:
     the text.
     """
 
-    def __init__(self, path: Path, text: _Text, chunk: int = CHUNK_BYTES, fast: bool = True):
+    def __init__(
+        self, path: Path, text: _Text, chunk: int = CHUNK_BYTES, fast: bool | str = True
+    ):
         self.path, self.chunk = path, chunk
         self.src = text
         self._blocks = text.blocks
         self.buf = bytearray()
         self.origin = 0  # text offset of buf[0]
         self.eof = False
-        self.fast = fast and msgspec is not None
+        self.fast = bool(fast) and msgspec is not None
+        self.vec = self.fast and fast != "typed"
         self.damage: list[str] = []
         self.complete = False
         self.header, start = self._locate()
@@ -648,6 +651,11 @@ class _EventStream:
         try:
             if not piece.isascii():  # msgspec skips unknown keys and raw values unchecked
                 piece.decode("utf-8")
+            if self.vec:
+                try:
+                    return _segment_vec(piece, self.exact, self._loads)
+                except (_Fallback, msgspec.MsgspecError):
+                    pass  # the typed path decides (and gives msgspec's error on bad syntax)
             return _segment_fast(_EV_DECODER.decode(piece), self.exact, self._loads)
         except (msgspec.MsgspecError, _Fallback, RecursionError, ValueError) as e:
             # RecursionError: nested too deep; ValueError: invalid UTF-8
@@ -1196,6 +1204,8 @@ if msgspec is not None:
         attrgetter, ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
     )
     _ARGS_DECODER = msgspec.json.Decoder(list[_Args])
+    _EV1_DECODER = msgspec.json.Decoder(_Ev)
+    _VALIDATE = msgspec.json.Decoder(msgspec.Raw)  # checks the syntax, builds nothing
 
 _POW10 = 10 ** np.arange(19, dtype=np.uint64)
 #: A ``\uD800``–``\uDFFF`` escape: maybe a lone surrogate, which the stdlib path replaces.
@@ -1206,13 +1216,18 @@ _SURROGATE_ESC = re.compile(rb"\\u[dD][89a-fA-F]")
 _FLOAT_SAFE_NS = (1 << 43) * 1000
 
 
+def _join(sep: bytes, raws: Any) -> bytearray:
+    """``sep.join(raws)`` as a bytearray, for a list of raw values or :class:`_Spans`."""
+    return raws.join(sep) if type(raws) is _Spans else bytearray(sep).join(raws)
+
+
 def _plain_us_to_ns(raws: list, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The common layouts of :func:`_raw_us_to_ns` in a few passes: every value an integer, or
     every value one decimal point with at most 3 decimals (``null``: missing). Parsed by
     ``np.fromstring`` (integers, the point read as a separator). Returns (ns, valid, rows to
     read one by one), or None for any other layout."""
     n = len(raws)
-    text = bytearray(b",").join(raws)
+    text = _join(b",", raws)
     buf = np.frombuffer(text, np.uint8)
     if not (((buf - np.uint8(44)) <= 13) & (buf != 47)).all():  # only digits , - .
         nul = np.flatnonzero(buf == 110)
@@ -1287,7 +1302,7 @@ def _raw_us_to_ns(raws: list, exact: bool, loads) -> tuple[np.ndarray, np.ndarra
         if len(odd):
             return _odd_us_to_ns(raws, odd, val, ok, exact, loads)
         return val, ok, {}
-    text = b",".join(raws) + b","
+    text = _join(b",", raws) + b","
     buf = np.frombuffer(text, np.uint8)
     comma = buf == 44
     ends = np.flatnonzero(comma)
@@ -1352,7 +1367,7 @@ def _args_text(raws: list, prefix: pa.Array, cat_codes: np.ndarray) -> pa.Array:
     category; an empty object leaves just ``}``.
     """
     n = len(raws)
-    c = msgspec.json.format(b"[" + _SEP.join(raws) + b"]", indent=-1)
+    c = msgspec.json.format(b"[" + _join(_SEP, raws) + b"]", indent=-1)
     buf = np.frombuffer(c, np.uint8).copy()
     s = np.flatnonzero(buf[2:-2] == 48) + 2  # candidate '0's
     s = s[(buf[s - 1] == 44) & (buf[s + 1] == 44) & (buf[s - 2] == 125) & (buf[s + 2] == 123)]
@@ -1508,6 +1523,440 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
     return t, stats
 
 
+# --------------------------------------------------------------------------------------------
+# vectorised path (numpy over the chunk's bytes)
+#
+# The layouts Kineto and json.dumps write (no backslash escapes in the chunk, every element of
+# the array an object): msgspec validates the chunk's JSON in one C pass without building
+# anything, then the fields are located from the positions of the quotes and braces (numpy over
+# the bytes: no Python object per event) and the columns built as the typed path builds them.
+# Anything else (an escape, a field of an unexpected type, a duplicate key, ...) raises
+# ``_Fallback`` and the chunk is read by the typed path, so both give the same rows.
+
+
+class _Spans:
+    """Byte ranges ``[starts, ends)`` of ``buf`` (one per row): the raw values of a column
+    without a Python object per row (``spans[i]``: one row's bytes, ``join``: all of them)."""
+
+    __slots__ = ("buf", "starts", "ends")
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+        self.buf, self.starts, self.ends = buf, starts, ends
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, i: int) -> bytes:
+        return self.buf[self.starts[i] : self.ends[i]].tobytes()
+
+    def take(self, idx: np.ndarray) -> _Spans:
+        return _Spans(self.buf, self.starts[idx], self.ends[idx])
+
+    def _gather(self, sep: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """The rows' bytes with ``sep`` between them, and where each row starts in it."""
+        n, ls = len(self.starts), len(sep)
+        lens = self.ends - self.starts
+        dst = np.zeros(n, np.int64)
+        if n > 1:
+            np.cumsum(lens[:-1] + ls, out=dst[1:])
+        total = int(dst[-1] + lens[-1]) if n else 0
+        out = np.empty(total, np.uint8)
+        before = np.cumsum(lens) - lens  # data bytes before each row
+        k = np.arange(total - ls * max(n - 1, 0), dtype=np.int64)
+        out[k + np.repeat(dst - before, lens)] = self.buf[k + np.repeat(self.starts - before, lens)]
+        for j, b in enumerate(sep):
+            out[dst[1:] - ls + j] = b
+        return out, dst
+
+    def join(self, sep: bytes) -> bytearray:
+        return bytearray(self._gather(sep)[0].tobytes())
+
+    def strings(self, valid: np.ndarray | None = None) -> pa.Array:
+        """The rows as an Arrow string array (null where ``valid`` is False); the bytes must
+        be UTF-8."""
+        data, dst = self._gather(b"")
+        n = len(self.starts)
+        off = np.empty(n + 1, np.int64)
+        off[:-1] = dst
+        off[-1] = len(data)
+        if len(data) >= 2**31:
+            raise _Fallback("chunk too large for 32-bit offsets")
+        nulls = None
+        if valid is not None and not valid.all():
+            nulls = pa.array(valid, pa.bool_()).buffers()[1]
+        return pa.StringArray.from_buffers(
+            n, pa.py_buffer(off.astype(np.int32)), pa.py_buffer(data), nulls
+        )
+
+
+_WS_LUT = np.zeros(256, bool)
+_WS_LUT[list(_WS)] = True
+_NUM_LUT = np.zeros(256, bool)
+_NUM_LUT[list(b"0123456789+-.eE")] = True
+_AR = np.arange(32, dtype=np.int64)
+_POW10_I = 10 ** np.arange(19, dtype=np.int64)
+_BYTE_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], np.uint64)
+_NULL_BRACES = b" null{}"  # appended to a chunk: what a missing ts/dur (null) or args ({}) reads
+_PAD = 64
+
+
+def _key_code(key: bytes) -> tuple[int, int, int]:
+    k = key.ljust(16, b"\0")
+    return len(key), int.from_bytes(k[:8], "little"), int.from_bytes(k[8:16], "little")
+
+
+_EV_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "correlation")
+_ARG_KEYS = (
+    "correlation", "device", "stream", "graph id", "graph_id", "bytes", "In msg nelems",
+    "Out msg nelems", "dtype",
+)
+_KEYS = _EV_KEYS + _ARG_KEYS
+_KEY_CODES = np.array([_key_code(k.encode()) for k in _KEYS], np.uint64)
+
+
+def _skip_ws_at(buf: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each position moved past whitespace."""
+    p = p.copy()
+    while True:
+        w = np.flatnonzero(_WS_LUT[buf[p]])
+        if not len(w):
+            return p
+        p[w] += 1
+
+
+def _ints_at(buf: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The JSON integers starting at ``p`` (at most 18 digits, not part of a float), else
+    ``_Fallback``."""
+    if not len(p):
+        return np.zeros(0, np.int64)
+    neg = buf[p] == 45
+    d = buf[(p + neg)[:, None] + _AR[:19]] - np.uint8(48)
+    isd = d < 10
+    nd = np.argmin(isd, axis=1)  # digits before the first non-digit (0: none, or 19+)
+    after = d[np.arange(len(p)), nd] + np.uint8(48)
+    if (nd == 0).any() or (_NUM_LUT[after]).any():  # no digits, too long, or a float
+        raise _Fallback("not a plain integer")
+    w = np.where(_AR[:19] < nd[:, None], _POW10_I[np.clip(nd[:, None] - 1 - _AR[:19], 0, 18)], 0)
+    v = (d.astype(np.int64) * w).sum(axis=1)
+    return np.where(neg, -v, v)
+
+
+def _value_ends(buf: np.ndarray, p: np.ndarray, string_end: Any) -> np.ndarray:
+    """End (exclusive) of the scalar JSON value at each ``p``: a number, ``null`` or a string
+    (``string_end(p)``); anything else raises ``_Fallback``."""
+    first = buf[p]
+    end = np.empty(len(p), np.int64)
+    num = _NUM_LUT[first]
+    if num.any():
+        q = p[num]
+        isn = _NUM_LUT[buf[q[:, None] + _AR[:24]]]
+        ln = np.argmin(isn, axis=1)
+        if (ln == 0).any():
+            raise _Fallback("number too long")
+        end[num] = q + ln
+    nul = first == 110
+    end[nul] = p[nul] + 4
+    st = first == 34
+    if st.any():
+        end[st] = string_end(p[st])
+    if not (num | nul | st).all():
+        raise _Fallback("a value of another type")
+    return end
+
+
+class _VecChunk:
+    """Where each event's fields are in the chunk's bytes (see :func:`_segment_vec`)."""
+
+    def __init__(self, piece: bytes):
+        if b"\\" in piece or b'"external id"' in piece:
+            raise _Fallback("escapes or 2022-format keys")
+        _VALIDATE.decode(piece)  # syntax: raises msgspec's error like the typed decode
+        size = len(piece)
+        self.piece = piece
+        buf = self.buf = np.frombuffer(piece + _NULL_BRACES + bytes(_PAD), np.uint8)
+        self.null_at, self.empty_at = size + 1, size + 5
+        body = buf[:size]
+        q = np.flatnonzero(body == 34)
+        so, sc = q[0::2], q[1::2]  # string opening and closing quotes (no escapes)
+        self.so, self.sc = so, sc
+
+        def outside(pos: np.ndarray) -> np.ndarray:
+            return pos[(np.searchsorted(q, pos) & 1) == 0]
+
+        ob = outside(np.flatnonzero(body == 123))
+        cb = outside(np.flatnonzero(body == 125))
+        ob_depth = np.arange(len(ob)) - np.searchsorted(cb, ob)  # open objects before it
+        cb_depth = np.searchsorted(ob, cb) - np.arange(1, len(cb) + 1)  # still open after it
+        es, ee = ob[ob_depth == 0], cb[cb_depth == 0]
+        n = self.n = len(es)
+        if n == 0 or len(ee) != n:
+            raise _Fallback("no events")
+        # between the events: only whitespace and commas (every element an object)
+        gs = np.concatenate([[1], ee + 1])
+        ge = np.concatenate([es, [size - 1]])
+        gl = ge - gs
+        gap = buf[np.arange(int(gl.sum())) + np.repeat(gs - (np.cumsum(gl) - gl), gl)]
+        if not (_WS_LUT[gap] | (gap == 44)).all() or buf[0] != 91 or buf[size - 1] != 93:
+            raise _Fallback("an element that is not an object")
+        self.es, self.ee = es, ee
+        self.o1, self.c1 = ob[ob_depth == 1], cb[cb_depth == 1]
+
+        # keys: strings followed by ':'
+        after = _skip_ws_at(buf, sc + 1)
+        is_key = buf[after] == 58
+        ki = np.flatnonzero(is_key)
+        kso, ksc = so[ki], sc[ki]
+        depth = np.searchsorted(ob, kso) - np.searchsorted(cb, kso)
+        sel = (depth == 1) | (depth == 2)
+        ki, kso, ksc, depth = ki[sel], kso[sel], ksc[sel], depth[sel]
+        klen = ksc - kso - 1
+        win = np.ndarray((len(buf) - 8,), "<u8", buf, 0, (1,))
+        a = win[kso + 1] & _BYTE_MASK[np.clip(klen, 0, 8)]
+        b = win[kso + 9] & _BYTE_MASK[np.clip(klen - 8, 0, 8)]
+        codes = _KEY_CODES
+        kid = np.full(len(ki), -1, np.int64)
+        for j in range(len(codes)):
+            hit = (klen == int(codes[j, 0])) & (a == codes[j, 1]) & (b == codes[j, 2])
+            kid[hit & ((depth == 1) == (j < len(_EV_KEYS)))] = j
+        known = kid >= 0
+        kso, kid, ki = kso[known], kid[known], ki[known]
+        self.vpos = _skip_ws_at(buf, after[ki] + 1)
+        self.kev = np.searchsorted(es, kso) - 1
+        self.kso, self.kid = kso, kid
+        flat = self.kev * len(codes) + kid
+        if len(flat) and np.bincount(flat).max() > 1:
+            raise _Fallback("a key given twice")
+
+    def string_end(self, p: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(self.so, p)
+        return self.sc[i] + 1
+
+    def field(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Rows holding event key ``name`` and where its value starts."""
+        j = _KEYS.index(name)
+        m = self.kid == j
+        return self.kev[m], self.vpos[m]
+
+    def arg_field(self, name: str, a_start: np.ndarray, a_end: np.ndarray):
+        """Rows whose args object holds ``name`` and where its value starts."""
+        j = _KEYS.index(name, len(_EV_KEYS))
+        m = np.flatnonzero(self.kid == j)
+        ev = self.kev[m]
+        inside = (a_start[ev] < self.kso[m]) & (self.kso[m] < a_end[ev])
+        return ev[inside], self.vpos[m][inside]
+
+    def strings(self, name: str) -> pa.Array:
+        """An event field of strings (null where absent or null); other types: ``_Fallback``."""
+        rows, p = self.field(name)
+        first = self.buf[p]
+        st = first == 34
+        if not (st | (first == 110)).all():
+            raise _Fallback(f"{name}: not a string")
+        starts = np.full(self.n, self.null_at, np.int64)
+        ends = starts.copy()
+        starts[rows[st]] = p[st] + 1
+        ends[rows[st]] = self.string_end(p[st]) - 1
+        valid = np.zeros(self.n, bool)
+        valid[rows[st]] = True
+        return _Spans(self.buf, starts, ends).strings(valid)
+
+    def raw(self, name: str, missing: int, missing_len: int) -> _Spans:
+        """The raw text of a scalar event field (``missing``: where the default's text is)."""
+        rows, p = self.field(name)
+        starts = np.full(self.n, missing, np.int64)
+        ends = starts + missing_len
+        starts[rows] = p
+        ends[rows] = _value_ends(self.buf, p, self.string_end)
+        return _Spans(self.buf, starts, ends)
+
+    def ints(self, rows: np.ndarray, p: np.ndarray, fill: int = -1):
+        """Integer values (``fill`` where absent or null) of rows/positions; other types raise
+        ``_Fallback``."""
+        out = np.full(self.n, fill, np.int64)
+        num = self.buf[p] != 110
+        out[rows[num]] = _ints_at(self.buf, p[num])
+        return out
+
+    def event(self, i: int) -> Any:
+        return _EV1_DECODER.decode(self.piece[self.es[i] : self.ee[i] + 1])
+
+
+def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _Stats]:
+    """:func:`_segment_fast` for a chunk located by :class:`_VecChunk` (same rows)."""
+    c = _VecChunk(piece)
+    stats = _Stats()
+    n_all = c.n
+    ph_a = c.strings("ph").dictionary_encode()
+    ph_dict = ph_a.dictionary.to_pylist()
+    ph_codes = ph_a.indices.fill_null(len(ph_dict)).to_numpy(zero_copy_only=False)
+    ph_of = ph_dict + [None]
+    cls = np.array([_PH_CLASS.get(p, _OTHER) for p in ph_dict] + [_MALFORMED], np.int8)[ph_codes]
+    cat_d = c.strings("cat").dictionary_encode()
+    cat_dict = cat_d.dictionary.to_pylist()
+    cat_codes = cat_d.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    counts = np.bincount(cat_codes + 1, minlength=len(cat_dict) + 1)
+    stats.in_by_category.update({c_: int(k) for c_, k in zip(cat_dict, counts[1:], strict=True) if k})
+    if counts[0]:
+        stats.in_by_category.update(
+            f"(ph {p if p is not None else '?'})"
+            for p in (ph_of[k] for k in ph_codes[cat_codes < 0].tolist())
+        )
+        if "" not in cat_dict:
+            cat_dict.append("")
+        cat_codes = np.where(cat_codes < 0, cat_dict.index(""), cat_codes)
+
+    # all fields are checked before anything is counted (a _Fallback leaves no trace)
+    pid_rows, pid_p = c.field("pid")
+    tid_rows, tid_p = c.field("tid")
+    ts_all = c.raw("ts", c.null_at, 4)
+    dur_all = c.raw("dur", c.null_at, 4)
+    arows, ap = c.field("args")
+    if not (c.buf[ap] == 123).all():
+        raise _Fallback("args not an object")
+    a_start = np.full(n_all, -1, np.int64)
+    a_end = np.full(n_all, -1, np.int64)
+    a_start[arows] = ap
+    a_end[arows] = c.c1[np.searchsorted(c.o1, ap)] + 1
+    names_all = c.strings("name")
+
+    def odd_ints(rows, p):
+        """pid/tid: ints, strings or null (the typed path's ``int | str | None``)."""
+        first = c.buf[p]
+        st = first == 34
+        vals = c.ints(rows[~st], p[~st])
+        strs = {}
+        if st.any():
+            for r, s0 in zip(rows[st].tolist(), p[st].tolist(), strict=True):
+                e = int(c.string_end(np.array([s0]))[0]) - 1
+                strs[r] = piece[s0 + 1 : e].decode("utf-8")
+        return vals, strs
+
+    pid_all, pid_str = odd_ints(pid_rows, pid_p)
+    tid_all, tid_str = odd_ints(tid_rows, tid_p)
+    ecorr_all = c.ints(*c.field("correlation"))
+    argi = {k: c.arg_field(k, a_start, a_end) for k in _ARG_KEYS}
+    corr_all = c.ints(*argi["correlation"])
+    dev_all = c.ints(*argi["device"], fill=-(2**62))
+    stm_all = c.ints(*argi["stream"], fill=-(2**62))
+    g_sp = c.ints(*argi["graph id"])
+    g_id = c.ints(*argi["graph_id"])
+    has_gsp = np.zeros(n_all, bool)
+    has_gsp[argi["graph id"][0]] = True
+    graph_all = np.where(has_gsp, g_sp, g_id)
+    bytes_all = c.ints(*argi["bytes"])
+    nin_all = c.ints(*argi["In msg nelems"], fill=0)
+    nout_all = c.ints(*argi["Out msg nelems"], fill=0)
+    coll = np.zeros(n_all, bool)
+    coll[argi["In msg nelems"][0]] = True
+    coll[argi["Out msg nelems"][0]] = True
+    dt_rows, dt_p = argi["dtype"]
+    dtype_of: dict[int, str | None] = {}
+    if len(dt_rows):
+        first = c.buf[dt_p]
+        if not ((first == 34) | (first == 110)).all():
+            raise _Fallback("dtype: not a string")
+        ends = c.string_end(dt_p[first == 34]) - 1
+        for r, s0, e in zip(dt_rows[first == 34].tolist(), dt_p[first == 34].tolist(), ends.tolist(), strict=True):
+            dtype_of[r] = piece[s0 + 1 : e].decode("utf-8")
+
+    if (cls == _META).any():
+        stats.metadata.extend(_meta_event(c.event(i), loads) for i in np.flatnonzero(cls == _META))
+    skipped = np.bincount(cls, minlength=9)
+    for k, reason in _SKIP_REASON.items():
+        if skipped[k]:
+            stats.skipped[reason] += int(skipped[k])
+    if skipped[_OTHER]:
+        odd = Counter(ph_of[k] for k in ph_codes[cls == _OTHER].tolist())
+        for p, k in odd.items():
+            stats.skipped[f"phase_{p}"] += k
+
+    timed = cls <= _E
+    if not timed.any():
+        return None, stats
+    idx = np.flatnonzero(timed)
+    n = len(idx)
+    cat_codes = cat_codes[idx]
+    cls = cls[idx]
+    start, ok, _ = _raw_us_to_ns(ts_all.take(idx), exact, loads)
+    dur, dur_ok, dur_odd = _raw_us_to_ns(dur_all.take(idx), exact, loads)
+    dur, flags = _durations(cls, dur, dur_ok, ok, stats, dur_odd.get)
+
+    cat_a = pa.DictionaryArray.from_arrays(
+        pa.array(cat_codes.astype(np.int32)), pa.array(cat_dict, pa.string())
+    )
+    kind_of_cat = np.array([_K[_CAT_KIND.get(x.lower(), "RANGE")] for x in cat_dict], np.int8)
+    kind = kind_of_cat[cat_codes]
+    for k, kd in _CLASS_KIND.items():
+        kind[cls == k] = kd
+
+    names = pc.fill_null(names_all.take(pa.array(idx)), "").dictionary_encode()
+    pid, tid = pid_all[idx], tid_all[idx]
+    pid_odd = tid_odd = None
+    odd_rows = np.zeros(0, np.int64)
+    if pid_str or tid_str:
+        str_rows = np.array(sorted(set(pid_str) | set(tid_str)), np.int64)
+        pos = np.searchsorted(idx, str_rows)
+        keep = (pos < n) & (idx[np.minimum(pos, n - 1)] == str_rows)
+        odd_rows = pos[keep]
+        for r, i in zip(str_rows[keep].tolist(), odd_rows.tolist(), strict=True):
+            if r in pid_str:
+                v = _to_int(pid_str[r])
+                pid[i] = -1 if v is None else v
+            if r in tid_str:
+                v = _to_int(tid_str[r])
+                tid[i] = -1 if v is None else v
+    raw_args = _Spans(c.buf, np.where(a_start >= 0, a_start, c.empty_at), np.where(a_start >= 0, a_end, c.empty_at + 2)).take(idx)
+
+    corr = corr_all[idx]
+    need = np.flatnonzero((corr < 0) & (kind >= _K["RUNTIME"]))
+    if len(need):
+        corr[need] = ecorr_all[idx[need]]
+
+    # GPU rows, as _gpu_columns
+    gpu_cat = np.fromiter((x in _GPU_RANGE_CATS for x in cat_dict), bool, len(cat_dict))
+    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
+    device = np.full(n, -1, np.int32)
+    stream = np.full(n, -1, np.int64)
+    graph = np.full(n, -1, np.int64)
+    gi = np.flatnonzero(is_gpu)
+    if len(gi):
+        dev, stm = dev_all[idx[gi]], stm_all[idx[gi]]
+        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
+        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
+        tid[gi] = -1
+        graph[gi] = graph_all[idx[gi]]
+
+    nbytes = np.full(n, -1, np.int64)
+    mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
+    if len(mi):
+        nbytes[mi] = bytes_all[idx[mi]]
+    ci = np.flatnonzero(coll[idx])
+    if len(ci):
+        size = np.array(
+            [_DTYPE_BYTES.get(str(dtype_of.get(r)).lower(), -1) for r in idx[ci].tolist()], np.int64
+        )
+        nel = np.maximum(nin_all[idx[ci]], nout_all[idx[ci]])
+        nbytes[ci] = np.where((size > 0) & (nel > 0), nel * size, -1)
+
+    prefix = pa.array(['{"cat":' + _encode(x) for x in cat_dict], pa.string())
+    args_arr = _args_text(raw_args, prefix, cat_codes)
+    if len(odd_rows):
+        # pid "Spans" / tid "PyTorch Profiler": the labels go into args, as in _segment
+        patched = []
+        for i in odd_rows.tolist():
+            e = c.event(int(idx[i]))
+            a = {**loads(raw_args[i]), "pid": e.pid, "tid": e.tid}
+            patched.append('{"cat":' + _encode(cat_dict[cat_codes[i]]) + "," + _encode(a)[1:])
+        mask = np.zeros(n, bool)
+        mask[odd_rows] = True
+        args_arr = pc.replace_with_mask(args_arr, pa.array(mask), pa.array(patched, pa.string()))
+
+    t = _chunk_table(ok, stats, kind=kind, cat=cat_a, name=names, pid=pid, tid=tid, device=device, stream=stream,
+                     start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
+                     gpu=is_gpu)
+    return t, stats
+
+
 def _collective_bytes(args: list[dict]) -> np.ndarray:
     """Message size of collective records: max(in, out) elements × element size, -1 if unknown.
 
@@ -1655,12 +2104,13 @@ def parse_kineto_file(
     chunk_bytes: int = CHUNK_BYTES,
     layer_rules: str | Path | None = None,
     progress: bool | None = None,
-    fast: bool = True,
+    fast: bool | str = True,
 ) -> KinetoFile:
     """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them.
 
     ``fast=False`` reads every chunk with the stdlib path (the reference the typed msgspec path
-    is tested against; same rows, slower)."""
+    is tested against; same rows, slower); ``fast="typed"`` skips the vectorised path (every
+    chunk typed-decoded or, where that does not apply, read by the stdlib path)."""
     path = Path(path)
     rules = load_layer_rules(layer_rules)
     text = _Text(path)
