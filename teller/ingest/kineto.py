@@ -1218,7 +1218,7 @@ _FLOAT_SAFE_NS = (1 << 43) * 1000
 
 def _join(sep: bytes, raws: Any) -> bytearray:
     """``sep.join(raws)`` as a bytearray, for a list of raw values or :class:`_Spans`."""
-    return raws.join(sep) if type(raws) is _Spans else bytearray(sep).join(raws)
+    return raws.join(sep) if type(raws) is _Vals else bytearray(sep).join(raws)
 
 
 def _plain_us_to_ns(raws: list, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -1524,80 +1524,51 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
 
 
 # --------------------------------------------------------------------------------------------
-# vectorised path (numpy over the chunk's bytes)
+# vectorised path (numpy and Arrow over the chunk's bytes)
 #
-# The layouts Kineto and json.dumps write (no backslash escapes in the chunk, every element of
-# the array an object): msgspec validates the chunk's JSON in one C pass without building
-# anything, then the fields are located from the positions of the quotes and braces (numpy over
-# the bytes: no Python object per event) and the columns built as the typed path builds them.
-# Anything else (an escape, a field of an unexpected type, a duplicate key, ...) raises
-# ``_Fallback`` and the chunk is read by the typed path, so both give the same rows.
+# The layouts Kineto and json.dumps write (no backslash escape in the chunk, every element of the
+# array an object): ``msgspec.json.format`` checks the chunk's syntax and compacts it in one C
+# pass (no whitespace left outside strings, every number kept as written), then the fields are
+# located from the positions of the quotes and braces (numpy over the bytes: no Python object
+# per event) and the columns built as the typed path builds them, the strings taken by Arrow
+# from the compact text in place. Anything else (an escape, a field of an unexpected type, a
+# duplicate key, ...) raises ``_Fallback`` and the chunk is read by the typed path, so both
+# give the same rows.
 
 
-class _Spans:
-    """Byte ranges ``[starts, ends)`` of ``buf`` (one per row): the raw values of a column
-    without a Python object per row (``spans[i]``: one row's bytes, ``join``: all of them)."""
+class _Vals:
+    """Raw values of a column as an Arrow string array, each value followed by a ``,``
+    (what :func:`_raw_us_to_ns` joins and reads back one by one)."""
 
-    __slots__ = ("buf", "starts", "ends")
+    __slots__ = ("arr",)
 
-    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray):
-        self.buf, self.starts, self.ends = buf, starts, ends
+    def __init__(self, arr: pa.Array):
+        self.arr = arr
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.arr)
 
     def __getitem__(self, i: int) -> bytes:
-        return self.buf[self.starts[i] : self.ends[i]].tobytes()
+        return self.arr[i].as_buffer().to_pybytes()[:-1]
 
-    def take(self, idx: np.ndarray) -> _Spans:
-        return _Spans(self.buf, self.starts[idx], self.ends[idx])
-
-    def _gather(self, sep: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """The rows' bytes with ``sep`` between them, and where each row starts in it."""
-        n, ls = len(self.starts), len(sep)
-        lens = self.ends - self.starts
-        dst = np.zeros(n, np.int64)
-        if n > 1:
-            np.cumsum(lens[:-1] + ls, out=dst[1:])
-        total = int(dst[-1] + lens[-1]) if n else 0
-        out = np.empty(total, np.uint8)
-        before = np.cumsum(lens) - lens  # data bytes before each row
-        k = np.arange(total - ls * max(n - 1, 0), dtype=np.int64)
-        out[k + np.repeat(dst - before, lens)] = self.buf[k + np.repeat(self.starts - before, lens)]
-        for j, b in enumerate(sep):
-            out[dst[1:] - ls + j] = b
-        return out, dst
+    def take(self, idx: np.ndarray) -> _Vals:
+        return _Vals(self.arr.take(pa.array(idx)))
 
     def join(self, sep: bytes) -> bytearray:
-        return bytearray(self._gather(sep)[0].tobytes())
-
-    def strings(self, valid: np.ndarray | None = None) -> pa.Array:
-        """The rows as an Arrow string array (null where ``valid`` is False); the bytes must
-        be UTF-8."""
-        data, dst = self._gather(b"")
-        n = len(self.starts)
-        off = np.empty(n + 1, np.int64)
-        off[:-1] = dst
-        off[-1] = len(data)
-        if len(data) >= 2**31:
-            raise _Fallback("chunk too large for 32-bit offsets")
-        nulls = None
-        if valid is not None and not valid.all():
-            nulls = pa.array(valid, pa.bool_()).buffers()[1]
-        return pa.StringArray.from_buffers(
-            n, pa.py_buffer(off.astype(np.int32)), pa.py_buffer(data), nulls
-        )
+        if sep != b",":  # pragma: no cover - only the time readers join these
+            return bytearray(sep).join(self[i] for i in range(len(self)))
+        a = self.arr
+        if not len(a):
+            return bytearray()
+        off = np.frombuffer(a.buffers()[1], np.int32)[a.offset : a.offset + len(a) + 1]
+        data = a.buffers()[2]
+        return bytearray(memoryview(data)[off[0] : off[-1] - 1])
 
 
 _WS_LUT = np.zeros(256, bool)
 _WS_LUT[list(_WS)] = True
-_NUM_LUT = np.zeros(256, bool)
-_NUM_LUT[list(b"0123456789+-.eE")] = True
-_AR = np.arange(32, dtype=np.int64)
-_POW10_I = 10 ** np.arange(19, dtype=np.int64)
-_BYTE_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], np.uint64)
-_NULL_BRACES = b" null{}"  # appended to a chunk: what a missing ts/dur (null) or args ({}) reads
 _PAD = 64
+_M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
 
 
 def _key_code(key: bytes) -> tuple[int, int, int]:
@@ -1610,175 +1581,195 @@ _ARG_KEYS = (
     "correlation", "device", "stream", "graph id", "graph_id", "bytes", "In msg nelems",
     "Out msg nelems", "dtype",
 )
-_KEYS = _EV_KEYS + _ARG_KEYS
-_KEY_CODES = np.array([_key_code(k.encode()) for k in _KEYS], np.uint64)
+_NK = len(_EV_KEYS) + len(_ARG_KEYS)
 
 
-def _skip_ws_at(buf: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Each position moved past whitespace."""
-    p = p.copy()
-    while True:
-        w = np.flatnonzero(_WS_LUT[buf[p]])
-        if not len(w):
-            return p
-        p[w] += 1
+def _key_table() -> tuple[np.ndarray, ...]:
+    keys = list(dict.fromkeys(_EV_KEYS + _ARG_KEYS))
+    codes = np.array([_key_code(k.encode()) for k in keys], np.uint64)
+    with np.errstate(over="ignore"):
+        h = codes[:, 1] ^ (codes[:, 2] * _M1) ^ (codes[:, 0] * _M2)
+    o = np.argsort(h)
+    ev = np.array([_EV_KEYS.index(k) if k in _EV_KEYS else -1 for k in keys], np.int64)
+    arg = np.array(
+        [len(_EV_KEYS) + _ARG_KEYS.index(k) if k in _ARG_KEYS else -1 for k in keys], np.int64
+    )
+    return h[o], codes[o, 0], codes[o, 1], codes[o, 2], ev[o], arg[o]
 
 
-def _ints_at(buf: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """The JSON integers starting at ``p`` (at most 18 digits, not part of a float), else
-    ``_Fallback``."""
-    if not len(p):
-        return np.zeros(0, np.int64)
-    neg = buf[p] == 45
-    d = buf[(p + neg)[:, None] + _AR[:19]] - np.uint8(48)
-    isd = d < 10
-    nd = np.argmin(isd, axis=1)  # digits before the first non-digit (0: none, or 19+)
-    after = d[np.arange(len(p)), nd] + np.uint8(48)
-    if (nd == 0).any() or (_NUM_LUT[after]).any():  # no digits, too long, or a float
+_KT_H, _KT_LEN, _KT_A, _KT_B, _KT_EV, _KT_ARG = _key_table()
+_BYTE_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], np.uint64)
+
+
+def _win8(u: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The 8 bytes at each position ``p`` as a little-endian uint64 (``u``: the bytes as
+    aligned uint64 words)."""
+    w = p >> 3
+    sh = (p & 7).astype(np.uint64) * np.uint64(8)
+    hi = u[w + 1] << (np.uint64(64) - sh)
+    return (u[w] >> sh) | np.where(sh == 0, np.uint64(0), hi)
+
+
+def _spans_array(data: pa.Buffer, size: int, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
+    """A string array over ``data`` (no copy) whose element ``2 i + 1`` is ``[starts[i],
+    ends[i])`` (ascending, disjoint spans; the elements between them are what lies between)."""
+    off = np.empty(2 * len(starts) + 2, np.int32)
+    off[0], off[-1] = 0, size
+    off[1:-1:2] = starts
+    off[2:-1:2] = ends
+    return pa.StringArray.from_buffers(len(off) - 1, pa.py_buffer(off), data)
+
+
+def _parse_ints(buf: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """The JSON integers in ``buf[s:e]`` (at most 18 digits), else ``_Fallback``."""
+    v = np.zeros(len(s), np.int64)
+    if not len(s):
+        return v
+    neg = buf[s] == 45
+    s = s + neg
+    ln = e - s
+    if (ln < 1).any() or (ln > 18).any():
         raise _Fallback("not a plain integer")
-    w = np.where(_AR[:19] < nd[:, None], _POW10_I[np.clip(nd[:, None] - 1 - _AR[:19], 0, 18)], 0)
-    v = (d.astype(np.int64) * w).sum(axis=1)
+    for k in range(int(ln.max())):
+        on = ln > k
+        d = buf[np.where(on, s + k, s)] - np.uint8(48)
+        if (d[on] > 9).any():
+            raise _Fallback("not a plain integer")
+        v = np.where(on, v * 10 + d, v)
     return np.where(neg, -v, v)
 
 
-def _value_ends(buf: np.ndarray, p: np.ndarray, string_end: Any) -> np.ndarray:
-    """End (exclusive) of the scalar JSON value at each ``p``: a number, ``null`` or a string
-    (``string_end(p)``); anything else raises ``_Fallback``."""
-    first = buf[p]
-    end = np.empty(len(p), np.int64)
-    num = _NUM_LUT[first]
-    if num.any():
-        q = p[num]
-        isn = _NUM_LUT[buf[q[:, None] + _AR[:24]]]
-        ln = np.argmin(isn, axis=1)
-        if (ln == 0).any():
-            raise _Fallback("number too long")
-        end[num] = q + ln
-    nul = first == 110
-    end[nul] = p[nul] + 4
-    st = first == 34
-    if st.any():
-        end[st] = string_end(p[st])
-    if not (num | nul | st).all():
-        raise _Fallback("a value of another type")
-    return end
-
-
 class _VecChunk:
-    """Where each event's fields are in the chunk's bytes (see :func:`_segment_vec`)."""
+    """Where each event's fields are in the chunk's compact text (see :func:`_segment_vec`)."""
 
     def __init__(self, piece: bytes):
         if b"\\" in piece or b'"external id"' in piece:
             raise _Fallback("escapes or 2022-format keys")
-        _VALIDATE.decode(piece)  # syntax: raises msgspec's error like the typed decode
-        size = len(piece)
-        self.piece = piece
-        buf = self.buf = np.frombuffer(piece + _NULL_BRACES + bytes(_PAD), np.uint8)
-        self.null_at, self.empty_at = size + 1, size + 5
+        text = self.text = msgspec.json.format(piece, indent=-1)  # msgspec's error if invalid
+        size = self.size = len(text)
+        if size >= 2**31 - 16:
+            raise _Fallback("chunk too large for 32-bit offsets")
+        buf = np.zeros(size + _PAD, np.uint8)
+        buf[:size] = np.frombuffer(text, np.uint8)
+        self.buf = buf
         body = buf[:size]
-        q = np.flatnonzero(body == 34)
-        so, sc = q[0::2], q[1::2]  # string opening and closing quotes (no escapes)
-        self.so, self.sc = so, sc
-
-        def outside(pos: np.ndarray) -> np.ndarray:
-            return pos[(np.searchsorted(q, pos) & 1) == 0]
-
-        ob = outside(np.flatnonzero(body == 123))
-        cb = outside(np.flatnonzero(body == 125))
-        ob_depth = np.arange(len(ob)) - np.searchsorted(cb, ob)  # open objects before it
-        cb_depth = np.searchsorted(ob, cb) - np.arange(1, len(cb) + 1)  # still open after it
-        es, ee = ob[ob_depth == 0], cb[cb_depth == 0]
+        m = body == 34
+        m |= body == 123
+        m |= body == 125
+        tok = np.flatnonzero(m)
+        tt = buf[tok]
+        isq = tt == 34
+        odd = (np.cumsum(isq) & 1).astype(bool)  # a quote opening a string, or inside one
+        op = isq & odd
+        st = np.zeros(len(tok), np.int64)
+        st[~isq & ~odd & (tt == 123)] = 1
+        st[~isq & ~odd & (tt == 125)] = -1
+        depth = np.cumsum(st)  # objects open after each token
+        ev_open = (st == 1) & (depth == 1)
+        es, ee = tok[ev_open], tok[(st == -1) & (depth == 0)]
         n = self.n = len(es)
-        if n == 0 or len(ee) != n:
-            raise _Fallback("no events")
-        # between the events: only whitespace and commas (every element an object)
-        gs = np.concatenate([[1], ee + 1])
-        ge = np.concatenate([es, [size - 1]])
-        gl = ge - gs
-        gap = buf[np.arange(int(gl.sum())) + np.repeat(gs - (np.cumsum(gl) - gl), gl)]
-        if not (_WS_LUT[gap] | (gap == 44)).all() or buf[0] != 91 or buf[size - 1] != 93:
+        if n == 0 or len(ee) != n or es[0] != 1 or ee[-1] != size - 2:
+            raise _Fallback("no events, or an element that is not an object")
+        if n > 1 and ((es[1:] != ee[:-1] + 2) | (buf[ee[:-1] + 1] != 44)).any():
             raise _Fallback("an element that is not an object")
         self.es, self.ee = es, ee
-        self.o1, self.c1 = ob[ob_depth == 1], cb[cb_depth == 1]
+        self.o2 = tok[(st == 1) & (depth == 2)]
+        self.c2 = tok[(st == -1) & (depth == 1)]
 
-        # keys: strings followed by ':'
-        after = _skip_ws_at(buf, sc + 1)
-        is_key = buf[after] == 58
-        ki = np.flatnonzero(is_key)
-        kso, ksc = so[ki], sc[ki]
-        depth = np.searchsorted(ob, kso) - np.searchsorted(cb, kso)
-        sel = (depth == 1) | (depth == 2)
-        ki, kso, ksc, depth = ki[sel], kso[sel], ksc[sel], depth[sel]
+        oq = np.flatnonzero(op)  # token index of each string's opening quote
+        cq = np.flatnonzero(isq & ~odd)
+        so, sc = tok[oq], tok[cq]
+        self.so, self.sc = so, sc
+        # every string's content: element 2 i + 1 (zero-copy over the compact text)
+        self.data = pa.py_buffer(buf)
+        self.strs = _spans_array(self.data, size, so + 1, sc)
+        sdepth = depth[oq]
+        ki = np.flatnonzero((buf[sc + 1] == 58) & ((sdepth == 1) | (sdepth == 2)))
+        kso, ksc, kdepth = so[ki], sc[ki], sdepth[ki]
         klen = ksc - kso - 1
-        win = np.ndarray((len(buf) - 8,), "<u8", buf, 0, (1,))
-        a = win[kso + 1] & _BYTE_MASK[np.clip(klen, 0, 8)]
-        b = win[kso + 9] & _BYTE_MASK[np.clip(klen - 8, 0, 8)]
-        codes = _KEY_CODES
-        kid = np.full(len(ki), -1, np.int64)
-        for j in range(len(codes)):
-            hit = (klen == int(codes[j, 0])) & (a == codes[j, 1]) & (b == codes[j, 2])
-            kid[hit & ((depth == 1) == (j < len(_EV_KEYS)))] = j
-        known = kid >= 0
-        kso, kid, ki = kso[known], kid[known], ki[known]
-        self.vpos = _skip_ws_at(buf, after[ki] + 1)
-        self.kev = np.searchsorted(es, kso) - 1
-        self.kso, self.kid = kso, kid
-        flat = self.kev * len(codes) + kid
-        if len(flat) and np.bincount(flat).max() > 1:
+        u = buf[: len(buf) // 8 * 8].view("<u8")
+        a = _win8(u, kso + 1) & _BYTE_MASK[np.clip(klen, 0, 8)]
+        b = _win8(u, kso + 9) & _BYTE_MASK[np.clip(klen - 8, 0, 8)]
+        kl = klen.astype(np.uint64)
+        with np.errstate(over="ignore"):
+            h = a ^ (b * _M1) ^ (kl * _M2)
+        j = np.minimum(np.searchsorted(_KT_H, h), len(_KT_H) - 1)
+        hit = (_KT_H[j] == h) & (_KT_A[j] == a) & (_KT_B[j] == b) & (_KT_LEN[j] == kl)
+        kid = np.where(kdepth == 1, _KT_EV[j], _KT_ARG[j])
+        hit &= kid >= 0
+        ki, kso, kid = ki[hit], kso[hit], kid[hit]
+        kev = np.cumsum(ev_open)[oq[ki]] - 1
+        if len(kid) and np.bincount(kev * _NK + kid).max() > 1:
             raise _Fallback("a key given twice")
+        # each key's value: from after the ':' to the next token (a string's: its quotes)
+        vpos = sc[ki] + 2
+        nxt = cq[ki] + 1  # token after the key
+        nt = tok[np.minimum(nxt, len(tok) - 1)]
+        vend = np.where(tt[np.minimum(nxt, len(tok) - 1)] == 34, nt - 1, nt)
+        first = buf[vpos]
+        is_str = first == 34
+        vend[is_str] = sc[ki[is_str] + 1] + 1
+        o = np.argsort(kid, kind="stable")
+        bounds = np.searchsorted(kid[o], np.arange(_NK + 1))
+        self.keys = [
+            (kev[o[bounds[i] : bounds[i + 1]]], ki[o[bounds[i] : bounds[i + 1]]],
+             vpos[o[bounds[i] : bounds[i + 1]]], vend[o[bounds[i] : bounds[i + 1]]],
+             kso[o[bounds[i] : bounds[i + 1]]])
+            for i in range(_NK)
+        ]
 
-    def string_end(self, p: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(self.so, p)
-        return self.sc[i] + 1
-
-    def field(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Rows holding event key ``name`` and where its value starts."""
-        j = _KEYS.index(name)
-        m = self.kid == j
-        return self.kev[m], self.vpos[m]
-
-    def arg_field(self, name: str, a_start: np.ndarray, a_end: np.ndarray):
-        """Rows whose args object holds ``name`` and where its value starts."""
-        j = _KEYS.index(name, len(_EV_KEYS))
-        m = np.flatnonzero(self.kid == j)
-        ev = self.kev[m]
-        inside = (a_start[ev] < self.kso[m]) & (self.kso[m] < a_end[ev])
-        return ev[inside], self.vpos[m][inside]
+    def field(self, name: str, arg: bool = False):
+        """(rows, key string index, value start, value end, key position) of a key."""
+        return self.keys[_ARG_KEYS.index(name) + len(_EV_KEYS) if arg else _EV_KEYS.index(name)]
 
     def strings(self, name: str) -> pa.Array:
         """An event field of strings (null where absent or null); other types: ``_Fallback``."""
-        rows, p = self.field(name)
-        first = self.buf[p]
+        rows, ki, vp, _, _ = self.field(name)
+        first = self.buf[vp]
         st = first == 34
         if not (st | (first == 110)).all():
             raise _Fallback(f"{name}: not a string")
-        starts = np.full(self.n, self.null_at, np.int64)
-        ends = starts.copy()
-        starts[rows[st]] = p[st] + 1
-        ends[rows[st]] = self.string_end(p[st]) - 1
+        idx = np.zeros(self.n, np.int64)
         valid = np.zeros(self.n, bool)
+        idx[rows[st]] = 2 * (ki[st] + 1) + 1
         valid[rows[st]] = True
-        return _Spans(self.buf, starts, ends).strings(valid)
+        return self.strs.take(pa.array(idx, mask=~valid))
 
-    def raw(self, name: str, missing: int, missing_len: int) -> _Spans:
-        """The raw text of a scalar event field (``missing``: where the default's text is)."""
-        rows, p = self.field(name)
-        starts = np.full(self.n, missing, np.int64)
-        ends = starts + missing_len
-        starts[rows] = p
-        ends[rows] = _value_ends(self.buf, p, self.string_end)
-        return _Spans(self.buf, starts, ends)
+    def string_values(self, rows: np.ndarray, ki: np.ndarray, vp: np.ndarray) -> dict[int, str]:
+        """{row: the string} of the rows whose value is a string (few: a Python loop)."""
+        st = self.buf[vp] == 34
+        return {
+            r: self.strs[2 * (k + 1) + 1].as_py()
+            for r, k in zip(rows[st].tolist(), ki[st].tolist(), strict=True)
+        }
 
-    def ints(self, rows: np.ndarray, p: np.ndarray, fill: int = -1):
-        """Integer values (``fill`` where absent or null) of rows/positions; other types raise
-        ``_Fallback``."""
+    def raw(self, name: str) -> _Vals:
+        """The raw text of a scalar event field, each followed by ``,`` (``null,`` where
+        absent)."""
+        rows, _, vp, ve, _ = self.field(name)
+        first = self.buf[vp]
+        if not ((first == 34) | (first == 110) | (first == 45) | ((first - np.uint8(48)) < 10)).all():
+            raise _Fallback(f"{name}: a value of another type")
+        self.buf[ve] = 44  # the ',' or '}' after each value (no span holds it)
+        idx = np.zeros(self.n, np.int64)
+        valid = np.zeros(self.n, bool)
+        idx[rows] = 2 * np.arange(len(rows)) + 1
+        valid[rows] = True
+        arr = _spans_array(self.data, self.size, vp, ve + 1).take(pa.array(idx, mask=~valid))
+        return _Vals(arr.fill_null("null,") if len(rows) < self.n else arr)
+
+    def ints(self, key: tuple, fill: int = -1, rows_ok: np.ndarray | None = None) -> np.ndarray:
+        """Integer values of a key (``fill`` where absent or null); other types: ``_Fallback``."""
+        rows, _, vp, ve, _ = key
+        if rows_ok is not None:
+            rows, vp, ve = rows[rows_ok], vp[rows_ok], ve[rows_ok]
         out = np.full(self.n, fill, np.int64)
-        num = self.buf[p] != 110
-        out[rows[num]] = _ints_at(self.buf, p[num])
+        num = self.buf[vp] != 110
+        out[rows[num]] = _parse_ints(self.buf, vp[num], ve[num])
         return out
 
     def event(self, i: int) -> Any:
-        return _EV1_DECODER.decode(self.piece[self.es[i] : self.ee[i] + 1])
+        return _EV1_DECODER.decode(self.text[self.es[i] : self.ee[i] + 1])
 
 
 def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _Stats]:
@@ -1794,8 +1785,57 @@ def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _St
     cat_d = c.strings("cat").dictionary_encode()
     cat_dict = cat_d.dictionary.to_pylist()
     cat_codes = cat_d.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    names_all = c.strings("name")
+
+    # every field is read before anything is counted (a _Fallback leaves no trace)
+    pid_k, tid_k = c.field("pid"), c.field("tid")
+    pid_str = c.string_values(*pid_k[:3])
+    tid_str = c.string_values(*tid_k[:3])
+    pid_all = c.ints(pid_k, rows_ok=c.buf[pid_k[2]] != 34)
+    tid_all = c.ints(tid_k, rows_ok=c.buf[tid_k[2]] != 34)
+    ecorr_all = c.ints(c.field("correlation"))
+    arows, _, ap, _, _ = c.field("args")
+    if not (c.buf[ap] == 123).all():
+        raise _Fallback("args not an object")
+    a_end = c.c2[np.searchsorted(c.o2, ap)] + 1
+    a_lo = np.full(n_all, -1, np.int64)
+    a_hi = np.full(n_all, -1, np.int64)
+    a_lo[arows], a_hi[arows] = ap, a_end
+
+    def arg(name: str) -> tuple:
+        rows, ki, vp, ve, kp = c.field(name, arg=True)
+        inside = (a_lo[rows] < kp) & (kp < a_hi[rows])
+        return rows[inside], ki[inside], vp[inside], ve[inside], kp[inside]
+
+    argk = {k: arg(k) for k in _ARG_KEYS}
+    corr_all = c.ints(argk["correlation"])
+    dev_all = c.ints(argk["device"], fill=-(2**62))
+    stm_all = c.ints(argk["stream"], fill=-(2**62))
+    graph_all = c.ints(argk["graph_id"])
+    g_rows = argk["graph id"][0]
+    graph_all[g_rows] = c.ints(argk["graph id"])[g_rows]
+    bytes_all = c.ints(argk["bytes"])
+    nin_all = c.ints(argk["In msg nelems"], fill=0)
+    nout_all = c.ints(argk["Out msg nelems"], fill=0)
+    coll = np.zeros(n_all, bool)
+    coll[argk["In msg nelems"][0]] = True
+    coll[argk["Out msg nelems"][0]] = True
+    dt_rows, dt_ki, dt_p, _, _ = argk["dtype"]
+    if not ((c.buf[dt_p] == 34) | (c.buf[dt_p] == 110)).all():
+        raise _Fallback("dtype: not a string")
+    dtype_of = c.string_values(dt_rows, dt_ki, dt_p)
+    ts_all, dur_all = c.raw("ts"), c.raw("dur")
+    # args bodies: the object with its '{' turned into ',' ("}" alone for an empty one)
+    empty = a_end - ap == 2
+    c.buf[ap[~empty]] = 44
+    bodies = _spans_array(c.data, c.size, np.where(empty, ap + 1, ap), a_end)
+    b_idx = np.zeros(n_all, np.int64)
+    b_ok = np.zeros(n_all, bool)
+    b_idx[arows] = 2 * np.arange(len(arows)) + 1
+    b_ok[arows] = True
+
     counts = np.bincount(cat_codes + 1, minlength=len(cat_dict) + 1)
-    stats.in_by_category.update({c_: int(k) for c_, k in zip(cat_dict, counts[1:], strict=True) if k})
+    stats.in_by_category.update({x: int(k) for x, k in zip(cat_dict, counts[1:], strict=True) if k})
     if counts[0]:
         stats.in_by_category.update(
             f"(ph {p if p is not None else '?'})"
@@ -1804,61 +1844,6 @@ def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _St
         if "" not in cat_dict:
             cat_dict.append("")
         cat_codes = np.where(cat_codes < 0, cat_dict.index(""), cat_codes)
-
-    # all fields are checked before anything is counted (a _Fallback leaves no trace)
-    pid_rows, pid_p = c.field("pid")
-    tid_rows, tid_p = c.field("tid")
-    ts_all = c.raw("ts", c.null_at, 4)
-    dur_all = c.raw("dur", c.null_at, 4)
-    arows, ap = c.field("args")
-    if not (c.buf[ap] == 123).all():
-        raise _Fallback("args not an object")
-    a_start = np.full(n_all, -1, np.int64)
-    a_end = np.full(n_all, -1, np.int64)
-    a_start[arows] = ap
-    a_end[arows] = c.c1[np.searchsorted(c.o1, ap)] + 1
-    names_all = c.strings("name")
-
-    def odd_ints(rows, p):
-        """pid/tid: ints, strings or null (the typed path's ``int | str | None``)."""
-        first = c.buf[p]
-        st = first == 34
-        vals = c.ints(rows[~st], p[~st])
-        strs = {}
-        if st.any():
-            for r, s0 in zip(rows[st].tolist(), p[st].tolist(), strict=True):
-                e = int(c.string_end(np.array([s0]))[0]) - 1
-                strs[r] = piece[s0 + 1 : e].decode("utf-8")
-        return vals, strs
-
-    pid_all, pid_str = odd_ints(pid_rows, pid_p)
-    tid_all, tid_str = odd_ints(tid_rows, tid_p)
-    ecorr_all = c.ints(*c.field("correlation"))
-    argi = {k: c.arg_field(k, a_start, a_end) for k in _ARG_KEYS}
-    corr_all = c.ints(*argi["correlation"])
-    dev_all = c.ints(*argi["device"], fill=-(2**62))
-    stm_all = c.ints(*argi["stream"], fill=-(2**62))
-    g_sp = c.ints(*argi["graph id"])
-    g_id = c.ints(*argi["graph_id"])
-    has_gsp = np.zeros(n_all, bool)
-    has_gsp[argi["graph id"][0]] = True
-    graph_all = np.where(has_gsp, g_sp, g_id)
-    bytes_all = c.ints(*argi["bytes"])
-    nin_all = c.ints(*argi["In msg nelems"], fill=0)
-    nout_all = c.ints(*argi["Out msg nelems"], fill=0)
-    coll = np.zeros(n_all, bool)
-    coll[argi["In msg nelems"][0]] = True
-    coll[argi["Out msg nelems"][0]] = True
-    dt_rows, dt_p = argi["dtype"]
-    dtype_of: dict[int, str | None] = {}
-    if len(dt_rows):
-        first = c.buf[dt_p]
-        if not ((first == 34) | (first == 110)).all():
-            raise _Fallback("dtype: not a string")
-        ends = c.string_end(dt_p[first == 34]) - 1
-        for r, s0, e in zip(dt_rows[first == 34].tolist(), dt_p[first == 34].tolist(), ends.tolist(), strict=True):
-            dtype_of[r] = piece[s0 + 1 : e].decode("utf-8")
-
     if (cls == _META).any():
         stats.metadata.extend(_meta_event(c.event(i), loads) for i in np.flatnonzero(cls == _META))
     skipped = np.bincount(cls, minlength=9)
@@ -1891,21 +1876,17 @@ def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _St
 
     names = pc.fill_null(names_all.take(pa.array(idx)), "").dictionary_encode()
     pid, tid = pid_all[idx], tid_all[idx]
-    pid_odd = tid_odd = None
     odd_rows = np.zeros(0, np.int64)
-    if pid_str or tid_str:
+    if pid_str or tid_str:  # pid "Spans" / tid "PyTorch Profiler": as _int_array reads them
         str_rows = np.array(sorted(set(pid_str) | set(tid_str)), np.int64)
         pos = np.searchsorted(idx, str_rows)
         keep = (pos < n) & (idx[np.minimum(pos, n - 1)] == str_rows)
         odd_rows = pos[keep]
         for r, i in zip(str_rows[keep].tolist(), odd_rows.tolist(), strict=True):
-            if r in pid_str:
-                v = _to_int(pid_str[r])
-                pid[i] = -1 if v is None else v
-            if r in tid_str:
-                v = _to_int(tid_str[r])
-                tid[i] = -1 if v is None else v
-    raw_args = _Spans(c.buf, np.where(a_start >= 0, a_start, c.empty_at), np.where(a_start >= 0, a_end, c.empty_at + 2)).take(idx)
+            for strs, col in ((pid_str, pid), (tid_str, tid)):
+                if r in strs:
+                    v = _to_int(strs[r])
+                    col[i] = -1 if v is None else v
 
     corr = corr_all[idx]
     need = np.flatnonzero((corr < 0) & (kind >= _K["RUNTIME"]))
@@ -1939,13 +1920,16 @@ def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _St
         nbytes[ci] = np.where((size > 0) & (nel > 0), nel * size, -1)
 
     prefix = pa.array(['{"cat":' + _encode(x) for x in cat_dict], pa.string())
-    args_arr = _args_text(raw_args, prefix, cat_codes)
+    body = bodies.take(pa.array(b_idx[idx], mask=~b_ok[idx]))
+    if not b_ok[idx].all():
+        body = body.fill_null("}")
+    args_arr = pc.binary_join_element_wise(prefix.take(pa.array(cat_codes)), body, "")
     if len(odd_rows):
-        # pid "Spans" / tid "PyTorch Profiler": the labels go into args, as in _segment
+        # the labels go into args, as in _segment
         patched = []
         for i in odd_rows.tolist():
             e = c.event(int(idx[i]))
-            a = {**loads(raw_args[i]), "pid": e.pid, "tid": e.tid}
+            a = {**loads(bytes(e.args)), "pid": e.pid, "tid": e.tid}
             patched.append('{"cat":' + _encode(cat_dict[cat_codes[i]]) + "," + _encode(a)[1:])
         mask = np.zeros(n, bool)
         mask[odd_rows] = True
