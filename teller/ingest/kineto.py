@@ -472,17 +472,14 @@ class _EventStream:
     the text.
     """
 
-    def __init__(
-        self, path: Path, text: _Text, chunk: int = CHUNK_BYTES, fast: bool | str = True
-    ):
+    def __init__(self, path: Path, text: _Text, chunk: int = CHUNK_BYTES, fast: bool = True):
         self.path, self.chunk = path, chunk
         self.src = text
         self._blocks = text.blocks
         self.buf = bytearray()
         self.origin = 0  # text offset of buf[0]
         self.eof = False
-        self.fast = bool(fast) and msgspec is not None
-        self.vec = self.fast and fast != "typed"
+        self.fast = fast and msgspec is not None
         self.damage: list[str] = []
         self.complete = False
         self.header, start = self._locate()
@@ -651,11 +648,6 @@ class _EventStream:
         try:
             if not piece.isascii():  # msgspec skips unknown keys and raw values unchecked
                 piece.decode("utf-8")
-            if self.vec:
-                try:
-                    return _segment_vec(piece, self.exact, self._loads)
-                except (_Fallback, msgspec.MsgspecError):
-                    pass  # the typed path decides (and gives msgspec's error on bad syntax)
             return _segment_fast(_EV_DECODER.decode(piece), self.exact, self._loads)
         except (msgspec.MsgspecError, _Fallback, RecursionError, ValueError) as e:
             # RecursionError: nested too deep; ValueError: invalid UTF-8
@@ -1204,8 +1196,6 @@ if msgspec is not None:
         attrgetter, ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args")
     )
     _ARGS_DECODER = msgspec.json.Decoder(list[_Args])
-    _EV1_DECODER = msgspec.json.Decoder(_Ev)
-    _VALIDATE = msgspec.json.Decoder(msgspec.Raw)  # checks the syntax, builds nothing
 
 _POW10 = 10 ** np.arange(19, dtype=np.uint64)
 #: A ``\uD800``–``\uDFFF`` escape: maybe a lone surrogate, which the stdlib path replaces.
@@ -1216,18 +1206,13 @@ _SURROGATE_ESC = re.compile(rb"\\u[dD][89a-fA-F]")
 _FLOAT_SAFE_NS = (1 << 43) * 1000
 
 
-def _join(sep: bytes, raws: Any) -> bytearray:
-    """``sep.join(raws)`` as a bytearray, for a list of raw values or :class:`_Spans`."""
-    return raws.join(sep) if type(raws) is _Vals else bytearray(sep).join(raws)
-
-
 def _plain_us_to_ns(raws: list, exact: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The common layouts of :func:`_raw_us_to_ns` in a few passes: every value an integer, or
     every value one decimal point with at most 3 decimals (``null``: missing). Parsed by
     ``np.fromstring`` (integers, the point read as a separator). Returns (ns, valid, rows to
     read one by one), or None for any other layout."""
     n = len(raws)
-    text = _join(b",", raws)
+    text = bytearray(b",").join(raws)
     buf = np.frombuffer(text, np.uint8)
     if not (((buf - np.uint8(44)) <= 13) & (buf != 47)).all():  # only digits , - .
         nul = np.flatnonzero(buf == 110)
@@ -1302,7 +1287,7 @@ def _raw_us_to_ns(raws: list, exact: bool, loads) -> tuple[np.ndarray, np.ndarra
         if len(odd):
             return _odd_us_to_ns(raws, odd, val, ok, exact, loads)
         return val, ok, {}
-    text = _join(b",", raws) + b","
+    text = b",".join(raws) + b","
     buf = np.frombuffer(text, np.uint8)
     comma = buf == 44
     ends = np.flatnonzero(comma)
@@ -1367,7 +1352,7 @@ def _args_text(raws: list, prefix: pa.Array, cat_codes: np.ndarray) -> pa.Array:
     category; an empty object leaves just ``}``.
     """
     n = len(raws)
-    c = msgspec.json.format(b"[" + _join(_SEP, raws) + b"]", indent=-1)
+    c = msgspec.json.format(b"[" + _SEP.join(raws) + b"]", indent=-1)
     buf = np.frombuffer(c, np.uint8).copy()
     s = np.flatnonzero(buf[2:-2] == 48) + 2  # candidate '0's
     s = s[(buf[s - 1] == 44) & (buf[s + 1] == 44) & (buf[s - 2] == 125) & (buf[s + 2] == 123)]
@@ -1523,424 +1508,6 @@ def _segment_fast(evs: list, exact: bool, loads) -> tuple[pa.Table | None, _Stat
     return t, stats
 
 
-# --------------------------------------------------------------------------------------------
-# vectorised path (numpy and Arrow over the chunk's bytes)
-#
-# The layouts Kineto and json.dumps write (no backslash escape in the chunk, every element of the
-# array an object): ``msgspec.json.format`` checks the chunk's syntax and compacts it in one C
-# pass (no whitespace left outside strings, every number kept as written), then the fields are
-# located from the positions of the quotes and braces (numpy over the bytes: no Python object
-# per event) and the columns built as the typed path builds them, the strings taken by Arrow
-# from the compact text in place. Anything else (an escape, a field of an unexpected type, a
-# duplicate key, ...) raises ``_Fallback`` and the chunk is read by the typed path, so both
-# give the same rows.
-
-
-class _Vals:
-    """Raw values of a column as an Arrow string array, each value followed by a ``,``
-    (what :func:`_raw_us_to_ns` joins and reads back one by one)."""
-
-    __slots__ = ("arr",)
-
-    def __init__(self, arr: pa.Array):
-        self.arr = arr
-
-    def __len__(self) -> int:
-        return len(self.arr)
-
-    def __getitem__(self, i: int) -> bytes:
-        return self.arr[i].as_buffer().to_pybytes()[:-1]
-
-    def take(self, idx: np.ndarray) -> _Vals:
-        return _Vals(self.arr.take(pa.array(idx)))
-
-    def join(self, sep: bytes) -> bytearray:
-        if sep != b",":  # pragma: no cover - only the time readers join these
-            return bytearray(sep).join(self[i] for i in range(len(self)))
-        a = self.arr
-        if not len(a):
-            return bytearray()
-        off = np.frombuffer(a.buffers()[1], np.int32)[a.offset : a.offset + len(a) + 1]
-        data = a.buffers()[2]
-        return bytearray(memoryview(data)[off[0] : off[-1] - 1])
-
-
-_WS_LUT = np.zeros(256, bool)
-_WS_LUT[list(_WS)] = True
-_PAD = 64
-_M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
-
-
-def _key_code(key: bytes) -> tuple[int, int, int]:
-    k = key.ljust(16, b"\0")
-    return len(key), int.from_bytes(k[:8], "little"), int.from_bytes(k[8:16], "little")
-
-
-_EV_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "correlation")
-_ARG_KEYS = (
-    "correlation", "device", "stream", "graph id", "graph_id", "bytes", "In msg nelems",
-    "Out msg nelems", "dtype",
-)
-_NK = len(_EV_KEYS) + len(_ARG_KEYS)
-
-
-def _key_table() -> tuple[np.ndarray, ...]:
-    keys = list(dict.fromkeys(_EV_KEYS + _ARG_KEYS))
-    codes = np.array([_key_code(k.encode()) for k in keys], np.uint64)
-    with np.errstate(over="ignore"):
-        h = codes[:, 1] ^ (codes[:, 2] * _M1) ^ (codes[:, 0] * _M2)
-    o = np.argsort(h)
-    ev = np.array([_EV_KEYS.index(k) if k in _EV_KEYS else -1 for k in keys], np.int64)
-    arg = np.array(
-        [len(_EV_KEYS) + _ARG_KEYS.index(k) if k in _ARG_KEYS else -1 for k in keys], np.int64
-    )
-    return h[o], codes[o, 0], codes[o, 1], codes[o, 2], ev[o], arg[o]
-
-
-_KT_H, _KT_LEN, _KT_A, _KT_B, _KT_EV, _KT_ARG = _key_table()
-_BYTE_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], np.uint64)
-
-
-def _win8(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """The 8 bytes at each position ``p`` as a little-endian uint64 (``u``: the bytes as
-    aligned uint64 words)."""
-    w = p >> 3
-    sh = (p & 7).astype(np.uint64) * np.uint64(8)
-    hi = u[w + 1] << (np.uint64(64) - sh)
-    return (u[w] >> sh) | np.where(sh == 0, np.uint64(0), hi)
-
-
-def _spans_array(data: pa.Buffer, size: int, starts: np.ndarray, ends: np.ndarray) -> pa.Array:
-    """A string array over ``data`` (no copy) whose element ``2 i + 1`` is ``[starts[i],
-    ends[i])`` (ascending, disjoint spans; the elements between them are what lies between)."""
-    off = np.empty(2 * len(starts) + 2, np.int32)
-    off[0], off[-1] = 0, size
-    off[1:-1:2] = starts
-    off[2:-1:2] = ends
-    return pa.StringArray.from_buffers(len(off) - 1, pa.py_buffer(off), data)
-
-
-def _parse_ints(buf: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """The JSON integers in ``buf[s:e]`` (at most 18 digits), else ``_Fallback``."""
-    v = np.zeros(len(s), np.int64)
-    if not len(s):
-        return v
-    neg = buf[s] == 45
-    s = s + neg
-    ln = e - s
-    if (ln < 1).any() or (ln > 18).any():
-        raise _Fallback("not a plain integer")
-    for k in range(int(ln.max())):
-        on = ln > k
-        d = buf[np.where(on, s + k, s)] - np.uint8(48)
-        if (d[on] > 9).any():
-            raise _Fallback("not a plain integer")
-        v = np.where(on, v * 10 + d, v)
-    return np.where(neg, -v, v)
-
-
-class _VecChunk:
-    """Where each event's fields are in the chunk's compact text (see :func:`_segment_vec`)."""
-
-    def __init__(self, piece: bytes):
-        if b"\\" in piece or b'"external id"' in piece:
-            raise _Fallback("escapes or 2022-format keys")
-        text = self.text = msgspec.json.format(piece, indent=-1)  # msgspec's error if invalid
-        size = self.size = len(text)
-        if size >= 2**31 - 16:
-            raise _Fallback("chunk too large for 32-bit offsets")
-        buf = np.zeros(size + _PAD, np.uint8)
-        buf[:size] = np.frombuffer(text, np.uint8)
-        self.buf = buf
-        body = buf[:size]
-        m = body == 34
-        m |= body == 123
-        m |= body == 125
-        tok = np.flatnonzero(m)
-        tt = buf[tok]
-        isq = tt == 34
-        odd = (np.cumsum(isq) & 1).astype(bool)  # a quote opening a string, or inside one
-        op = isq & odd
-        st = np.zeros(len(tok), np.int64)
-        st[~isq & ~odd & (tt == 123)] = 1
-        st[~isq & ~odd & (tt == 125)] = -1
-        depth = np.cumsum(st)  # objects open after each token
-        ev_open = (st == 1) & (depth == 1)
-        es, ee = tok[ev_open], tok[(st == -1) & (depth == 0)]
-        n = self.n = len(es)
-        if n == 0 or len(ee) != n or es[0] != 1 or ee[-1] != size - 2:
-            raise _Fallback("no events, or an element that is not an object")
-        if n > 1 and ((es[1:] != ee[:-1] + 2) | (buf[ee[:-1] + 1] != 44)).any():
-            raise _Fallback("an element that is not an object")
-        self.es, self.ee = es, ee
-        self.o2 = tok[(st == 1) & (depth == 2)]
-        self.c2 = tok[(st == -1) & (depth == 1)]
-
-        oq = np.flatnonzero(op)  # token index of each string's opening quote
-        cq = np.flatnonzero(isq & ~odd)
-        so, sc = tok[oq], tok[cq]
-        self.so, self.sc = so, sc
-        # every string's content: element 2 i + 1 (zero-copy over the compact text)
-        self.data = pa.py_buffer(buf)
-        self.strs = _spans_array(self.data, size, so + 1, sc)
-        sdepth = depth[oq]
-        ki = np.flatnonzero((buf[sc + 1] == 58) & ((sdepth == 1) | (sdepth == 2)))
-        kso, ksc, kdepth = so[ki], sc[ki], sdepth[ki]
-        klen = ksc - kso - 1
-        u = buf[: len(buf) // 8 * 8].view("<u8")
-        a = _win8(u, kso + 1) & _BYTE_MASK[np.clip(klen, 0, 8)]
-        b = _win8(u, kso + 9) & _BYTE_MASK[np.clip(klen - 8, 0, 8)]
-        kl = klen.astype(np.uint64)
-        with np.errstate(over="ignore"):
-            h = a ^ (b * _M1) ^ (kl * _M2)
-        j = np.minimum(np.searchsorted(_KT_H, h), len(_KT_H) - 1)
-        hit = (_KT_H[j] == h) & (_KT_A[j] == a) & (_KT_B[j] == b) & (_KT_LEN[j] == kl)
-        kid = np.where(kdepth == 1, _KT_EV[j], _KT_ARG[j])
-        hit &= kid >= 0
-        ki, kso, kid = ki[hit], kso[hit], kid[hit]
-        kev = np.cumsum(ev_open)[oq[ki]] - 1
-        if len(kid) and np.bincount(kev * _NK + kid).max() > 1:
-            raise _Fallback("a key given twice")
-        # each key's value: from after the ':' to the next token (a string's: its quotes)
-        vpos = sc[ki] + 2
-        nxt = cq[ki] + 1  # token after the key
-        nt = tok[np.minimum(nxt, len(tok) - 1)]
-        vend = np.where(tt[np.minimum(nxt, len(tok) - 1)] == 34, nt - 1, nt)
-        first = buf[vpos]
-        is_str = first == 34
-        vend[is_str] = sc[ki[is_str] + 1] + 1
-        o = np.argsort(kid, kind="stable")
-        bounds = np.searchsorted(kid[o], np.arange(_NK + 1))
-        self.keys = [
-            (kev[o[bounds[i] : bounds[i + 1]]], ki[o[bounds[i] : bounds[i + 1]]],
-             vpos[o[bounds[i] : bounds[i + 1]]], vend[o[bounds[i] : bounds[i + 1]]],
-             kso[o[bounds[i] : bounds[i + 1]]])
-            for i in range(_NK)
-        ]
-
-    def field(self, name: str, arg: bool = False):
-        """(rows, key string index, value start, value end, key position) of a key."""
-        return self.keys[_ARG_KEYS.index(name) + len(_EV_KEYS) if arg else _EV_KEYS.index(name)]
-
-    def strings(self, name: str) -> pa.Array:
-        """An event field of strings (null where absent or null); other types: ``_Fallback``."""
-        rows, ki, vp, _, _ = self.field(name)
-        first = self.buf[vp]
-        st = first == 34
-        if not (st | (first == 110)).all():
-            raise _Fallback(f"{name}: not a string")
-        idx = np.zeros(self.n, np.int64)
-        valid = np.zeros(self.n, bool)
-        idx[rows[st]] = 2 * (ki[st] + 1) + 1
-        valid[rows[st]] = True
-        return self.strs.take(pa.array(idx, mask=~valid))
-
-    def string_values(self, rows: np.ndarray, ki: np.ndarray, vp: np.ndarray) -> dict[int, str]:
-        """{row: the string} of the rows whose value is a string (few: a Python loop)."""
-        st = self.buf[vp] == 34
-        return {
-            r: self.strs[2 * (k + 1) + 1].as_py()
-            for r, k in zip(rows[st].tolist(), ki[st].tolist(), strict=True)
-        }
-
-    def raw(self, name: str) -> _Vals:
-        """The raw text of a scalar event field, each followed by ``,`` (``null,`` where
-        absent)."""
-        rows, _, vp, ve, _ = self.field(name)
-        first = self.buf[vp]
-        if not ((first == 34) | (first == 110) | (first == 45) | ((first - np.uint8(48)) < 10)).all():
-            raise _Fallback(f"{name}: a value of another type")
-        self.buf[ve] = 44  # the ',' or '}' after each value (no span holds it)
-        idx = np.zeros(self.n, np.int64)
-        valid = np.zeros(self.n, bool)
-        idx[rows] = 2 * np.arange(len(rows)) + 1
-        valid[rows] = True
-        arr = _spans_array(self.data, self.size, vp, ve + 1).take(pa.array(idx, mask=~valid))
-        return _Vals(arr.fill_null("null,") if len(rows) < self.n else arr)
-
-    def ints(self, key: tuple, fill: int = -1, rows_ok: np.ndarray | None = None) -> np.ndarray:
-        """Integer values of a key (``fill`` where absent or null); other types: ``_Fallback``."""
-        rows, _, vp, ve, _ = key
-        if rows_ok is not None:
-            rows, vp, ve = rows[rows_ok], vp[rows_ok], ve[rows_ok]
-        out = np.full(self.n, fill, np.int64)
-        num = self.buf[vp] != 110
-        out[rows[num]] = _parse_ints(self.buf, vp[num], ve[num])
-        return out
-
-    def event(self, i: int) -> Any:
-        return _EV1_DECODER.decode(self.text[self.es[i] : self.ee[i] + 1])
-
-
-def _segment_vec(piece: bytes, exact: bool, loads) -> tuple[pa.Table | None, _Stats]:
-    """:func:`_segment_fast` for a chunk located by :class:`_VecChunk` (same rows)."""
-    c = _VecChunk(piece)
-    stats = _Stats()
-    n_all = c.n
-    ph_a = c.strings("ph").dictionary_encode()
-    ph_dict = ph_a.dictionary.to_pylist()
-    ph_codes = ph_a.indices.fill_null(len(ph_dict)).to_numpy(zero_copy_only=False)
-    ph_of = ph_dict + [None]
-    cls = np.array([_PH_CLASS.get(p, _OTHER) for p in ph_dict] + [_MALFORMED], np.int8)[ph_codes]
-    cat_d = c.strings("cat").dictionary_encode()
-    cat_dict = cat_d.dictionary.to_pylist()
-    cat_codes = cat_d.indices.fill_null(-1).to_numpy(zero_copy_only=False)
-    names_all = c.strings("name")
-
-    # every field is read before anything is counted (a _Fallback leaves no trace)
-    pid_k, tid_k = c.field("pid"), c.field("tid")
-    pid_str = c.string_values(*pid_k[:3])
-    tid_str = c.string_values(*tid_k[:3])
-    pid_all = c.ints(pid_k, rows_ok=c.buf[pid_k[2]] != 34)
-    tid_all = c.ints(tid_k, rows_ok=c.buf[tid_k[2]] != 34)
-    ecorr_all = c.ints(c.field("correlation"))
-    arows, _, ap, _, _ = c.field("args")
-    if not (c.buf[ap] == 123).all():
-        raise _Fallback("args not an object")
-    a_end = c.c2[np.searchsorted(c.o2, ap)] + 1
-    a_lo = np.full(n_all, -1, np.int64)
-    a_hi = np.full(n_all, -1, np.int64)
-    a_lo[arows], a_hi[arows] = ap, a_end
-
-    def arg(name: str) -> tuple:
-        rows, ki, vp, ve, kp = c.field(name, arg=True)
-        inside = (a_lo[rows] < kp) & (kp < a_hi[rows])
-        return rows[inside], ki[inside], vp[inside], ve[inside], kp[inside]
-
-    argk = {k: arg(k) for k in _ARG_KEYS}
-    corr_all = c.ints(argk["correlation"])
-    dev_all = c.ints(argk["device"], fill=-(2**62))
-    stm_all = c.ints(argk["stream"], fill=-(2**62))
-    graph_all = c.ints(argk["graph_id"])
-    g_rows = argk["graph id"][0]
-    graph_all[g_rows] = c.ints(argk["graph id"])[g_rows]
-    bytes_all = c.ints(argk["bytes"])
-    nin_all = c.ints(argk["In msg nelems"], fill=0)
-    nout_all = c.ints(argk["Out msg nelems"], fill=0)
-    coll = np.zeros(n_all, bool)
-    coll[argk["In msg nelems"][0]] = True
-    coll[argk["Out msg nelems"][0]] = True
-    dt_rows, dt_ki, dt_p, _, _ = argk["dtype"]
-    if not ((c.buf[dt_p] == 34) | (c.buf[dt_p] == 110)).all():
-        raise _Fallback("dtype: not a string")
-    dtype_of = c.string_values(dt_rows, dt_ki, dt_p)
-    ts_all, dur_all = c.raw("ts"), c.raw("dur")
-    # args bodies: the object with its '{' turned into ',' ("}" alone for an empty one)
-    empty = a_end - ap == 2
-    c.buf[ap[~empty]] = 44
-    bodies = _spans_array(c.data, c.size, np.where(empty, ap + 1, ap), a_end)
-    b_idx = np.zeros(n_all, np.int64)
-    b_ok = np.zeros(n_all, bool)
-    b_idx[arows] = 2 * np.arange(len(arows)) + 1
-    b_ok[arows] = True
-
-    counts = np.bincount(cat_codes + 1, minlength=len(cat_dict) + 1)
-    stats.in_by_category.update({x: int(k) for x, k in zip(cat_dict, counts[1:], strict=True) if k})
-    if counts[0]:
-        stats.in_by_category.update(
-            f"(ph {p if p is not None else '?'})"
-            for p in (ph_of[k] for k in ph_codes[cat_codes < 0].tolist())
-        )
-        if "" not in cat_dict:
-            cat_dict.append("")
-        cat_codes = np.where(cat_codes < 0, cat_dict.index(""), cat_codes)
-    if (cls == _META).any():
-        stats.metadata.extend(_meta_event(c.event(i), loads) for i in np.flatnonzero(cls == _META))
-    skipped = np.bincount(cls, minlength=9)
-    for k, reason in _SKIP_REASON.items():
-        if skipped[k]:
-            stats.skipped[reason] += int(skipped[k])
-    if skipped[_OTHER]:
-        odd = Counter(ph_of[k] for k in ph_codes[cls == _OTHER].tolist())
-        for p, k in odd.items():
-            stats.skipped[f"phase_{p}"] += k
-
-    timed = cls <= _E
-    if not timed.any():
-        return None, stats
-    idx = np.flatnonzero(timed)
-    n = len(idx)
-    cat_codes = cat_codes[idx]
-    cls = cls[idx]
-    start, ok, _ = _raw_us_to_ns(ts_all.take(idx), exact, loads)
-    dur, dur_ok, dur_odd = _raw_us_to_ns(dur_all.take(idx), exact, loads)
-    dur, flags = _durations(cls, dur, dur_ok, ok, stats, dur_odd.get)
-
-    cat_a = pa.DictionaryArray.from_arrays(
-        pa.array(cat_codes.astype(np.int32)), pa.array(cat_dict, pa.string())
-    )
-    kind_of_cat = np.array([_K[_CAT_KIND.get(x.lower(), "RANGE")] for x in cat_dict], np.int8)
-    kind = kind_of_cat[cat_codes]
-    for k, kd in _CLASS_KIND.items():
-        kind[cls == k] = kd
-
-    names = pc.fill_null(names_all.take(pa.array(idx)), "").dictionary_encode()
-    pid, tid = pid_all[idx], tid_all[idx]
-    odd_rows = np.zeros(0, np.int64)
-    if pid_str or tid_str:  # pid "Spans" / tid "PyTorch Profiler": as _int_array reads them
-        str_rows = np.array(sorted(set(pid_str) | set(tid_str)), np.int64)
-        pos = np.searchsorted(idx, str_rows)
-        keep = (pos < n) & (idx[np.minimum(pos, n - 1)] == str_rows)
-        odd_rows = pos[keep]
-        for r, i in zip(str_rows[keep].tolist(), odd_rows.tolist(), strict=True):
-            for strs, col in ((pid_str, pid), (tid_str, tid)):
-                if r in strs:
-                    v = _to_int(strs[r])
-                    col[i] = -1 if v is None else v
-
-    corr = corr_all[idx]
-    need = np.flatnonzero((corr < 0) & (kind >= _K["RUNTIME"]))
-    if len(need):
-        corr[need] = ecorr_all[idx[need]]
-
-    # GPU rows, as _gpu_columns
-    gpu_cat = np.fromiter((x in _GPU_RANGE_CATS for x in cat_dict), bool, len(cat_dict))
-    is_gpu = np.isin(kind, _GPU_KINDS) | (gpu_cat[cat_codes] & (kind == _K["RANGE"]))
-    device = np.full(n, -1, np.int32)
-    stream = np.full(n, -1, np.int64)
-    graph = np.full(n, -1, np.int64)
-    gi = np.flatnonzero(is_gpu)
-    if len(gi):
-        dev, stm = dev_all[idx[gi]], stm_all[idx[gi]]
-        device[gi] = np.where(dev != -(2**62), dev, pid[gi]).astype(np.int32)
-        stream[gi] = np.where(stm != -(2**62), stm, tid[gi])
-        tid[gi] = -1
-        graph[gi] = graph_all[idx[gi]]
-
-    nbytes = np.full(n, -1, np.int64)
-    mi = np.flatnonzero(np.isin(kind, (_K["MEMCPY"], _K["MEMSET"])))
-    if len(mi):
-        nbytes[mi] = bytes_all[idx[mi]]
-    ci = np.flatnonzero(coll[idx])
-    if len(ci):
-        size = np.array(
-            [_DTYPE_BYTES.get(str(dtype_of.get(r)).lower(), -1) for r in idx[ci].tolist()], np.int64
-        )
-        nel = np.maximum(nin_all[idx[ci]], nout_all[idx[ci]])
-        nbytes[ci] = np.where((size > 0) & (nel > 0), nel * size, -1)
-
-    prefix = pa.array(['{"cat":' + _encode(x) for x in cat_dict], pa.string())
-    body = bodies.take(pa.array(b_idx[idx], mask=~b_ok[idx]))
-    if not b_ok[idx].all():
-        body = body.fill_null("}")
-    args_arr = pc.binary_join_element_wise(prefix.take(pa.array(cat_codes)), body, "")
-    if len(odd_rows):
-        # the labels go into args, as in _segment
-        patched = []
-        for i in odd_rows.tolist():
-            e = c.event(int(idx[i]))
-            a = {**loads(bytes(e.args)), "pid": e.pid, "tid": e.tid}
-            patched.append('{"cat":' + _encode(cat_dict[cat_codes[i]]) + "," + _encode(a)[1:])
-        mask = np.zeros(n, bool)
-        mask[odd_rows] = True
-        args_arr = pc.replace_with_mask(args_arr, pa.array(mask), pa.array(patched, pa.string()))
-
-    t = _chunk_table(ok, stats, kind=kind, cat=cat_a, name=names, pid=pid, tid=tid, device=device, stream=stream,
-                     start=start, dur=dur, corr_id=corr, graph_id=graph, bytes=nbytes, flags=flags, args=args_arr,
-                     gpu=is_gpu)
-    return t, stats
-
-
 def _collective_bytes(args: list[dict]) -> np.ndarray:
     """Message size of collective records: max(in, out) elements × element size, -1 if unknown.
 
@@ -2088,13 +1655,12 @@ def parse_kineto_file(
     chunk_bytes: int = CHUNK_BYTES,
     layer_rules: str | Path | None = None,
     progress: bool | None = None,
-    fast: bool | str = True,
+    fast: bool = True,
 ) -> KinetoFile:
     """Parse one Kineto JSON(.gz) file. Times are absolute ns when the file anchors them.
 
     ``fast=False`` reads every chunk with the stdlib path (the reference the typed msgspec path
-    is tested against; same rows, slower); ``fast="typed"`` skips the vectorised path (every
-    chunk typed-decoded or, where that does not apply, read by the stdlib path)."""
+    is tested against; same rows, slower)."""
     path = Path(path)
     rules = load_layer_rules(layer_rules)
     text = _Text(path)
