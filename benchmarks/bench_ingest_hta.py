@@ -3,6 +3,7 @@
 Both sides load the same Kineto trace into a table: TELLER writes the canonical events
 (Parquet) and run.json; HTA builds its per-rank DataFrames (`TraceAnalysis(trace_dir=...)`).
 Each measurement runs in a fresh subprocess; wall time is the call itself (imports excluded),
+CPU time the process's user + system time over the call (``time.process_time``, every thread),
 memory is the process's peak resident set (VmHWM; children's ru_maxrss if larger) and the growth
 over the peak after imports. events/s and B/event count the Kineto events of the file (every
 element of ``traceEvents``, as ``teller ingest`` reports them in ``events_in``).
