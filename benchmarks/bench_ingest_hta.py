@@ -3,6 +3,7 @@
 Both sides load the same Kineto trace into a table: TELLER writes the canonical events
 (Parquet) and run.json; HTA builds its per-rank DataFrames (`TraceAnalysis(trace_dir=...)`).
 Each measurement runs in a fresh subprocess; wall time is the call itself (imports excluded),
+CPU time the process's user + system time over the call (``time.process_time``, every thread),
 memory is the process's peak resident set (VmHWM; children's ru_maxrss if larger) and the growth
 over the peak after imports. events/s and B/event count the Kineto events of the file (every
 element of ``traceEvents``, as ``teller ingest`` reports them in ``events_in``).
@@ -56,9 +57,9 @@ if tool == "teller":
     import pyarrow.parquet  # noqa: F401
     base = peak_mb()
     out = tempfile.mkdtemp(prefix="teller_bench_")
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     s = ingest(path, out)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     rows = s["events_out"]
     events = s["events_in"]
 else:
@@ -67,14 +68,14 @@ else:
     devnull = open(os.devnull, "w")
     so, se = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = devnull
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     a = TraceAnalysis(trace_dir=path)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
     sys.stdout, sys.stderr = so, se
     rows = sum(len(df) for df in a.t.traces.values())
     events = None
 print("RESULT " + json.dumps(
-    {"wall_s": wall, "peak_mb": peak_mb(), "base_mb": base, "rows": rows, "events": events}
+    {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak_mb(), "base_mb": base, "rows": rows, "events": events}
 ))
 """
 
@@ -151,6 +152,8 @@ def measure(python: str, tool: str, path: Path, repeat: int, lock: str | None) -
     return {
         "wall_s": statistics.median(r["wall_s"] for r in runs),
         "walls": [r["wall_s"] for r in runs],
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+        "cpus": [r["cpu_s"] for r in runs],
         "peak_mb": max(r["peak_mb"] for r in runs),
         "growth_mb": max(r["peak_mb"] - r["base_mb"] for r in runs),
         "rows": runs[0]["rows"],
@@ -198,19 +201,22 @@ def main() -> None:
         f"({args.repeat_big} at 50x and more); load average after the runs: {la}\n"
     )
     print(
-        "| input | Kineto events | JSON MiB | teller s | HTA s | HTA/teller time "
-        "| teller events/s | teller peak MiB (growth) | HTA peak MiB (growth) "
+        "| input | Kineto events | JSON MiB | teller s | teller CPU s | HTA s | HTA CPU s "
+        "| HTA/teller time | teller events/s (CPU) | teller peak MiB (growth) "
+        "| HTA peak MiB (growth) "
         "| HTA/teller peak | teller peak B/event | HTA peak B/event |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for label, mb, t, h in rows:
         ev = t["events"] if isinstance(t, dict) else None
         cells = [label, f"{ev:,}" if ev else "-", f"{mb:.0f}"]
         cells.append(f"{t['wall_s']:.2f}" if isinstance(t, dict) else f"failed: {t}")
+        cells.append(f"{t['cpu_s']:.2f}" if isinstance(t, dict) else "")
         cells.append(f"{h['wall_s']:.2f}" if isinstance(h, dict) else f"not run: {h}")
+        cells.append(f"{h['cpu_s']:.2f}" if isinstance(h, dict) else "")
         both = isinstance(t, dict) and isinstance(h, dict)
         cells.append(f"{h['wall_s'] / t['wall_s']:.1f}x" if both else "")
-        cells.append(f"{ev / t['wall_s'] / 1e6:.2f}M" if ev else "")
+        cells.append(f"{ev / t['wall_s'] / 1e6:.2f}M ({ev / t['cpu_s'] / 1e6:.2f}M)" if ev else "")
         cells.append(
             f"{t['peak_mb']:.0f} ({t['growth_mb']:.0f})" if isinstance(t, dict) else ""
         )
@@ -226,6 +232,14 @@ def main() -> None:
         + "; ".join(
             f"{lb}: teller {t['rows'] if isinstance(t, dict) else '-'}, "
             f"HTA {h['rows'] if isinstance(h, dict) else '-'}"
+            for lb, _, t, h in rows
+        )
+    )
+    print(
+        "CPU times of each run (s): "
+        + "; ".join(
+            f"{lb}: teller {[round(x, 2) for x in t['cpus']] if isinstance(t, dict) else '-'}, "
+            f"HTA {[round(x, 2) for x in h['cpus']] if isinstance(h, dict) else '-'}"
             for lb, _, t, h in rows
         )
     )

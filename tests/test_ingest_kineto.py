@@ -561,3 +561,36 @@ def test_cli_ingest_ok_and_bad_file(tmp_path, capsys):
     assert main(["ingest", str(bad), "-o", str(tmp_path / "run2")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bad) in err and err.startswith("teller: error:")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(-(2**70), 2**70),
+            st.sampled_from(["Spans", "PyTorch Profiler", "stream 7", "", "-3x", "12"]),
+            st.text(max_size=6),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([-1, 0, -(2**62)]),
+)
+def test_int_column_of_ints_and_labels_reads_value_by_value(vals, fill):
+    """The int columns (pid, tid, args fields) read a list of ints with a few string labels in
+    C loops; the result is the value-by-value reading: each int as is (beyond int64: its
+    fallback), each label its first integer or ``fill``, the labels marked."""
+    from teller.ingest.kineto import _int_array, _to_int
+
+    got, odd = _int_array(vals, fill)
+    want = [
+        v if type(v) is int and -(2**63) <= v < 2**63 else _to_int(v) if v is not None else None
+        for v in vals
+    ]
+    assert got.tolist() == [fill if w is None else w for w in want]
+    want_odd = [v is not None and type(v) is not int for v in vals]
+    if odd is None:
+        assert not any(want_odd) and all(v is None or -(2**63) <= v < 2**63 for v in vals)
+    else:
+        assert odd.tolist() == want_odd

@@ -866,6 +866,9 @@ def _to_int(v: Any) -> int | None:
     return None
 
 
+_INT_STR_NONE = frozenset({int, str, type(None)})
+
+
 def _int_array(vals: list, fill: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
     """int64 column; ``fill`` where missing. Also the mask of rows whose value was not an int."""
     try:
@@ -873,6 +876,16 @@ def _int_array(vals: list, fill: int = -1) -> tuple[np.ndarray, np.ndarray | Non
         return arr.fill_null(fill).to_numpy(zero_copy_only=False, writable=True), None
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
+    if set(map(type, vals)) <= _INT_STR_NONE:  # ints with a few labels (pid "Spans"): C loops
+        odd = np.fromiter(map(isinstance, vals, repeat(str)), bool, len(vals))
+        conv = list(vals)
+        for i in np.flatnonzero(odd).tolist():
+            conv[i] = _to_int(conv[i])
+        try:
+            arr = pa.array(conv, pa.int64())
+            return arr.fill_null(fill).to_numpy(zero_copy_only=False, writable=True), odd
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            pass  # an int beyond int64
     odd = np.fromiter((v is not None and type(v) is not int for v in vals), bool, len(vals))
     conv = [v if type(v) is int and -(2**63) <= v < 2**63 else _to_int(v) for v in vals]
     return pa.array(conv, pa.int64()).fill_null(fill).to_numpy(
@@ -1943,7 +1956,8 @@ def _take_strings(chunks: list, order: np.ndarray) -> pa.Array:
             src = np.frombuffer(c.buffers()[2], np.uint8)[off[0] : off[-1]]
             ln = lens[k : k + m]
             shift = out_off[inv[k : k + m]] - (off[:-1] - off[0])  # dest minus source start
-            data[np.repeat(shift, ln) + np.arange(len(src))] = src
+            # int32 positions (total < 2^31): half the index bytes to write and read
+            data[np.repeat(shift.astype(np.int32), ln) + np.arange(len(src), dtype=np.int32)] = src
         k += m
         chunks[i] = c = None  # release the chunk
     return pa.StringArray.from_buffers(n, pa.py_buffer(out_off.astype(np.int32)), out)
