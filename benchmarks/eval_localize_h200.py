@@ -29,6 +29,10 @@ nothing tuned. Protocols (train side → scored steps):
   is left with small batches (a big batch almost always holds a test request).
 - ``split_run``: whole runs; a step's records share one split.
 - ``fault_free_reference``: the fault-free runs (``normal-*``) → every step of the other runs.
+- ``fault_free_same_deployment``: as the next, with the served model too (the dataset's
+  ``workload`` column): each run against the fault-free runs of the same parallelism and model
+  (in v2: ``normal-a,b`` for the 2-layer one-process runs, ``normal-c,d`` for the 4-layer ones,
+  ``normal-tp-a,b`` and ``normal-tp-c,d`` for the tensor-parallel ones).
 - ``fault_free_same_parallelism``: as ``teller diagnose RUN --reference REF`` is meant to be used,
   each run against the fault-free runs of its own deployment shape: the one-process runs against
   the one-process fault-free runs, the tensor-parallel runs against the tensor-parallel ones (the
@@ -153,6 +157,8 @@ def load_steps(ds: Path) -> dict[str, Any]:
         "mechanism": _str(t.column("mechanism"))[first].astype(str),
         "labels": [lb if a else [] for lb, a in zip(labels, is_ab, strict=True)], "split": split,
         "labels_renamed": int(changed), "records": int(t.num_rows), "requests": np.bincount(inv, minlength=n),
+        "workload": (_str(t.column("workload"))[first].astype(str) if "workload" in t.column_names
+                     else np.full(n, "", object).astype(str)),
     }
     # a step outside every window whose lockstep partner (same run and step number, another rank)
     # is inside one: a fault on one rank of a tensor-parallel run holds the other ranks up in the
@@ -406,7 +412,8 @@ def summarize(name: str, steps: dict[str, Any], test_steps: np.ndarray, r: dict[
         for k, m in (("all", norm), ("in_window_no_effect", norm & win), ("outside_windows", norm & ~win),
                      ("warmup", norm & warm), ("outside_windows_not_warmup", norm & ~win & ~warm),
                      ("outside_windows_partner_in_window", norm & mate),
-                     ("outside_windows_no_partner_in_window", norm & ~win & ~mate))}
+                     ("outside_windows_no_partner_in_window", norm & ~win & ~mate),
+                     ("outside_windows_not_warmup_no_partner_in_window", norm & ~win & ~warm & ~mate))}
     out["false_positive_families"] = _top(pred, norm & flag, 8)
     per_run = {}
     for c in np.unique(steps["run_code"][test_steps]).tolist():
@@ -446,6 +453,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ranks = np.zeros(len(steps["runs"]), np.int64)
     np.maximum.at(ranks, steps["run_code"], steps["rank"].astype(np.int64) + 1)
     par = ranks[steps["run_code"]]
+    dep = np.char.add(np.char.add(par.astype(str), " ranks, "), steps["workload"])
+    same_deployment = [dep == d for d in np.unique(dep).tolist()]
+    no_deployment_ref = ~np.isin(dep, dep[fault_free])
     ev = a.eval_split
     req = sp["split_request"]
     first = req["first"]
@@ -464,6 +474,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # its own deployment shape (tensor-parallel runs against the tensor-parallel ones)
         "fault_free_same_parallelism": ([(fault_free & (par == p), ~fault_free & (par == p)) for p in np.unique(par).tolist()],
                                         ~fault_free, True),
+        # the same with the served model too (the dataset's workload column: layers, hidden size),
+        # each run against the fault-free runs of its own deployment (skipped when a group has none)
+        "fault_free_same_deployment": ([(fault_free & g, ~fault_free & g) for g in same_deployment
+                                        if (fault_free & g).any()], ~fault_free & ~no_deployment_ref, True),
         # a step takes the split of its first record: no batch-size bias, but a few long requests
         # decide the split of many consecutive steps
         "split_request_first_record": (first == "train", first == ev, False),
