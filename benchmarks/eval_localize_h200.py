@@ -124,7 +124,8 @@ def load_steps(ds: Path) -> dict[str, Any]:
             "fault_type", "mechanism", "operator_labels", "split_request", "split_run", "split_mechanism"]
     have = pq.read_schema(ds / "records.parquet").names
     splits = [c for c in ("split_request", "split_run", "split_mechanism", "split_workload") if c in have]
-    t = pq.read_table(ds / "records.parquet", columns=cols + [c for c in splits if c not in cols])
+    t = pq.read_table(ds / "records.parquet", columns=cols + [c for c in splits if c not in cols]
+                      + (["workload"] if "workload" in have else []))
     t = t.filter(pc.equal(t.column("view"), "vertical")).sort_by("record_id")
     run = _str(t.column("run_id"))
     runs, run_code = np.unique(run.astype(str), return_inverse=True)
