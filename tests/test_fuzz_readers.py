@@ -462,6 +462,19 @@ def test_nsys_exports_read_with_balanced_counts_or_one_clear_error(case):
         RunDir(Path(tmp) / "run").read_events()
 
 
+def test_nsys_event_time_far_from_the_session_start_leaves_no_wall_clock(tmp_path):
+    """A REAL start of 1e300 reads as the largest integer: the session start plus it lies beyond
+    2100, so the run gets no wall clock (with a warning) rather than a t0 in the year 2317."""
+    f = tmp_path / "r.sqlite"
+    _write_export(f, 1, {("CUPTI_ACTIVITY_KIND_RUNTIME", "start", 0): 1e300,
+                         ("CUPTI_ACTIVITY_KIND_KERNEL", "start", 0): "garbage"}, set(), 1_736_033_315_993_265_791)
+    s = ingest_nsys(f, tmp_path / "run")
+    assert s["t0_unix_ns"] is None
+    assert any("not a wall-clock time" in w and "r.sqlite" in w for w in s["warnings"])
+    _write_export(tmp_path / "ok.sqlite", 1, {}, set(), 1_736_033_315_993_265_791)
+    assert ingest_nsys(tmp_path / "ok.sqlite", tmp_path / "run2")["t0_unix_ns"] >= 1_736_033_315_993_265_791
+
+
 # --------------------------------------------------------------------------------------------
 # recorder JSONL log lines
 

@@ -7,6 +7,8 @@ the request-id extraction and the version gate, not compatibility with a real re
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import sys
 import textwrap
 import threading
@@ -268,8 +270,26 @@ def test_missing_hook_point_is_logged_and_skipped(fake_engine, capsys):
         inst.uninstrument()
 
 
+@contextlib.contextmanager
+def generic_engine(tmp_path: Path, module: str, source: str, hooks: str):
+    """``module`` (``source``) importable from ``tmp_path``, instrumented by the hooks file
+    ``hooks``; yields the imported module, then uninstruments and forgets it."""
+    (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+    (tmp_path / "h.toml").write_text(textwrap.dedent(hooks))
+    sys.path.insert(0, str(tmp_path))
+    ranges.RECORDER.drain(final=True)
+    inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
+    inst.instrument(runtime)
+    try:
+        yield importlib.import_module(module)
+    finally:
+        inst.uninstrument()
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+
+
 def test_generic_hooks_on_a_small_module(tmp_path: Path):
-    (tmp_path / "tinyeng.py").write_text(textwrap.dedent("""
+    src = """
         class Batch:
             def __init__(self, rids):
                 self.reqs = [type("R", (), {"rid": r})() for r in rids]
@@ -281,8 +301,8 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
                 return n + 1
         def helper(x):
             return x * 2
-    """))
-    (tmp_path / "h.toml").write_text(textwrap.dedent("""
+    """
+    hooks = """
         [hooks]
         "tinyeng:Engine.step" = "step"
         "tinyeng:Engine.layer" = "FE"
@@ -292,30 +312,20 @@ def test_generic_hooks_on_a_small_module(tmp_path: Path):
         "tinyeng:helper" = "args[0]"
         [batch]
         "tinyeng:Engine.step" = "self.stats"
-    """))
-    sys.path.insert(0, str(tmp_path))
-    ranges.RECORDER.drain(final=True)
-    inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
-    inst.instrument(runtime)
-    try:
-        import tinyeng
-
+    """
+    with generic_engine(tmp_path, "tinyeng", src, hooks) as tinyeng:
         assert tinyeng.Engine().step(tinyeng.Batch(["q1", "q2"]), scale=3) == 9
         assert tinyeng.helper(21) == 42
         got = names()
         assert got[0] == "FE Engine.layer" and got[1].startswith("STEP id=") and got[1].endswith(" reqs=q1,q2 prefill=5 decode=2")
         assert got[2] == "BE helper reqs=21"
-    finally:
-        inst.uninstrument()
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("tinyeng", None)
     assert tinyeng.helper(1) == 2 and names() == []
 
 
 def test_generic_models_table_puts_fe_ranges_on_the_served_model(tmp_path: Path):
     """[models]: the model a hooked method reaches gets FE ranges on its layers, attention and MLP
     blocks (once, however often the method is called); other submodules stay unrecorded."""
-    (tmp_path / "tinymod.py").write_text(textwrap.dedent("""
+    src = """
         import torch
         from torch import nn
 
@@ -338,21 +348,16 @@ def test_generic_models_table_puts_fe_ranges_on_the_served_model(tmp_path: Path)
                 return rid
             def step(self, x):
                 return self.model(x)
-    """))
-    (tmp_path / "h.toml").write_text(textwrap.dedent("""
+    """
+    hooks = """
         "tinymod:Engine.step" = "STEP"
         "tinymod:Engine.add" = "OTHER"
         [models]
         "tinymod:Engine.add" = "self.model"
-    """))
-    sys.path.insert(0, str(tmp_path))
-    ranges.RECORDER.drain(final=True)
-    inst = GenericInstrumentor.from_file(tmp_path / "h.toml")
-    inst.instrument(runtime)
-    try:
-        import tinymod
-        import torch
+    """
+    import torch
 
+    with generic_engine(tmp_path, "tinymod", src, hooks) as tinymod:
         eng = tinymod.Engine()
         assert eng.step(torch.ones(1)).item() == 7.0  # before any add: no FE hooks yet
         assert [n.split(" id=")[0] for n in names() if n.startswith(("FE", "STEP"))] == ["STEP"]
@@ -361,10 +366,6 @@ def test_generic_models_table_puts_fe_ranges_on_the_served_model(tmp_path: Path)
         assert eng.step(torch.ones(1)).item() == 7.0
         got = [n for n in names() if n.startswith("FE")]
         assert got == ["FE TinyAttention", "FE TinyMLP", "FE TinyDecoderLayer"] * 2, got
-    finally:
-        inst.uninstrument()
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("tinymod", None)
     eng.step(torch.ones(1))
     assert not [n for n in names() if n.startswith(("FE", "STEP"))]  # the FE hooks left with the instrumentor
 

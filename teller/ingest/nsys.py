@@ -27,7 +27,8 @@ Decisions written down here:
   ``cudaGetDeviceProperties_v2``, the names Kineto shows for the same calls.
 - Times in the export are ns since the session start; ``TARGET_INFO_SESSION_START_TIME.utcEpochNs``
   is the wall-clock instant of that start, so ``t0_unix_ns = utcEpochNs + earliest event``
-  (consistent with ``EXPORT_TIME_UTC`` in both sample files). Without that table
+  (consistent with ``EXPORT_TIME_UTC`` in both sample files). Without that table, or when that
+  sum is not a time of 2000..2100 (a damaged event time; with a warning),
   ``t0_unix_ns`` is null.
 - Duplicate correlation ids are flagged (FLAG_DUPLICATE, on all but the earliest) among host
   calls of one process, and among kernels of one process that were not launched by a CUDA
@@ -1008,6 +1009,16 @@ def ingest_nsys(
     if anchored:
         starts = [r.session_start_unix_ns + _t_min(r.events) for r in reads if r.events.num_rows]
         t0_unix = min(starts) if starts else (reads[0].session_start_unix_ns if reads else None)
+        lo, hi = _EPOCH_RANGE_NS
+        if t0_unix is not None and not lo <= t0_unix < hi:
+            # an event time far from the session start (a damaged row: SQLite reads a REAL such
+            # as 1e300 as the largest integer) would put the run beyond 2100
+            warnings.append(
+                f"{src.name}: the session start plus the earliest event time ({t0_unix} ns) is not a "
+                "wall-clock time (2000..2100); the run has no wall clock (t0_unix_ns null)"
+            )
+            anchored = False
+    if anchored:
         offsets = [t0_unix - r.session_start_unix_ns for r in reads]
     else:
         t0_unix = None
