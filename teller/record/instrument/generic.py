@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -183,6 +184,7 @@ class GenericInstrumentor(Instrumentor):
     def __init__(self, spec: HookSpec):
         super().__init__()
         self.spec = spec
+        self._models: weakref.WeakSet = weakref.WeakSet()  # the served models given FE ranges
         self.targets = tuple(spec.modules())
 
     @classmethod
@@ -202,7 +204,9 @@ class GenericInstrumentor(Instrumentor):
 
     def uninstrument(self) -> None:
         super().uninstrument()
-        torch_ops.detach_module_ranges()
+        for model in list(self._models):  # only the models these hooks attached to
+            torch_ops.detach_module_ranges(model)
+        self._models = weakref.WeakSet()
 
     def _wrapper(self, tag: str, qual: str, req: RequestPath | None,
                  batch: RequestPath | None = None, model: RequestPath | None = None) -> Callable:
@@ -218,6 +222,7 @@ class GenericInstrumentor(Instrumentor):
                     vals = model.values(instance, args, kwargs)
                     if len(vals) == 1 and vals[0] is not None:
                         torch_ops.attach_module_ranges(rt, vals[0])
+                        inst._models.add(vals[0])  # weakly: the engine owns its model
                         attached[0] = True
                 except Exception as e:
                     attached[0] = True
