@@ -49,6 +49,7 @@ def test_two_rank_recording_has_steps_and_matched_collectives(tmp_path):
     parent = np_col(forest, "parent_id")
     comm = np.nonzero((layer == "COMM") & np.char.startswith(names.astype(str), "all_reduce"))[0]
     assert len(comm) and set(names[parent[comm]].tolist()) == {"TPAttention", "TPMLP"}
+    assert json.loads((run / "run.json").read_text())["model_config"]["class"] == "TPModel"  # its shape noted
     # the STEP messages carry the batch context the loop set ([batch] in hooks_tp.toml)
     step_names = [n for n in rd.read_events().column("name").to_pylist() if n.startswith("STEP")]
     fields = [dict(kv.split("=") for kv in n.split()[3:]) for n in step_names]

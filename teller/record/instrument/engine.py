@@ -85,8 +85,7 @@ class EngineInstrumentor(Instrumentor):
         """wrapt wrapper for the call after which ``instance.model`` exists: FE hooks on it."""
         out = wrapped(*args, **kwargs)
         try:
-            torch_ops.attach_module_ranges(self.rt, getattr(instance, "model", None))
-            self.rt.note_model(getattr(instance, "model", None))
+            torch_ops.attach_served_model(self.rt, getattr(instance, "model", None))
         except Exception as e:
             self.failed("FE module hooks", e)
         return out

@@ -24,8 +24,9 @@ batch-context fields read when the STEP opens (``prefill``, ``decode``, ``waitin
 
 An optional ``[models]`` table gives, for a hooked method, a path (same syntax) to the served
 ``torch.nn.Module``: when the method is called, its decoder layers, attention and MLP blocks,
-embeddings and LM head get FE ranges, as the built-in engine instrumentors give them (once per
-model; :func:`teller.record.instrument.torch_ops.attach_module_ranges`)::
+embeddings and LM head get FE ranges and its shape goes into run.json's ``model_config``, as the
+built-in engine instrumentors do (once per model;
+:func:`teller.record.instrument.torch_ops.attach_served_model`)::
 
     [models]
     "myengine.server:Engine.add_request" = "self.model"
@@ -206,7 +207,7 @@ class GenericInstrumentor(Instrumentor):
         super().uninstrument()
         for model in list(self._models):  # only the models these hooks attached to
             torch_ops.detach_module_ranges(model)
-        self._models = weakref.WeakSet()
+        self._models.clear()
 
     def _wrapper(self, tag: str, qual: str, req: RequestPath | None,
                  batch: RequestPath | None = None, model: RequestPath | None = None) -> Callable:
@@ -221,7 +222,7 @@ class GenericInstrumentor(Instrumentor):
                 try:
                     vals = model.values(instance, args, kwargs)
                     if len(vals) == 1 and vals[0] is not None:
-                        torch_ops.attach_module_ranges(rt, vals[0])
+                        torch_ops.attach_served_model(rt, vals[0])
                         inst._models.add(vals[0])  # weakly: the engine owns its model
                         attached[0] = True
                 except Exception as e:

@@ -92,6 +92,14 @@ def attach_module_ranges(rt: RecordingRuntime, model: Any) -> int:
     return len(handles) // 2
 
 
+def attach_served_model(rt: RecordingRuntime, model: Any) -> int:
+    """What an instrumentor does once it holds the served model: FE ranges on its blocks
+    (:func:`attach_module_ranges`) and its shape for run.json (``rt.note_model``)."""
+    n = attach_module_ranges(rt, model)
+    rt.note_model(model)
+    return n
+
+
 def detach_module_ranges(model: Any = None) -> None:
     """Remove the FE hooks from ``model`` (all models when None)."""
     models = [model] if model is not None else list(_attached.keys())
