@@ -30,6 +30,12 @@ Configurations (names are free to combine with ``--configs``):
 - ``cupti_lean``      deferred decoding + ``--be-backend profiler`` with ``TELLER_BE_PERIOD_S=86400``
                       (the profiler session stops once, at exit: no stall while serving)
 - ``cupti_lean_nobe`` deferred decoding, ``--be-depth 0``
+- ``cupti_full``      CUPTI with every step in detail (``--detail-every 1``; the default before
+                      step sampling)
+- ``cupti_nodetail``  CUPTI detached after the first detail window and never attached again (the
+                      floor of step sampling: STEP/FE/OTHER ranges on every step)
+- ``cupti_notear``    the default windows, CUPTI's activity kinds only disabled between them
+- ``hooks_full``      hooks with every step in detail
 
 Long mode (``--long``, issue 16 §2): rounds of every configuration (order rotated per round),
 each run appended to a JSONL file as it ends, a deadline that starts no run (or round) it cannot
@@ -77,6 +83,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
                    "kw": {"cupti_decode": "deferred", "be_backend": "profiler"}},
     # deferred decoding without BE ranges (STEP/FE only): the floor of the CUPTI configurations
     "cupti_lean_nobe": {"collector": "cupti", "env": {}, "kw": {"cupti_decode": "deferred", "be_depth": 0}},
+    # step sampling (``--detail-every K``): BE ranges and CUPTI activity on one step in K
+    "cupti_full": {"collector": "cupti", "env": {}, "kw": {"detail_every": 1}},
+    "cupti_nodetail": {"collector": "cupti", "env": {}, "kw": {"detail_every": 10**9, "detail_window": 8}},
+    "cupti_notear": {"collector": "cupti", "env": {"TELLER_CUPTI_TEARDOWN": "0"}},
+    "hooks_full": {"collector": "cpu", "env": {}, "kw": {"detail_every": 1}},
 }
 
 DEFAULT_WORKLOAD = ["--device", "cuda", "--preset", "gpu", "--requests", "64", "--rate", "200",

@@ -268,8 +268,9 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     t0 = time.time()
     sink = io.BytesIO() if quiet else None
     try:
+        # every step in detail: the labeller and the dataset read every step's operators
         summary = record(path, cmd, collector=camp.collector, be_depth=camp.be_depth, force=force,
-                         hooks=hooks, stdout=sink, stderr=sink, extensions=[AGENT_EXTENSION],
+                         hooks=hooks, detail_every=1, stdout=sink, stderr=sink, extensions=[AGENT_EXTENSION],
                          deadline_s=float(run.workload.get("timeout", camp.timeout_s)) + HARD_DEADLINE_EXTRA_S)
     finally:
         if env_before is None:

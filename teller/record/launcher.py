@@ -47,7 +47,7 @@ from teller.errors import TellerError
 from teller.record.instrument import ENGINE_CHOICES
 from teller.record.instrument.generic import load_hooks
 from teller.record.instrument.torch_profiler_ops import convert_run
-from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND, ENV_EXTENSIONS
+from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND, DEFAULT_DETAIL_EVERY, DEFAULT_DETAIL_WINDOW, ENV_DETAIL_EVERY, ENV_DETAIL_WINDOW, ENV_EXTENSIONS
 from teller.rundir import RunDir, RunInfo
 
 COLLECTOR_CHOICES = ("auto", "cupti", "kineto", "cpu", "none")
@@ -312,6 +312,8 @@ def record(
     extensions: Sequence[str] = (),
     deadline_s: float | None = None,
     cupti_decode: str | None = None,
+    detail_every: int | None = None,
+    detail_window: int | None = None,
 ) -> dict[str, Any]:
     """Run ``command`` under recording into ``out``; returns a summary with ``exit_code``.
 
@@ -323,7 +325,12 @@ def record(
     :data:`KILL_GRACE_S`); what it recorded is kept and ``run.json`` says ``killed_by: deadline``.
     ``cupti_decode``: when the CUPTI collector decodes its buffers (``inline``, the default, or
     ``deferred``; ``objects``: cupti-python's record objects), passed as ``TELLER_CUPTI_DECODE``;
-    None leaves that variable as the environment has it.
+    None leaves that variable as the environment has it. ``detail_every``, ``detail_window``:
+    record windows of ``detail_window`` consecutive STEPs in detail (BE ranges and GPU activity),
+    one starting every ``detail_every`` steps (``TELLER_DETAIL_EVERY``/``_WINDOW``; defaults
+    :data:`~teller.record.runtime.DEFAULT_DETAIL_EVERY` and ``DEFAULT_DETAIL_WINDOW``;
+    ``detail_every`` 1: every step, as fault campaigns do); the other steps keep their STEP, FE,
+    COMM and OTHER ranges.
     """
     command = list(command)
     if not command:
@@ -335,6 +342,12 @@ def record(
         raise TellerError(f"--collector {collector!r}: expected one of {', '.join(COLLECTOR_CHOICES)}")
     if be_depth < 0:
         raise TellerError(f"--be-depth {be_depth}: expected 0 (off) or a positive depth")
+    detail_every = DEFAULT_DETAIL_EVERY if detail_every is None else int(detail_every)
+    if detail_every < 1:
+        raise TellerError(f"--detail-every {detail_every}: expected 1 (every step in detail) or more")
+    detail_window = (DEFAULT_DETAIL_WINDOW if detail_every > 1 else 1) if detail_window is None else int(detail_window)
+    if not 1 <= detail_window <= detail_every:
+        raise TellerError(f"--detail-window {detail_window}: expected 1 to --detail-every ({detail_every})")
     be_backend = (be_backend or DEFAULT_BE_BACKEND).lower()
     if be_backend not in BE_BACKENDS:
         raise TellerError(f"--be-backend {be_backend!r}: expected one of {', '.join(BE_BACKENDS)}")
@@ -371,6 +384,8 @@ def record(
             "TELLER_BE_DEPTH": str(be_depth),
             "TELLER_BE_BACKEND": be_backend,
             "TELLER_BE_DEFER": "1",  # profiler BE segments are converted here, after the run
+            ENV_DETAIL_EVERY: str(detail_every),
+            ENV_DETAIL_WINDOW: str(detail_window),
             "TELLER_FLUSH_S": str(flush_s),
             "TELLER_NODE": str(node),
             "TELLER_HOME": str(TELLER_HOME),
@@ -388,6 +403,7 @@ def record(
     settings = {"requested": collector, "resolved": resolved, "cupti_library": cupti_lib,
                 "nvtx_injection": env.get("NVTX_INJECTION64_PATH") if resolved == "cupti" else None,
                 "gpu": gpu_present(), "be_depth": be_depth, "be_backend": be_backend, "flush_s": flush_s,
+                "detail_every": detail_every, "detail_window": detail_window,
                 "cupti_decode": env.get("TELLER_CUPTI_DECODE") if resolved == "cupti" else None,
                 "notes": notes}
     info = RunInfo(source="teller record", command=command,

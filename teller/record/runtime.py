@@ -60,6 +60,13 @@ ENV_BE_BACKEND = "TELLER_BE_BACKEND"
 ENV_FLUSH_S = "TELLER_FLUSH_S"
 ENV_NODE = "TELLER_NODE"
 ENV_COMM = "TELLER_COMM"
+#: record one STEP in every k in detail (BE ranges, GPU activity); 1: every step (:class:`DetailGate`)
+ENV_DETAIL_EVERY = "TELLER_DETAIL_EVERY"
+#: consecutive steps recorded in detail from each ``TELLER_DETAIL_EVERY``-th one
+ENV_DETAIL_WINDOW = "TELLER_DETAIL_WINDOW"
+#: ``teller record``'s defaults: windows of 8 detailed steps, one every 512 steps (docs/overhead.md)
+DEFAULT_DETAIL_EVERY = 512
+DEFAULT_DETAIL_WINDOW = 8
 #: ``module:function`` entries, comma-separated, that the bootstrap calls with this module once
 #: recording is active (the fault campaign names its in-engine applier here)
 ENV_EXTENSIONS = "TELLER_EXTENSIONS"
@@ -163,9 +170,93 @@ def _be_functions() -> tuple[Callable[[int], None], Callable[[], None]]:
     return _dispatch_be_enter, torch_ops.be_exit
 
 
+class DetailGate:
+    """Which STEPs of the process are recorded in detail: windows of ``window`` consecutive
+    steps, one starting every ``every`` steps (steps 0..w-1, k..k+w-1, ...; ``every`` 1: all).
+
+    A detailed step gets the aten-level BE ranges and the activity collector's GPU records
+    (:meth:`set_detail` of a collector that has it: CUPTI's detaches between windows); the
+    others keep their STEP, FE, COMM and OTHER ranges (the iteration, its gap and batch
+    context) and say so in their message (``... detail=0``), which the numeric stage reads to
+    leave the missing features out. The collector is switched on when the step *before* a
+    window closes, and off when the first step after it opens, so each detailed step's whole
+    iteration (scheduling before it, update after it) is recorded. Ranks of one deployment
+    count their own steps and, stepping in lockstep, detail the same ones.
+    """
+
+    def __init__(self, every: int = 1, window: int = 1) -> None:
+        self.every = max(1, int(every))
+        self.window = min(max(1, int(window)), self.every)
+        self.seq = 0
+        self.detailed = 0
+        self.switches = 0
+        self.switch_ns = 0
+        self.failures = 0
+        self.on = True  # the collector starts recording (start-up and the first window)
+        self._lock = threading.Lock()
+        self._tls = threading.local()
+
+    def is_detailed(self, seq: int) -> bool:
+        return seq % self.every < self.window
+
+    def begin(self) -> bool:
+        """A STEP opens: whether it is detailed (switching the collector off if it is not)."""
+        with self._lock:
+            seq, self.seq = self.seq, self.seq + 1
+            detailed = self.is_detailed(seq)
+            self.detailed += detailed
+            if not detailed and self.on:
+                self._switch(False)
+        stack = getattr(self._tls, "stack", None)
+        if stack is None:
+            stack = self._tls.stack = []
+        stack.append(detailed)
+        return detailed
+
+    def end(self) -> bool:
+        """The STEP opened last on this thread closes: whether it was detailed (switching the
+        collector on when the next step is)."""
+        stack = getattr(self._tls, "stack", None)
+        detailed = stack.pop() if stack else True
+        if self.every > 1:
+            with self._lock:
+                if not self.on and self.is_detailed(self.seq):
+                    self._switch(True)
+        return detailed
+
+    def _switch(self, on: bool) -> None:
+        self.on = on
+        rt = RUNTIME
+        fn = getattr(rt.collector, "set_detail", None) if rt is not None else None
+        if fn is None:
+            return
+        t0 = time.perf_counter_ns()
+        try:
+            fn(on)
+        except Exception as e:
+            self.failures += 1
+            hook_failed("detail switch", e)
+        self.switch_ns += time.perf_counter_ns() - t0
+        self.switches += 1
+
+    def info(self) -> dict[str, Any]:
+        return {"every": self.every, "window": self.window, "steps": self.seq, "detailed": self.detailed,
+                "switches": self.switches, "switch_ms": round(self.switch_ns / 1e6, 3), "failures": self.failures}
+
+
+#: the process's detail gate (:class:`DetailGate`; its ``every`` from ``TELLER_DETAIL_EVERY``)
+DETAIL = DetailGate(1)
+#: what a STEP message carries when its step is not recorded in detail
+NOT_DETAILED = " detail=0"
+
+
 def push_step(msg: str) -> None:
-    """Open a STEP range and, with BE depth > 0, start recording aten ops on this thread."""
-    push(msg)
+    """Open a STEP range and, on a detailed step (:data:`DETAIL`) with BE depth > 0, start
+    recording aten ops on this thread."""
+    detailed = DETAIL.begin()
+    push(msg if detailed else msg + NOT_DETAILED)
+    if not detailed:
+        return
     rt = RUNTIME
     depth = rt.be_depth if rt is not None else _default_be_depth()
     if "torch" in sys.modules:
@@ -177,7 +268,7 @@ def push_step(msg: str) -> None:
 
 def pop_step() -> None:
     """Close the STEP range opened by :func:`push_step` on this thread."""
-    if "torch" in sys.modules:
+    if DETAIL.end() and "torch" in sys.modules:
         try:
             _be_functions()[1]()
         except Exception as e:
@@ -259,6 +350,9 @@ class Runtime:
         self.engine = (env.get(ENV_ENGINE) or "auto").lower()
         self.hooks_file = env.get(ENV_HOOKS) or None
         self.be_depth = _int(env.get(ENV_BE_DEPTH), 1)
+        self.detail_every = max(1, _int(env.get(ENV_DETAIL_EVERY), 1))
+        self.detail_window = max(1, _int(env.get(ENV_DETAIL_WINDOW), 1))
+        DETAIL.__init__(self.detail_every, self.detail_window)
         self.be_backend_requested = (env.get(ENV_BE_BACKEND) or DEFAULT_BE_BACKEND).lower()
         self.be_backend = "dispatch"
         self.be: Any = None
@@ -533,6 +627,7 @@ class Runtime:
             self.forked_from = parent
             self.start_wall_ns = time.time_ns()
             _ranges.RECORDER.reset_after_fork()
+            DETAIL.__init__(self.detail_every, self.detail_window)  # the child counts its own steps
             self._state_lock = threading.Lock()
             self._flush_lock = threading.Lock()
             self._flusher = None
@@ -607,6 +702,7 @@ class Runtime:
                 "be_backend_requested": self.be_backend_requested,
                 "be_note": self.be_note,
                 "flush_s": self.flush_s,
+                "detail": DETAIL.info(),
             },
             "be": self.be.info() if self.be is not None else None,
             "collectors": coll,

@@ -885,6 +885,14 @@ class CuptiCollector:
         self._cupti: Any = None
         self._raw: RawBuffers | None = None
         self._enabled: list[Any] = []
+        self._detail_on = True
+        self._detached = False
+        self._switch_lock = threading.Lock()
+        self.detail_switches = 0
+        self.detail_ns_on_off = [0, 0]
+        # detach CUPTI between detailed steps (cuptiFinalize); TELLER_CUPTI_TEARDOWN=0 only
+        # disables the activity kinds (overhead studies)
+        self.teardown = os.environ.get("TELLER_CUPTI_TEARDOWN", "1") not in ("0", "false", "no")
         self._lock = threading.Lock()
         self._active = False
         self._stopped = False
@@ -955,15 +963,69 @@ class CuptiCollector:
             self._error(self.reason)
             self._disable()
 
+    def set_detail(self, on: bool) -> None:
+        """Detach CUPTI from the process (``on`` False) or attach it again: the recording
+        runtime's detail gate calls it around the steps it records in detail
+        (``TELLER_DETAIL_EVERY``). Disabling the activity kinds alone leaves CUPTI's
+        instrumentation of every launch in place (measured: a run with one step in 16 recorded
+        lost 18% of its throughput), so detaching flushes every buffer, disables the kinds and
+        calls ``cuptiFinalize``; attaching registers the buffer callbacks again, enables the kinds
+        and the query-API filter and takes a clock anchor. Records of work already launched are
+        flushed before the detach, and the decoder keeps its state across windows."""
+        if (not self._active or self._stopped or on == self._detail_on or self._cupti is None
+                or self.ranges == "nvtx"):  # the hooks' ranges are MARKER records: keep CUPTI on
+            return
+        with self._switch_lock:  # not while the flusher thread flushes
+            self._switch(on)
+
+    def _switch(self, on: bool) -> None:
+        cupti = self._cupti
+        t0 = time.perf_counter_ns()
+        try:
+            if not on:
+                self._anchor()
+                cupti.activity_flush_all(1)
+                self._read_dropped()
+                for kind in self._enabled:
+                    cupti.activity_disable(kind)
+                if self.teardown:
+                    cupti.finalize()
+                    self._detached = True
+            else:
+                if self._detached:
+                    if self._raw is not None:
+                        self._raw.register()
+                    else:
+                        cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+                    if self.thread_id_type == "SYSTEM":
+                        cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
+                    self._detached = False
+                for kind in self._enabled:
+                    cupti.activity_enable(kind)
+                if self.api_filter:
+                    quiet, self.quiet_apis = self.quiet_apis, 0
+                    self._quiet(cupti)  # enabling a kind again turns every call of it back on
+                    self.quiet_apis = quiet
+                self._anchor()
+        except Exception as e:  # stay as we are; the gate counts the failure
+            self._error(f"detail {'on' if on else 'off'}: {type(e).__name__}: {e}")
+            raise
+        finally:
+            dt = time.perf_counter_ns() - t0
+            self.detail_ns_on_off[0 if on else 1] += dt
+        self._detail_on = on
+        self.detail_switches += 1
+
     def flush(self) -> None:
         """Deliver completed buffers (decoded in the callback) and take a clock anchor."""
-        if not self._active:
-            return
-        try:
-            self._cupti.activity_flush_all(0)
-            self._anchor()
-        except Exception as e:
-            self._error(f"flush: {type(e).__name__}: {e}")
+        with self._switch_lock:
+            if not self._active or self._detached:  # (a CUPTI call would attach it again)
+                return
+            try:
+                self._cupti.activity_flush_all(0)
+                self._anchor()
+            except Exception as e:
+                self._error(f"flush: {type(e).__name__}: {e}")
 
     def stop(self) -> None:
         """Force-flush every buffer, decode the buffers held (deferred decoding), close open NVTX
@@ -972,13 +1034,15 @@ class CuptiCollector:
             self._stopped = True
             return
         self._stopped = True
-        if self._active:
+        if self._active and not self._detached:
             try:
                 self._anchor()
                 self._cupti.activity_flush_all(1)
             except Exception as e:
                 self._error(f"final flush: {type(e).__name__}: {e}")
             self._read_dropped()
+        if self._detached:  # already flushed, disabled and finalized by set_detail
+            self._active, self._enabled = False, []
         self._disable()
         self.decode_pending()
         try:
@@ -1020,6 +1084,10 @@ class CuptiCollector:
             "undecoded_bytes": self.skipped_bytes,
             "api_filter": {"on": self.api_filter, "quiet_cbids": self.quiet_apis},
             "buffer_bytes": self.buffer_bytes,
+            "detail_switches": self.detail_switches,
+            "detail_teardown": self.teardown,
+            "detail_on_s": self.detail_ns_on_off[0] / 1e9,
+            "detail_off_s": self.detail_ns_on_off[1] / 1e9,
             "thread_id_type": self.thread_id_type,
             "cupti_clock": self.clock_source,
             "nvtx_injection": os.environ.get("NVTX_INJECTION64_PATH", ""),
