@@ -284,7 +284,10 @@ def test_numeric_instances_carry_the_datasets_iteration_context(vertical, slice_
         np.concatenate([np.arange(vertical.unit_ptr[i], vertical.unit_ptr[i + 1])
                         for i in np.flatnonzero(vertical.mechanism == "delayed_admission")] or [np.zeros(0, np.int64)])])))
     assert (np.nan_to_num(d[~u_da]) == 0).all()
-    assert ITER_FEATURES[-1] == "iter.admit_delay"
+    assert ITER_FEATURES[-2:] == ("iter.admit_delay", "iter.per_kernel")
+    # and the pace of the iterations around them (the run's kept steps, process by process)
+    pace = inst.X[step][:, FEATURES.index("iter.per_kernel")]
+    assert np.isfinite(pace[inst.X[step][:, FEATURES.index("k_n")] > 0]).all() and (pace > 0).any()
     assert (fam == "OTHER schedule").sum() > 0  # the iteration's ranges are instances of their step
     w = np.asarray(it.column("warmup").to_pylist(), bool)
     assert vertical.extra["unit_warmup"].sum() == w.sum()

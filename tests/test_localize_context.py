@@ -23,13 +23,14 @@ from teller.localize.features import (
     ITERATIONS_COLUMNS,
     admission_delay,
     instance_features,
+    iteration_pace,
     pageable_rows,
     read_iterations,
     read_steps,
     run_features,
 )
 from teller.localize.gmm import GMMLocalizer
-from teller.rundir import RunDir
+from teller.rundir import LAYER_CODE, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "h200_normal_a"
@@ -356,3 +357,81 @@ def test_bad_iterations_tables_are_refused(example_run, tmp_path):
     pq.write_table(t.drop_columns(["gap_ns"]), run / "iterations.parquet")
     with pytest.raises(TellerError, match=r"iterations\.parquet: lacks columns \['gap_ns'\]"):
         read_steps(rd, fa)
+
+
+# ------------------------------------------------------------------------------------------------
+# iteration pace: time per kernel launched, over a process's neighbouring iterations
+
+
+def test_iteration_pace_is_a_per_process_median_of_time_per_kernel():
+    dur = np.array([10.0, 10, 90, 10, 10, 40, 40, 40, 40, 40, 7, 7, 7])
+    k_n = np.array([1.0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 1, 0, 1])
+    pid = np.array([1] * 10 + [2] * 3)
+    start = np.r_[np.arange(10)[::-1], np.arange(3)]  # one process listed out of time order
+    v = iteration_pace(dur, k_n, pid, start)
+    # in time order process 1 runs 40/2 five times, then 10/1 with one 90/1 hiccup: the median of
+    # the step and two neighbours either side passes over the hiccup, and the first 10/1 step,
+    # three of whose five iterations are 40/2 ones, takes their pace; process 2 keeps apart, and
+    # its step without a kernel has no pace of its own
+    assert v[:10].tolist() == [10, 10, 10, 10, 20, 20, 20, 20, 20, 20]
+    assert v[10:].tolist() == [7, 7, 7]
+
+
+def _paced_steps(n_kernels: list[int], durations: list[float], rank: int) -> tuple[list[dict], np.ndarray]:
+    """Steps of one process: each STEP range spans its iteration (``durations``, ns) and launches
+    ``n_kernels`` kernels of 10 µs from one op, one runtime call of 5 µs each. Returns the nodes
+    and the iteration columns of the steps."""
+    roots, t = [], 0
+    for k, d in zip(n_kernels, durations, strict=True):
+        t0, t1 = int(t), int(t + d)
+        calls = [N("RT", "cudaLaunchKernel", t0 + 1000 + 20_000 * j, t0 + 6000 + 20_000 * j,
+                   N("K", "gemm", t0 + 8000 + 20_000 * j, t0 + 18_000 + 20_000 * j, stream=7), rank=rank)
+                 for j in range(k)]
+        op = N("BE", "aten::mm", t0 + 500, t0 + 20_000 * k + 500, *calls, rank=rank)
+        roots.append(N("STEP", f"STEP id={len(roots)} reqs=r", t0, t1, op, rank=rank))
+        t += d + 100_000
+    it = np.full((len(durations), len(ITER_FEATURES)), np.nan)
+    it[:, ITER_FEATURES.index("iter.dur")] = durations
+    return roots, it
+
+
+def _paced_instances(processes: list[tuple[list[int], list[float]]]):
+    nodes, its = [], []
+    for rank, (k, d) in enumerate(processes):
+        r, it = _paced_steps(k, d, rank)
+        nodes += r
+        its.append(it)
+    fa = Forest.from_table(forest_table(nodes))
+    step_node = np.flatnonzero(fa.layer == LAYER_CODE["STEP"])
+    step_of_row = np.searchsorted(step_node, np.arange(fa.n), side="right") - 1
+    return instance_features(fa, step_of_row, step_iter=np.concatenate(its))
+
+
+def test_sustained_host_slowdown_is_flagged_by_the_iteration_pace():
+    """A shallow model's iterations slowed 2.2 times for a stretch (other processes on the host's
+    cores), kernels unchanged: the iteration time stays inside the reference's deeper model, so
+    only the time per kernel launched, held over neighbouring iterations, shows it."""
+    rng = np.random.default_rng(0)
+    n = 150
+    shallow, deep = 4, 8  # kernels per iteration (2 and 4 decoder layers)
+    ref = _paced_instances([([shallow] * n, list(50e6 * rng.lognormal(0, 0.1, n))),
+                            ([deep] * n, list(100e6 * rng.lognormal(0, 0.1, n)))])
+    slow = 50e6 * rng.lognormal(0, 0.1, n)
+    stretch = np.arange(60, 100)
+    slow[stretch] *= 2.2  # about 110 ms: the reference's deep iterations take 80-125 ms
+    test = _paced_instances([([shallow] * n, list(slow))])
+    is_step = test.family_of() == "STEP"
+    assert np.isfinite(test.X[is_step, F["iter.per_kernel"]]).all()
+
+    def flagged(inst_ref, inst_test):
+        est = GMMLocalizer().fit(inst_ref.X, families=inst_ref.family_of(), groups=inst_ref.step)
+        return set(localize(est, inst_test).flagged)
+
+    got = flagged(ref, test)
+    assert len(got & set(stretch.tolist())) >= 0.9 * len(stretch)
+    assert len(got - set(stretch.tolist())) <= 2
+    # the same steps without the pace: the one-sided distance explains a slow shallow iteration by
+    # the deep mode of the reference (fewer kernels is no excess), and the stretch goes unseen
+    for inst in (ref, test):
+        inst.X[:, F["iter.per_kernel"]] = np.nan
+    assert len(flagged(ref, test) & set(stretch.tolist())) <= 0.2 * len(stretch)

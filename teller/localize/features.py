@@ -32,8 +32,11 @@ and a STEP instance its iteration (:data:`ITER_FEATURES`, from ``iterations.parq
 :func:`read_iterations`; NaN when the run has none) and its admission delay (``iter.admit_delay``,
 :func:`admission_delay`: of the requests the step serves first, the longest time one had arrived,
 by its first log line in ``log_alignment.parquet``, while iterations of its process ran with
-nothing waiting; NaN without aligned logs, a recorded queue length, or a newly admitted request). On the other instances those columns are
-NaN, which the localizer leaves out of their distances.
+nothing waiting; NaN without aligned logs, a recorded queue length, or a newly admitted request)
+and its pace (``iter.per_kernel``, :func:`iteration_pace`: the iteration's time per kernel
+launched under its STEP, the median over the step and the :data:`PACE_NEIGHBOURS` nearest
+iterations of its process either side). On the other instances those columns are NaN, which the
+localizer leaves out of their distances.
 
 Every instance also carries the batch its step served (:attr:`Instances.batch`, the step's
 request count): :class:`teller.localize.gmm.GMMLocalizer` normalises the features by it. Steps
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +84,7 @@ __all__ = [
     "FALLBACK_LAYERS",
     "StepTable",
     "admission_delay",
+    "iteration_pace",
     "request_admission_delay",
     "first_log_lines",
     "pageable_of",
@@ -136,7 +141,11 @@ ITER_FEATURES = (
     "batch.kv_frac",
     "batch.preempted",
     "iter.admit_delay",
+    "iter.per_kernel",
 )
+#: Iterations of the same process on each side of a step whose time per kernel joins the step's
+#: own in ``iter.per_kernel`` (:func:`iteration_pace`)
+PACE_NEIGHBOURS = 2
 #: Feature names, in column order of the feature matrix.
 FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
 #: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
@@ -199,7 +208,7 @@ class StepTable:
 
 
 def iteration_matrix(t: pa.Table) -> np.ndarray:
-    """:data:`ITER_FEATURES` of every row of an ``iterations.parquet`` table (n × 12, float64;
+    """:data:`ITER_FEATURES` of every row of an ``iterations.parquet`` table (n × 14, float64;
     -1, the contract's "not recorded", becomes NaN)."""
     out = np.full((t.num_rows, len(ITER_FEATURES)), np.nan)
     for j, name in enumerate(ITER_FEATURES):
@@ -209,7 +218,8 @@ def iteration_matrix(t: pa.Table) -> np.ndarray:
             out[ok, j] = used[ok] / total[ok]
             continue
         if name not in _ITER_SOURCE:
-            continue  # derived from other tables (iter.admit_delay: :func:`admission_delay`)
+            continue  # derived from other tables (iter.admit_delay: :func:`admission_delay`; iter.per_kernel:
+            # :func:`iteration_pace`, from the forest)
         v = _np(t, _ITER_SOURCE[name]).astype(np.float64)
         out[:, j] = np.where(v >= 0, v, np.nan)
     return out
@@ -247,6 +257,40 @@ def admission_delay(start: np.ndarray, end: np.ndarray, pid: np.ndarray, waiting
         delay[r] = np.where(i1 > i0, cum[np.maximum(i1, i0)] - cum[i0], 0.0)
     known = waiting[rs] >= 0
     np.fmax.at(out, rs[known], delay[known])
+    return out
+
+
+def iteration_pace(dur: np.ndarray, k_n: np.ndarray, pid: np.ndarray, start: np.ndarray,
+                   neighbours: int = PACE_NEIGHBOURS) -> np.ndarray:
+    """``iter.per_kernel`` of every step: its iteration time per kernel launched (``dur`` /
+    ``k_n``), the median over the step and the ``neighbours`` nearest steps of the same process
+    (``pid``) on either side in ``start`` order (fewer at a process's first and last steps; steps
+    without a time or a kernel count are skipped).
+
+    An engine that launches its kernels from the host spends host time per kernel: a deeper model
+    or a prefill launches more of them, and the time per kernel stays put. Contention for the host
+    (other processes on its cores, a thread holding the GIL) slows every launch of every iteration
+    while it lasts: a 2-layer tensor-parallel iteration then takes 2-3 times the reference's time
+    per kernel, where the iteration time alone sits under the reference's 4-layer iterations. One
+    slow iteration among normal ones (a descheduled thread) is a single value the median passes
+    over; contention that lasts moves the whole neighbourhood. In a dataset, which keeps a sample
+    of each run's steps, the neighbours are the nearest kept steps."""
+    n = len(dur)
+    out = np.full(n, np.nan)
+    with np.errstate(all="ignore"):
+        v = np.where((k_n > 0) & np.isfinite(dur), dur / np.where(k_n > 0, k_n, 1.0), np.nan)
+    if not n:
+        return out
+    order = np.lexsort((start, pid))
+    p = pid[order]
+    bounds = np.flatnonzero(np.r_[True, p[1:] != p[:-1], True])
+    w = 2 * neighbours + 1
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):  # processes: a handful
+        x = np.concatenate([np.full(neighbours, np.nan), v[order[lo:hi]], np.full(neighbours, np.nan)])
+        win = np.lib.stride_tricks.sliding_window_view(x, w)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # windows without a value
+            out[order[lo:hi]] = np.nanmedian(win, axis=1)
     return out
 
 
@@ -509,6 +553,9 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
             srows = np.flatnonzero((lay == LAYER_CODE["STEP"]) & (step_of_row[rows] >= 0))
             o = len(OP_FEATURES) + len(MIX_FEATURES)
             X[srows, o:] = step_iter[step_of_row[rows[srows]]]
+            X[srows, FEATURES.index("iter.per_kernel")] = iteration_pace(
+                X[srows, FEATURES.index("iter.dur")], X[srows, OP_FEATURES.index("k_n")], fa.pid[rows[srows]],
+                fa.start[rows[srows]])
     # families: the forest's (one encoding), renumbered over the families the instances have;
     # every STEP node is one family, ``STEP``, as the labels name it
     fam_rows = fa.family[rows]
