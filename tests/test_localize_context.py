@@ -435,3 +435,35 @@ def test_sustained_host_slowdown_is_flagged_by_the_iteration_pace():
     for inst in (ref, test):
         inst.X[:, F["iter.per_kernel"]] = np.nan
     assert len(flagged(ref, test) & set(stretch.tolist())) <= 0.2 * len(stretch)
+
+
+def test_steps_recorded_without_detail_lack_only_the_detail_features(example_run, tmp_path):
+    """``teller record --detail-every``: a step whose STEP message says ``detail=0`` has no BE
+    ranges or GPU activity; its instances keep durations, COMM sizes and the iteration's times
+    and batch, and leave every other feature NaN (left out of the distances), where a detailed
+    step keeps them all."""
+    from teller.localize.features import DETAIL_FEATURES, sampled_out_steps
+
+    assert sampled_out_steps(["STEP id=1 reqs=a detail=0", "STEP id=2 reqs=a", "STEP id=3 reqs=a detail=01", ""]).tolist() \
+        == [True, False, False, False]
+    run = tmp_path / "sampled"
+    shutil.copytree(example_run, run)
+    st = pq.read_table(run / "steps.parquet")
+    names = st.column("name").to_pylist()
+    marked = [n + " detail=0" if i % 3 else n for i, n in enumerate(names)]
+    pq.write_table(st.set_column(st.schema.get_field_index("name"), "name", pa.array(marked, pa.string())),
+                   run / "steps.parquet")
+    full, part = run_features(example_run), run_features(run)
+    assert part.summary["steps_without_detail"] == sum(1 for i in range(len(names)) if i % 3)
+    assert full.summary["steps_without_detail"] == 0
+    inst = part.instances
+    off = (inst.step >= 0) & (inst.step % 3 != 0)
+    on = (inst.step >= 0) & (inst.step % 3 == 0)
+    cols = [F[f] for f in DETAIL_FEATURES]
+    assert off.any() and np.isnan(inst.X[np.ix_(off, cols)]).all()
+    np.testing.assert_array_equal(inst.X[off][:, F["dur_ns"]], full.instances.X[off][:, F["dur_ns"]])
+    step_on = on & (inst.family_of() == "STEP")
+    assert step_on.any() and (inst.X[step_on][:, F["k_n"]] > 0).all()
+    np.testing.assert_array_equal(inst.X[on][:, F["k_ns"]], full.instances.X[on][:, F["k_ns"]])
+    step_off = off & (inst.family_of() == "STEP")
+    assert np.isfinite(inst.X[step_off][:, F["iter.dur"]]).all()

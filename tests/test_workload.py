@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from teller.errors import TellerError
@@ -152,7 +153,8 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     records OTHER idle while it waits, and the service logs mine into templates and align."""
     pytest.importorskip("transformers")
     run = tmp_path / "run"
-    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu", "--",
+    rec = run_cmd([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
+                   "--detail-every", "5", "--detail-window", "2", "--",
                    sys.executable, "-m", "teller.workload", "serve", "--requests", "6", "--rate", "6",
                    "--prompt-len", "uniform:4:12", "--output-len", "8", "--seed", "3", "--stats-every-steps", "4"],
                   tmp_path)
@@ -166,8 +168,14 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     names = ev.column("name").to_pylist()
     steps = [n for n in names if n.startswith("STEP")]
     assert steps and all(re.fullmatch(r"STEP id=\d+ reqs=\S+ prefill=\d+ decode=\d+ waiting=\d+ kv_used=\d+ "
-                                      r"kv_total=\d+ preempted=\d+", n) for n in steps), steps[:3]
-    fields = [_step_fields(n) for n in steps]
+                                      r"kv_total=\d+ preempted=\d+( detail=0)?", n) for n in steps), steps[:3]
+    # windows of two detailed steps every five (--detail-every 5 --detail-window 2), in step-id order
+    by_id = sorted(steps, key=lambda n: int(n.split()[1][3:]))
+    assert [n.endswith(" detail=0") for n in by_id] == [i % 5 >= 2 for i in range(len(by_id))]
+    gate = info["processes"][0]["collector"]["detail"]
+    assert gate["every"] == 5 and gate["window"] == 2 and gate["steps"] == len(steps)
+    assert gate["detailed"] == sum(not n.endswith(" detail=0") for n in steps)
+    fields = [_step_fields(n.removesuffix(" detail=0")) for n in steps]
     assert all(f["prefill"] + f["decode"] > 0 and f["kv_used"] <= f["kv_total"] and f["kv_total"] > 0
                for f in fields)
     assert fields[0]["prefill"] > 0 and fields[0]["decode"] == 0  # the first step prefills
@@ -190,6 +198,19 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     reconstruct(run)
     align_run(run)  # on the reconstructed steps
     import pyarrow.parquet as pq
+
+    # aten-level BE ranges in the detailed steps only; FE ranges in every step
+    from teller.forest import Forest
+    from teller.localize.features import sampled_out_steps
+    from teller.rundir import LAYER_CODE
+
+    fa = Forest.read(run)
+    sampled = sampled_out_steps(pq.read_table(run / "steps.parquet").column("name").to_pylist())
+    n_steps = len(sampled)
+    be = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["BE"]) & (fa.step_idx >= 0)], minlength=n_steps)
+    fe = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["FE"]) & (fa.step_idx >= 0)], minlength=n_steps)
+    assert sampled.any() and (~sampled).any()
+    assert (be[sampled] == 0).all() and (be[~sampled] > 0).all() and (fe > 0).all()
 
     rows = pq.read_table(run / "log_alignment.parquet").to_pylist()
     by_tpl: dict[str, list[dict]] = {}

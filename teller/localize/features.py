@@ -83,6 +83,8 @@ __all__ = [
     "SCORED_LAYERS",
     "FALLBACK_LAYERS",
     "StepTable",
+    "DETAIL_FEATURES",
+    "sampled_out_steps",
     "admission_delay",
     "iteration_pace",
     "request_admission_delay",
@@ -148,6 +150,14 @@ ITER_FEATURES = (
 PACE_NEIGHBOURS = 2
 #: Feature names, in column order of the feature matrix.
 FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
+#: What a step recorded without detail (``teller record --detail-every``: no BE ranges, no GPU
+#: activity) lacks: every feature but the ranges' durations, COMM sizes, the iteration's time,
+#: gap, schedule and post times and the batch context. NaN on its instances.
+DETAIL_FEATURES = tuple(f for f in FEATURES if f not in (
+    "dur_ns", "comm_bytes", "iter.dur", "iter.gap", "iter.schedule", "iter.post", "batch.n_requests",
+    "batch.prefill", "batch.decode", "batch.waiting", "batch.kv_frac", "batch.preempted", "iter.admit_delay"))
+#: what the STEP message of a step recorded without detail carries (teller.record.runtime)
+_NOT_DETAILED = "detail=0"
 #: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
 SCORED_LAYERS = (*INSTANCE_LAYERS, "OTHER", "STEP")
 #: ``iterations.parquet``'s columns and types (:data:`teller.reconstruct.iterations.ITERATIONS_SCHEMA`).
@@ -485,13 +495,17 @@ def _name_class(fa: Forest, pattern: str) -> np.ndarray:
 
 def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
                       layers: tuple[str, ...] | None = None, step_batch: np.ndarray | None = None,
-                      step_iter: np.ndarray | None = None, pageable: np.ndarray | None = None) -> Instances:
+                      step_iter: np.ndarray | None = None, pageable: np.ndarray | None = None,
+                      step_detail: np.ndarray | None = None) -> Instances:
     """Instances of ``layers`` (default :data:`SCORED_LAYERS`, else RT/DRV when the run has no
     FE/BE/COMM node) and φ(x) (:data:`FEATURES`).
 
     ``step_batch`` (per step: requests served) gives :attr:`Instances.batch`; ``step_iter``
     (steps × :data:`ITER_FEATURES`) the iteration columns of STEP instances; ``pageable`` (per
-    row: a copy from or to pageable host memory) the ``pageable_n`` column (NaN without it)."""
+    row: a copy from or to pageable host memory) the ``pageable_n`` column (NaN without it);
+    ``step_detail`` (per step: recorded in detail, :func:`sampled_out_steps`) leaves the
+    features a step recorded without detail lacks (:data:`DETAIL_FEATURES`) NaN on its
+    instances."""
     n = fa.n
     if layers is None:
         layers = SCORED_LAYERS
@@ -553,9 +567,17 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
             srows = np.flatnonzero((lay == LAYER_CODE["STEP"]) & (step_of_row[rows] >= 0))
             o = len(OP_FEATURES) + len(MIX_FEATURES)
             X[srows, o:] = step_iter[step_of_row[rows[srows]]]
+        blank = np.zeros(0, np.int64)
+        if step_detail is not None and not np.all(step_detail):
+            st = step_of_row[rows]
+            blank = np.flatnonzero((st >= 0) & ~np.asarray(step_detail, bool)[np.maximum(st, 0)])
+            X[np.ix_(blank, [FEATURES.index(f) for f in DETAIL_FEATURES])] = np.nan
+        if step_iter is not None:
+            # (over the detailed steps only; a step without detail gets no pace of its own)
             X[srows, FEATURES.index("iter.per_kernel")] = iteration_pace(
                 X[srows, FEATURES.index("iter.dur")], X[srows, OP_FEATURES.index("k_n")], fa.pid[rows[srows]],
                 fa.start[rows[srows]])
+            X[blank, FEATURES.index("iter.per_kernel")] = np.nan
     # families: the forest's (one encoding), renumbered over the families the instances have;
     # every STEP node is one family, ``STEP``, as the labels name it
     fam_rows = fa.family[rows]
@@ -580,6 +602,16 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
         ok = step >= 0
         batch[ok] = np.asarray(step_batch, np.float64)[step[ok]]
     return Instances(rows, family, families, step, X, parent, tuple(layers), batch)
+
+
+def sampled_out_steps(names: list[str]) -> np.ndarray:
+    """Per step name: recorded without detail (its STEP message ends ``detail=0``: ``teller
+    record --detail-every`` left its BE ranges and GPU activity out)."""
+    if not names:
+        return np.zeros(0, bool)
+    arr = pa.array(names, pa.string())
+    hit = pc.match_substring_regex(pc.fill_null(arr, ""), rf"(?:^|\s){_NOT_DETAILED}(?:\s|$)")
+    return np.asarray(hit.to_numpy(zero_copy_only=False), bool)
 
 
 def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:
@@ -635,7 +667,9 @@ def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) 
     fa = Forest.read(rd.path)
     st = read_steps(rd, fa)
     pg = pageable_rows(rd.path, fa)
-    inst = instance_features(fa, st.step_of_row, layers, step_batch=st.batch(), step_iter=st.iterations, pageable=pg)
+    detail = ~sampled_out_steps(st.names)
+    inst = instance_features(fa, st.step_of_row, layers, step_batch=st.batch(), step_iter=st.iterations, pageable=pg,
+                             step_detail=detail)
     edges = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None
     in_step = int((inst.step >= 0).sum())
     summary = {
@@ -649,6 +683,7 @@ def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) 
         "families": len(inst.families),
         "preorder_layout": fa.preorder,
         "warmup_steps": int(st.warmup.sum()) if st.warmup is not None else 0,
+        "steps_without_detail": int((~detail).sum()),
         "iterations": st.iterations is not None,
         "pageable_kinds": pg is not None,
     }

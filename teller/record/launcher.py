@@ -47,7 +47,15 @@ from teller.errors import TellerError
 from teller.record.instrument import ENGINE_CHOICES
 from teller.record.instrument.generic import load_hooks
 from teller.record.instrument.torch_profiler_ops import convert_run
-from teller.record.runtime import BE_BACKENDS, DEFAULT_BE_BACKEND, DEFAULT_DETAIL_EVERY, DEFAULT_DETAIL_WINDOW, ENV_DETAIL_EVERY, ENV_DETAIL_WINDOW, ENV_EXTENSIONS
+from teller.record.runtime import (
+    BE_BACKENDS,
+    DEFAULT_BE_BACKEND,
+    DEFAULT_DETAIL_EVERY,
+    DEFAULT_DETAIL_WINDOW,
+    ENV_DETAIL_EVERY,
+    ENV_DETAIL_WINDOW,
+    ENV_EXTENSIONS,
+)
 from teller.rundir import RunDir, RunInfo
 
 COLLECTOR_CHOICES = ("auto", "cupti", "kineto", "cpu", "none")
