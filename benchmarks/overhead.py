@@ -35,6 +35,8 @@ Configurations (names are free to combine with ``--configs``):
 - ``cupti_nodetail``  CUPTI detached after the first detail window and never attached again (the
                       floor of step sampling: STEP/FE/OTHER ranges on every step)
 - ``cupti_notear``    the default windows, CUPTI's activity kinds only disabled between them
+- ``cupti_nodetail_nonvtx``: ``cupti_nodetail`` without ``NVTX_INJECTION64_PATH`` (no NVTX call
+                      of the engine's libraries goes through libcupti)
 - ``hooks_full``      hooks with every step in detail
 
 Long mode (``--long``, issue 16 §2): rounds of every configuration (order rotated per round),
@@ -87,6 +89,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "cupti_full": {"collector": "cupti", "env": {}, "kw": {"detail_every": 1}},
     "cupti_nodetail": {"collector": "cupti", "env": {}, "kw": {"detail_every": 10**9, "detail_window": 8}},
     "cupti_notear": {"collector": "cupti", "env": {"TELLER_CUPTI_TEARDOWN": "0"}},
+    "cupti_nodetail_nonvtx": {"collector": "cupti", "env": {"TELLER_NVTX_INJECTION": "0"},
+                              "kw": {"detail_every": 10**9, "detail_window": 8}},
     "hooks_full": {"collector": "cpu", "env": {}, "kw": {"detail_every": 1}},
 }
 

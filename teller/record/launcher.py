@@ -404,7 +404,10 @@ def record(
             env["TELLER_CUPTI_DECODE"] = cupti_decode
         if extensions:
             env[ENV_EXTENSIONS] = ",".join(extensions)
-        if resolved == "cupti" and cupti_lib and not env.get("NVTX_INJECTION64_PATH"):
+        # NVTX ranges of the engine's libraries as MARKER records (TELLER_NVTX_INJECTION=0: not
+        # injected, an overhead study's configuration; the hooks' ranges never need it by default)
+        if (resolved == "cupti" and cupti_lib and not env.get("NVTX_INJECTION64_PATH")
+                and env.get("TELLER_NVTX_INJECTION", "1") not in ("0", "false", "no")):
             env["NVTX_INJECTION64_PATH"] = cupti_lib
     env.setdefault("PYTHONUNBUFFERED", "1")
 
