@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,62 @@ def test_flusher_thread_is_named_and_reported(rt):
     if sys.platform.startswith("linux") and t.is_alive():
         comm = Path(f"/proc/self/task/{rt.flusher_tid}/comm").read_text().strip()
         assert comm == "teller-flush"
+
+
+class _SwitchLog:
+    """A collector that notes when the detail gate switches it (``set_detail``)."""
+
+    def __init__(self, fail_on: bool = False) -> None:
+        self.calls: list[tuple[int, bool]] = []
+        self.fail_on = fail_on
+        self.seq = lambda: -1
+
+    def set_detail(self, on: bool) -> None:
+        self.calls.append((self.seq(), on))
+        if on and self.fail_on:
+            raise RuntimeError("cannot attach")
+
+
+def test_detail_windows_mark_steps_and_switch_the_collector_around_them(monkeypatch):
+    """Windows of 2 detailed steps every 5: the other STEP messages end ``detail=0``, no BE
+    backend runs in them, and the collector goes off when the first step after a window opens
+    and on when the step before the next window closes (its update phase belongs to the window's
+    first iteration); a collector that fails to switch is counted, and the steps go on."""
+    log = _SwitchLog()
+    fake = type("R", (), {"collector": log, "be_depth": 1})()
+    monkeypatch.setattr(runtime, "RUNTIME", fake)
+    gate = runtime.DetailGate(5, 2)
+    monkeypatch.setattr(runtime, "DETAIL", gate)
+    log.seq = lambda: gate.seq
+    pushed, be = [], []
+    monkeypatch.setattr(runtime, "push", pushed.append)
+    monkeypatch.setattr(runtime, "pop", lambda: None)
+    monkeypatch.setattr(runtime, "_be_functions", lambda: (lambda d: be.append(("in", d)), lambda: be.append(("out",))))
+    if "torch" not in sys.modules:  # the BE backend runs once the engine has imported torch
+        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    for i in range(12):
+        runtime.push_step(f"STEP id={i} reqs=r")
+        runtime.pop_step()
+    assert [m.endswith(" detail=0") for m in pushed] == [i % 5 >= 2 for i in range(12)]
+    assert be == [("in", 1), ("out",)] * 6  # steps 0, 1, 5, 6, 10, 11
+    # off as step 2 opens (seq 3 once counted), on as step 4 closes (the next is 5), ...
+    assert log.calls == [(3, False), (5, True), (8, False), (10, True)]
+    info = gate.info()
+    assert info["steps"] == 12 and info["detailed"] == 6 and info["switches"] == 4 and info["failures"] == 0
+    # every step in detail: nothing switches
+    every = runtime.DetailGate(1, 1)
+    monkeypatch.setattr(runtime, "DETAIL", every)
+    log.calls.clear()
+    for i in range(4):
+        runtime.push_step(f"STEP id={i} reqs=r")
+        runtime.pop_step()
+    assert log.calls == [] and every.info()["detailed"] == 4
+    # a collector that cannot attach again: counted, and recording goes on
+    bad = _SwitchLog(fail_on=True)
+    monkeypatch.setattr(runtime, "RUNTIME", type("R", (), {"collector": bad, "be_depth": 1})())
+    gate = runtime.DetailGate(3, 1)
+    monkeypatch.setattr(runtime, "DETAIL", gate)
+    for i in range(6):
+        runtime.push_step(f"STEP id={i} reqs=r")
+        runtime.pop_step()
+    assert gate.info()["failures"] >= 1 and gate.info()["steps"] == 6

@@ -185,6 +185,10 @@ class DetailGate:
     """
 
     def __init__(self, every: int = 1, window: int = 1) -> None:
+        self.reset(every, window)
+
+    def reset(self, every: int = 1, window: int = 1) -> None:
+        """Start counting again with these settings (the runtime's start, a forked child)."""
         self.every = max(1, int(every))
         self.window = min(max(1, int(window)), self.every)
         self.seq = 0
@@ -352,7 +356,7 @@ class Runtime:
         self.be_depth = _int(env.get(ENV_BE_DEPTH), 1)
         self.detail_every = max(1, _int(env.get(ENV_DETAIL_EVERY), 1))
         self.detail_window = max(1, _int(env.get(ENV_DETAIL_WINDOW), 1))
-        DETAIL.__init__(self.detail_every, self.detail_window)
+        DETAIL.reset(self.detail_every, self.detail_window)
         self.be_backend_requested = (env.get(ENV_BE_BACKEND) or DEFAULT_BE_BACKEND).lower()
         self.be_backend = "dispatch"
         self.be: Any = None
@@ -627,7 +631,7 @@ class Runtime:
             self.forked_from = parent
             self.start_wall_ns = time.time_ns()
             _ranges.RECORDER.reset_after_fork()
-            DETAIL.__init__(self.detail_every, self.detail_window)  # the child counts its own steps
+            DETAIL.reset(self.detail_every, self.detail_window)  # the child counts its own steps
             self._state_lock = threading.Lock()
             self._flush_lock = threading.Lock()
             self._flusher = None
