@@ -4,7 +4,8 @@
 #   bash scripts/gpu/overhead_long.sh [BUDGET_S] [CONFIGS] [ROUNDS] [GPUS]
 # BUDGET_S: seconds from the start of this script by which every run has ended (default 525);
 # GPUS: auto (runs at once, one per GPU: whole rounds with a GPU per configuration, else waves),
-# none, or a list such as 0,1,2,3,4. Results: $OUT/ovl/{overhead_long.md,overhead_long.json,
+# none, or a list such as 0,1,2,3,4; OVL_EXTRA: more arguments for overhead.py (e.g.
+# "--requests 6000 --probe-requests 300"). Results: $OUT/ovl/{overhead_long.md,overhead_long.json,
 # runs.jsonl,workload.json}, $OUT/matrix.log, $OUT/env_call.txt.
 T0=$(date +%s)
 BUDGET=${1:-525}
@@ -28,6 +29,6 @@ fi
   echo "setup done after $(( $(date +%s) - T0 )) s"
 } > "$OUT/env_call.txt" 2>&1
 python3 benchmarks/overhead.py --long --out "$OUT/ovl" --state "$STATE" --work /tmp/teller_overhead_long/work \
-  --configs "$CONFIGS" --rounds "$ROUNDS" --gpus "$GPUS" --deadline $(( T0 + BUDGET )) > "$OUT/matrix.log" 2>&1
+  --configs "$CONFIGS" --rounds "$ROUNDS" --gpus "$GPUS" --deadline $(( T0 + BUDGET )) $OVL_EXTRA > "$OUT/matrix.log" 2>&1
 grep -v '^{' "$OUT/matrix.log" | tail -n 14
 echo "done after $(( $(date +%s) - T0 )) s"
