@@ -251,3 +251,22 @@ def test_decoding_from_the_heads_cache_gives_the_tokens_of_recomputing(numeric, 
         assert s["explanation"] == m.text_tok.decode([t for t in x[1:4] if t >= len(SPECIALS)])
         assert f["explanation"].startswith(e["explanation"])
         assert len(e["explanation"]) >= 12 or e["explanation"] == f["explanation"]
+
+
+def test_steps_recorded_without_detail_are_left_to_the_numeric_stage(numeric):
+    """Flagged steps whose STEP message says ``detail=0`` (``teller record --detail-every``) hold no
+    aten ops or GPU activity: the model does not read them, says how many it left, and reads the
+    others as before."""
+    diag, d = numeric
+    x = copy.deepcopy(diag)
+    flagged = [s for s in x["steps"] if s["flag"]]
+    bare = {s["node_id"] for s in flagged[::2]}
+    for s in x["steps"]:
+        if s["node_id"] in bare:
+            s["name"] = s["name"] + " detail=0"
+    info = apply_model(x, d / RUN, max_steps=None)
+    assert info["steps_without_detail"] == len(bare) and info["steps_read"] == len(flagged) - len(bare)
+    read = _read(x)
+    assert read and not (set(read) & bare)
+    for s in x["steps"]:
+        assert bool(s.get("model_no_detail")) == (s["node_id"] in bare)

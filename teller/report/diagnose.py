@@ -67,7 +67,7 @@ from teller.localize import (
     localize,
     no_reference_error,
 )
-from teller.localize.features import RunFeatures, run_features
+from teller.localize.features import RunFeatures, run_features, sampled_out_steps
 from teller.rca import DEFAULT_MODEL
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.report.html import fmt_value, write_html
@@ -555,6 +555,17 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     # only STEP nodes (rows that are their own step) have subtrees the model can read
     step_ids = set(forest.filter(pc.equal(forest.column("node_id"), forest.column("step_id"))).column("node_id").to_pylist())
     flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
+    # a step recorded without detail has no aten ops and no GPU activity: the model, which learnt
+    # from call trees that hold them, does not read it; the numeric verdict stands
+    bare = sampled_out_steps([str(d.get("name") or "") for d in flagged])
+    if bare.any():
+        for d in (d for d, b in zip(flagged, bare.tolist(), strict=True) if b):
+            d["model_no_detail"] = True
+        info["steps_without_detail"] = int(bare.sum())
+        if note is not None:
+            note(f"{int(bare.sum())} flagged steps were recorded without detail (`teller record --detail-every`): "
+                 "the root-cause model does not read them; they have the numeric stage's verdict only")
+        flagged = [d for d, b in zip(flagged, bare.tolist(), strict=True) if not b]
     if not flagged:
         return info
     # the highest-scored first; past ``max_steps`` the numeric verdict stands
