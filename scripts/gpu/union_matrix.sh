@@ -1,0 +1,27 @@
+#!/bin/bash
+# Call B of scripts/gpu/union_stash.sh: the union of dataset v2's parts (one from runs/stash/, the
+# other in the tree) merged, then root-cause models trained and scored on it by rca_matrix.py.
+#   bash scripts/gpu/union_matrix.sh [DEADLINE_S] [JOB...]
+# JOBs as rca_matrix.py's --job (default: the iteration MoT of the four splits); results in $OUT.
+T0=$(date +%s)
+DEADLINE=${1:-540}
+shift || true
+JOBS=("$@")
+[ ${#JOBS[@]} -eq 0 ] && JOBS=(it_request=mot:request:unit=iteration it_run=mot:run:unit=iteration
+                               it_mechanism=mot:mechanism:unit=iteration it_workload=mot:workload:unit=iteration)
+source scripts/gpu/setup.sh >/dev/null 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+parts=()
+for p in h200_v2 h200_v2_tp; do
+  if [ -d "data/$p" ]; then parts+=("data/$p"); elif [ -d "runs/stash/$p" ]; then parts+=("runs/stash/$p"); fi
+done
+if [ ${#parts[@]} -ne 2 ]; then echo "need both parts (found: ${parts[*]}); run union_stash.sh first" >&2; exit 2; fi
+python3 -m teller.cli dataset merge "${parts[@]}" -o runs/h200_v2_whole --force > "$OUT/merge.log" 2>&1 || { tail -5 "$OUT/merge.log"; exit 3; }
+echo "merged after $(( $(date +%s) - T0 )) s"
+args=()
+for j in "${JOBS[@]}"; do args+=(--job "$j"); done
+set -o pipefail
+python3 scripts/gpu/rca_matrix.py --data runs/h200_v2_whole --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
+  --epochs 8 --batch-size 128 --eval-reserve-s 30 --work /tmp/rca_matrix_whole \
+  --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate request,run,mechanism,workload --evaluate-reserve-s 200 \
+  --methods teller_mot "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20
