@@ -37,6 +37,8 @@ Configurations (names are free to combine with ``--configs``):
 - ``cupti_notear``    the default windows, CUPTI's activity kinds only disabled between them
 - ``cupti_nodetail_nonvtx``: ``cupti_nodetail`` without ``NVTX_INJECTION64_PATH`` (no NVTX call
                       of the engine's libraries goes through libcupti)
+- ``cupti_nodetail_lazy``: ``cupti_nodetail`` with CUPTI first touched at the first window, after
+                      the engine made its CUDA context (``TELLER_CUPTI_ATTACH=first-window``)
 - ``hooks_full``      hooks with every step in detail
 
 Long mode (``--long``, issue 16 §2): rounds of every configuration (order rotated per round),
@@ -91,6 +93,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "cupti_notear": {"collector": "cupti", "env": {"TELLER_CUPTI_TEARDOWN": "0"}},
     "cupti_nodetail_nonvtx": {"collector": "cupti", "env": {"TELLER_NVTX_INJECTION": "0"},
                               "kw": {"detail_every": 10**9, "detail_window": 8}},
+    "cupti_nodetail_lazy": {"collector": "cupti", "env": {"TELLER_CUPTI_ATTACH": "first-window"},
+                            "kw": {"detail_every": 10**9, "detail_window": 8}},
     "hooks_full": {"collector": "cpu", "env": {}, "kw": {"detail_every": 1}},
 }
 

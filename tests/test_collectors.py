@@ -875,3 +875,58 @@ def test_bundled_gpu_recording_reconstructs_into_request_trees(tmp_path):
         c[0] == "STEP" and "FE" in c and "BE" in c and c[-2:] == ("RT", "K") for c in chains)
     info = json.loads((EXAMPLE / "run.json").read_text())
     assert info["collector"]["resolved"] == "cupti" and info["dropped_records"]["cupti"] == 0
+
+
+def _with_finalize(fake):
+    """The fake with ``cuptiFinalize``: CUPTI forgets its callbacks and enabled kinds."""
+    fake.state["finalized"] = 0
+
+    def finalize():
+        fake.state["finalized"] += 1
+        fake.state["enabled"].clear()
+        fake.state.pop("done", None)
+        fake.state.pop("req", None)
+
+    fake.finalize = finalize
+    return fake
+
+
+@pytest.mark.parametrize("attach", ["start", "first-window"])
+def test_detail_windows_detach_and_attach_cupti(tmp_path, install_fake, monkeypatch, attach):
+    """The detail gate's switches: off flushes what is held, disables the kinds and finalizes
+    CUPTI (no flush or clock anchor touches it while detached); on registers the callbacks again
+    and enables the kinds; records of every window are decoded. With ``first-window`` CUPTI is not
+    touched at all before the first window."""
+    monkeypatch.setenv("TELLER_CUPTI_ATTACH", attach)
+    pending: list = []
+    fake = _with_finalize(install_fake(fake_cupti(pending)))
+    sink = EventSink(tmp_path, pid=7)
+    c = CuptiCollector(kinds=["RUNTIME", "CONCURRENT_KERNEL", "MARKER"], decode="objects", api_filter=False)
+    ts0 = fake.state["ts"]
+    c.start(sink)
+    lazy = attach == "first-window"
+    assert c.available
+    if lazy:  # nothing of CUPTI ran: no clock read, no callbacks, no kind enabled
+        assert fake.state["ts"] == ts0 and "done" not in fake.state and fake.state["enabled"] == set()
+        assert c.info()["never_attached"] and c.info()["attach"] == "first-window"
+        c.flush()
+        assert fake.state["flushes"] == []
+        c.set_detail(True)
+    assert fake.state["enabled"] == {"RUNTIME", "CONCURRENT_KERNEL", "MARKER"} and "done" in fake.state
+    t = fake.state["ts"]
+    pending += [api("RUNTIME", 211, t + 10, t + 20, corr=1), kernel("_Z1kv", t + 30, t + 40, corr=1)]
+    c.set_detail(False)  # the first window ends
+    assert fake.state["finalized"] == 1 and fake.state["enabled"] == set() and fake.state["flushes"] == [1]
+    c.flush()
+    c.set_detail(False)  # already off: nothing
+    assert fake.state["flushes"] == [1] and fake.state["finalized"] == 1
+    c.set_detail(True)  # the next window
+    assert fake.state["enabled"] == {"RUNTIME", "CONCURRENT_KERNEL", "MARKER"} and "done" in fake.state
+    t = fake.state["ts"]
+    pending += [api("RUNTIME", 211, t + 10, t + 20, corr=2), kernel("_Z1kv", t + 30, t + 40, corr=2)]
+    c.stop()
+    sink.close()
+    ev = RunDir(tmp_path).read_events().sort_by("start_ns")
+    assert col(ev, "kind") == ["RUNTIME", "KERNEL", "RUNTIME", "KERNEL"]
+    info = c.info()
+    assert info["detail_switches"] == (3 if lazy else 2) and info["errors"] == [] and not info["never_attached"]

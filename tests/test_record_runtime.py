@@ -159,6 +159,16 @@ def test_detail_windows_mark_steps_and_switch_the_collector_around_them(monkeypa
         runtime.push_step(f"STEP id={i} reqs=r")
         runtime.pop_step()
     assert log.calls == [] and every.info()["detailed"] == 4
+    # a collector attached lazily (CUPTI first touched at the first window): on as step 0 opens
+    lazy = runtime.DetailGate(5, 2)
+    lazy.on = False
+    monkeypatch.setattr(runtime, "DETAIL", lazy)
+    log.calls.clear()
+    log.seq = lambda: lazy.seq
+    for i in range(4):
+        runtime.push_step(f"STEP id={i} reqs=r")
+        runtime.pop_step()
+    assert log.calls == [(1, True), (3, False)]
     # a collector that cannot attach again: counted, and recording goes on
     bad = _SwitchLog(fail_on=True)
     monkeypatch.setattr(runtime, "RUNTIME", type("R", (), {"collector": bad, "be_depth": 1})())

@@ -196,7 +196,7 @@ class DetailGate:
         self.switches = 0
         self.switch_ns = 0
         self.failures = 0
-        self.on = True  # the collector starts recording (start-up and the first window)
+        self.on = True  # the collector starts recording (start-up and the first window), unless lazy
         self._lock = threading.Lock()
         self._tls = threading.local()
 
@@ -211,6 +211,8 @@ class DetailGate:
             self.detailed += detailed
             if not detailed and self.on:
                 self._switch(False)
+            elif detailed and not self.on:  # a collector attached lazily, at its first window
+                self._switch(True)
         stack = getattr(self._tls, "stack", None)
         if stack is None:
             stack = self._tls.stack = []
@@ -497,6 +499,8 @@ class Runtime:
                 pass
             return
         self.collector, self.collector_name = c, name
+        if getattr(c, "_pending_setup", None) is not None:  # CUPTI waits for the first detail window
+            DETAIL.on = False
 
     # ---- flushing ---------------------------------------------------------------------------
     def _start_flusher(self) -> None:

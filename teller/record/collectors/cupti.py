@@ -893,6 +893,10 @@ class CuptiCollector:
         # detach CUPTI between detailed steps (cuptiFinalize); TELLER_CUPTI_TEARDOWN=0 only
         # disables the activity kinds (overhead studies)
         self.teardown = os.environ.get("TELLER_CUPTI_TEARDOWN", "1") not in ("0", "false", "no")
+        # TELLER_CUPTI_ATTACH=first-window: CUPTI is not touched when the collector starts (before
+        # the engine creates its CUDA context) but at the detail gate's first window
+        self.attach_lazily = os.environ.get("TELLER_CUPTI_ATTACH", "start").lower() == "first-window"
+        self._pending_setup: tuple | None = None
         self._lock = threading.Lock()
         self._active = False
         self._stopped = False
@@ -931,15 +935,17 @@ class CuptiCollector:
             def api_name(kind: str, cbid: int) -> str:
                 return cupti.get_callback_name(domains[kind], cbid)
 
-            self._anchor()  # also makes cupti-python load libcupti
-            self.clock_source = self._guess_clock()
-            self._register(cupti, values, api_name)
-            try:  # thread ids as the kernel's tid (threading.get_native_id), like the range recorder
-                cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
-                self.thread_id_type = "SYSTEM"
-            except Exception as e:
-                self.thread_id_type = "DEFAULT"
-                self._error(f"set_thread_id_type(SYSTEM): {type(e).__name__}: {e}; tids are pthread ids")
+            if self.attach_lazily and self.ranges != "nvtx":
+                # nothing of CUPTI runs until the detail gate's first window (set_detail(True))
+                self._pending_setup = (values, api_name)
+                self._enabled = [getattr(cupti.ActivityKind, k) for k in self.kinds
+                                 if getattr(cupti.ActivityKind, k, None) is not None and GROUP.get(k) is not None]
+                self._active = self.available = bool(self._enabled)
+                self._detached, self._detail_on = True, False
+                if not self._active:
+                    self.reason = "no activity kind could be enabled"
+                return
+            self._setup(cupti, values, api_name)
             for k in self.kinds:
                 kind = getattr(cupti.ActivityKind, k, None)
                 if kind is None or (self._raw is not None and GROUP.get(k) is None):
@@ -962,6 +968,18 @@ class CuptiCollector:
             self.reason = f"CUPTI start failed: {type(e).__name__}: {e}"
             self._error(self.reason)
             self._disable()
+
+    def _setup(self, cupti: Any, values: dict[str, int], api_name: Callable[[str, int], str]) -> None:
+        """CUPTI's first use: clock, buffer callbacks and decoder, thread ids."""
+        self._anchor()  # also makes cupti-python load libcupti
+        self.clock_source = self._guess_clock()
+        self._register(cupti, values, api_name)
+        try:  # thread ids as the kernel's tid (threading.get_native_id), like the range recorder
+            cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
+            self.thread_id_type = "SYSTEM"
+        except Exception as e:
+            self.thread_id_type = "DEFAULT"
+            self._error(f"set_thread_id_type(SYSTEM): {type(e).__name__}: {e}; tids are pthread ids")
 
     def set_detail(self, on: bool) -> None:
         """Detach CUPTI from the process (``on`` False) or attach it again: the recording
@@ -992,20 +1010,24 @@ class CuptiCollector:
                     cupti.finalize()
                     self._detached = True
             else:
-                if self._detached:
+                if self._pending_setup is not None:  # attached lazily: its first window
+                    values, api_name = self._pending_setup
+                    self._pending_setup = None
+                    self._setup(cupti, values, api_name)
+                elif self._detached:
                     if self._raw is not None:
                         self._raw.register()
                     else:
                         cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
                     if self.thread_id_type == "SYSTEM":
                         cupti.set_thread_id_type(cupti.ActivityThreadIdType.SYSTEM)
-                    self._detached = False
+                self._detached = False
                 for kind in self._enabled:
                     cupti.activity_enable(kind)
                 if self.api_filter:
                     quiet, self.quiet_apis = self.quiet_apis, 0
                     self._quiet(cupti)  # enabling a kind again turns every call of it back on
-                    self.quiet_apis = quiet
+                    self.quiet_apis = max(quiet, self.quiet_apis)
                 self._anchor()
         except Exception as e:  # stay as we are; the gate counts the failure
             self._error(f"detail {'on' if on else 'off'}: {type(e).__name__}: {e}")
@@ -1086,6 +1108,8 @@ class CuptiCollector:
             "buffer_bytes": self.buffer_bytes,
             "detail_switches": self.detail_switches,
             "detail_teardown": self.teardown,
+            "attach": "first-window" if self.attach_lazily else "start",
+            "never_attached": self._pending_setup is not None,
             "detail_on_s": self.detail_ns_on_off[0] / 1e9,
             "detail_off_s": self.detail_ns_on_off[1] / 1e9,
             "thread_id_type": self.thread_id_type,
