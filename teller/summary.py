@@ -120,6 +120,9 @@ def reconstruct_lines(s: dict[str, Any], run: str) -> list[str]:
     it = s.get("iterations") if isinstance(s.get("iterations"), dict) else {}
     if it.get("count"):
         comm += f", {n(int(it['count']), 'engine iteration')}"
+    bare = int(s.get("steps_without_detail") or 0)
+    if bare:  # teller record --detail-every: the steps between detail windows
+        rule += f"; {bare:,} recorded without detail"
     lines = [f"reconstructed {run}: {n(int(s.get('nodes', 0)), 'node')} on {n(int(s.get('threads', 0)), 'thread')}, "
              f"{n(int(s.get('steps', 0)), 'step')} ({rule}), {n(int(s.get('requests', 0)), 'request')}{comm}"]
     gpu, bound = int(s.get("gpu_activity") or 0), int(s.get("gpu_bound") or 0)

@@ -195,7 +195,7 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     from teller.logs import align_run
     from teller.reconstruct import reconstruct
 
-    reconstruct(run)
+    summary = reconstruct(run)
     align_run(run)  # on the reconstructed steps
     import pyarrow.parquet as pq
 
@@ -211,6 +211,7 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     fe = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["FE"]) & (fa.step_idx >= 0)], minlength=n_steps)
     assert sampled.any() and (~sampled).any()
     assert (be[sampled] == 0).all() and (be[~sampled] > 0).all() and (fe > 0).all()
+    assert summary["steps_without_detail"] == int(sampled.sum())
 
     rows = pq.read_table(run / "log_alignment.parquet").to_pylist()
     by_tpl: dict[str, list[dict]] = {}

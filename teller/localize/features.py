@@ -70,7 +70,7 @@ import pyarrow.compute as pc
 from teller.errors import TellerError
 from teller.forest import Forest, family_names, warmup_steps
 from teller.reconstruct.iterations import ITERATIONS_SCHEMA, read_iterations
-from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS
+from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS, without_detail
 from teller.rundir import LAYER_CODE, RunDir
 
 __all__ = [
@@ -156,8 +156,7 @@ FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
 DETAIL_FEATURES = tuple(f for f in FEATURES if f not in (
     "dur_ns", "comm_bytes", "iter.dur", "iter.gap", "iter.schedule", "iter.post", "batch.n_requests",
     "batch.prefill", "batch.decode", "batch.waiting", "batch.kv_frac", "batch.preempted", "iter.admit_delay"))
-#: what the STEP message of a step recorded without detail carries (teller.record.runtime)
-_NOT_DETAILED = "detail=0"
+
 #: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
 SCORED_LAYERS = (*INSTANCE_LAYERS, "OTHER", "STEP")
 #: ``iterations.parquet``'s columns and types (:data:`teller.reconstruct.iterations.ITERATIONS_SCHEMA`).
@@ -607,11 +606,7 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
 def sampled_out_steps(names: list[str]) -> np.ndarray:
     """Per step name: recorded without detail (its STEP message ends ``detail=0``: ``teller
     record --detail-every`` left its BE ranges and GPU activity out)."""
-    if not names:
-        return np.zeros(0, bool)
-    arr = pa.array(names, pa.string())
-    hit = pc.match_substring_regex(pc.fill_null(arr, ""), rf"(?:^|\s){_NOT_DETAILED}(?:\s|$)")
-    return np.asarray(hit.to_numpy(zero_copy_only=False), bool)
+    return without_detail(names)
 
 
 def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:

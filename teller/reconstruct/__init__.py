@@ -64,6 +64,7 @@ from teller.reconstruct.steps import (
     Steps,
     decide_steps,
     steps_tables,
+    without_detail,
 )
 from teller.rundir import (
     EVENT_SCHEMA,
@@ -941,6 +942,7 @@ def _summary(ev: Events, paired: Paired, nested: Nested, bound: Bound, lay: Layo
         "steps": int(steps.table.num_rows),
         "steps_rule": steps.rule,
         "steps_detail": steps.detail,
+        "steps_without_detail": int(without_detail(steps.table.column("name")).sum()) if steps.table.num_rows else 0,
         "requests": len(pc.unique(requests.column("request_id"))),
         "request_step_pairs": int(requests.num_rows),
         "iterations": iters.summary,

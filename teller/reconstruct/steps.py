@@ -96,6 +96,18 @@ PROFILER_STEP_RE = r"(?i)^\s*(?:profilerstep\s*#\s*|step\s*[:#_=\s]\s*)(\d+)\s*$
 DEFAULT_WINDOW_NS = 100_000_000
 #: The rules, in the order they are tried (``steps.parquet``'s ``rule`` column).
 RULES = ("STEP ranges", "profiler steps", "fixed windows")
+#: the word a STEP message ends with when its step was recorded without detail (no BE ranges, no
+#: GPU activity: ``teller record --detail-every``, teller.record.runtime.DetailGate)
+NOT_DETAILED_RE = r"(?:^|\s)detail=0(?:\s|$)"
+
+
+def without_detail(names: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:
+    """Per step name: recorded without detail (its STEP message carries ``detail=0``)."""
+    arr = names if isinstance(names, (pa.Array, pa.ChunkedArray)) else pa.array(list(names), pa.string())
+    if not len(arr):
+        return np.zeros(0, bool)
+    hit = pc.match_substring_regex(pc.fill_null(arr.cast(pa.string()), ""), NOT_DETAILED_RE)
+    return np.asarray(hit.to_numpy(zero_copy_only=False), bool)
 
 STEP_RULE_COLUMNS = [("step_idx", pa.int64()), ("rule", pa.string())]
 #: ``steps.parquet``: the STEP-range columns, then the step's index and the rule that made it.
