@@ -270,3 +270,9 @@ def test_steps_recorded_without_detail_are_left_to_the_numeric_stage(numeric):
     assert read and not (set(read) & bare)
     for s in x["steps"]:
         assert bool(s.get("model_no_detail")) == (s["node_id"] in bare)
+    from rich.console import Console
+
+    con = Console(record=True, width=400)
+    print_verdicts(x, con, top=100)
+    lines = [ln for ln in con.export_text().splitlines() if ln.strip().startswith("step ")]
+    assert sum("recorded without detail" in ln for ln in lines) == len(bare)

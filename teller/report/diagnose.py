@@ -662,6 +662,8 @@ def verdict_line(x: dict[str, Any]) -> str:
         return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {ev}"
     if x.get("model_not_read"):
         head += " [not read by the model: numeric stage only]"
+    if x.get("model_no_detail"):
+        head += " [recorded without detail (no aten ops, no GPU activity): numeric stage only]"
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}); "
                 f"{ev or x.get('top_family') or ''}")
