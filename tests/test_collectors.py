@@ -898,6 +898,7 @@ def test_detail_windows_detach_and_attach_cupti(tmp_path, install_fake, monkeypa
     and enables the kinds; records of every window are decoded. With ``first-window`` CUPTI is not
     touched at all before the first window."""
     monkeypatch.setenv("TELLER_CUPTI_ATTACH", attach)
+    monkeypatch.setenv("TELLER_CUPTI_TEARDOWN", "1")
     pending: list = []
     fake = _with_finalize(install_fake(fake_cupti(pending)))
     sink = EventSink(tmp_path, pid=7)
@@ -930,3 +931,24 @@ def test_detail_windows_detach_and_attach_cupti(tmp_path, install_fake, monkeypa
     assert col(ev, "kind") == ["RUNTIME", "KERNEL", "RUNTIME", "KERNEL"]
     info = c.info()
     assert info["detail_switches"] == (3 if lazy else 2) and info["errors"] == [] and not info["never_attached"]
+
+
+@pytest.mark.parametrize("cuda, detached", [("13.0", True), ("12.6", True), ("12.4", False), (None, False)])
+def test_cupti_teardown_waits_for_a_safe_cuda(tmp_path, install_fake, monkeypatch, cuda, detached):
+    """By default CUPTI is detached between windows only with CUDA 12.6 or later (torch's build),
+    where its teardown is safe with CUDA graphs; otherwise, and with no CUDA known, its kinds are
+    only disabled, and the collector says why."""
+    monkeypatch.delenv("TELLER_CUPTI_TEARDOWN", raising=False)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda)))
+    fake = _with_finalize(install_fake(fake_cupti([])))
+    c = CuptiCollector(kinds=["RUNTIME"], decode="objects", api_filter=False)
+    c.start(EventSink(tmp_path, pid=3))
+    c.set_detail(False)
+    assert fake.state["finalized"] == int(detached) and fake.state["enabled"] == set()
+    c.set_detail(True)
+    assert fake.state["enabled"] == {"RUNTIME"}
+    info = c.info()
+    why = {"13.0": "CUDA 13.0: CUPTI detached", "12.6": "CUDA 12.6: CUPTI detached", "12.4": "CUDA 12.4 < 12.6",
+           None: "CUDA version unknown"}[cuda]
+    assert info["detail_teardown"] is detached and info["detail_teardown_note"].startswith(why)
+    c.stop()

@@ -38,6 +38,7 @@ import ctypes.util
 import functools
 import json
 import os
+import sys
 import threading
 import time
 from operator import attrgetter
@@ -677,6 +678,28 @@ _DONE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p
                          ctypes.c_size_t)
 
 
+#: the first CUDA version whose CUPTI teardown (``cuptiFinalize``) is safe with CUDA graphs
+TEARDOWN_SAFE_CUDA = (12, 6)
+
+
+def teardown_safe() -> tuple[bool, str]:
+    """Whether detaching CUPTI between detail windows is safe in this process: the CUDA version
+    torch was built with is 12.6 or later (before it, CUPTI's teardown could crash a process that
+    uses CUDA graphs). Unknown (no torch, a CPU build): not safe. Returns (safe, why)."""
+    torch = sys.modules.get("torch")
+    ver = getattr(getattr(torch, "version", None), "cuda", None) if torch is not None else None
+    try:
+        parts = tuple(int(x) for x in str(ver).split(".")[:2]) if ver else None
+    except ValueError:
+        parts = None
+    if parts is None:
+        return False, f"CUDA version unknown ({ver!r}): CUPTI's kinds disabled between detail windows, not detached"
+    if parts < TEARDOWN_SAFE_CUDA:
+        return False, (f"CUDA {ver} < 12.6 (CUPTI's teardown crashes with CUDA graphs there): its kinds disabled "
+                       "between detail windows, not detached")
+    return True, f"CUDA {ver}: CUPTI detached between detail windows"
+
+
 class RawBuffers:
     """Activity buffers handed to CUPTI through its C API; completed ones go to ``on_done``.
 
@@ -892,7 +915,12 @@ class CuptiCollector:
         self.detail_ns_on_off = [0, 0]
         # detach CUPTI between detailed steps (cuptiFinalize); TELLER_CUPTI_TEARDOWN=0 only
         # disables the activity kinds (overhead studies)
-        self.teardown = os.environ.get("TELLER_CUPTI_TEARDOWN", "1") not in ("0", "false", "no")
+        # auto (default): when the engine's CUDA is 12.6 or later, where CUPTI's teardown no longer
+        # crashes processes that use CUDA graphs (PyTorch's profiler gates it the same way); 1: always
+        self.teardown_setting = os.environ.get("TELLER_CUPTI_TEARDOWN", "auto").lower()
+        self.teardown: bool | None = None if self.teardown_setting == "auto" else \
+            self.teardown_setting not in ("0", "false", "no")
+        self.teardown_note = ""
         # TELLER_CUPTI_ATTACH=first-window: CUPTI is not touched when the collector starts (before
         # the engine creates its CUDA context) but at the detail gate's first window
         self.attach_lazily = os.environ.get("TELLER_CUPTI_ATTACH", "start").lower() == "first-window"
@@ -1006,6 +1034,8 @@ class CuptiCollector:
                 self._read_dropped()
                 for kind in self._enabled:
                     cupti.activity_disable(kind)
+                if self.teardown is None:
+                    self.teardown, self.teardown_note = teardown_safe()
                 if self.teardown:
                     cupti.finalize()
                     self._detached = True
@@ -1108,6 +1138,7 @@ class CuptiCollector:
             "buffer_bytes": self.buffer_bytes,
             "detail_switches": self.detail_switches,
             "detail_teardown": self.teardown,
+            "detail_teardown_note": self.teardown_note,
             "attach": "first-window" if self.attach_lazily else "start",
             "never_attached": self._pending_setup is not None,
             "detail_on_s": self.detail_ns_on_off[0] / 1e9,
