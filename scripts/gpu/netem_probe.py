@@ -2,6 +2,9 @@
 
     python3 scripts/gpu/netem_probe.py OUT.json
 
+(On the GPU machine, which has no network: carry ``wheels/`` with pyroute2's wheel, ``pip download
+pyroute2 --no-deps -d wheels``, and ``pip install --no-index wheels/pyroute2-*.whl`` first.)
+
 Reports the tools and rights a netem fault needs (``ip``/``tc`` on PATH, the effective
 capabilities, the ``sch_netem`` module), then tries, in a child process, a private network
 namespace (``os.unshare(CLONE_NEWNET)``), loopback up and a netem delay on it through netlink
