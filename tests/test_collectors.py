@@ -952,3 +952,23 @@ def test_cupti_teardown_waits_for_a_safe_cuda(tmp_path, install_fake, monkeypatc
            None: "CUDA version unknown"}[cuda]
     assert info["detail_teardown"] is detached and info["detail_teardown_note"].startswith(why)
     c.stop()
+
+
+def test_a_failed_detach_is_attached_again_at_the_next_window(tmp_path, install_fake, monkeypatch):
+    """cuptiFinalize raising after the kinds were disabled: the error is kept, and the next
+    window enables the kinds again instead of believing they are still on."""
+    monkeypatch.setenv("TELLER_CUPTI_TEARDOWN", "1")
+    fake = _with_finalize(install_fake(fake_cupti([])))
+
+    def broken():
+        raise RuntimeError("CUPTI_ERROR_UNKNOWN")
+
+    fake.finalize = broken
+    c = CuptiCollector(kinds=["RUNTIME"], decode="objects", api_filter=False)
+    c.start(EventSink(tmp_path, pid=5))
+    with pytest.raises(RuntimeError):
+        c.set_detail(False)
+    assert fake.state["enabled"] == set() and any("detail off" in e for e in c.info()["errors"])
+    c.set_detail(True)
+    assert fake.state["enabled"] == {"RUNTIME"}
+    c.stop()

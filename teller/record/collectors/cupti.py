@@ -913,10 +913,10 @@ class CuptiCollector:
         self._switch_lock = threading.Lock()
         self.detail_switches = 0
         self.detail_ns_on_off = [0, 0]
-        # detach CUPTI between detailed steps (cuptiFinalize); TELLER_CUPTI_TEARDOWN=0 only
-        # disables the activity kinds (overhead studies)
-        # auto (default): when the engine's CUDA is 12.6 or later, where CUPTI's teardown no longer
-        # crashes processes that use CUDA graphs (PyTorch's profiler gates it the same way); 1: always
+        # between detail windows CUPTI is detached (cuptiFinalize) or its kinds only disabled;
+        # TELLER_CUPTI_TEARDOWN auto (default): detached when the engine's CUDA is 12.6 or later,
+        # where CUPTI's teardown no longer crashes processes that use CUDA graphs (PyTorch's
+        # profiler gates it the same way); 1: always; 0: never (overhead studies)
         self.teardown_setting = os.environ.get("TELLER_CUPTI_TEARDOWN", "auto").lower()
         self.teardown: bool | None = None if self.teardown_setting == "auto" else \
             self.teardown_setting not in ("0", "false", "no")
@@ -1059,8 +1059,10 @@ class CuptiCollector:
                     self._quiet(cupti)  # enabling a kind again turns every call of it back on
                     self.quiet_apis = max(quiet, self.quiet_apis)
                 self._anchor()
-        except Exception as e:  # stay as we are; the gate counts the failure
+        except Exception as e:  # the gate counts the failure
             self._error(f"detail {'on' if on else 'off'}: {type(e).__name__}: {e}")
+            if not on:  # kinds may be off already: the next window attaches again from scratch
+                self._detail_on = False
             raise
         finally:
             dt = time.perf_counter_ns() - t0
