@@ -467,3 +467,26 @@ def test_steps_recorded_without_detail_lack_only_the_detail_features(example_run
     np.testing.assert_array_equal(inst.X[on][:, F["k_ns"]], full.instances.X[on][:, F["k_ns"]])
     step_off = off & (inst.family_of() == "STEP")
     assert np.isfinite(inst.X[step_off][:, F["iter.dur"]]).all()
+
+
+def test_a_detail_switch_is_left_out_of_instances_and_iteration_times():
+    """The recording runtime's ``OTHER detail_switch`` range (a collector switched between detail
+    windows) is no instance; the ranges holding it lose their durations and the STEP of its
+    iteration its iteration times, which the switch lengthened; other steps keep theirs."""
+    def step(i, switch):
+        t = i * 100_000
+        sched = N("OTHER", "schedule", t, t + 30_000, *([N("OTHER", "detail_switch", t + 1000, t + 21_000)] if switch else []))
+        return [sched, N("STEP", f"STEP id={i} reqs=a", t + 30_000, t + 60_000, N("FE", "model.mlp", t + 31_000, t + 50_000))]
+    roots = [r for i in range(3) for r in step(i, i == 1)]
+    fa = Forest.from_table(forest_table(roots))
+    step_of_row = (fa.start // 100_000).astype(np.int64)
+    it = np.full((3, len(ITER_FEATURES)), 50_000.0)
+    inst = instance_features(fa, step_of_row, step_iter=it)
+    fam = inst.family_of()
+    assert "OTHER detail_switch" not in set(fam)
+    sched = np.flatnonzero(fam == "OTHER schedule")
+    assert np.isnan(inst.X[sched[1], F["dur_ns"]]) and inst.X[sched[0], F["dur_ns"]] == 30_000
+    st = np.flatnonzero(fam == "STEP")
+    assert np.isnan(inst.X[st[1], F["iter.dur"]]) and np.isnan(inst.X[st[1], F["iter.gap"]])
+    assert inst.X[st[0], F["iter.dur"]] == 50_000 and inst.X[st[2], F["iter.gap"]] == 50_000
+    assert inst.X[st[1], F["dur_ns"]] == 30_000  # the STEP range itself does not hold it

@@ -145,7 +145,10 @@ def test_detail_windows_mark_steps_and_switch_the_collector_around_them(monkeypa
     for i in range(12):
         runtime.push_step(f"STEP id={i} reqs=r")
         runtime.pop_step()
-    assert [m.endswith(" detail=0") for m in pushed] == [i % 5 >= 2 for i in range(12)]
+    steps = [m for m in pushed if m.startswith("STEP")]
+    assert [m.endswith(" detail=0") for m in steps] == [i % 5 >= 2 for i in range(12)]
+    # each switch inside a range of its own, between the steps
+    assert pushed.count(runtime.SWITCH_RANGE) == 4 and pushed[2] == runtime.SWITCH_RANGE  # before step 2
     assert be == [("in", 1), ("out",)] * 6  # steps 0, 1, 5, 6, 10, 11
     # off as step 2 opens (seq 3 once counted), on as step 4 closes (the next is 5), ...
     assert log.calls == [(3, False), (5, True), (8, False), (10, True)]

@@ -70,7 +70,7 @@ import pyarrow.compute as pc
 from teller.errors import TellerError
 from teller.forest import Forest, family_names, warmup_steps
 from teller.reconstruct.iterations import ITERATIONS_SCHEMA, read_iterations
-from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS, without_detail
+from teller.reconstruct.steps import FALLBACK_LAYERS, INSTANCE_LAYERS, SWITCH_FAMILY, without_detail
 from teller.rundir import LAYER_CODE, RunDir
 
 __all__ = [
@@ -157,6 +157,9 @@ DETAIL_FEATURES = tuple(f for f in FEATURES if f not in (
     "dur_ns", "comm_bytes", "iter.dur", "iter.gap", "iter.schedule", "iter.post", "batch.n_requests",
     "batch.prefill", "batch.decode", "batch.waiting", "batch.kv_frac", "batch.preempted", "iter.admit_delay"))
 
+#: The iteration's times, which a collector switch between detail windows lengthens: NaN on the
+#: STEP instance of the iteration that holds one (``OTHER detail_switch``)
+SWITCH_FEATURES = ("iter.dur", "iter.gap", "iter.schedule", "iter.post", "iter.host_busy", "iter.per_kernel")
 #: Layers whose nodes are scored as instances: operators, OTHER ranges and the STEP range.
 SCORED_LAYERS = (*INSTANCE_LAYERS, "OTHER", "STEP")
 #: ``iterations.parquet``'s columns and types (:data:`teller.reconstruct.iterations.ITERATIONS_SCHEMA`).
@@ -514,6 +517,9 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
     is_inst = np.isin(fa.layer, codes)
     if set(layers) <= {"RT", "DRV"}:
         is_inst &= ~fa.is_gpu
+    fams = fa.families
+    switch = fa.family == fams.index(SWITCH_FAMILY) if SWITCH_FAMILY in fams else np.zeros(n, bool)
+    is_inst &= ~switch  # TELLER's own work between detail windows is no operator of the engine
     rows = np.flatnonzero(is_inst)
     step_of_row = np.full(n, -1, np.int64) if step_of_row is None else step_of_row
     dur = fa.dur_ns
@@ -577,6 +583,12 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
                 X[srows, FEATURES.index("iter.dur")], X[srows, OP_FEATURES.index("k_n")], fa.pid[rows[srows]],
                 fa.start[rows[srows]])
             X[blank, FEATURES.index("iter.per_kernel")] = np.nan
+        if switch.any():  # a detail switch's time is TELLER's: out of the ranges and iterations holding it
+            holds = np.flatnonzero(fa.subtree_counts(switch)[rows] > 0)
+            X[np.ix_(holds, [FEATURES.index("dur_ns"), FEATURES.index("self_ns")])] = np.nan
+            sw_steps = np.unique(step_of_row[switch & (step_of_row >= 0)])
+            srow = np.flatnonzero((lay == LAYER_CODE["STEP"]) & np.isin(step_of_row[rows], sw_steps))
+            X[np.ix_(srow, [FEATURES.index(f) for f in SWITCH_FEATURES])] = np.nan
     # families: the forest's (one encoding), renumbered over the families the instances have;
     # every STEP node is one family, ``STEP``, as the labels name it
     fam_rows = fa.family[rows]

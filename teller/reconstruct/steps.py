@@ -99,6 +99,9 @@ RULES = ("STEP ranges", "profiler steps", "fixed windows")
 #: the word a STEP message ends with when its step was recorded without detail (no BE ranges, no
 #: GPU activity: ``teller record --detail-every``, teller.record.runtime.DetailGate)
 NOT_DETAILED_RE = r"(?:^|\s)detail=0(?:\s|$)"
+#: the family of the range the recording runtime puts around a switch of its collector between
+#: detail windows (TELLER's own time: the iteration holding it is left out of time features)
+SWITCH_FAMILY = "OTHER detail_switch"
 
 
 def without_detail(names: pa.Array | pa.ChunkedArray | list[str]) -> np.ndarray:

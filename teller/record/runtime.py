@@ -237,11 +237,16 @@ class DetailGate:
         if fn is None:
             return
         t0 = time.perf_counter_ns()
+        # a range of its own: the switch's time (a CUPTI detach flushes) is TELLER's, not the
+        # engine's, and the numeric stage leaves the iteration that holds it out of time features
+        push(SWITCH_RANGE)
         try:
             fn(on)
         except Exception as e:
             self.failures += 1
             hook_failed("detail switch", e)
+        finally:
+            pop()
         self.switch_ns += time.perf_counter_ns() - t0
         self.switches += 1
 
@@ -250,6 +255,8 @@ class DetailGate:
                 "switches": self.switches, "switch_ms": round(self.switch_ns / 1e6, 3), "failures": self.failures}
 
 
+#: the range around a switch of the collector (teller.reconstruct.steps.SWITCH_FAMILY)
+SWITCH_RANGE = "OTHER detail_switch"
 #: the process's detail gate (:class:`DetailGate`; its ``every`` from ``TELLER_DETAIL_EVERY``)
 DETAIL = DetailGate(1)
 #: what a STEP message carries when its step is not recorded in detail
