@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from teller.forest import Forest
+from teller.reconstruct.steps import without_detail
 from teller.rundir import LAYER_CODE, RunDir
 
 
@@ -29,7 +30,7 @@ def step_counts(run: str | Path) -> dict[str, Any]:
     fa = Forest.read(rd.path)
     steps = rd.read_table("steps")
     names = [x or "" for x in steps.column("name").to_pylist()]
-    detailed = np.array([" detail=0" not in f" {n} " for n in names])
+    detailed = ~without_detail(names)
     n = len(names)
     sidx = fa.step_idx
     inside = sidx >= 0

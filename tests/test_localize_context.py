@@ -442,9 +442,10 @@ def test_steps_recorded_without_detail_lack_only_the_detail_features(example_run
     ranges or GPU activity; its instances keep durations, COMM sizes and the iteration's times
     and batch, and leave every other feature NaN (left out of the distances), where a detailed
     step keeps them all."""
-    from teller.localize.features import DETAIL_FEATURES, sampled_out_steps
+    from teller.localize.features import DETAIL_FEATURES
+    from teller.reconstruct.steps import without_detail
 
-    assert sampled_out_steps(["STEP id=1 reqs=a detail=0", "STEP id=2 reqs=a", "STEP id=3 reqs=a detail=01", ""]).tolist() \
+    assert without_detail(["STEP id=1 reqs=a detail=0", "STEP id=2 reqs=a", "STEP id=3 reqs=a detail=01", ""]).tolist() \
         == [True, False, False, False]
     run = tmp_path / "sampled"
     shutil.copytree(example_run, run)

@@ -201,11 +201,11 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
 
     # aten-level BE ranges in the detailed steps only; FE ranges in every step
     from teller.forest import Forest
-    from teller.localize.features import sampled_out_steps
+    from teller.reconstruct.steps import without_detail
     from teller.rundir import LAYER_CODE
 
     fa = Forest.read(run)
-    sampled = sampled_out_steps(pq.read_table(run / "steps.parquet").column("name").to_pylist())
+    sampled = without_detail(pq.read_table(run / "steps.parquet").column("name").to_pylist())
     n_steps = len(sampled)
     be = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["BE"]) & (fa.step_idx >= 0)], minlength=n_steps)
     fe = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["FE"]) & (fa.step_idx >= 0)], minlength=n_steps)

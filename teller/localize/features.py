@@ -84,7 +84,6 @@ __all__ = [
     "FALLBACK_LAYERS",
     "StepTable",
     "DETAIL_FEATURES",
-    "sampled_out_steps",
     "admission_delay",
     "iteration_pace",
     "request_admission_delay",
@@ -505,7 +504,8 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
     ``step_batch`` (per step: requests served) gives :attr:`Instances.batch`; ``step_iter``
     (steps × :data:`ITER_FEATURES`) the iteration columns of STEP instances; ``pageable`` (per
     row: a copy from or to pageable host memory) the ``pageable_n`` column (NaN without it);
-    ``step_detail`` (per step: recorded in detail, :func:`sampled_out_steps`) leaves the
+    ``step_detail`` (per step: recorded in detail, not
+    :func:`teller.reconstruct.steps.without_detail`) leaves the
     features a step recorded without detail lacks (:data:`DETAIL_FEATURES`) NaN on its
     instances."""
     n = fa.n
@@ -615,12 +615,6 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
     return Instances(rows, family, families, step, X, parent, tuple(layers), batch)
 
 
-def sampled_out_steps(names: list[str]) -> np.ndarray:
-    """Per step name: recorded without detail (its STEP message ends ``detail=0``: ``teller
-    record --detail-every`` left its BE ranges and GPU activity out)."""
-    return without_detail(names)
-
-
 def pageable_rows(run: str | os.PathLike, fa: Forest) -> np.ndarray | None:
     """:func:`pageable_of` the run's forest, from its ``args`` column; None when the forest keeps
     no ``args``."""
@@ -674,7 +668,7 @@ def run_features(run: str | os.PathLike, layers: tuple[str, ...] | None = None) 
     fa = Forest.read(rd.path)
     st = read_steps(rd, fa)
     pg = pageable_rows(rd.path, fa)
-    detail = ~sampled_out_steps(st.names)
+    detail = ~without_detail(st.names)
     inst = instance_features(fa, st.step_of_row, layers, step_batch=st.batch(), step_iter=st.iterations, pageable=pg,
                              step_detail=detail)
     edges = rd.read_table("comm_edges") if rd.has_table("comm_edges") else None

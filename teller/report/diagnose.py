@@ -67,9 +67,10 @@ from teller.localize import (
     localize,
     no_reference_error,
 )
-from teller.localize.features import RunFeatures, run_features, sampled_out_steps
+from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL
 from teller.reconstruct.ensure import ensure_reconstructed
+from teller.reconstruct.steps import without_detail
 from teller.report.html import fmt_value, write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
@@ -557,7 +558,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
     # a step recorded without detail has no aten ops and no GPU activity: the model, which learnt
     # from call trees that hold them, does not read it; the numeric verdict stands
-    bare = sampled_out_steps([str(d.get("name") or "") for d in flagged])
+    bare = without_detail([str(d.get("name") or "") for d in flagged])
     if bare.any():
         for d in (d for d, b in zip(flagged, bare.tolist(), strict=True) if b):
             d["model_no_detail"] = True
