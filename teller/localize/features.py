@@ -568,26 +568,25 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
                 cols.append(fa.subtree_sums_sparse(m, dur, rows[wrows]).astype(np.float64))
             o = len(OP_FEATURES)
             X[wrows, o:o + len(MIX_FEATURES)] = np.column_stack(cols)
-        if step_iter is not None:
-            srows = np.flatnonzero((lay == LAYER_CODE["STEP"]) & (step_of_row[rows] >= 0))
-            o = len(OP_FEATURES) + len(MIX_FEATURES)
-            X[srows, o:] = step_iter[step_of_row[rows[srows]]]
-        blank = np.zeros(0, np.int64)
+        st = step_of_row[rows]
+        bare = np.zeros(len(rows), bool)  # instances of steps recorded without detail
         if step_detail is not None and not np.all(step_detail):
-            st = step_of_row[rows]
-            blank = np.flatnonzero((st >= 0) & ~np.asarray(step_detail, bool)[np.maximum(st, 0)])
-            X[np.ix_(blank, [FEATURES.index(f) for f in DETAIL_FEATURES])] = np.nan
+            bare = (st >= 0) & ~np.asarray(step_detail, bool)[np.maximum(st, 0)]
         if step_iter is not None:
-            # (over the detailed steps only; a step without detail gets no pace of its own)
+            srows = np.flatnonzero((lay == LAYER_CODE["STEP"]) & (st >= 0))
+            o = len(OP_FEATURES) + len(MIX_FEATURES)
+            X[srows, o:] = step_iter[st[srows]]
+            # the pace over the detailed steps only (a step without detail counts no kernels)
+            k_n = np.where(bare[srows], np.nan, X[srows, OP_FEATURES.index("k_n")])
             X[srows, FEATURES.index("iter.per_kernel")] = iteration_pace(
-                X[srows, FEATURES.index("iter.dur")], X[srows, OP_FEATURES.index("k_n")], fa.pid[rows[srows]],
-                fa.start[rows[srows]])
-            X[blank, FEATURES.index("iter.per_kernel")] = np.nan
+                X[srows, FEATURES.index("iter.dur")], k_n, fa.pid[rows[srows]], fa.start[rows[srows]])
+        if bare.any():
+            X[np.ix_(np.flatnonzero(bare), [FEATURES.index(f) for f in DETAIL_FEATURES])] = np.nan
         if switch.any():  # a detail switch's time is TELLER's: out of the ranges and iterations holding it
             holds = np.flatnonzero(fa.subtree_counts(switch)[rows] > 0)
             X[np.ix_(holds, [FEATURES.index("dur_ns"), FEATURES.index("self_ns")])] = np.nan
             sw_steps = np.unique(step_of_row[switch & (step_of_row >= 0)])
-            srow = np.flatnonzero((lay == LAYER_CODE["STEP"]) & np.isin(step_of_row[rows], sw_steps))
+            srow = np.flatnonzero((lay == LAYER_CODE["STEP"]) & np.isin(st, sw_steps))
             X[np.ix_(srow, [FEATURES.index(f) for f in SWITCH_FEATURES])] = np.nan
     # families: the forest's (one encoding), renumbered over the families the instances have;
     # every STEP node is one family, ``STEP``, as the labels name it
