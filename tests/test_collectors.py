@@ -910,10 +910,12 @@ def test_detail_windows_detach_and_attach_cupti(tmp_path, install_fake, monkeypa
     if lazy:  # nothing of CUPTI ran: no clock read, no callbacks, no kind enabled
         assert fake.state["ts"] == ts0 and "done" not in fake.state and fake.state["enabled"] == set()
         assert c.info()["never_attached"] and c.info()["attach"] == "first-window"
+        assert not c.detail_on  # what the runtime's detail gate starts from
         c.flush()
         assert fake.state["flushes"] == []
         c.set_detail(True)
     assert fake.state["enabled"] == {"RUNTIME", "CONCURRENT_KERNEL", "MARKER"} and "done" in fake.state
+    assert c.detail_on
     t = fake.state["ts"]
     pending += [api("RUNTIME", 211, t + 10, t + 20, corr=1), kernel("_Z1kv", t + 30, t + 40, corr=1)]
     c.set_detail(False)  # the first window ends

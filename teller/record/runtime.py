@@ -506,8 +506,7 @@ class Runtime:
                 pass
             return
         self.collector, self.collector_name = c, name
-        if getattr(c, "_pending_setup", None) is not None:  # CUPTI waits for the first detail window
-            DETAIL.on = False
+        DETAIL.on = bool(getattr(c, "detail_on", True))  # False: CUPTI waits for the first detail window
 
     # ---- flushing ---------------------------------------------------------------------------
     def _start_flusher(self) -> None:

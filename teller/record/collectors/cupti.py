@@ -1009,6 +1009,12 @@ class CuptiCollector:
             self.thread_id_type = "DEFAULT"
             self._error(f"set_thread_id_type(SYSTEM): {type(e).__name__}: {e}; tids are pthread ids")
 
+    @property
+    def detail_on(self) -> bool:
+        """Whether activity is being recorded now (False before a lazy attach and between detail
+        windows); the recording runtime's detail gate starts from it."""
+        return self._detail_on
+
     def set_detail(self, on: bool) -> None:
         """Detach CUPTI from the process (``on`` False) or attach it again: the recording
         runtime's detail gate calls it around the steps it records in detail
