@@ -95,6 +95,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
                               "kw": {"detail_every": 10**9, "detail_window": 8}},
     "cupti_nodetail_lazy": {"collector": "cupti", "env": {"TELLER_CUPTI_ATTACH": "first-window"},
                             "kw": {"detail_every": 10**9, "detail_window": 8}},
+    # the default sampling with CUPTI first touched at the first window (after the engine's context)
+    "cupti_lazy": {"collector": "cupti", "env": {"TELLER_CUPTI_ATTACH": "first-window"}},
     "hooks_full": {"collector": "cpu", "env": {}, "kw": {"detail_every": 1}},
 }
 
@@ -699,6 +701,17 @@ def rotation(configs: list[str], rnd: int) -> list[str]:
     return configs[k:] + configs[:k]
 
 
+def round_todo(configs: list[str], rnd: int, done: set[str], left_s: float, run_s: float) -> list[str]:
+    """The runs round ``rnd`` still needs, in its rotated order; when the time left cannot hold
+    them all (one run takes ~``run_s``), ``none`` comes first, so the runs the deadline leaves in
+    the round pair with a baseline of the same round."""
+    todo = [c for c in rotation(configs, rnd) if c not in done]
+    if "none" in todo and todo[0] != "none" and left_s < run_s * len(todo):
+        todo.remove("none")
+        todo.insert(0, "none")
+    return todo
+
+
 def run_long_one(config: str, rnd: int, out: Path, workload: list[str], slot: dict[str, Any],
                  timeout_s: float, warmup: bool = False, keep: bool = False) -> dict[str, Any]:
     """One run for the long matrix: :func:`run_one`'s figures plus clocks, cores and serving time."""
@@ -1031,11 +1044,11 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     rnd = max((r["round"] for r in counted), default=0)
     while rnd < args.rounds:
         done = {r["config"] for r in counted if r["round"] == rnd and r.get("exit_code") is not None}
-        todo = [c for c in rotation(configs, rnd) if c not in done]
+        est = estimate_run_s(rows, args.run_estimate_s)
+        todo = round_todo(configs, rnd, done, left() if not parallel else float("inf"), est)
         if not todo:
             rnd += 1
             continue
-        est = estimate_run_s(rows, args.run_estimate_s)
         if parallel:
             if left() < est:
                 print(f"[overhead] stop: round {rnd} needs ~{est:.0f} s, {left():.0f} s left", flush=True)

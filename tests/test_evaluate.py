@@ -553,6 +553,43 @@ def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp
         make("teller_mot").fit(steps, np.flatnonzero(train))
 
 
+def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_ds, tmp_path):
+    """``teller``: a step is flagged when the numeric stage or the model flags it, its score is the
+    larger, its type the model's, its operators the model's where the model flags it and the
+    stage's otherwise; predictions.parquet holds every row's per-step answer, and the row alone
+    (nothing to reuse) gives what it gives beside its two parts."""
+    pytest.importorskip("torch")
+    from teller.cli import main
+
+    def rows(path, method):
+        t = pq.read_table(path).filter(pc.equal(pc.field("method"), method)).to_pylist()
+        return {(r["run_id"], r["step_id"]): r for r in t}
+
+    named = tmp_path / "h200_v2"
+    shutil.copytree(slice_ds, named)
+    out = tmp_path / "res"
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller", "-o", str(out)]) == 0
+    blk = json.loads((out / "results.json").read_text())["results"][0]
+    mot, num, tel = (rows(out / "predictions.parquet", m) for m in ("teller_mot", "teller_numeric", "teller"))
+    assert len(tel) == len(mot) == len(num) == blk["test_steps"] and tel.keys() == mot.keys() == num.keys()
+    for k, t in tel.items():
+        m, n = mot[k], num[k]
+        assert t["flag"] == (m["flag"] or n["flag"]) and t["score"] == pytest.approx(max(m["score"], n["score"]))
+        assert t["fault_type"] == m["fault_type"] and t["is_anomaly"] == m["is_anomaly"]
+        assert t["operators"] == (m["operators"] if m["flag"] else n["operators"] if n["flag"] else [])
+    assert any(n["flag"] and not mot[k]["flag"] for k, n in num.items()) or any(m["flag"] for m in mot.values())
+    row = {r["method"]: r for r in blk["methods"]}["teller"]
+    assert row["step"]["tp"] == sum(t["flag"] and t["is_anomaly"] for t in tel.values())
+    assert row["step"]["fp"] == sum(t["flag"] and not t["is_anomaly"] for t in tel.values())
+    assert "| TELLER (numeric stage + MoT root-cause model) |" in (out / "results.md").read_text()
+    # alone: it fits and predicts both parts itself
+    out2 = tmp_path / "alone"
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller", "-o", str(out2)]) == 0
+    alone = rows(out2 / "predictions.parquet", "teller")
+    assert alone.keys() == tel.keys()
+    assert all(alone[k]["flag"] == t["flag"] and alone[k]["score"] == pytest.approx(t["score"], abs=1e-4) for k, t in tel.items())
+
+
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):
     """``--models DIR``: ``teller_single`` takes the single-stream model trained on the split
     evaluated; without one it is an error that says how to train it."""

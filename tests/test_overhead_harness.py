@@ -64,6 +64,19 @@ def test_rotation_puts_every_configuration_first_once():
     assert ov.rotation(cfg, 7) == orders[2]
 
 
+def test_a_round_the_deadline_cuts_runs_its_baseline_first():
+    cfg = ["none", "cupti", "cupti_lazy", "cupti_nodetail_lazy"]
+    # round 1 rotated: none comes last; with time for every run the rotation stays
+    assert ov.round_todo(cfg, 1, set(), left_s=1000.0, run_s=120.0) == ov.rotation(cfg, 1)
+    assert ov.rotation(cfg, 1)[0] != "none"
+    cut = ov.round_todo(cfg, 1, set(), left_s=300.0, run_s=120.0)  # room for 2 of 4
+    assert cut[0] == "none" and sorted(cut) == sorted(cfg)
+    assert cut[1:] == [c for c in ov.rotation(cfg, 1) if c != "none"]
+    # baseline already run: nothing to move; a finished round is empty
+    assert ov.round_todo(cfg, 1, {"none"}, left_s=10.0, run_s=120.0) == [c for c in ov.rotation(cfg, 1) if c != "none"]
+    assert ov.round_todo(cfg, 1, set(cfg), left_s=10.0, run_s=120.0) == []
+
+
 def test_calibration_from_a_line_and_from_one_run():
     runs = [{"throughput_tok_s": 1000 / 12, "serving_s": 12.0, "generated_tokens": 1000},
             {"throughput_tok_s": 2000 / 22, "serving_s": 22.0, "generated_tokens": 2000}]

@@ -172,3 +172,78 @@ MODEL_ROWS = (
 for _name, _label, _variant, _inputs, _unit, _features, _kind in MODEL_ROWS:
     register(_name)(type(f"RCAModel_{_name}", (RCAModel,), {"label": _label, "variant": _variant, "inputs": _inputs,
                                                            "unit": _unit, "features": _features, "kind": _kind}))
+
+
+@register("teller")
+class TellerPipeline(Method):
+    """TELLER whole: the numeric stage and the root-cause model side by side on every step.
+
+    The numeric stage (fitted on the normal train steps) flags what departs from normal operation,
+    known fault or not; the model (trained on the split's labelled train steps) flags the faults
+    it learnt and names their type and evidence. A step is flagged when either flags it; both
+    scores are on one scale (the model's abnormal probability and the stage's step
+    suspiciousness, each flagging at 0.5), so the step score is the larger. The fault type is the
+    model's (its type given abnormal); the operators are the model's evidence where the model
+    flags the step, else the stage's candidate families. When ``teller evaluate`` has already run
+    ``teller_mot`` and ``teller_numeric`` on the same test steps, their predictions are reused."""
+
+    label = "TELLER (numeric stage + MoT root-cause model)"
+    kind = "teller"
+    features = "operator instances (stage) + engine iteration tree (TPE) + log lines (model)"
+    fit_on = "stage: normal train steps, warm-up out; model: trained beforehand on the split's train steps"
+
+    def __init__(self, seed: int = 0, model: str | Path | None = None):
+        self.seed = seed
+        self.model = model
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerPipeline":
+        from teller.baselines.numeric import TellerNumeric
+
+        self.parts_: dict[str, Method] = {}
+        for name, m in (("teller_numeric", TellerNumeric(seed=self.seed)), ("teller_mot", RCAModel(seed=self.seed, model=self.model))):
+            m.name = name
+            if _cached(steps, name, None) is None:  # fitted and scored already by its own row: nothing to fit
+                m.fit(steps, idx)
+            self.parts_[name] = m
+        return self
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        got = {}
+        for name, m in self.parts_.items():
+            got[name] = _cached(steps, name, idx)
+            if got[name] is None:
+                if not hasattr(m, "model_"):
+                    raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
+                                     "has none for these steps: fit this row again")
+                got[name] = m.predict(steps, idx)
+        return fuse(got["teller_numeric"], got["teller_mot"])
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        m = getattr(self, "parts_", {}).get("teller_mot")
+        if m is not None and hasattr(m, "model_path_"):
+            d["model"] = m.model_path_
+        return d
+
+
+def _cached(steps: StepSet, name: str, idx: np.ndarray | None) -> Prediction | None:
+    """The prediction ``teller evaluate`` kept of row ``name`` on the current split (the same test
+    steps ``idx``; None: any test steps of the split)."""
+    hit = steps.extra.get("predictions", {}).get((steps.extra.get("split"), name))
+    if hit is None:
+        return None
+    te, pred = hit
+    if idx is not None and not np.array_equal(te, np.asarray(idx)):
+        return None
+    return pred
+
+
+def fuse(num: Prediction, mot: Prediction) -> Prediction:
+    """The numeric stage's and the model's predictions of the same steps as one (see
+    :class:`TellerPipeline`)."""
+    flag = np.asarray(num.flag, bool) | np.asarray(mot.flag, bool)
+    score = np.maximum(np.asarray(num.score, float), np.asarray(mot.score, float))
+    ops = [list(mo) if mf else (list(no) if f else [])
+           for f, mf, mo, no in zip(flag.tolist(), np.asarray(mot.flag, bool).tolist(), mot.operators or [[]] * len(flag),
+                                    num.operators or [[]] * len(flag), strict=True)]
+    return Prediction(score=score, flag=flag, fault_type=mot.fault_type, operators=ops)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -28,7 +29,7 @@ from teller.evaluate.scores import (
 )
 
 #: the methods ``teller evaluate`` runs by default, in table order
-DEFAULT_METHODS = ("teller_mot", "teller_numeric", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
+DEFAULT_METHODS = ("teller_mot", "teller_numeric", "teller", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
                    "xgb", "xgb_names")
 
 
@@ -66,10 +67,12 @@ def _progress(total: int, enabled: bool | None = None) -> Any:
 
 def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Sequence[str], seed: int = 0,
                   limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None,
-                  models: str | Path | None = None, device: str = "cpu") -> list[dict[str, Any]]:
+                  models: str | Path | None = None, device: str = "cpu",
+                  predictions: list[pa.Table] | None = None) -> list[dict[str, Any]]:
     """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split.
     ``models``: a folder of trained root-cause models the ``teller_*`` model rows pick from;
-    ``device``: where those rows predict (cpu | cuda)."""
+    ``device``: where those rows predict (cpu | cuda); ``predictions``: a list the per-step
+    predictions of every row are appended to (:func:`prediction_table`)."""
     from teller.dataset.codec import read_subtrees
 
     t0 = time.perf_counter()
@@ -91,7 +94,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if not usable:
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
-    if "teller_numeric" in methods:  # the stage's instances, CUPTI memory kinds (args) included
+    if {"teller_numeric", "teller"} & set(methods):  # the stage's instances, CUPTI memory kinds (args) included
         from teller.baselines.numeric import unit_instances
 
         steps.extra["instances"] = unit_instances(steps, sub)
@@ -125,6 +128,9 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                     b = time.perf_counter()
                     pred = m.predict(steps, te)
                     c = time.perf_counter()
+                    steps.extra.setdefault("predictions", {})[(s, name)] = (te, pred)  # the fused row reuses them
+                    if predictions is not None:
+                        predictions.append(prediction_table(steps, te, pred, s, name))
                     row.update(score_method(steps, te, pred, seed=seed))
                     row["seconds"] = {"fit": round(b - a, 2), "predict": round(c - b, 2)}
                     for k in ("fitted_steps_", "threshold_", "eps_", "n_clusters_"):
@@ -148,12 +154,33 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     return blocks
 
 
+def prediction_table(steps: StepSet, test: np.ndarray, pred: Prediction, split: str, method: str) -> pa.Table:
+    """One row per test step of what ``method`` said about it, beside the labels: the rows of
+    ``predictions.parquet`` (``step_id`` is the step's first rank step)."""
+    n = len(test)
+    first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
+    ops = pred.operators
+    return pa.table({
+        "view": pa.array([steps.view] * n, pa.string()), "split": pa.array([split] * n, pa.string()),
+        "method": pa.array([method] * n, pa.string()),
+        "run_id": pa.array(steps.runs[steps.run_code[test]].astype(str), pa.string()),
+        "step_id": pa.array(first.astype(np.int64)), "step": pa.array(steps.step_num[test].astype(np.int64)),
+        "is_anomaly": pa.array(steps.is_anomaly[test].astype(bool)),
+        "true_fault_type": pa.array([str(x) for x in steps.fault_type[test].tolist()], pa.string()),
+        "score": pa.array(np.asarray(pred.score, np.float64)), "flag": pa.array(np.asarray(pred.flag, bool)),
+        "fault_type": (pa.array([str(x) if x else None for x in np.asarray(pred.fault_type).tolist()], pa.string())
+                       if pred.fault_type is not None else pa.nulls(n, pa.string())),
+        "operators": pa.array(ops, pa.list_(pa.string())) if ops is not None else pa.nulls(n, pa.list_(pa.string())),
+    })
+
+
 def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
              seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
              log: Callable[[str], None] = lambda s: None, models: str | Path | None = None,
              device: str = "cpu") -> dict[str, Any]:
     """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
-    into ``out`` (``results.json``, ``results.md``, PNG plots) when given."""
+    into ``out`` (``results.json``, ``results.md``, PNG plots, and every row's per-step predictions
+    in ``predictions.parquet``) when given."""
     methods = list(methods or DEFAULT_METHODS)
     if models is not None and not Path(models).is_dir():
         raise TellerError(f"--models {models}: not a folder (expected one trained model per sub-folder, `teller rca train -o DIR/NAME`)")
@@ -168,8 +195,10 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
             raise TellerError(f"--view {v!r}: expected one of {', '.join(VIEWS)}")
     w0 = time.perf_counter()
     blocks: list[dict[str, Any]] = []
+    preds: list[pa.Table] = []
     for v in views:
-        blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device)
+        blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
+                                predictions=preds)
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
@@ -180,6 +209,8 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
            "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
     if out is not None:
         write_results(res, out)
+        if preds:
+            pq.write_table(pa.concat_tables(preds), Path(out) / "predictions.parquet", compression="zstd")
     return res
 
 
