@@ -588,6 +588,29 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     alone = rows(out2 / "predictions.parquet", "teller")
     assert alone.keys() == tel.keys()
     assert all(alone[k]["flag"] == t["flag"] and alone[k]["score"] == pytest.approx(t["score"], abs=1e-4) for k, t in tel.items())
+    # --reuse: the rows the file holds are read, not fitted (the model is not even loaded), and
+    # the teller row is built from them; the same answers and metrics
+    out3 = tmp_path / "reused"
+    src = out / "predictions.parquet"
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,kmeans,teller", "--reuse", str(src),
+                 "-o", str(out3)]) == 0
+    blk3 = {r["method"]: r for r in json.loads((out3 / "results.json").read_text())["results"][0]["methods"]}
+    assert blk3["teller_mot"]["predictions_from"] == str(src) and "predictions_from" not in blk3["kmeans"]
+    assert blk3["teller"]["predictions_from"] == str(src) and "answers read from" in blk3["teller"]["fit_on"]
+    first = {r["method"]: r for r in blk["methods"]}
+    for name in ("teller_mot", "teller"):
+        assert blk3[name]["step"] == first[name]["step"] and blk3[name]["operator"] == first[name]["operator"]
+        assert blk3[name]["fault_type"] == first[name]["fault_type"]
+    assert rows(out3 / "predictions.parquet", "teller") == tel
+    # a file whose steps are not this split's test steps is refused, naming the file
+    t = pq.read_table(src)
+    sid = t.column("step_id").to_numpy().copy()
+    sid[0] += 10**6
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t.set_column(t.column_names.index("step_id"), "step_id", pa.array(sid)), bad)
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot", "--reuse", str(bad),
+                 "-o", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad" / "results.json").exists()
 
 
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):

@@ -13,7 +13,8 @@ time with the same epochs, batch size and seed, so rows differ only in what the 
 job runs its epochs; the deadline is only a hard stop (``stopped_by`` says which ended it). Written to OUT (at most 8
 files): ``matrix.json`` (per job: the training summary, the test metrics, and the TPE length of
 the test steps: nodes and tokens per step before truncation, the share truncated), the
-``teller evaluate`` results of ``--evaluate`` (``evaluate.json``, ``evaluate.md``), and a tar of
+``teller evaluate`` results of ``--evaluate`` (``evaluate.json``, ``evaluate.md``, and the rows'
+per-step answers, ``predictions.parquet``, which ``teller evaluate --reuse`` reads), and a tar of
 each model named by ``--keep`` (without ``checkpoint/``).
 """
 
@@ -187,7 +188,8 @@ def main() -> int:
         print("\n" + " ".join(cmd), flush=True)
         rc = subprocess.call(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
-        for src, dst in (("results.json", "evaluate.json"), ("results.md", "evaluate.md")):
+        for src, dst in (("results.json", "evaluate.json"), ("results.md", "evaluate.md"),
+                         ("predictions.parquet", "predictions.parquet")):
             if (work / "evaluate" / src).is_file():
                 shutil.copy(work / "evaluate" / src, out / dst)
         result["evaluate"] = {"command": " ".join(cmd), "rc": rc}

@@ -68,11 +68,14 @@ def _progress(total: int, enabled: bool | None = None) -> Any:
 def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Sequence[str], seed: int = 0,
                   limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None,
                   models: str | Path | None = None, device: str = "cpu",
-                  predictions: list[pa.Table] | None = None) -> list[dict[str, Any]]:
+                  predictions: list[pa.Table] | None = None, reuse: pa.Table | None = None,
+                  reuse_from: str = "") -> list[dict[str, Any]]:
     """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split.
     ``models``: a folder of trained root-cause models the ``teller_*`` model rows pick from;
     ``device``: where those rows predict (cpu | cuda); ``predictions``: a list the per-step
-    predictions of every row are appended to (:func:`prediction_table`)."""
+    predictions of every row are appended to (:func:`prediction_table`); ``reuse``: such rows from
+    an earlier run (``reuse_from`` names its file): a method the table holds for this view and
+    split is taken from it, not fitted (:func:`reused_prediction`)."""
     from teller.dataset.codec import read_subtrees
 
     t0 = time.perf_counter()
@@ -124,10 +127,15 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                 row: dict[str, Any] = m.describe()
                 try:
                     a = time.perf_counter()
-                    m.fit(steps, tr)
+                    got = reused_prediction(reuse, steps, te, s, name, reuse_from) if reuse is not None else None
+                    if got is None:
+                        m.fit(steps, tr)
                     b = time.perf_counter()
-                    pred = m.predict(steps, te)
+                    pred = got if got is not None else m.predict(steps, te)
                     c = time.perf_counter()
+                    if got is not None:
+                        row["predictions_from"] = reuse_from
+                        row["fit_on"] = f"{row.get('fit_on', '')}; answers read from {reuse_from}"
                     steps.extra.setdefault("predictions", {})[(s, name)] = (te, pred)  # the fused row reuses them
                     if predictions is not None:
                         predictions.append(prediction_table(steps, te, pred, s, name))
@@ -174,13 +182,57 @@ def prediction_table(steps: StepSet, test: np.ndarray, pred: Prediction, split: 
     })
 
 
+def reused_prediction(table: pa.Table, steps: StepSet, test: np.ndarray, split: str, method: str,
+                      source: str = "") -> Prediction | None:
+    """``method``'s answers on the test steps ``test`` of ``split`` from a ``predictions.parquet``
+    table (None when it holds none for this view, split and method). Its steps must be exactly
+    the test steps, else the file was written for another dataset or split rule: an error."""
+    t = table.filter(pc.and_(pc.and_(pc.equal(table.column("view"), steps.view), pc.equal(table.column("split"), split)),
+                             pc.equal(table.column("method"), method)))
+    if t.num_rows == 0:
+        return None
+    first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
+    want = {(str(r), int(x)): i for i, (r, x) in enumerate(zip(steps.runs[steps.run_code[test]].tolist(), first.tolist(), strict=True))}
+    got = list(zip(t.column("run_id").to_pylist(), t.column("step_id").to_pylist(), strict=True))
+    if len(got) != len(want) or any(k not in want for k in got):
+        miss = sum(k not in want for k in got)
+        raise TellerError(f"--reuse {source}: {method} on {steps.view}/{split} answers {len(got)} steps, {miss} of them not "
+                          f"test steps here, where the split has {len(want)}: the file was written for another dataset or split "
+                          "rule; evaluate without --reuse")
+    order = np.empty(len(got), np.int64)
+    order[[want[k] for k in got]] = np.arange(len(got))
+    ft = t.column("fault_type")
+    ops = t.column("operators")
+    return Prediction(
+        score=np.asarray(t.column("score").to_numpy(zero_copy_only=False), float)[order],
+        flag=np.asarray(t.column("flag").to_numpy(zero_copy_only=False), bool)[order],
+        fault_type=None if ft.null_count == t.num_rows else np.asarray([x or "" for x in ft.to_pylist()], dtype=object)[order],
+        operators=None if ops.null_count == t.num_rows else [list(ops[int(j)].as_py() or []) for j in order.tolist()])
+
+
+def read_predictions(path: str | Path) -> pa.Table:
+    """A ``predictions.parquet`` of an earlier ``teller evaluate`` (for ``--reuse``)."""
+    need = {"view", "split", "method", "run_id", "step_id", "score", "flag", "fault_type", "operators"}
+    try:
+        t = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as e:
+        raise TellerError(f"--reuse {path}: not a readable predictions.parquet ({e}); pass the file `teller evaluate -o DIR` "
+                          "wrote as DIR/predictions.parquet") from None
+    if missing := need - set(t.column_names):
+        raise TellerError(f"--reuse {path}: no column {', '.join(sorted(missing))}; pass the predictions.parquet of "
+                          "`teller evaluate -o DIR`")
+    return t
+
+
 def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
              seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
              log: Callable[[str], None] = lambda s: None, models: str | Path | None = None,
-             device: str = "cpu") -> dict[str, Any]:
+             device: str = "cpu", reuse: str | Path | None = None) -> dict[str, Any]:
     """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
     into ``out`` (``results.json``, ``results.md``, PNG plots, and every row's per-step predictions
-    in ``predictions.parquet``) when given."""
+    in ``predictions.parquet``) when given. ``reuse``: an earlier run's ``predictions.parquet``,
+    whose rows are taken instead of fitting those methods (e.g. a model's rows scored on the GPU
+    beside the other methods here)."""
     methods = list(methods or DEFAULT_METHODS)
     if models is not None and not Path(models).is_dir():
         raise TellerError(f"--models {models}: not a folder (expected one trained model per sub-folder, `teller rca train -o DIR/NAME`)")
@@ -193,19 +245,20 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     for v in views:
         if v not in VIEWS:
             raise TellerError(f"--view {v!r}: expected one of {', '.join(VIEWS)}")
+    rt = read_predictions(reuse) if reuse is not None else None
     w0 = time.perf_counter()
     blocks: list[dict[str, Any]] = []
     preds: list[pa.Table] = []
     for v in views:
         blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
-                                predictions=preds)
+                                predictions=preds, reuse=rt, reuse_from=str(reuse or ""))
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
     res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
            "reference": "docs/design.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
            "priors": list(PRIORS), "results": blocks, "models": str(models) if models is not None else None,
-           "model_device": device,
+           "model_device": device, "reused": str(reuse) if reuse is not None else None,
            "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
     if out is not None:
         write_results(res, out)
