@@ -611,6 +611,16 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot", "--reuse", str(bad),
                  "-o", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad" / "results.json").exists()
+    # two files: the model's rows from one, the stage's from the other; the same rows twice is refused
+    t_mot = pq.read_table(src).filter(pc.equal(pc.field("method"), "teller_mot"))
+    t_num = pq.read_table(src).filter(pc.equal(pc.field("method"), "teller_numeric"))
+    pq.write_table(t_mot, tmp_path / "mot.parquet")
+    pq.write_table(t_num, tmp_path / "num.parquet")
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller",
+                 "--reuse", str(tmp_path / "mot.parquet"), "--reuse", str(tmp_path / "num.parquet"), "-o", str(tmp_path / "two")]) == 0
+    assert rows(tmp_path / "two" / "predictions.parquet", "teller") == tel
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot",
+                 "--reuse", str(tmp_path / "mot.parquet"), "--reuse", str(src), "-o", str(tmp_path / "twice")]) == 2
 
 
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):

@@ -2,7 +2,11 @@
 # Call B of scripts/gpu/union_stash.sh: the union of dataset v2's parts (one from runs/stash/, the
 # other in the tree) merged, then root-cause models trained and scored on it by rca_matrix.py.
 #   bash scripts/gpu/union_matrix.sh [DEADLINE_S] [JOB...]
-# JOBs as rca_matrix.py's --job (default: the iteration MoT of the four splits); results in $OUT.
+# JOBs as rca_matrix.py's --job (default: the iteration MoT of the four splits); results in $OUT,
+# predictions.parquet among them: the model rows' per-step answers, which the other rows join on
+# a CPU without the models, e.g. for the pipeline row:
+#   teller evaluate runs/h200_v2_whole --split request,run,mechanism,workload --view vertical,horizontal \
+#     --methods teller_mot,teller_numeric,teller --reuse OUT/predictions.parquet -o RESULTS
 T0=$(date +%s)
 DEADLINE=${1:-540}
 shift || true

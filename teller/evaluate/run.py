@@ -210,29 +210,41 @@ def reused_prediction(table: pa.Table, steps: StepSet, test: np.ndarray, split: 
         operators=None if ops.null_count == t.num_rows else [list(ops[int(j)].as_py() or []) for j in order.tolist()])
 
 
-def read_predictions(path: str | Path) -> pa.Table:
-    """A ``predictions.parquet`` of an earlier ``teller evaluate`` (for ``--reuse``)."""
-    need = {"view", "split", "method", "run_id", "step_id", "score", "flag", "fault_type", "operators"}
-    try:
-        t = pq.read_table(path)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise TellerError(f"--reuse {path}: not a readable predictions.parquet ({e}); pass the file `teller evaluate -o DIR` "
-                          "wrote as DIR/predictions.parquet") from None
-    if missing := need - set(t.column_names):
-        raise TellerError(f"--reuse {path}: no column {', '.join(sorted(missing))}; pass the predictions.parquet of "
-                          "`teller evaluate -o DIR`")
-    return t
+def read_predictions(paths: Sequence[str | Path]) -> pa.Table:
+    """The ``predictions.parquet`` files of earlier ``teller evaluate`` runs, as one table (for
+    ``--reuse``); a method, split and view in two of them is an error (which to read would be a guess)."""
+    need = ["view", "split", "method", "run_id", "step_id", "score", "flag", "fault_type", "operators"]
+    tables, seen = [], {}
+    for path in paths:
+        try:
+            t = pq.read_table(path)
+        except (OSError, pa.ArrowInvalid) as e:
+            raise TellerError(f"--reuse {path}: not a readable predictions.parquet ({e}); pass the file `teller evaluate -o DIR` "
+                              "wrote as DIR/predictions.parquet") from None
+        if missing := set(need) - set(t.column_names):
+            raise TellerError(f"--reuse {path}: no column {', '.join(sorted(missing))}; pass the predictions.parquet of "
+                              "`teller evaluate -o DIR`")
+        t = t.select(need)
+        keys = t.select(["method", "split", "view"]).group_by(["method", "split", "view"]).aggregate([]).to_pylist()
+        for k in keys:
+            key = (k["method"], k["split"], k["view"])
+            if key in seen:
+                raise TellerError(f"--reuse: {key[0]} on {key[2]}/{key[1]} is in both {seen[key]} and {path}; pass one of them")
+            seen[key] = path
+        tables.append(t)
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
              seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
              log: Callable[[str], None] = lambda s: None, models: str | Path | None = None,
-             device: str = "cpu", reuse: str | Path | None = None) -> dict[str, Any]:
+             device: str = "cpu", reuse: str | Path | Sequence[str | Path] | None = None) -> dict[str, Any]:
     """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
     into ``out`` (``results.json``, ``results.md``, PNG plots, and every row's per-step predictions
-    in ``predictions.parquet``) when given. ``reuse``: an earlier run's ``predictions.parquet``,
-    whose rows are taken instead of fitting those methods (e.g. a model's rows scored on the GPU
-    beside the other methods here)."""
+    in ``predictions.parquet``) when given. ``reuse``: earlier runs' ``predictions.parquet`` (one
+    or several), whose rows are taken instead of fitting those methods (e.g. a model's rows scored
+    on the GPU beside the other methods here); a method, split and view held by two of them is an
+    error."""
     methods = list(methods or DEFAULT_METHODS)
     if models is not None and not Path(models).is_dir():
         raise TellerError(f"--models {models}: not a folder (expected one trained model per sub-folder, `teller rca train -o DIR/NAME`)")
@@ -245,20 +257,21 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     for v in views:
         if v not in VIEWS:
             raise TellerError(f"--view {v!r}: expected one of {', '.join(VIEWS)}")
-    rt = read_predictions(reuse) if reuse is not None else None
+    reuse = [] if reuse is None else [reuse] if isinstance(reuse, (str, Path)) else list(reuse)
+    rt = read_predictions(reuse) if reuse else None
     w0 = time.perf_counter()
     blocks: list[dict[str, Any]] = []
     preds: list[pa.Table] = []
     for v in views:
         blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
-                                predictions=preds, reuse=rt, reuse_from=str(reuse or ""))
+                                predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse))
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
     res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
            "reference": "docs/design.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
            "priors": list(PRIORS), "results": blocks, "models": str(models) if models is not None else None,
-           "model_device": device, "reused": str(reuse) if reuse is not None else None,
+           "model_device": device, "reused": [str(r) for r in reuse] or None,
            "seconds": round(time.perf_counter() - w0, 1), "peak_rss_mib": round(_peak_mib())}
     if out is not None:
         write_results(res, out)
