@@ -676,14 +676,16 @@ def _gpu_local_cpus(gpu: int) -> set[int] | None:
         return None
 
 
-def make_slots(gpus: list[int | None], pin: bool) -> list[dict[str, Any]]:
+def make_slots(gpus: list[int | None], pin: bool, cores: int | None = None) -> list[dict[str, Any]]:
     """One slot per GPU: the GPU and, with ``pin``, a disjoint set of whole physical cores,
-    taken from the GPU's NUMA node where it has enough free ones."""
+    taken from the GPU's NUMA node where it has enough free ones (at most ``cores`` each)."""
     slots: list[dict[str, Any]] = [{"gpu": g, "cpus": None} for g in gpus]
     if not pin:
         return slots
     groups = _physical_groups(sorted(os.sched_getaffinity(0)))
     per = max(1, len(groups) // len(slots))
+    if cores:
+        per = min(per, cores)
     free = list(groups)
     for s in slots:
         local = _gpu_local_cpus(s["gpu"]) if s["gpu"] is not None else None
@@ -894,6 +896,9 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
     ap.add_argument("--gpus", default="auto", help="auto | none | comma list. Two GPUs or more: runs at once, "
                     "one per GPU, slots rotated per round (a whole round at once with a GPU per configuration, "
                     "else in waves); one: one run after another")
+    ap.add_argument("--serial-cores", type=int, default=0,
+                    help="one run at a time: pin each run to this many whole physical cores near the GPU, the same ones in "
+                         "every run (0: not pinned)")
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="parallel rounds: each run on its own physical cores")
     ap.add_argument("--requests", type=int, help="requests per run (default: calibrated by the first warm-up)")
@@ -932,7 +937,8 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
         gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
     # two GPUs or more: runs at once, one per GPU (a round in waves when GPUs < configurations)
     parallel = len(gpus) >= 2 and gpus[0] is not None
-    slots = make_slots(gpus[:len(configs)] if parallel else gpus[:1], pin=args.pin and parallel)
+    slots = make_slots(gpus[:len(configs)] if parallel else gpus[:1], pin=(args.pin and parallel) or bool(args.serial_cores),
+                       cores=args.serial_cores if not parallel else None)
     log = {"call": call, "started_unix": time.time(), "deadline_unix": args.deadline, "parallel": parallel,
            "slots": [{"gpu": s["gpu"], "cpus": _compress(s["cpus"]) if s["cpus"] else None} for s in slots],
            "cpus_allowed": _compress(sorted(os.sched_getaffinity(0)))}

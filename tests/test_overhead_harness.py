@@ -117,6 +117,10 @@ def test_workload_args_and_slots():
     pinned = ov.make_slots([None, None], pin=True)
     cpus = [set(s["cpus"]) for s in pinned]
     assert all(cpus) and not cpus[0] & cpus[1]
+    # serial runs pinned to a bound of whole cores (this machine has 2 cpus: one physical group at least)
+    one = ov.make_slots([None], pin=True, cores=1)
+    groups = ov._physical_groups(sorted(__import__("os").sched_getaffinity(0)))
+    assert one[0]["cpus"] == sorted(groups[0])  # the first whole core only, not every cpu allowed
 
 
 def test_gpu_query_falls_back_to_the_basic_fields(tmp_path, monkeypatch):

@@ -3,13 +3,15 @@
 # step (a short recording with windows of 4 detailed steps every 32), then rounds of the long
 # overhead matrix for the remaining time (scripts/gpu/overhead_long.sh: its state in runs/, so a
 # second call on a warm machine continues it).
-#   bash scripts/gpu/detail_sampling.sh [BUDGET_S] [CONFIGS] [REQUESTS] [CHECK]
+#   bash scripts/gpu/detail_sampling.sh [BUDGET_S] [CONFIGS] [REQUESTS] [CHECK] [CORES]
+# CORES: pin every run to that many whole physical cores near the GPU (overhead.py --serial-cores; 0: not)
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
 BUDGET=${1:-560}
 CONFIGS=${2:-none,cupti,cupti_nodetail}
 REQUESTS=${3:-6000}
 CHECK=${4:-1}
+CORES=${5:-0}
 source scripts/gpu/setup.sh
 if [ "$CHECK" = "1" ]; then
   W="--device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 --seed 0 --requests 800"
@@ -20,5 +22,5 @@ if [ "$CHECK" = "1" ]; then
   tail -n 2 "$OUT/record_k32.log"
   echo "check done after $(( $(date +%s) - T0 )) s"
 fi
-OVL_EXTRA="--requests $REQUESTS --probe-requests 300" \
+OVL_EXTRA="--requests $REQUESTS --probe-requests 300 --serial-cores $CORES" \
   bash scripts/gpu/overhead_long.sh $(( BUDGET - ($(date +%s) - T0) )) "$CONFIGS" 10 auto
