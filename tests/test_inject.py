@@ -56,7 +56,7 @@ def test_gpu_only_mechanisms_skip_with_reason_on_cpu():
     assert "tensor-parallel" in reg["straggler_rank"].unavailable(ctx)
     assert reg["targeted_op_delay"].unavailable(ctx) is None
     assert reg["targeted_op_delay"].implementation(ctx).startswith("cpu-analogue")
-    assert reg["netem_link"].unavailable({**ctx, "tp": 2})
+    assert "tensor-parallel" in reg["netem_link"].unavailable(ctx)  # the rest: tests/test_inject_link.py
 
 
 def test_skipped_run_is_recorded_as_skipped(tmp_path):

@@ -237,7 +237,7 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     run_id = f"{run.name}-r{rep}"
     path = out / run_id
     ctx = machine_context(run.workload)
-    plan, skipped, extra = [], [], []
+    plan, skipped, extra, prefix = [], [], [], []
     for j, f in enumerate(run.faults):
         m = reg[f.mechanism]
         reason = m.unavailable(ctx)
@@ -249,6 +249,8 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
         entry["where"], entry["evidence"] = m.where, m.evidence
         plan.append(entry)
         extra += m.workload_args(entry)
+        if not prefix:  # the workload's launcher (the same for every link fault)
+            prefix = m.launch_prefix(entry)
     labels: dict[str, Any] = {"run_id": run_id, "campaign": camp.name, "run": run.name, "repetition": rep,
                               "workload": run.workload, "plan": plan, "skipped": skipped, "windows": [],
                               "machine": {k: v for k, v in ctx.items()}}
@@ -261,6 +263,7 @@ def run_one(camp: Campaign, run: RunSpec, rep: int, out: Path, refs: dict[str, s
     cmd = workload_command(run.workload, extra, seed_offset=camp.seed + rep)
     if "timeout" not in run.workload:
         cmd += ["--timeout", str(camp.timeout_s)]
+    cmd = prefix + cmd
 
     env_before = os.environ.get(ENV_FAULTS)
     os.environ[ENV_FAULTS] = json.dumps({"run_id": run_id, "faults": plan, "gpu_device": ctx["gpu_device"]})

@@ -257,6 +257,8 @@ def _fault(path: Any, where: str, f: Any, reg: dict[str, Any], workload: dict[st
         rank = 0
     elif mech == "straggler_rank":
         rank = 1
+    elif mech in ("link_throttle", "netem_link"):
+        rank = 0  # one agent shapes the ranks' shared loopback
     params = f.get("params", {})
     _typed(path, f"{where}.params", params, (dict,), "a table")
     if start_s is None and start_step is None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
 from typing import Any
 
 #: evidence kinds: which part of a step the labeller measures
@@ -71,6 +70,10 @@ class Mechanism:
         """Extra workload command-line arguments (``where == "workload"``)."""
         return []
 
+    def launch_prefix(self, fault: dict[str, Any]) -> list[str]:
+        """A command the workload is started through (e.g. into a private network namespace)."""
+        return []
+
     # ---- in the engine process (agent side) -------------------------------------------------
     def install(self, agent: Any, fault: dict[str, Any]) -> None:
         """Register hooks (post-import); called once when the agent loads."""
@@ -109,13 +112,3 @@ def registry() -> dict[str, Mechanism]:
 
 def get(name: str) -> Mechanism:
     return registry()[name]
-
-
-def netns_unavailable() -> str | None:
-    """Why ``tc netem`` in network namespaces cannot be used here, or None."""
-    if os.geteuid() != 0:
-        return "not root"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"{tool} (iproute2) not installed"
-    return None

@@ -1,11 +1,13 @@
-"""communication/network: straggler rank, throttled (chunked) collectives, tc netem link faults."""
+"""communication/network: straggler rank, throttled (chunked) collectives, and link faults on the
+ranks' own network (a private namespace's loopback: a token-bucket bandwidth limit, a netem delay)."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
-from teller.inject.mechanisms import Mechanism, netns_unavailable
+from teller.inject.mechanisms import Mechanism
 
 
 def _wrap_all_reduce(agent: Any, fault: dict[str, Any], body: Any) -> None:
@@ -73,26 +75,67 @@ class ThrottledCollective(Mechanism):
         _wrap_all_reduce(agent, fault, body)
 
 
-class NetemLink(Mechanism):
-    name = "netem_link"
+class _LinkFault(Mechanism):
+    """A queueing discipline on the link between the ranks: the workload runs in a private network
+    namespace (``teller.inject.netns``), whose loopback carries the ranks' traffic and nothing
+    else; the targeted rank's agent (rank 0 by default) adds the discipline when the window opens
+    and removes it when it closes (rtnetlink, :mod:`teller.inject.netlink`). Every all_reduce in
+    the window is counted as an injection on that rank."""
+
     category = "communication"
-    knob = "added link latency between the ranks' network namespaces (ms, tc netem delay)"
-    default_magnitude = 2.0
     targets = ("COMM all_reduce",)
     evidence = "comm"
-    where = "co_located"
-    machine_wide = True
     needs = ("root", "tp")
+    qdisc = ""
+
+    def unavailable(self, ctx: dict[str, Any]) -> str | None:
+        from teller.inject.netns import unavailable
+
+        return super().unavailable(ctx) or unavailable(self.qdisc)
+
+    def launch_prefix(self, fault: dict[str, Any]) -> list[str]:
+        return [sys.executable, "-m", "teller.inject.netns", "--"]
+
+    def install(self, agent: Any, fault: dict[str, Any]) -> None:
+        def body(wrapped: Any, args: Any, kwargs: Any) -> Any:
+            agent.count(fault, 1, "COMM all_reduce")
+            return wrapped(*args, **kwargs)
+
+        _wrap_all_reduce(agent, fault, body)
+
+    def stop(self, agent: Any, fault: dict[str, Any]) -> None:
+        from teller.inject import netlink
+
+        netlink.root_qdisc_del()
+
+
+class LinkThrottle(_LinkFault):
+    name = "link_throttle"
+    knob = "bandwidth of the link between the ranks (Mbit/s; a tbf token bucket on their private loopback, bursts of params.burst_kib, default 256 KiB)"
+    default_magnitude = 200.0
+    qdisc = "tbf"
+    cause = "the link between the ranks has too little bandwidth, so the transfer of every collective takes longer"
+    action = "check the link between the ranks (its rate, shaping rules, congestion, a degraded port) and move the ranks onto a faster one"
+
+    def start(self, agent: Any, fault: dict[str, Any]) -> None:
+        from teller.inject import netlink
+
+        burst = int(float((fault.get("params") or {}).get("burst_kib", 256)) * 1024)
+        netlink.tbf_add(int(float(fault["magnitude"]) * 1e6 / 8), burst)
+
+
+class NetemLink(_LinkFault):
+    name = "netem_link"
+    knob = "added latency on the link between the ranks (ms; a netem delay on their private loopback)"
+    default_magnitude = 2.0
+    qdisc = "netem"
     cause = "the link between ranks is slow (netem delay/loss), so every collective takes longer"
     action = "check the link between the ranks (errors, congestion, tc/netem rules) and move the ranks onto a faster one"
 
-    def unavailable(self, ctx: dict[str, Any]) -> str | None:
-        reason = super().unavailable(ctx) or netns_unavailable()
-        if reason:
-            return reason
-        return ("netem needs each rank in its own network namespace joined by a veth pair; the "
-                "tensor-parallel workload runs its ranks in one namespace over loopback, so there is "
-                "no link to shape (multi-node/netns launcher not built yet)")
+    def start(self, agent: Any, fault: dict[str, Any]) -> None:
+        from teller.inject import netlink
+
+        netlink.netem_add(float(fault["magnitude"]) / 1e3)
 
 
-MECHANISMS = (StragglerRank, ThrottledCollective, NetemLink)
+MECHANISMS = (StragglerRank, ThrottledCollective, LinkThrottle, NetemLink)

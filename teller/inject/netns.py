@@ -1,0 +1,119 @@
+"""Run a command in a private network namespace whose loopback is up:
+
+    python -m teller.inject.netns -- CMD [ARG...]
+    python -m teller.inject.netns --probe      # JSON: what this machine allows (see probe())
+
+The command replaces this process (``exec``), so the recorder sees it as the process it started;
+its children (the tensor-parallel ranks) inherit the namespace. Inside, the ranks reach each other
+over a loopback of their own, on which a link fault (``link_throttle``, ``netem_link``) installs
+its queueing discipline without touching the machine's network. Needs root (``CAP_SYS_ADMIN`` and
+``CAP_NET_ADMIN``); when the namespace cannot be made the command is not run and the exit code is
+3, with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from teller.inject import netlink
+
+EXIT_NO_NAMESPACE = 3
+
+
+def probe() -> dict[str, Any]:
+    """In a child process (this one is left as it is): can a private namespace be made, its
+    loopback brought up, and a ``tbf`` and a ``netem`` discipline added on it? Each answer is
+    ``"ok"`` or the error."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: try everything, write the answers, leave without cleanup handlers
+        os.close(r)
+        res: dict[str, Any] = {}
+        try:
+            netlink.unshare_net()
+            res["namespace"] = "ok"
+            netlink.link_up()
+            res["loopback_up"] = "ok"
+            for kind, add in (("tbf", lambda: netlink.tbf_add(25_000_000, 256 * 1024)), ("netem", lambda: netlink.netem_add(0.001))):
+                try:
+                    add()
+                    netlink.root_qdisc_del()
+                    res[kind] = "ok"
+                except OSError as e:
+                    res[kind] = f"{type(e).__name__}: {e}"
+        except OSError as e:
+            res.setdefault("namespace", f"{type(e).__name__}: {e}")
+        os.write(w, json.dumps(res).encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(r)
+    os.waitpid(pid, 0)
+    try:
+        return json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        return {"namespace": "the probe process wrote no answer"}
+
+
+_PROBE: dict[str, Any] | None = None
+
+
+def cached_probe() -> dict[str, Any]:
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = probe() if os.geteuid() == 0 else {"namespace": "not root"}
+    return _PROBE
+
+
+def unavailable(kind: str) -> str | None:
+    """Why a ``kind`` (tbf | netem) discipline on a private loopback cannot be used here, or None."""
+    p = cached_probe()
+    if p.get("namespace") != "ok":
+        return f"no private network namespace here ({p.get('namespace')})"
+    if p.get("loopback_up") != "ok":
+        return f"the namespace's loopback cannot be brought up ({p.get('loopback_up')})"
+    if p.get(kind) != "ok":
+        why = p.get(kind)
+        if kind == "netem" and "No such file" in str(why):
+            why = "the kernel has no netem qdisc (sch_netem not built or loaded)"
+        return f"no {kind} qdisc on a private loopback: {why}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--probe"]:
+        print(json.dumps(probe() if os.geteuid() == 0 else {"namespace": "not root"}))
+        return 0
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m teller.inject.netns -- CMD [ARG...]", file=sys.stderr)
+        return 2
+    try:
+        netlink.unshare_net()
+        netlink.link_up()
+    except OSError as e:
+        print(f"teller.inject.netns: cannot make a private network namespace for {args[0]} ({e}); "
+              "run as root, or leave network faults out of the campaign", file=sys.stderr)
+        return EXIT_NO_NAMESPACE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(args[0], args)
+    except OSError as e:
+        print(f"teller.inject.netns: cannot run {args[0]}: {e}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
