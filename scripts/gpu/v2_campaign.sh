@@ -1,5 +1,5 @@
 # Record one part of dataset v2 (campaigns/h200_v2.toml) on the H200 in one device call and reduce it there:
-#   bash scripts/gpu/v2_campaign.sh 1|2|3 [MAX_NORMAL]
+#   bash scripts/gpu/v2_campaign.sh 1|2|3|4 [MAX_NORMAL]
 # then, here: teller dataset merge h200_v2_p1 h200_v2_p2 -o data/h200_v2 (docs/results.md); part 3
 # (campaigns/h200_v2_tp.toml, tensor-parallel runs) is built alone as data/h200_v2_tp, and
 # `teller dataset merge data/h200_v2 data/h200_v2_tp -o V2_WHOLE` joins it (data/h200_v2_tp/README.md).
@@ -8,16 +8,19 @@
 # GPU-compute hogs alone (three lanes at once, windows at the same times), then the GPU
 # memory-bandwidth hogs alone, then 19 runs in the lanes: a GPU hog shares the one GPU with every
 # lane, so no run of another category is recorded beside it. Part 3: the 14 tensor-parallel runs of
-# campaigns/h200_v2_tp.toml in the eight lanes (CPU hogs pinned to their lane's cores). Each phase has a time after which no run starts,
+# campaigns/h200_v2_tp.toml in the eight lanes (CPU hogs pinned to their lane's cores). Part 4: the
+# link faults of campaigns/h200_v2_link.toml (each run in its own network namespace) and a
+# fault-free run of their workload. Each phase has a time after which no run starts,
 # and is killed 120 s after it. Fault runs with too few fault-free steps of their own (KV
 # pressure) are relabelled against the fault-free run of their workload recorded in the same part.
 # $OUT gets: h200_v2_pN.tar.NN (15 MiB parts of the part's dataset), runs_meta_pN.tar (labels,
 # steps, iterations, requests, step labels of every run), examples_v2.tar (part 1: the ex-* raw
 # runs), the campaign log, env.txt (GPU clocks).
 set -o pipefail
-part=${1:?usage: v2_campaign.sh 1|2|3 [MAX_NORMAL]}
+part=${1:?usage: v2_campaign.sh 1|2|3|4 [MAX_NORMAL]}
 spec=campaigns/h200_v2.toml
 [ "$part" = 3 ] && spec=campaigns/h200_v2_tp.toml
+[ "$part" = 4 ] && spec=campaigns/h200_v2_link.toml
 W=/tmp/v2
 mkdir -p $W
 source scripts/gpu/setup.sh
@@ -39,6 +42,8 @@ if [ "$part" = 1 ]; then
     host-cpu-contention-a host-cpu-contention-b host-cpu-contention-c kv-cache-pressure-a kv-cache-pressure-b kv-cache-pressure-c \
     allocator-churn-a allocator-churn-b hidden-host-sync-a hidden-host-sync-c pageable-copies-a pageable-copies-b \
     gil-contention-a delayed-admission-a scheduler-stall-a > $OUT/campaign.log 2>&1
+elif [ "$part" = 4 ]; then
+  phase 200 normal-tp-e link-throttle-a link-throttle-b link-throttle-c netem-b > $OUT/campaign.log 2>&1
 elif [ "$part" = 3 ]; then
   phase 240 normal-tp-b normal-tp-d tp-op-delay-a tp-op-delay-b tp-op-delay-c tp-cpu-contention-a \
     tp-cpu-contention-b tp-cpu-contention-c tp-pageable-copies-a tp-hidden-host-sync-b tp-allocator-churn-c \
