@@ -66,6 +66,20 @@ def test_mechanisms_say_why_they_cannot_run():
         assert "the kernel has no netem qdisc" in reg["netem_link"].unavailable(ctx)
 
 
+def test_link_fault_refuses_a_loopback_it_does_not_own(monkeypatch):
+    """Started outside the namespace teller.inject.netns makes (no TELLER_NETNS, or one naming the
+    namespace it came from), the window adds no qdisc: it would shape the machine's loopback."""
+    for name in ("link_throttle", "netem_link"):
+        m = registry()[name]
+        monkeypatch.delenv(netns.ENV_NETNS, raising=False)
+        with pytest.raises(RuntimeError, match="not in the network namespace"):
+            m.start(None, {"magnitude": 5.0, "params": {}})
+        own = netns.namespace_inode()
+        monkeypatch.setenv(netns.ENV_NETNS, f"{own}:{own}")  # "made" but never left
+        with pytest.raises(RuntimeError, match="not in the network namespace"):
+            m.start(None, {"magnitude": 5.0, "params": {}})
+
+
 def test_tbf_limits_the_private_loopback():
     """In a child moved into its own namespace: bulk TCP on its loopback is cut to about the rate."""
     if _tbf_reason():

@@ -15,52 +15,54 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
 from teller.inject import netlink
 
 EXIT_NO_NAMESPACE = 3
+#: set for the command: "PARENT:OWN", the inodes of the namespace it was started from and of its own
+ENV_NETNS = "TELLER_NETNS"
+
+
+def namespace_inode() -> int:
+    """The inode of this process's network namespace."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def _probe_here() -> dict[str, Any]:
+    """Try, in this process (which it moves into a new namespace: a process of its own), to make a
+    private namespace, bring its loopback up and add and remove a ``tbf`` and a ``netem``
+    discipline; each answer is ``"ok"`` or the error."""
+    res: dict[str, Any] = {}
+    try:
+        netlink.unshare_net()
+        res["namespace"] = "ok"
+        netlink.link_up()
+        res["loopback_up"] = "ok"
+    except OSError as e:
+        res["namespace" if "namespace" not in res else "loopback_up"] = f"{type(e).__name__}: {e}"
+        return res
+    for kind, add in (("tbf", lambda: netlink.tbf_add(25_000_000, 256 * 1024)), ("netem", lambda: netlink.netem_add(0.001))):
+        try:
+            add()
+            netlink.root_qdisc_del()
+            res[kind] = "ok"
+        except OSError as e:
+            res[kind] = f"{type(e).__name__}: {e}"
+    return res
 
 
 def probe() -> dict[str, Any]:
-    """In a child process (this one is left as it is): can a private namespace be made, its
-    loopback brought up, and a ``tbf`` and a ``netem`` discipline added on it? Each answer is
-    ``"ok"`` or the error."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: try everything, write the answers, leave without cleanup handlers
-        os.close(r)
-        res: dict[str, Any] = {}
-        try:
-            netlink.unshare_net()
-            res["namespace"] = "ok"
-            netlink.link_up()
-            res["loopback_up"] = "ok"
-            for kind, add in (("tbf", lambda: netlink.tbf_add(25_000_000, 256 * 1024)), ("netem", lambda: netlink.netem_add(0.001))):
-                try:
-                    add()
-                    netlink.root_qdisc_del()
-                    res[kind] = "ok"
-                except OSError as e:
-                    res[kind] = f"{type(e).__name__}: {e}"
-        except OSError as e:
-            res.setdefault("namespace", f"{type(e).__name__}: {e}")
-        os.write(w, json.dumps(res).encode())
-        os._exit(0)
-    os.close(w)
-    chunks = []
-    while True:
-        b = os.read(r, 65536)
-        if not b:
-            break
-        chunks.append(b)
-    os.close(r)
-    os.waitpid(pid, 0)
+    """What :func:`_probe_here` finds, from a child process (this one is left as it is)."""
+    if os.geteuid() != 0:
+        return {"namespace": "not root"}
     try:
-        return json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        return {"namespace": "the probe process wrote no answer"}
+        r = subprocess.run([sys.executable, "-m", "teller.inject.netns", "--probe"], capture_output=True, text=True, timeout=60)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"namespace": f"the probe process gave no answer ({type(e).__name__}: {e})"}
 
 
 _PROBE: dict[str, Any] | None = None
@@ -69,7 +71,7 @@ _PROBE: dict[str, Any] | None = None
 def cached_probe() -> dict[str, Any]:
     global _PROBE
     if _PROBE is None:
-        _PROBE = probe() if os.geteuid() == 0 else {"namespace": "not root"}
+        _PROBE = probe()
     return _PROBE
 
 
@@ -91,7 +93,7 @@ def unavailable(kind: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--probe"]:
-        print(json.dumps(probe() if os.geteuid() == 0 else {"namespace": "not root"}))
+        print(json.dumps(_probe_here() if os.geteuid() == 0 else {"namespace": "not root"}))
         return 0
     if args[:1] == ["--"]:
         args = args[1:]
@@ -99,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m teller.inject.netns -- CMD [ARG...]", file=sys.stderr)
         return 2
     try:
+        parent = namespace_inode()
         netlink.unshare_net()
         netlink.link_up()
+        os.environ[ENV_NETNS] = f"{parent}:{namespace_inode()}"
     except OSError as e:
         print(f"teller.inject.netns: cannot make a private network namespace for {args[0]} ({e}); "
               "run as root, or leave network faults out of the campaign", file=sys.stderr)

@@ -3,6 +3,7 @@ ranks' own network (a private namespace's loopback: a token-bucket bandwidth lim
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -103,6 +104,23 @@ class _LinkFault(Mechanism):
 
         _wrap_all_reduce(agent, fault, body)
 
+    @staticmethod
+    def check_private() -> None:
+        """Refuse to shape a loopback that is not the workload's own: this process must be in the
+        namespace ``teller.inject.netns`` made for it (its inode in ``TELLER_NETNS``), not in the
+        one it was started from."""
+        from teller.inject.netns import ENV_NETNS, namespace_inode
+
+        made = os.environ.get(ENV_NETNS, "")
+        try:
+            own = namespace_inode()
+        except OSError as e:
+            raise RuntimeError(f"cannot read this process's network namespace ({e}); no qdisc added") from None
+        if not made or made.split(":")[1:] != [str(own)] or made.split(":")[0] == str(own):
+            raise RuntimeError("this process is not in the network namespace `python -m teller.inject.netns --` makes, so "
+                               "a link fault would shape a loopback it does not own; start the workload through it "
+                               "(`teller inject run` does)")
+
     def stop(self, agent: Any, fault: dict[str, Any]) -> None:
         from teller.inject import netlink
 
@@ -120,6 +138,7 @@ class LinkThrottle(_LinkFault):
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         from teller.inject import netlink
 
+        self.check_private()
         burst = int(float((fault.get("params") or {}).get("burst_kib", 256)) * 1024)
         netlink.tbf_add(int(float(fault["magnitude"]) * 1e6 / 8), burst)
 
@@ -135,6 +154,7 @@ class NetemLink(_LinkFault):
     def start(self, agent: Any, fault: dict[str, Any]) -> None:
         from teller.inject import netlink
 
+        self.check_private()
         netlink.netem_add(float(fault["magnitude"]) / 1e3)
 
 
