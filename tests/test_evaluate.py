@@ -294,7 +294,7 @@ def test_numeric_instances_carry_the_datasets_iteration_context(vertical, slice_
 
 
 @pytest.mark.parametrize("name", ["kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
-                                  "xgb", "xgb_names", "teller_numeric"])
+                                  "xgb", "xgb_names", "teller_numeric", "teller_numeric_ff"])
 def test_every_method_fits_and_predicts(vertical, name):
     from teller.baselines import make
     from teller.baselines.steps import split_masks
@@ -316,6 +316,35 @@ def test_every_method_fits_and_predicts(vertical, name):
         assert p.fault_type is None
     r = score_method(vertical, te, p)
     assert 0.0 <= r["step"]["f1"] <= 1.0 and "0.1" in r["low_prior"]
+
+
+def test_numeric_stage_reference_every_normal_step_or_the_fault_free_runs(vertical):
+    """teller_numeric's reference is every normal train step; teller_numeric_ff takes those of the
+    runs without a fault window (as `teller diagnose --reference` reads fault-free recordings),
+    and every normal train step when the train part holds no such run."""
+    from teller.baselines import make
+    from teller.baselines.numeric import fault_free_steps
+    from teller.baselines.steps import split_masks
+
+    train, _, _ = split_masks(vertical, "request")
+    tr = np.flatnonzero(train)
+    normal_tr = tr[~vertical.is_anomaly[tr]]
+    assert not fault_free_steps(vertical).any()  # every run of the slice holds a fault window: the fallback
+    m = make("teller_numeric_ff").fit(vertical, tr)
+    assert m.reference_ == "normal" and m.fitted_steps_ == len(normal_tr)
+    # one run made fault-free (its windows and labels cleared): the ablation's reference is its steps alone
+    s = copy.copy(vertical)
+    codes, counts = np.unique(vertical.run_code[normal_tr], return_counts=True)
+    r = codes[np.argmax(counts)]
+    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
+    s.in_window[s.run_code == r] = False
+    s.is_anomaly[s.run_code == r] = False
+    ff = fault_free_steps(s)
+    assert (ff == (s.run_code == r)).all()
+    m = make("teller_numeric_ff").fit(s, tr)
+    assert m.reference_ == "fault_free" and m.fitted_steps_ == int((s.run_code[tr] == r).sum()) < len(normal_tr)
+    a = make("teller_numeric").fit(s, tr)
+    assert a.reference_ == "normal" and a.fitted_steps_ == int((~s.is_anomaly[tr]).sum())
 
 
 def test_unsupervised_flags_follow_the_reference(vertical):

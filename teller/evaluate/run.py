@@ -97,7 +97,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if not usable:
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
-    if {"teller_numeric", "teller"} & set(methods):  # the stage's instances, CUPTI memory kinds (args) included
+    if any(m == "teller" or m.startswith("teller_numeric") for m in methods):  # the stage's instances, CUPTI memory kinds included
         from teller.baselines.numeric import unit_instances
 
         steps.extra["instances"] = unit_instances(steps, sub)
@@ -141,10 +141,11 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                         predictions.append(prediction_table(steps, te, pred, s, name))
                     row.update(score_method(steps, te, pred, seed=seed))
                     row["seconds"] = {"fit": round(b - a, 2), "predict": round(c - b, 2)}
-                    for k in ("fitted_steps_", "threshold_", "eps_", "n_clusters_"):
+                    for k in ("fitted_steps_", "threshold_", "eps_", "n_clusters_", "reference_"):
                         if hasattr(m, k):
                             v = getattr(m, k)
-                            row[k.rstrip("_")] = float(v) if isinstance(v, (float, np.floating)) else int(v)
+                            row[k.rstrip("_")] = (v if isinstance(v, str) else float(v) if isinstance(v, (float, np.floating))
+                                                  else int(v))
                 except ValueError as e:  # a method that cannot fit this train part (e.g. no normal step)
                     row["error"] = str(e)
                 rows.append(row)
