@@ -121,6 +121,15 @@ class _LinkFault(Mechanism):
                                "a link fault would shape a loopback it does not own; start the workload through it "
                                "(`teller inject run` does)")
 
+    def start(self, agent: Any, fault: dict[str, Any]) -> None:
+        from teller.inject import netlink
+
+        self.check_private()
+        self.add_qdisc(netlink, fault)
+
+    def add_qdisc(self, netlink: Any, fault: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def stop(self, agent: Any, fault: dict[str, Any]) -> None:
         from teller.inject import netlink
 
@@ -135,10 +144,7 @@ class LinkThrottle(_LinkFault):
     cause = "the link between the ranks has too little bandwidth, so the transfer of every collective takes longer"
     action = "check the link between the ranks (its rate, shaping rules, congestion, a degraded port) and move the ranks onto a faster one"
 
-    def start(self, agent: Any, fault: dict[str, Any]) -> None:
-        from teller.inject import netlink
-
-        self.check_private()
+    def add_qdisc(self, netlink: Any, fault: dict[str, Any]) -> None:
         burst = int(float((fault.get("params") or {}).get("burst_kib", 256)) * 1024)
         netlink.tbf_add(int(float(fault["magnitude"]) * 1e6 / 8), burst)
 
@@ -151,10 +157,7 @@ class NetemLink(_LinkFault):
     cause = "the link between ranks is slow (netem delay/loss), so every collective takes longer"
     action = "check the link between the ranks (errors, congestion, tc/netem rules) and move the ranks onto a faster one"
 
-    def start(self, agent: Any, fault: dict[str, Any]) -> None:
-        from teller.inject import netlink
-
-        self.check_private()
+    def add_qdisc(self, netlink: Any, fault: dict[str, Any]) -> None:
         netlink.netem_add(float(fault["magnitude"]) / 1e3)
 
 
