@@ -650,6 +650,18 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert rows(tmp_path / "two" / "predictions.parquet", "teller") == tel
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot",
                  "--reuse", str(tmp_path / "mot.parquet"), "--reuse", str(src), "-o", str(tmp_path / "twice")]) == 2
+    # a file that is not a predictions.parquet (cut short; or another table) is named with the fix
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(src.read_bytes()[: len(src.read_bytes()) // 2])
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1]}), other)
+    from teller.errors import TellerError
+    from teller.evaluate.run import read_predictions
+
+    with pytest.raises(TellerError, match="not a readable predictions.parquet"):
+        read_predictions([cut])
+    with pytest.raises(TellerError, match="no column .*method"):
+        read_predictions([other])
 
 
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):
