@@ -597,9 +597,13 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     named = tmp_path / "h200_v2"
     shutil.copytree(slice_ds, named)
     out = tmp_path / "res"
-    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller", "-o", str(out)]) == 0
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller,teller_confirm",
+                 "-o", str(out)]) == 0
     blk = json.loads((out / "results.json").read_text())["results"][0]
     mot, num, tel = (rows(out / "predictions.parquet", m) for m in ("teller_mot", "teller_numeric", "teller"))
+    conf = rows(out / "predictions.parquet", "teller_confirm")  # as `teller diagnose`: the model confirms the stage's flags
+    assert all(c["flag"] == (mot[k]["flag"] and num[k]["flag"]) for k, c in conf.items())
+    assert all(c["operators"] == (mot[k]["operators"] if c["flag"] else []) for k, c in conf.items())
     assert len(tel) == len(mot) == len(num) == blk["test_steps"] and tel.keys() == mot.keys() == num.keys()
     for k, t in tel.items():
         m, n = mot[k], num[k]
@@ -662,6 +666,22 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
         read_predictions([cut])
     with pytest.raises(TellerError, match="no column .*method"):
         read_predictions([other])
+
+
+def test_fuse_rules_hand_case():
+    from teller.baselines.base import Prediction
+    from teller.baselines.rca import fuse
+
+    num = Prediction(score=np.array([0.9, 0.2, 0.7, 0.1]), flag=np.array([1, 0, 1, 0], bool), operators=[["A"], [], ["B"], []])
+    mot = Prediction(score=np.array([0.8, 0.9, 0.3, 0.2]), flag=np.array([1, 1, 0, 0], bool),
+                     fault_type=np.array(["kernel", "memory", "runtime", "scheduling"], dtype=object),
+                     operators=[["X"], ["Y"], [], []])
+    o = fuse(num, mot)
+    assert o.flag.tolist() == [True, True, True, False] and o.score.tolist() == [0.9, 0.9, 0.7, 0.2]
+    assert o.operators == [["X"], ["Y"], ["B"], []] and o.fault_type.tolist() == mot.fault_type.tolist()
+    a = fuse(num, mot, "and")
+    assert a.flag.tolist() == [True, False, False, False] and a.score.tolist() == [0.8, 0.2, 0.3, 0.1]
+    assert a.operators == [["X"], [], [], []]
 
 
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):

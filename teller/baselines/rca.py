@@ -188,6 +188,7 @@ class TellerPipeline(Method):
     ``teller_mot`` and ``teller_numeric`` on the same test steps, their predictions are reused."""
 
     label = "TELLER (numeric stage + MoT root-cause model)"
+    rule = "or"
     kind = "teller"
     features = "operator instances (stage) + engine iteration tree (TPE) + log lines (model)"
     fit_on = "stage: normal train steps, warm-up out; model: trained beforehand on the split's train steps"
@@ -216,7 +217,7 @@ class TellerPipeline(Method):
                     raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
                                      "has none for these steps: fit this row again")
                 got[name] = m.predict(steps, idx)
-        return fuse(got["teller_numeric"], got["teller_mot"])
+        return fuse(got["teller_numeric"], got["teller_mot"], self.rule)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -238,12 +239,28 @@ def _cached(steps: StepSet, name: str, idx: np.ndarray | None) -> Prediction | N
     return pred
 
 
-def fuse(num: Prediction, mot: Prediction) -> Prediction:
-    """The numeric stage's and the model's predictions of the same steps as one (see
-    :class:`TellerPipeline`)."""
-    flag = np.asarray(num.flag, bool) | np.asarray(mot.flag, bool)
-    score = np.maximum(np.asarray(num.score, float), np.asarray(mot.score, float))
-    ops = [list(mo) if mf else (list(no) if f else [])
-           for f, mf, mo, no in zip(flag.tolist(), np.asarray(mot.flag, bool).tolist(), mot.operators or [[]] * len(flag),
-                                    num.operators or [[]] * len(flag), strict=True)]
+def fuse(num: Prediction, mot: Prediction, rule: str = "or") -> Prediction:
+    """The numeric stage's and the model's predictions of the same steps as one. ``or``
+    (:class:`TellerPipeline`): flagged when either flags, score the larger, operators the model's
+    where it flags and the stage's otherwise. ``and`` (:class:`TellerConfirm`): flagged when both
+    flag, score the smaller, operators the model's."""
+    nf, mf = np.asarray(num.flag, bool), np.asarray(mot.flag, bool)
+    ns, ms = np.asarray(num.score, float), np.asarray(mot.score, float)
+    if rule == "and":
+        flag, score = nf & mf, np.minimum(ns, ms)
+    else:
+        flag, score = nf | mf, np.maximum(ns, ms)
+    ops = [list(mo) if m else (list(no) if f else [])
+           for f, m, mo, no in zip(flag.tolist(), (mf & flag).tolist(), mot.operators or [[]] * len(flag),
+                                   num.operators or [[]] * len(flag), strict=True)]
     return Prediction(score=score, flag=flag, fault_type=mot.fault_type, operators=ops)
+
+
+@register("teller_confirm")
+class TellerConfirm(TellerPipeline):
+    """TELLER as `teller diagnose` runs it: the numeric stage flags, the model reads the flagged
+    steps and a step stays abnormal only when the model agrees (a step the model finds normal is
+    shown as such, ``model_says_normal``); type and evidence are the model's."""
+
+    label = "TELLER, the model confirming the stage's flags (as `teller diagnose`)"
+    rule = "and"
