@@ -644,6 +644,12 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot", "--reuse", str(bad),
                  "-o", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad" / "results.json").exists()
+    sid = t.column("step_id").to_numpy().copy()
+    first_mot = t.column("method").to_pylist().index("teller_mot")
+    sid[first_mot + 1] = sid[first_mot]  # one step twice, another missing: as many rows, not the same steps
+    pq.write_table(t.set_column(t.column_names.index("step_id"), "step_id", pa.array(sid)), bad)
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot", "--reuse", str(bad),
+                 "-o", str(tmp_path / "bad2")]) == 2
     # two files: the model's rows from one, the stage's from the other; the same rows twice is refused
     t_mot = pq.read_table(src).filter(pc.equal(pc.field("method"), "teller_mot"))
     t_num = pq.read_table(src).filter(pc.equal(pc.field("method"), "teller_numeric"))

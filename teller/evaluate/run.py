@@ -195,7 +195,7 @@ def reused_prediction(table: pa.Table, steps: StepSet, test: np.ndarray, split: 
     first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
     want = {(str(r), int(x)): i for i, (r, x) in enumerate(zip(steps.runs[steps.run_code[test]].tolist(), first.tolist(), strict=True))}
     got = list(zip(t.column("run_id").to_pylist(), t.column("step_id").to_pylist(), strict=True))
-    if len(got) != len(want) or any(k not in want for k in got):
+    if len(got) != len(want) or len(set(got)) != len(got) or any(k not in want for k in got):
         miss = sum(k not in want for k in got)
         raise TellerError(f"--reuse {source}: {method} on {steps.view}/{split} answers {len(got)} steps, {miss} of them not "
                           f"test steps here, where the split has {len(want)}: the file was written for another dataset or split "
