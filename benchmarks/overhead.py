@@ -374,6 +374,38 @@ def summarize_long(rows: list[dict[str, Any]], configs: list[str], min_serving_s
     return out
 
 
+def spread(rows: list[dict[str, Any]], configs: list[str], half: float = 2.0, min_serving_s: float = 0.0) -> dict[str, Any]:
+    """How much runs of one configuration vary, and what that costs the protocol: the pooled
+    coefficient of variation of tokens/s within configurations (those with two runs or more), the
+    standard deviation of a paired loss if a round's two runs vary independently (√2·CV, in
+    points), and the rounds after which the 95% interval of the mean paired loss would be
+    narrower than ±``half`` points."""
+    good = [r for r in ok_rows(rows) if (r.get("serving_s") or 0) >= min_serving_s]
+    num = den = 0.0
+    for c in configs:
+        v = [r["throughput_tok_s"] for r in good if r["config"] == c]
+        if len(v) >= 2:
+            num += (len(v) - 1) * (statistics.stdev(v) / statistics.fmean(v)) ** 2
+            den += len(v) - 1
+    if not den:
+        return {"configs_with_two_runs": 0}
+    cv = (num / den) ** 0.5 * 100.0
+    sd = 2 ** 0.5 * cv
+    n = 2
+    while t975(n - 1) * sd / n ** 0.5 > half and n < 100_000:
+        n += 1
+    return {"pooled_cv_pct": cv, "paired_sd_points": sd, "half_width_points": half, "rounds_needed": n,
+            "degrees_of_freedom": int(den)}
+
+
+def spread_line(sp: dict[str, Any]) -> str:
+    if not sp.get("degrees_of_freedom"):
+        return "Run-to-run spread: no configuration has two runs yet."
+    return (f"Run-to-run spread: tokens/s varies by {sp['pooled_cv_pct']:.1f}% (pooled CV, {sp['degrees_of_freedom']} degrees of "
+            f"freedom); a paired loss by ~{sp['paired_sd_points']:.1f} points, so a 95% interval of ±{sp['half_width_points']:g} "
+            f"points needs ~{sp['rounds_needed']} rounds.")
+
+
 def _ci(d: dict[str, Any] | None) -> str:
     if not d or not d.get("n"):
         return ""
@@ -1038,11 +1070,13 @@ def long_main(argv: list[str], workload: list[str] | None) -> None:
         return meta["workload"]
 
     def write_summary() -> None:
-        summ = summarize_long([r for r in rows if r.get("workload") == fixed], configs, args.min_serving_s)
+        same = [r for r in rows if r.get("workload") == fixed]
+        summ = summarize_long(same, configs, args.min_serving_s)
+        sp = spread(same, configs, min_serving_s=args.min_serving_s)
         (out / "overhead_long.json").write_text(json.dumps(
             {"workload": fixed, "configs": configs, "calls": load_jsonl(state / "calls.jsonl"),
-             "workload_meta": json.loads(wfile.read_text()), "summary": summ}, indent=1, default=str))
-        (out / "overhead_long.md").write_text(table_long(summ) + "\n")
+             "workload_meta": json.loads(wfile.read_text()), "summary": summ, "spread": sp}, indent=1, default=str))
+        (out / "overhead_long.md").write_text(table_long(summ) + "\n\n" + spread_line(sp) + "\n")
         shutil.copy(jsonl, out / "runs.jsonl")
         shutil.copy(wfile, out / "workload.json")
 
@@ -1112,10 +1146,12 @@ def summarize_main(argv: list[str]) -> None:
     if counted:  # the workload of the last run (a recalibration leaves earlier runs on another)
         rows = [r for r in rows if r.get("workload") == counted[-1]["workload"]]
     summ = summarize_long(rows, configs, args.min_serving_s)
+    sp = spread(rows, configs, min_serving_s=args.min_serving_s)
     print(table_long(summ))
+    print("\n" + spread_line(sp))
     if args.json:
         Path(args.json).write_text(json.dumps({"sources": args.summarize, "configs": configs, "summary": summ,
-                                               "runs": rows}, indent=1, default=str))
+                                               "spread": sp, "runs": rows}, indent=1, default=str))
 
 
 def main() -> None:

@@ -64,6 +64,22 @@ def test_rotation_puts_every_configuration_first_once():
     assert ov.rotation(cfg, 7) == orders[2]
 
 
+def test_spread_pools_the_runs_of_each_configuration():
+    runs = [{"config": c, "round": i, "throughput_tok_s": v, "serving_s": 70.0, "exit_code": 0}
+            for c, vals in (("none", [100.0, 110.0, 90.0]), ("cupti", [95.0, 105.0]), ("hooks", [99.0]))
+            for i, v in enumerate(vals)]
+    sp = ov.spread(runs, ["none", "cupti", "hooks"])
+    # CV of none 10%, of cupti 7.07%; pooled over 2 + 1 degrees of freedom; hooks (one run) adds none
+    cv = ((2 * 0.1 ** 2 + 1 * (7.0710678 / 100) ** 2) / 3) ** 0.5 * 100
+    assert sp["degrees_of_freedom"] == 3 and sp["pooled_cv_pct"] == pytest.approx(cv, rel=1e-6)
+    assert sp["paired_sd_points"] == pytest.approx(2 ** 0.5 * cv)
+    n = sp["rounds_needed"]
+    assert ov.t975(n - 1) * sp["paired_sd_points"] / n ** 0.5 <= 2.0 < ov.t975(n - 2) * sp["paired_sd_points"] / (n - 1) ** 0.5
+    assert "needs ~%d rounds" % n in ov.spread_line(sp)
+    assert ov.spread(runs[-1:], ["hooks"]) == {"configs_with_two_runs": 0}
+    assert "no configuration has two runs" in ov.spread_line({"configs_with_two_runs": 0})
+
+
 def test_a_round_the_deadline_cuts_runs_its_baseline_first():
     cfg = ["none", "cupti", "cupti_lazy", "cupti_nodetail_lazy"]
     # round 1 rotated: none comes last; with time for every run the rotation stays
