@@ -658,6 +658,12 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller",
                  "--reuse", str(tmp_path / "mot.parquet"), "--reuse", str(tmp_path / "num.parquet"), "-o", str(tmp_path / "two")]) == 0
     assert rows(tmp_path / "two" / "predictions.parquet", "teller") == tel
+    # teller_confirm without the stage's own row: it builds the stage's instances itself
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_confirm",
+                 "--reuse", str(tmp_path / "mot.parquet"), "-o", str(tmp_path / "confirm")]) == 0
+    row = {r["method"]: r for r in json.loads((tmp_path / "confirm" / "results.json").read_text())["results"][0]["methods"]}
+    assert "error" not in row["teller_confirm"], row["teller_confirm"].get("error")
+    assert rows(tmp_path / "confirm" / "predictions.parquet", "teller_confirm") == conf
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot",
                  "--reuse", str(tmp_path / "mot.parquet"), "--reuse", str(src), "-o", str(tmp_path / "twice")]) == 2
     # a file that is not a predictions.parquet (cut short; or another table) is named with the fix

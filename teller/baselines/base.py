@@ -32,13 +32,16 @@ class Method:
 
     ``kind`` is ``unsupervised`` (fitted without labels, except that a one-class method is
     fitted on the normal train steps: ``fit_on``), ``supervised`` or ``teller``; ``features`` says
-    which inputs it reads (shown in the results)."""
+    which inputs it reads (shown in the results); ``needs_instances``: it reads the numeric
+    stage's operator instances (``steps.extra["instances"]``, built once per view by
+    ``teller evaluate`` when a method asks for them)."""
 
     name = "?"
     label = "?"
     kind = "?"
     features = "?"
     fit_on = "train steps"
+    needs_instances = False
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "Method":
         raise NotImplementedError

@@ -259,6 +259,7 @@ class TellerNumeric(Method):
     kind = "teller"
     features = "operator, OTHER and STEP instances, batch-normalised"
     fit_on = "normal train steps, warm-up out"
+    needs_instances = True
 
     #: which normal train steps the stage is fitted on: ``normal`` (every normal train step, fault
     #: runs' steps outside their windows too) or ``fault_free`` (those of the runs without any

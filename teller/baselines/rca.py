@@ -190,6 +190,7 @@ class TellerPipeline(Method):
     label = "TELLER (numeric stage + MoT root-cause model)"
     rule = "or"
     kind = "teller"
+    needs_instances = True  # its numeric stage
     features = "operator instances (stage) + engine iteration tree (TPE) + log lines (model)"
     fit_on = "stage: normal train steps, warm-up out; model: trained beforehand on the split's train steps"
 

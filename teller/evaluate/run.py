@@ -97,7 +97,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if not usable:
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
-    if any(m == "teller" or m.startswith("teller_numeric") for m in methods):  # the stage's instances, CUPTI memory kinds included
+    if any(getattr(REGISTRY[m], "needs_instances", False) for m in methods):  # the stage's instances, CUPTI memory kinds included
         from teller.baselines.numeric import unit_instances
 
         steps.extra["instances"] = unit_instances(steps, sub)
@@ -163,17 +163,23 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     return blocks
 
 
+def step_keys(steps: StepSet, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The key ``predictions.parquet`` gives each step ``test``: its run and its first rank step."""
+    first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
+    return steps.runs[steps.run_code[test]].astype(str), first.astype(np.int64)
+
+
 def prediction_table(steps: StepSet, test: np.ndarray, pred: Prediction, split: str, method: str) -> pa.Table:
     """One row per test step of what ``method`` said about it, beside the labels: the rows of
-    ``predictions.parquet`` (``step_id`` is the step's first rank step)."""
+    ``predictions.parquet`` (:func:`step_keys`)."""
     n = len(test)
-    first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
+    run, first = step_keys(steps, test)
     ops = pred.operators
     return pa.table({
         "view": pa.array([steps.view] * n, pa.string()), "split": pa.array([split] * n, pa.string()),
         "method": pa.array([method] * n, pa.string()),
-        "run_id": pa.array(steps.runs[steps.run_code[test]].astype(str), pa.string()),
-        "step_id": pa.array(first.astype(np.int64)), "step": pa.array(steps.step_num[test].astype(np.int64)),
+        "run_id": pa.array(run, pa.string()),
+        "step_id": pa.array(first), "step": pa.array(steps.step_num[test].astype(np.int64)),
         "is_anomaly": pa.array(steps.is_anomaly[test].astype(bool)),
         "true_fault_type": pa.array([str(x) for x in steps.fault_type[test].tolist()], pa.string()),
         "score": pa.array(np.asarray(pred.score, np.float64)), "flag": pa.array(np.asarray(pred.flag, bool)),
@@ -192,8 +198,8 @@ def reused_prediction(table: pa.Table, steps: StepSet, test: np.ndarray, split: 
                              pc.equal(table.column("method"), method)))
     if t.num_rows == 0:
         return None
-    first = steps.unit_key[steps.unit_idx[steps.unit_ptr[test]]] & ((1 << 40) - 1)
-    want = {(str(r), int(x)): i for i, (r, x) in enumerate(zip(steps.runs[steps.run_code[test]].tolist(), first.tolist(), strict=True))}
+    run, first = step_keys(steps, test)
+    want = {(r, x): i for i, (r, x) in enumerate(zip(run.tolist(), first.tolist(), strict=True))}
     got = list(zip(t.column("run_id").to_pylist(), t.column("step_id").to_pylist(), strict=True))
     if len(got) != len(want) or len(set(got)) != len(got) or any(k not in want for k in got):
         miss = sum(k not in want for k in got)
@@ -204,11 +210,12 @@ def reused_prediction(table: pa.Table, steps: StepSet, test: np.ndarray, split: 
     order[[want[k] for k in got]] = np.arange(len(got))
     ft = t.column("fault_type")
     ops = t.column("operators")
+    opl = ops.to_pylist()
     return Prediction(
         score=np.asarray(t.column("score").to_numpy(zero_copy_only=False), float)[order],
         flag=np.asarray(t.column("flag").to_numpy(zero_copy_only=False), bool)[order],
         fault_type=None if ft.null_count == t.num_rows else np.asarray([x or "" for x in ft.to_pylist()], dtype=object)[order],
-        operators=None if ops.null_count == t.num_rows else [list(ops[int(j)].as_py() or []) for j in order.tolist()])
+        operators=None if ops.null_count == t.num_rows else [list(opl[j] or []) for j in order.tolist()])
 
 
 def read_predictions(paths: Sequence[str | Path]) -> pa.Table:
