@@ -13,6 +13,7 @@ its queueing discipline without touching the machine's network. Needs root (``CA
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -65,14 +66,10 @@ def probe() -> dict[str, Any]:
         return {"namespace": f"the probe process gave no answer ({type(e).__name__}: {e})"}
 
 
-_PROBE: dict[str, Any] | None = None
-
-
+@functools.cache
 def cached_probe() -> dict[str, Any]:
-    global _PROBE
-    if _PROBE is None:
-        _PROBE = probe()
-    return _PROBE
+    """:func:`probe`, run once per process."""
+    return probe()
 
 
 def unavailable(kind: str) -> str | None:
