@@ -29,7 +29,7 @@ A spec::
     start_s = 0.2                       # after the engine's first step (or start_step = N)
     duration_s = 0.6                    # omitted: until the run ends (or steps = N)
     targets = ["MLP"]                   # operator class suffixes (default: the mechanism's)
-    rank = 0                            # only this rank (default: every rank; co-located: 0)
+    rank = 0                            # only this rank (default: the mechanism's default_rank, every rank for most; co-located: 0)
     params = {}                         # mechanism-specific extras
 """
 
@@ -255,10 +255,8 @@ def _fault(path: Any, where: str, f: Any, reg: dict[str, Any], workload: dict[st
             raise _err(path, f"{where}.rank", f"rank {rank} does not exist (world size {tp})", f"use 0..{tp - 1}")
     elif m.where == "co_located":
         rank = 0
-    elif mech == "straggler_rank":
-        rank = 1
-    elif mech in ("link_throttle", "netem_link"):
-        rank = 0  # one agent shapes the ranks' shared loopback
+    else:
+        rank = m.default_rank
     params = f.get("params", {})
     _typed(path, f"{where}.params", params, (dict,), "a table")
     if start_s is None and start_step is None:

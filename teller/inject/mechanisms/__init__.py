@@ -40,6 +40,8 @@ class Mechanism:
     #: campaign records several runs at once (host CPU contention is pinned to the engine's cores)
     machine_wide = False
     needs: tuple[str, ...] = ()  # subset of: gpu, root, tp, transformers_cb
+    #: the rank a fault of a tensor-parallel run targets when its spec names none (None: every rank)
+    default_rank: int | None = None
     #: what the CPU run does instead when the GPU original cannot run (None: GPU only)
     cpu_analogue: str | None = None
     cause = ""

@@ -30,6 +30,7 @@ class StragglerRank(Mechanism):
     targets = ("COMM all_reduce",)
     evidence = "comm"
     needs = ("tp",)
+    default_rank = 1
     cause = "one rank reaches every collective late, so the other ranks wait inside all_reduce"
     action = "check the late rank's host and GPU (load, clocks, placement) against the other ranks, then rebalance or replace it"
 
@@ -87,6 +88,7 @@ class _LinkFault(Mechanism):
     targets = ("COMM all_reduce",)
     evidence = "comm"
     needs = ("root", "tp")
+    default_rank = 0  # one agent shapes the ranks' shared loopback
     qdisc = ""
 
     def unavailable(self, ctx: dict[str, Any]) -> str | None:
