@@ -27,6 +27,7 @@ from teller.dataset.splits import SPLIT_COLUMNS as SPLIT_COLS
 ROOT = Path(__file__).resolve().parents[1]
 DS = ROOT / "data" / "h200_v2"
 DS_TP = ROOT / "data" / "h200_v2_tp"  # part 3: tensor-parallel runs, joined to DS by `teller dataset merge`
+DS_LINK = ROOT / "data" / "h200_v2_link"  # part 4: the link between tensor-parallel ranks throttled
 EXAMPLES = {"ex-op-delay-r0": ROOT / "examples" / "h200_faulty_op_delay",
             "ex-straggler-tp-r0": ROOT / "examples" / "h200_tp_straggler"}
 TABLES = ("records.parquet", "logs.parquet", "comm_edges.parquet", "iterations.parquet")
@@ -265,8 +266,29 @@ def test_v2_tensor_parallel_part_is_consistent_and_covers_the_other_categories()
     assert all(len(ranks[i]) == 2 for i in np.flatnonzero(view == "horizontal"))
 
 
+def test_v2_link_part_is_consistent_and_labels_the_link():
+    """Part 4 agrees with its datasheet and samples as parts 1-3 (so the parts merge); its abnormal
+    steps are link_throttle's, on both ranks, with `COMM all_reduce` as the operator, in every
+    repetition, and the netem run is skipped with the kernel's reason."""
+    records = pq.read_table(DS_LINK / "records.parquet")
+    sheet = _check_consistent(DS_LINK, records)
+    assert sheet["sampling"] == json.loads((DS / "datasheet.json").read_text())["sampling"]
+    _check_labels_and_splits(records, sheet["held_out_mechanisms"])
+    runs = {r["run_id"]: r for r in sheet["runs"]}
+    assert runs["netem-b-r0"]["status"] == "skipped" and "netem" in runs["netem-b-r0"]["skipped"][0]["reason"]
+    assert {r["status"] for k, r in runs.items() if k != "netem-b-r0"} == {"finished"}
+    ab = records.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
+    run, mech, view = _str(records, "run_id"), _str(records, "mechanism"), _str(records, "view")
+    assert set(mech[ab].tolist()) == {"link_throttle"}
+    assert set(run[ab].tolist()) == {"link-throttle-a-r0", "link-throttle-b-r0", "link-throttle-c-r0"}
+    assert {tuple(o) for o in np.asarray(records.column("operator_labels").to_pylist(), dtype=object)[ab]} == {("COMM all_reduce",)}
+    rank = records.column("rank").to_numpy()
+    assert set(rank[ab & (view == "vertical")].tolist()) == {0, 1} and (ab & (view == "horizontal")).any()
+    assert not set(run.tolist()) & set(_str(pq.read_table(DS_TP / "records.parquet", columns=["run_id"]), "run_id").tolist())
+
+
 def test_committed_data_stays_within_the_budget():
-    """Committed datasets stay within their budget (v2 in three parts: 86 MiB), no file large."""
+    """Committed datasets stay within their budget (v2 in four parts: 92 MiB), no file large."""
     files = [p for p in (ROOT / "data").rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in files) <= 90 * 2**20
+    assert sum(p.stat().st_size for p in files) <= 95 * 2**20
     assert max(p.stat().st_size for p in files) <= 8 * 2**20

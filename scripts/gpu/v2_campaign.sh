@@ -43,7 +43,7 @@ if [ "$part" = 1 ]; then
     allocator-churn-a allocator-churn-b hidden-host-sync-a hidden-host-sync-c pageable-copies-a pageable-copies-b \
     gil-contention-a delayed-admission-a scheduler-stall-a > $OUT/campaign.log 2>&1
 elif [ "$part" = 4 ]; then
-  phase 200 normal-tp-e link-throttle-a link-throttle-b link-throttle-c netem-b > $OUT/campaign.log 2>&1
+  phase 200 normal-tp-e normal-tp-f link-throttle-a link-throttle-b link-throttle-c netem-b > $OUT/campaign.log 2>&1
 elif [ "$part" = 3 ]; then
   phase 240 normal-tp-b normal-tp-d tp-op-delay-a tp-op-delay-b tp-op-delay-c tp-cpu-contention-a \
     tp-cpu-contention-b tp-cpu-contention-c tp-pageable-copies-a tp-hidden-host-sync-b tp-allocator-churn-c \

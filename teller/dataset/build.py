@@ -93,6 +93,14 @@ def sample_steps(v: pa.Table, normal_every: int, max_normal: int | None = None) 
     return np.isin(num, keep_num) | (num % k == 0)
 
 
+def sampling_rule(normal_every: int, max_normal: int | None) -> dict[str, Any]:
+    """The datasheet's ``sampling`` entry for :func:`sample_steps` with these settings."""
+    return {"normal_every": normal_every, "max_normal": max_normal,
+            "rule": "all steps" if normal_every == 1 and not max_normal else
+            "every step number abnormal on some rank, and of the others those divisible by k, "
+            f"k = {normal_every}" + (f" or more so that at most about {max_normal} per run are kept" if max_normal else "")}
+
+
 def workload_shape(rd: RunDir, labels: dict[str, Any] | None) -> str:
     """The served model's shape, as the ``workload`` column names it (``"2 layers, hidden 1024"``):
     from run.json's ``model_config`` (what the recorder saw), else the campaign's workload spec in
@@ -353,12 +361,8 @@ def build_dataset(runs: list[str | Path], out: str | Path, seed: int = 0,
     if not recs:
         raise TellerError(f"{', '.join(map(str, runs))}: no step records (no reconstructed, labelled runs); "
                           "run `teller inject run SPEC -o RUNS` first")
-    sampling = {"normal_every": normal_every, "max_normal": max_normal,
-                "rule": "all steps" if normal_every == 1 and not max_normal else
-                "every step number abnormal on some rank, and of the others those divisible by k, "
-                f"k = {normal_every}" + (f" or more so that at most about {max_normal} per run are kept" if max_normal else "")}
     return write_dataset(recs, subs, {"logs": logs, "comm_edges": comms, "iterations": iters}, out, run_rows,
-                         seed, sampling, tpe)
+                         seed, sampling_rule(normal_every, max_normal), tpe)
 
 
 def write_dataset(recs: list[pa.Table], subs: list[pa.Table], tables: dict[str, list[pa.Table]], out: Path,

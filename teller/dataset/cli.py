@@ -1,4 +1,5 @@
-"""``teller dataset build RUNS... -o DS``, ``teller dataset merge DS... -o DS``, ``teller dataset recode SRC -o DST``."""
+"""``teller dataset build RUNS... -o DS``, ``teller dataset merge DS... -o DS``, ``teller dataset resample SRC -o DST``,
+``teller dataset recode SRC -o DST``."""
 
 from __future__ import annotations
 
@@ -73,6 +74,34 @@ def merge_cmd(
     err.print(f"[green]merged[/] {n(len(parts), 'dataset')} into {escape(str(out))}: {n(s['records'], 'step record')} ({views}) "
               f"from {n(len(s['runs']), 'run')}, {s['abnormal']:,} abnormal (fault prior {s['fault_prior']:.3f}); "
               f"splits recomputed with seed {s['seed']}")
+
+
+@dataset_app.command("resample")
+def resample_cmd(
+    src: Path = typer.Argument(..., help="Dataset folder built with every step (no --normal-every/--max-normal)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write (not SRC)."),
+    normal_every: int = typer.Option(1, "--normal-every", help="Keep every abnormal step and one other step number in N."),
+    max_normal: int = typer.Option(None, "--max-normal", help="Keep at most about N other step numbers per run (a larger stride)."),
+    force: bool = typer.Option(False, "--force", help="Replace the dataset folder DST if it already exists."),
+) -> None:
+    """Thin a dataset that kept every step into the one `teller dataset build` with this sampling writes."""
+    from rich.markup import escape
+
+    from teller.cliutil import console, fresh_dir, progress
+    from teller.dataset.merge import check_parts
+    from teller.dataset.resample import resample_dataset
+    from teller.summary import n
+
+    err = console(stderr=True)
+    check_parts([src], out)  # before fresh_dir: -o naming SRC is refused, never replaced
+    with fresh_dir(out, force, kind="dataset", is_ours=lambda p: (p / "datasheet.json").is_file() or (p / "records.parquet").is_file()), \
+            progress(err) as bar:
+        task = bar.add_task("runs", total=None)
+        s = resample_dataset(src, out, normal_every=normal_every, max_normal=max_normal,
+                             progress=lambda done, total: bar.update(task, completed=done, total=total))
+    err.print(f"[green]resampled[/] {escape(str(src))} into {escape(str(out))}: {n(s['records'], 'step record')}, "
+              f"steps: {s['steps']:,} of the {s['steps_recorded']:,} recorded kept ({s['abnormal_steps']:,} abnormal); "
+              f"{escape(s['sampling']['rule'])}")
 
 
 @dataset_app.command("recode")
