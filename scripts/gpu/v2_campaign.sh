@@ -9,8 +9,9 @@
 # memory-bandwidth hogs alone, then 19 runs in the lanes: a GPU hog shares the one GPU with every
 # lane, so no run of another category is recorded beside it. Part 3: the 14 tensor-parallel runs of
 # campaigns/h200_v2_tp.toml in the eight lanes (CPU hogs pinned to their lane's cores). Part 4: the
-# link faults of campaigns/h200_v2_link.toml (each run in its own network namespace) and a
-# fault-free run of their workload. Each phase has a time after which no run starts,
+# link faults of campaigns/h200_v2_link.toml (each run in its own network namespace) and two
+# fault-free runs of their workload (`... 4 1200` keeps every step; `teller dataset resample
+# --max-normal 150` then gives data/h200_v2_link, README there). Each phase has a time after which no run starts,
 # and is killed 120 s after it. Fault runs with too few fault-free steps of their own (KV
 # pressure) are relabelled against the fault-free run of their workload recorded in the same part.
 # $OUT gets: h200_v2_pN.tar.NN (15 MiB parts of the part's dataset), runs_meta_pN.tar (labels,
