@@ -69,7 +69,7 @@ def sample_diagnosis(n_steps: int = 40, flagged: tuple[int, ...] = (3, 17, 18, 3
                                   "explanation": f"CUDA/kernel fault in step {num} on rank 0: evidence {NASTY_MODULE}; "
                                                  "measured: duration 5.00 ms vs 100.0 µs. Cause: <slow> & late."})
                     elif k == 2:
-                        s.update({"abnormal_probability": 0.12, "fault_type": "kernel", "fault_probability": None,
+                        s.update({"abnormal_probability": 0.06, "fault_type": "kernel", "fault_probability": None,
                                   "model_says_normal": True, "evidence_operators": [], "evidence_families": [],
                                   "explanation": None})
                     else:

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from teller.inject import CATEGORY_TITLES  # noqa: E402
 from teller.rca.api import SHARD_BYTES, weight_files  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
-from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
+from teller.report.diagnose import DEFAULT_MODEL, MODEL_SCREEN_FLOOR, _ground, diagnose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -41,6 +41,10 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     flagged = [s for s in res["steps"] if s["flag"]]
     assert flagged
     typed = [s for s in flagged if s.get("fault_type") and not s.get("model_says_normal")]
+    # the model screens the stage's flags: typed from its floor up, read as normal below it
+    assert res["model"]["abnormal_floor"] == MODEL_SCREEN_FLOOR
+    read = [s for s in flagged if "abnormal_probability" in s]
+    assert read and all((s in typed) == (s["abnormal_probability"] >= MODEL_SCREEN_FLOOR) for s in read)
     # the fault window of this run is a targeted op delay on the MLP (labels.json)
     labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
     (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
@@ -50,15 +54,17 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     # the steps the delay slowed are typed kernel; few typed steps lie outside the window
     assert len(inside) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
     assert 2 * len(outside) < len(in_window)
-    forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id"])
+    forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id", "step_idx"])
     step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
+    idx_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_idx").to_pylist(), strict=True))
     for s in flagged:
         assert s.get("fault_type") in (*FAULT_TYPES, None)
-        for op in s.get("evidence_operators", []):
-            assert step_of[op["node_id"]] == s["node_id"]  # a node of the step's own tree
+        for op in s.get("evidence_operators", []):  # a node of the step's own iteration (its tree, schedule, gap)
+            n = op["node_id"]
+            assert step_of[n] == s["node_id"] or (idx_of[n] is not None and idx_of[n] == idx_of[s["node_id"]])
     for s in typed:
         assert s["evidence_families"]
-        assert 0.5 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= 0.5
+        assert 0.2 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= MODEL_SCREEN_FLOOR
         e = s["explanation"]
         assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
         assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e

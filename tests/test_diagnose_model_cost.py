@@ -205,9 +205,9 @@ def _tiny(monkeypatch):
     pf = api.project_fault
     calls = [0]
 
-    def typed(probs):  # every other step typed (its best type), the others normal
+    def typed(probs, floor=0.5):  # every other step typed (its best type), the others normal
         calls[0] += 1
-        p_ab, ft, tp = pf(probs)
+        p_ab, ft, tp = pf(probs, floor)
         if calls[0] % 2:
             return 0.1, "", tp
         return max(p_ab, 0.5), ft or api.FAULT_TYPES[1 + int(np.argmax(probs[1:]))], tp

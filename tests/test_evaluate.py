@@ -602,8 +602,9 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     blk = json.loads((out / "results.json").read_text())["results"][0]
     mot, num, tel = (rows(out / "predictions.parquet", m) for m in ("teller_mot", "teller_numeric", "teller"))
     conf = rows(out / "predictions.parquet", "teller_confirm")  # as `teller diagnose`: the model confirms the stage's flags
-    assert all(c["flag"] == (mot[k]["flag"] and num[k]["flag"]) for k, c in conf.items())
-    assert all(c["operators"] == (mot[k]["operators"] if c["flag"] else []) for k, c in conf.items())
+    assert all(c["flag"] == (num[k]["flag"] and mot[k]["score"] >= 0.1) for k, c in conf.items())
+    assert all(c["operators"] == (mot[k]["operators"] if mot[k]["flag"] and c["flag"] else num[k]["operators"] if c["flag"] else [])
+               for k, c in conf.items())
     scr = rows(out / "predictions.parquet", "teller_screened")  # the stage's flags kept where the model gives >= 0.1
     assert scr.keys() == conf.keys()
     assert all(c["flag"] == (mot[k]["flag"] or (num[k]["flag"] and mot[k]["score"] >= 0.1)) for k, c in scr.items())
@@ -779,7 +780,7 @@ def test_fuse_rules_on_hand_computed_steps():
     and the screen rule (the model's flags, and the stage's where the model gives at least tau),
     whose score crosses 0.5 exactly where it flags; operators from the model where it flags."""
     from teller.baselines.base import Prediction
-    from teller.baselines.rca import TellerScreened, fuse
+    from teller.baselines.rca import TellerConfirm, TellerScreened, fuse
 
     num = Prediction(score=np.array([0.9, 0.9, 0.2, 0.7, 0.1]), flag=np.array([True, True, False, True, False]),
                      operators=[["FE a"], ["FE b"], [], ["FE d"], []])
@@ -788,6 +789,9 @@ def test_fuse_rules_on_hand_computed_steps():
                      operators=[[], [], ["FE c"], ["FE m"], []])
     either, both = fuse(num, mot, "or"), fuse(num, mot, "and")
     assert either.flag.tolist() == [True, True, True, True, False] and both.flag.tolist() == [False, False, False, True, False]
+    floored = fuse(num, mot, "and", 0.01)  # as `teller diagnose`: the stage's flags the model does not rule out
+    assert floored.flag.tolist() == [True, False, False, True, False]
+    assert floored.score.tolist() == pytest.approx([0.9, 0.05, 0.2, 0.7, 0.1]) and ((floored.score >= 0.5) == floored.flag).all()
     scr = fuse(num, mot, "screen", 0.01)
     # step 0: the stage flags and the model gives 0.05 >= 0.01: kept; step 1: 0.001 < 0.01: dropped
     assert scr.flag.tolist() == [True, False, True, True, False]
@@ -795,6 +799,6 @@ def test_fuse_rules_on_hand_computed_steps():
     assert ((scr.score >= 0.5) == scr.flag).all()
     assert scr.operators == [["FE a"], [], ["FE c"], ["FE m"], []] and list(scr.fault_type) == list(mot.fault_type)
     assert fuse(num, mot, "screen", 0.1).flag.tolist() == [False, False, True, True, False]
-    assert TellerScreened.tau == 0.1 and TellerScreened.rule == "screen"
-    with pytest.raises(ValueError, match="tau 0.5 must lie in"):
-        fuse(num, mot, "screen", 0.5)
+    assert TellerScreened.tau == TellerConfirm.tau == 0.1 and TellerScreened.rule == "screen" and TellerConfirm.rule == "and"
+    with pytest.raises(ValueError, match="tau 0.6 must lie in"):
+        fuse(num, mot, "screen", 0.6)

@@ -35,6 +35,7 @@ import numpy as np
 
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet, norm_label
+from teller.rca import SCREEN_FLOOR
 
 
 def _dataset_name(path: str | Path) -> str:
@@ -189,7 +190,7 @@ class TellerPipeline(Method):
 
     label = "TELLER (numeric stage + MoT root-cause model)"
     rule = "or"
-    tau = 0.0  # the screen rule's floor on the model's probability
+    tau = 0.5  # the floor on the model's probability of the and / screen rules
     kind = "teller"
     needs_instances = True  # its numeric stage
     features = "operator instances (stage) + engine iteration tree (TPE) + log lines (model)"
@@ -241,21 +242,23 @@ def _cached(steps: StepSet, name: str, idx: np.ndarray | None) -> Prediction | N
     return pred
 
 
-def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.0) -> Prediction:
+def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -> Prediction:
     """The numeric stage's and the model's predictions of the same steps as one. ``or``
     (:class:`TellerPipeline`): flagged when either flags, score the larger, operators the model's
-    where it flags and the stage's otherwise. ``and`` (:class:`TellerConfirm`): flagged when both
-    flag, score the smaller, operators the model's. ``screen`` (:class:`TellerScreened`): flagged
-    when the model flags, or when the stage flags and the model gives the step at least ``tau``;
-    score ``max(model, min(stage, model / tau / 2))``, which crosses 0.5 exactly there and rises
-    with both scores; operators as ``or``."""
+    where it flags and the stage's otherwise. ``and`` (:class:`TellerConfirm`): flagged when the
+    stage flags and the model gives the step at least ``tau`` (0.5: when both flag), score
+    ``min(stage, model / tau / 2)``. ``screen`` (:class:`TellerScreened`): flagged when the model
+    flags, or as ``and``; score ``max(model, min(stage, model / tau / 2))``. Both scores cross 0.5
+    exactly where the step is flagged and rise with either input. Operators, every rule: the
+    model's where the model flags the step (its own 0.5), else the stage's (a model row's answers
+    carry no evidence under 0.5, where `teller diagnose` asks the model for it)."""
     nf, mf = np.asarray(num.flag, bool), np.asarray(mot.flag, bool)
     ns, ms = np.asarray(num.score, float), np.asarray(mot.score, float)
+    if rule in ("and", "screen") and not 0.0 < tau <= 0.5:
+        raise ValueError(f"{rule} rule: tau {tau} must lie in (0, 0.5] (the model flags at 0.5)")
     if rule == "and":
-        flag, score = nf & mf, np.minimum(ns, ms)
+        flag, score = nf & (ms >= tau), np.minimum(ns, ms / (2.0 * tau))
     elif rule == "screen":
-        if not 0.0 < tau < 0.5:
-            raise ValueError(f"screen rule: tau {tau} must lie in (0, 0.5) (the model flags at 0.5)")
         flag, score = mf | (nf & (ms >= tau)), np.maximum(ms, np.minimum(ns, ms / (2.0 * tau)))
     else:
         flag, score = nf | mf, np.maximum(ns, ms)
@@ -268,11 +271,13 @@ def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.0) -
 @register("teller_confirm")
 class TellerConfirm(TellerPipeline):
     """TELLER as `teller diagnose` runs it: the numeric stage flags, the model reads the flagged
-    steps and a step stays abnormal only when the model agrees (a step the model finds normal is
-    shown as such, ``model_says_normal``); type and evidence are the model's."""
+    steps and a step stays abnormal only when the model does not rule it out (abnormal probability
+    of at least :data:`teller.rca.SCREEN_FLOOR`; below it diagnose shows the step as one the model
+    reads as normal, ``model_says_normal``); type and evidence are the model's."""
 
-    label = "TELLER, the model confirming the stage's flags (as `teller diagnose`)"
+    label = "TELLER, the model screening the stage's flags (as `teller diagnose`)"
     rule = "and"
+    tau = SCREEN_FLOOR
 
 
 @register("teller_screened")
@@ -281,12 +286,12 @@ class TellerScreened(TellerPipeline):
     it, or when the stage flags it and the model does not rule it out (abnormal probability of
     at least :attr:`tau`). The stage's flags on steps the model all but excludes are mostly normal
     steps unlike the reference (another model shape, another run's pace), while on a fault the
-    model never saw it may give too little (docs/results.md measures both). ``tau`` was chosen
-    among 0.001, 0.003, 0.01, 0.03 and 0.1 as the best mean step F1 of the two views of the shipped
-    model's answers on dataset v2 parts 1-2 (request split), before it was applied to the union
-    (``benchmarks/fusion_tau.py``)."""
+    model never saw it may give too little (docs/results.md measures both). ``tau``
+    (:data:`teller.rca.SCREEN_FLOOR`) was chosen among 0.001, 0.003, 0.01, 0.03 and 0.1 as the best
+    mean step F1 of the two views of the shipped model's answers on dataset v2 parts 1-2 (request
+    split), before it was applied to the union (``benchmarks/fusion_tau.py``)."""
 
-    label = "TELLER, the stage's flags screened by the model (kept when its probability >= 0.1)"
+    label = "TELLER, the model's flags and the stage's it does not rule out (probability >= 0.1)"
     rule = "screen"
-    tau = 0.1
+    tau = SCREEN_FLOOR
 

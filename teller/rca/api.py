@@ -214,7 +214,7 @@ class RCA:
     @torch.no_grad()
     def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True,
                 explain_done: Callable[[str, str], bool] | None = None,
-                explain_tokens: int | None = None) -> list[dict[str, Any]]:
+                explain_tokens: int | None = None, abnormal_floor: float = 0.5) -> list[dict[str, Any]]:
         """Per unit: ``abnormal_prob``, ``abnormal``, ``fault_type`` ("" when normal) and
         ``fault_type_prob`` (given abnormal), ``fault_type_best`` (the best of the five, also for a
         normal step), ``evidence_nodes`` (indices into the unit's nodes), ``evidence_node_ids``
@@ -224,14 +224,20 @@ class RCA:
         decoded so far; True ends that unit's explanation there (a caller that needs only its
         beginning, e.g. the mechanism `teller diagnose` keeps). ``explain_tokens``: at most this
         many explanation tokens (below the model's ``max_expl_tokens``). None (the defaults):
-        every explanation runs to <eos> or ``max_expl_tokens``."""
+        every explanation runs to <eos> or ``max_expl_tokens``. ``abnormal_floor``: the abnormal
+        probability from which a unit is abnormal (typed, evidenced, explained); 0.5 by default,
+        lower where another detector already flagged the unit and the model only screens it
+        (`teller diagnose`)."""
+        if not 0.0 < abnormal_floor <= 0.5:
+            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, 0.5]")
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         self.net.eval()
         stop = self._explain_stop(explain_done, explain_tokens)
         out: list[dict[str, Any]] = []
         for a in range(0, len(prep), batch_size):
             idx = np.arange(a, min(a + batch_size, len(prep)))
-            out += (self._predict_mot if self.cfg.variant == "mot" else self._predict_single)(prep, idx, explain, stop)
+            out += (self._predict_mot if self.cfg.variant == "mot" else self._predict_single)(prep, idx, explain, stop,
+                                                                                           abnormal_floor)
         return out
 
     def _explain_stop(self, explain_done: Callable[[str, str], bool] | None,
@@ -355,11 +361,11 @@ class RCA:
                 "explanation": project_explanation(text, ftype, fams, self.cfg.max_explanation_chars)}
 
     def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool,
-                     stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:
+                     stop: Callable[[list[int], str], bool] | None = None, floor: float = 0.5) -> list[dict[str, Any]]:
         from teller.rca.model import KVCache
 
         cache = KVCache() if explain else None  # the heads' pass fills it; decoding goes on from it
-        res, raw = self._mot_heads(prep, idx, cache)
+        res, raw = self._mot_heads(prep, idx, cache, floor)
         heads = [(p_ab, ftype, tp, best, self._evidence_nodes(prep, i, ftype, scores, self.op_threshold))
                  for i, (p_ab, ftype, tp, best, scores) in zip(idx.tolist(), raw, strict=True)]
         targets = [[EXPL] for _ in idx]
@@ -380,15 +386,16 @@ class RCA:
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
 
-    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None) -> tuple[dict, list[tuple]]:
+    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float = 0.5) -> tuple[dict, list[tuple]]:
         """The MoT's fault and operator heads over units ``idx``: the forward pass's outputs and,
-        per unit, (abnormal p, type or "", type p, best type, operator logits of its trace tokens)."""
+        per unit, (abnormal p, type or "" under ``floor``, type p, best type, operator logits of
+        its trace tokens)."""
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
         probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
         ops = res["ops"].float().cpu().numpy()
         out = []
         for k, i in enumerate(idx.tolist()):
-            p_ab, ftype, tp = project_fault(probs[k])
+            p_ab, ftype, tp = project_fault(probs[k], floor)
             s = prep.inputs.tokens(i)
             out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], ops[k, :s.stop - s.start]))
         return res, out
@@ -426,7 +433,7 @@ class RCA:
         return list(dict.fromkeys(inp.families[int(inp.node_family[no[i] + n])] for n in nodes))
 
     def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool,
-                        stop: Callable[[list[int], str], bool] | None = None) -> list[dict[str, Any]]:
+                        stop: Callable[[list[int], str], bool] | None = None, floor: float = 0.5) -> list[dict[str, Any]]:
         from teller.rca.text import ABN
 
         inp = prep.inputs
@@ -454,14 +461,14 @@ class RCA:
                 pair = np.exp(pair - pair.max())
                 info[r]["p_ab"] = float(pair[0] / pair.sum())
                 state[r] = "type"
-                return [YES if info[r]["p_ab"] >= 0.5 else NO, TYPE]
+                return [YES if info[r]["p_ab"] >= floor else NO, TYPE]
             if st == "type":
                 lg = logits[list(TYPE_TOKENS[1:])].astype(np.float64)
                 pr = np.exp(lg - lg.max())
                 pr /= pr.sum()
                 k = int(np.argmax(pr))
                 info[r]["best"] = FAULT_TYPES[1 + k]
-                if info[r]["p_ab"] < 0.5:
+                if info[r]["p_ab"] < floor:
                     return None
                 info[r]["ftype"], info[r]["tp"] = FAULT_TYPES[1 + k], float(pr[k])
                 tries[r] = trie_for(r)

@@ -23,9 +23,10 @@ _SENT_END = re.compile(r"[.!?](?=\s|$)")
 _WS = re.compile(r"\s+")
 
 
-def project_fault(probs: np.ndarray) -> tuple[float, str, float]:
+def project_fault(probs: np.ndarray, floor: float = 0.5) -> tuple[float, str, float]:
     """(abnormal probability, fault type or "", its probability given abnormal) from the six
-    class probabilities (index 0 normal). The type is the best of the five abnormal classes."""
+    class probabilities (index 0 normal). The type is the best of the five abnormal classes,
+    named when the abnormal probability reaches ``floor``."""
     p = np.nan_to_num(np.asarray(probs, np.float64).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
     p = np.clip(p, 0.0, None)
     s = p.sum()
@@ -34,7 +35,7 @@ def project_fault(probs: np.ndarray) -> tuple[float, str, float]:
     ab = p[1:]
     k = int(np.argmax(ab))
     tp = float(ab[k] / ab.sum()) if ab.sum() > 0 else 1.0 / len(ab)
-    return p_ab, (FAULT_TYPES[1 + k] if p_ab >= 0.5 else ""), tp
+    return p_ab, (FAULT_TYPES[1 + k] if p_ab >= floor else ""), tp
 
 
 def project_operators(scores: np.ndarray, anchors: np.ndarray, abnormal: bool, max_ops: int,
