@@ -8,6 +8,16 @@ sampled recording can be set beside one with every step in detail (``--detail-ev
 detailed step of a sampled run should hold what every step of the full run holds, a sampled-out
 step none of it. Also the detail gate's own figures from ``run.json`` (steps, detailed, collector
 switches and their time).
+
+``--pace`` adds what a detailed step costs the engine, measured inside the one run (issue 16 §2:
+whole runs of one configuration differ in pace by more than recording costs, docs/overhead.md):
+each engine iteration's time per token (prefill + decode tokens of its batch), the detailed
+windows' median against the light (``detail=0``) iterations on either side of each window, over
+the same number of iterations, per process in time order. Iterations that hold a collector switch
+(``OTHER detail_switch``) are set apart and reported as the switches' own excess; warm-up
+iterations are left out. A recording with long windows (e.g. ``--detail-every 16 --detail-window
+8`` on a saturated queue) pairs many windows with their neighbours, so the engine's drift over
+the run cancels.
 """
 
 from __future__ import annotations
@@ -62,12 +72,73 @@ def step_counts(run: str | Path) -> dict[str, Any]:
     return out
 
 
+def pace(run: str | Path) -> dict[str, Any]:
+    """The in-run cost of detail (module docstring): per window, its median time per token over
+    that of its light neighbours; their mean and 95% interval (t), and the switch iterations'."""
+    import pyarrow.parquet as pq
+
+    rd = RunDir(run).require()
+    it = rd.read_table("iterations")
+    names = dict(zip(rd.read_table("steps").column("step_id").to_pylist(),
+                     rd.read_table("steps").column("name").to_pylist(), strict=True))
+    f = pq.read_table(rd.path / "forest.parquet", columns=["name", "step_idx", "pid"])
+    sw_name = np.asarray([str(x or "") for x in f.column("name").to_pylist()], dtype=object)
+    six = f.column("step_idx").to_numpy(zero_copy_only=False)
+    fpid = f.column("pid").to_numpy(zero_copy_only=False)
+    sw = (sw_name == "detail_switch") | (sw_name == "OTHER detail_switch")
+    switch_keys = set(zip(fpid[sw].tolist(), six[sw].tolist(), strict=True))
+    sid = it.column("step_id").to_numpy()
+    pid = it.column("pid").to_numpy()
+    idx = it.column("step_idx").to_numpy()
+    start = it.column("start_ns").to_numpy()
+    dur = it.column("dur_ns").to_numpy().astype(float)
+    tok = (it.column("prefill").to_numpy() + it.column("decode").to_numpy()).astype(float)
+    warm = it.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
+    detailed = ~without_detail([names.get(int(s), "") or "" for s in sid])
+    is_switch = np.asarray([(int(p), int(i)) in switch_keys for p, i in zip(pid, idx, strict=True)], bool)
+    with np.errstate(all="ignore"):
+        per_tok = np.where(tok > 0, dur / np.where(tok > 0, tok, 1), np.nan)
+    ratios: list[float] = []
+    sw_excess: list[float] = []
+    for p in np.unique(pid):
+        o = np.flatnonzero(pid == p)
+        o = o[np.argsort(start[o], kind="stable")]
+        o = o[~warm[o]]
+        d, x, s = detailed[o], per_tok[o], is_switch[o]
+        edges = np.flatnonzero(np.diff(np.r_[0, d.astype(np.int8), 0]))
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):  # windows [a, b)
+            w = b - a
+            lo, hi = max(0, a - w), min(len(o), b + w)
+            inside = np.arange(a, b)
+            around = np.r_[np.arange(lo, a), np.arange(b, hi)]
+            xi, xa = x[inside[~s[inside]]], x[around[~d[around] & ~s[around]]]
+            xi, xa = xi[np.isfinite(xi)], xa[np.isfinite(xa)]
+            if len(xi) and len(xa):
+                ratios.append(float(np.median(xi) / np.median(xa)))
+            xs = x[around[s[around]]]
+            xs = xs[np.isfinite(xs)]
+            if len(xs) and len(xa):
+                sw_excess += (xs / np.median(xa) - 1.0).tolist()
+    r = np.asarray(ratios) - 1.0
+    out: dict[str, Any] = {"run": str(rd.path), "iterations": int(len(sid)), "detailed": int(detailed.sum()),
+                           "switch_iterations": int(is_switch.sum()), "windows_paired": int(len(r))}
+    if len(r):
+        from scipy import stats
+
+        half = float(stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else float("nan")
+        out.update(detail_cost_mean=float(r.mean()), detail_cost_ci95=half, detail_cost_median=float(np.median(r)))
+    if sw_excess:
+        out["switch_excess_median"] = float(np.median(sw_excess))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--json")
+    ap.add_argument("--pace", action="store_true", help="add the in-run cost of a detailed step (module docstring)")
     a = ap.parse_args(argv)
-    res = [step_counts(r) for r in a.runs]
+    res = [dict(step_counts(r), **({"pace": pace(r)} if a.pace else {})) for r in a.runs]
     text = json.dumps(res, indent=1)
     if a.json:
         Path(a.json).write_text(text)

@@ -212,6 +212,18 @@ def test_recorded_serve_has_batch_context_idle_ranges_and_service_logs(tmp_path:
     assert sampled.any() and (~sampled).any()
     assert (be[sampled] == 0).all() and (be[~sampled] > 0).all() and (fe > 0).all()
     assert summary["steps_without_detail"] == int(sampled.sum())
+    # the in-run cost of detail (benchmarks/detail_sampling.py --pace): each window of two detailed
+    # iterations set against the light ones around it
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("detail_sampling", Path(__file__).resolve().parents[1] / "benchmarks" / "detail_sampling.py")
+    ds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ds)
+    pc_ = ds.pace(run)
+    it = pq.read_table(run / "iterations.parquet")
+    assert pc_["iterations"] == it.num_rows == n_steps and pc_["detailed"] == int((~sampled).sum())
+    assert pc_["switch_iterations"] == 0  # the cpu collector has nothing to switch
+    assert 1 <= pc_["windows_paired"] <= -(-n_steps // 5) and np.isfinite(pc_["detail_cost_median"])
 
     rows = pq.read_table(run / "log_alignment.parquet").to_pylist()
     by_tpl: dict[str, list[dict]] = {}

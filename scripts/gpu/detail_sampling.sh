@@ -3,8 +3,11 @@
 # step (a short recording with windows of 4 detailed steps every 32), then rounds of the long
 # overhead matrix for the remaining time (scripts/gpu/overhead_long.sh: its state in runs/, so a
 # second call on a warm machine continues it).
-#   bash scripts/gpu/detail_sampling.sh [BUDGET_S] [CONFIGS] [REQUESTS] [CHECK] [CORES]
+#   bash scripts/gpu/detail_sampling.sh [BUDGET_S] [CONFIGS] [REQUESTS] [CHECK] [CORES] [PACE]
 # CORES: pin every run to that many whole physical cores near the GPU (overhead.py --serial-cores; 0: not)
+# PACE=K,W: first record REQUESTS requests queued at start with --detail-every K --detail-window W and
+# measure a detailed step's cost inside that one run (benchmarks/detail_sampling.py --pace ->
+# $OUT/pace.json); CONFIGS "-" skips the matrix
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
 BUDGET=${1:-560}
@@ -22,5 +25,17 @@ if [ "$CHECK" = "1" ]; then
   tail -n 2 "$OUT/record_k32.log"
   echo "check done after $(( $(date +%s) - T0 )) s"
 fi
+PACE=${6:-}
+if [ -n "$PACE" ]; then
+  K=${PACE%,*}; WIN=${PACE#*,}
+  python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" -- \
+    python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 \
+    --seed 0 --requests "$REQUESTS" > "$OUT/pace_record.log" 2>&1
+  python3 -m teller.cli reconstruct /tmp/pace_run >> "$OUT/pace_record.log" 2>&1
+  python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/pace.json" > /dev/null 2>"$OUT/pace.err"
+  python3 -c "import json; print(json.load(open('$OUT/pace.json'))[0]['pace'])"
+  echo "pace done after $(( $(date +%s) - T0 )) s"
+fi
+[ "$CONFIGS" = "-" ] && exit 0
 OVL_EXTRA="--requests $REQUESTS --probe-requests 300 --serial-cores $CORES" \
   bash scripts/gpu/overhead_long.sh $(( BUDGET - ($(date +%s) - T0) )) "$CONFIGS" 10 auto
