@@ -261,3 +261,15 @@ def test_many_numeric_verdicts_share_a_card():
     assert "12 other abnormal steps" in cards[-1]["text"] and "and 4 more" in cards[-1]["text"]
     linked = {e["attrs"]["href"] for e in dom.inside("verdict", "a")}
     assert linked == {f"#step-{s['index']}" for s in d["steps"] if s["flag"]}
+
+
+def test_a_step_the_model_is_unsure_of_keeps_its_type_and_says_so():
+    """`teller diagnose` keeps the stage's flag where the model gives the step from 0.1 up
+    (teller.rca.SCREEN_FLOOR): under 0.5 the page names the type and says the model is unsure;
+    a step the model reads as normal says that instead."""
+    d = sample_diagnosis(ranks=1)
+    typed = [s for s in d["steps"] if s.get("flag") and s.get("fault_type") and not s.get("model_says_normal")]
+    typed[0]["abnormal_probability"] = 0.3
+    page = " ".join(render_html(d).split())
+    assert page.count("the model is unsure") == 1 and "0.30 — the model is unsure" in page
+    assert "the model reads this step as normal" in page  # the sample's step under the floor

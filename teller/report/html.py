@@ -599,7 +599,10 @@ class _Page:
         if x.get("abnormal_probability") is not None:
             dl.append(f"<dt>{self.term('abnormal probability', 'Abnormal probability')}</dt>"
                       f"<dd>{x['abnormal_probability']:.2f}" + (" — the model reads this step as normal"
-                                                               if x.get("model_says_normal") else "") + "</dd>")
+                                                               if x.get("model_says_normal") else
+                                                               " — the model is unsure; the step keeps its flag "
+                                                               "because the model does not rule it out"
+                                                               if x["abnormal_probability"] < 0.5 else "") + "</dd>")
         ops = x.get("evidence_operators") or []
         if ops:
             dl.append(f"<dt>{self.term('evidence operators', 'Evidence operators')}</dt><dd>"
