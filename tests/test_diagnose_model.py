@@ -62,7 +62,11 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
         for op in s.get("evidence_operators", []):  # a node of the step's own iteration (its tree, schedule, gap)
             n = op["node_id"]
             assert step_of[n] == s["node_id"] or (idx_of[n] is not None and idx_of[n] == idx_of[s["node_id"]])
+    from teller.report.diagnose import verdict_line
+
     for s in typed:
+        # the console line says whether the model is sure of a fault, or kept the stage's flag under 0.5
+        assert ("the model is unsure" in verdict_line(s)) == (s["abnormal_probability"] < 0.5)
         assert s["evidence_families"]
         assert 0.2 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= MODEL_SCREEN_FLOOR
         e = s["explanation"]

@@ -667,12 +667,15 @@ def verdict_line(x: dict[str, Any]) -> str:
         head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
                  "never saw in training]")
     if x.get("fault_type") and not x.get("model_says_normal"):
-        if (x.get("abnormal_probability") or 0) < 0.5:
-            head += f" [the model is unsure, p_abnormal={x['abnormal_probability']:.2f}; kept from {MODEL_SCREEN_FLOOR}]"
+        # p: the model's probability of the named type, given a fault; an unsure step says how
+        # likely a fault is at all instead (it keeps its flag from MODEL_SCREEN_FLOOR up)
+        unsure = (x.get("abnormal_probability") or 0) < 0.5
+        p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {MODEL_SCREEN_FLOOR})" if unsure
+             else f"p={x['fault_probability']:.2f}")
         if x.get("explanation"):
-            return f"{head}, p={x['fault_probability']:.2f}: {x['explanation']}"
+            return f"{head}, {p}: {x['explanation']}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"
-        return f"{head}: {x['fault_type']} fault (p={x['fault_probability']:.2f}) at {ops} — {ev}"
+        return f"{head}: {x['fault_type']} fault ({p}) at {ops} — {ev}"
     if x.get("model_not_read"):
         head += " [not read by the model: numeric stage only]"
     if x.get("model_no_detail"):
