@@ -271,5 +271,6 @@ def test_a_step_the_model_is_unsure_of_keeps_its_type_and_says_so():
     typed = [s for s in d["steps"] if s.get("flag") and s.get("fault_type") and not s.get("model_says_normal")]
     typed[0]["abnormal_probability"] = 0.3
     page = " ".join(render_html(d).split())
-    assert page.count("the model is unsure") == 1 and "0.30 — the model is unsure" in page
+    assert "0.30 — the model is unsure" in page  # the step's evidence
+    assert page.count("(the model is unsure)") == 1  # its one-line verdict, without the type's probability
     assert "the model reads this step as normal" in page  # the sample's step under the floor

@@ -580,7 +580,9 @@ class _Page:
         ops = ", ".join(_evidence_ops(x)[:3])
         if x.get("fault_type") and not x.get("model_says_normal"):
             p = x.get("fault_probability")
-            return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None else "") + (f" at {ops}" if ops else ""))
+            unsure = x.get("abnormal_probability") is not None and x["abnormal_probability"] < 0.5
+            return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None and not unsure else "")
+                      + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else ""))
         if x.get("model_says_normal"):
             return _e("read as normal by the root-cause model" + (f"; suspects {ops}" if ops else ""))
         return _e(f"suspects {ops}" if ops else "abnormal")
