@@ -47,7 +47,13 @@ def _member(run: np.ndarray, key: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 
 def _str(t: pa.Table, c: str) -> np.ndarray:
-    return np.asarray(t.column(c).cast(pa.string()).to_pylist(), dtype=object).astype(str)
+    """Column ``c`` as a numpy string array (a dictionary column through its codes: the subtrees'
+    run ids, a few distinct values over millions of rows)."""
+    col = t.column(c).combine_chunks()
+    if pa.types.is_dictionary(col.type) and not col.null_count:
+        values = np.asarray(col.dictionary.cast(pa.string()).to_pylist(), dtype=object).astype(str)
+        return values[col.indices.to_numpy(zero_copy_only=False)]
+    return np.asarray(col.cast(pa.string()).to_pylist(), dtype=object).astype(str)
 
 
 def _horizontal_in_build_order(recs: pa.Table) -> pa.Table:
