@@ -15,17 +15,22 @@ JOBS=("$@")
                                it_mechanism=mot:mechanism:unit=iteration it_workload=mot:workload:unit=iteration)
 source scripts/gpu/setup.sh >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+# PARTS: the dataset parts to join (default parts 1-3; "h200_v2 h200_v2_tp h200_v2_link" with part 4,
+# then UNION=h200_v2_all), each from data/ in this call's tree or from runs/stash/ (union_stash.sh)
+PARTS=${PARTS:-h200_v2 h200_v2_tp}
+UNION=${UNION:-h200_v2_whole}
 parts=()
-for p in h200_v2 h200_v2_tp; do
+for p in $PARTS; do
   if [ -d "data/$p" ]; then parts+=("data/$p"); elif [ -d "runs/stash/$p" ]; then parts+=("runs/stash/$p"); fi
 done
-if [ ${#parts[@]} -ne 2 ]; then echo "need both parts (found: ${parts[*]}); run union_stash.sh first" >&2; exit 2; fi
-python3 -m teller.cli dataset merge "${parts[@]}" -o runs/h200_v2_whole --force > "$OUT/merge.log" 2>&1 || { tail -5 "$OUT/merge.log"; exit 3; }
+want=$(echo $PARTS | wc -w)
+if [ ${#parts[@]} -ne "$want" ]; then echo "need the parts $PARTS (found: ${parts[*]}); run union_stash.sh first" >&2; exit 2; fi
+python3 -m teller.cli dataset merge "${parts[@]}" -o runs/$UNION --force > "$OUT/merge.log" 2>&1 || { tail -5 "$OUT/merge.log"; exit 3; }
 echo "merged after $(( $(date +%s) - T0 )) s"
 args=()
 for j in "${JOBS[@]}"; do args+=(--job "$j"); done
 set -o pipefail
-python3 scripts/gpu/rca_matrix.py --data runs/h200_v2_whole --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
-  --epochs 8 --batch-size 128 --eval-reserve-s 30 --work /tmp/rca_matrix_whole \
+python3 scripts/gpu/rca_matrix.py --data runs/$UNION --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
+  --epochs 8 --batch-size 128 --eval-reserve-s 30 --work /tmp/rca_matrix_$UNION \
   --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate request,run,mechanism,workload --evaluate-reserve-s 200 \
   --methods teller_mot "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20

@@ -7,9 +7,11 @@
 # idle for a short while), has data/h200_v2_tp and not data/h200_v2, and runs
 #   bash scripts/gpu/union_matrix.sh [DEADLINE_S] [JOB...]
 # which merges the two into runs/h200_v2_whole and trains and scores the models on the union.
+# With part 4 (data/h200_v2_link, 8 MiB) stashed too or in call B's tree, `PARTS="h200_v2
+# h200_v2_tp h200_v2_link" UNION=h200_v2_all bash scripts/gpu/union_matrix.sh` joins all four.
 set -e
 mkdir -p runs/stash
-for p in data/h200_v2 data/h200_v2_tp; do
+for p in data/h200_v2 data/h200_v2_tp data/h200_v2_link; do
   if [ -d "$p" ]; then rm -rf "runs/stash/$(basename $p)"; cp -r "$p" runs/stash/; echo "stashed $p"; fi
 done
 du -sh runs/stash/* 2>/dev/null
