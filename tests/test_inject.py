@@ -78,15 +78,17 @@ def smoke(smoke_campaign):
 @pytest.mark.slow
 def test_smoke_campaign_labels(smoke):
     out, s = smoke
-    assert s["finished"] == 3 and s["crashed"] == 0
+    assert s["finished"] == 3 and s["crashed"] == 0, s
     lab = json.loads((out / "op-delay-r0" / "labels.json").read_text())
     (w,) = lab["windows"]
-    assert w["start_tau_ns"] < w["end_tau_ns"] and w["injections"] > 0
-    assert w["targets_hit"] == ["FE LlamaMLP"]
+    assert w["start_tau_ns"] < w["end_tau_ns"] and w["injections"] > 0, w
+    assert w["targets_hit"] == ["FE LlamaMLP"], w
     t = pq.read_table(out / "op-delay-r0" / "step_labels.parquet")
     ab = np.asarray(t.column("is_anomaly").to_pylist())
     inw = np.asarray(t.column("in_window").to_pylist())
-    assert ab.any() and not (ab & ~inw).any()  # abnormal only inside the window
+    # what the labeller saw, for a failure on a loaded machine: window steps, their effect and reference
+    seen = [(r["step_num"], r["in_window"], r["effect_ms"], r["ref_p99_ms"]) for r in t.to_pylist() if r["in_window"]]
+    assert ab.any() and not (ab & ~inw).any(), seen  # abnormal only inside the window
     rows = [r for r in t.to_pylist() if r["is_anomaly"]]
     assert all(r["operator_labels"] == ["FE LlamaMLP"] and r["fault_type"] == "kernel" for r in rows)
     assert all(r["effect_ms"] > r["ref_p99_ms"] for r in rows)
