@@ -288,3 +288,43 @@ def test_recorded_kv_pressure_counts_preemptions_and_warns(tmp_path: Path):
     assert off and all(re.search(r"Offloaded \d+ requests \(KV cache full, \d/3 blocks in use\): req_\d", t)
                        for t in off)
     assert any("KV cache usage is high: " in t for t in logs)
+
+
+@pytest.mark.slow
+def test_quiet_steps_record_their_step_range_only(tmp_path: Path):
+    """TELLER_DETAIL_QUIET=1 (a benchmark setting): steps outside the detail windows keep their
+    STEP range and nothing recorded inside it, detailed steps everything, with no unbalanced range;
+    the greedy output is the engine's own (tests above), and --pace pairs the two kinds."""
+    pytest.importorskip("transformers")
+    import os
+
+    run = tmp_path / "run"
+    env = dict(os.environ, TELLER_DETAIL_QUIET="1")
+    rec = subprocess.run([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
+                          "--detail-every", "4", "--detail-window", "2", "--",
+                          sys.executable, "-m", "teller.workload", "serve", "--requests", "8", "--rate", "0",
+                          "--prompt-len", "uniform:4:12", "--output-len", "8", "--seed", "3"],
+                         cwd=tmp_path, capture_output=True, timeout=300, env=env)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+    gate = info["processes"][0]["collector"]["detail"]
+    assert gate["quiet"] is True and gate["every"] == 4 and gate["window"] == 2
+
+    from teller.forest import Forest
+    from teller.reconstruct import reconstruct
+    from teller.reconstruct.steps import without_detail
+    from teller.rundir import LAYER_CODE
+
+    reconstruct(run)
+    import pyarrow.parquet as pq
+
+    names = pq.read_table(run / "steps.parquet").column("name").to_pylist()
+    assert len(names) == gate["steps"]  # every step keeps its STEP range
+    quiet = without_detail(names)
+    assert quiet.any() and (~quiet).any()
+    fa = Forest.read(run)
+    inside = fa.step_idx >= 0
+    for layer in ("FE", "BE"):
+        n = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE[layer]) & inside], minlength=len(names))
+        assert (n[quiet] == 0).all() and (n[~quiet] > 0).all(), layer

@@ -64,6 +64,10 @@ ENV_COMM = "TELLER_COMM"
 ENV_DETAIL_EVERY = "TELLER_DETAIL_EVERY"
 #: consecutive steps recorded in detail from each ``TELLER_DETAIL_EVERY``-th one
 ENV_DETAIL_WINDOW = "TELLER_DETAIL_WINDOW"
+#: "1": steps outside the detail windows record their STEP range and nothing inside it (no FE,
+#: COMM or OTHER ranges under it): a benchmark setting, so that one run holds detailed steps and
+#: nearly unrecorded ones side by side (``benchmarks/detail_sampling.py --pace``; docs/overhead.md)
+ENV_DETAIL_QUIET = "TELLER_DETAIL_QUIET"
 #: ``teller record``'s defaults: windows of 8 detailed steps, one every 512 steps (docs/overhead.md)
 DEFAULT_DETAIL_EVERY = 512
 DEFAULT_DETAIL_WINDOW = 8
@@ -116,12 +120,49 @@ def set_range_backend(push_fn: Callable[[str], None], pop_fn: Callable[[], None]
     else:
         push, pop = push_fn, pop_fn
         _backend_name = name
+    if DETAIL.quiet:
+        push, pop = _quieted(push, pop)
 
 
 def reset_range_backend() -> None:
     """Back to the CPU recorder."""
     global push, pop, _backend_name
     push, pop, _backend_name = _ranges.push, _ranges.pop, "cpu"
+    if DETAIL.quiet:
+        push, pop = _quieted(push, pop)
+
+
+#: per thread: 0 outside a quiet STEP; inside one, 1 + the ranges opened in it and not yet closed
+_QUIET = threading.local()
+
+
+def _quieted(push_fn: Callable[[str], None], pop_fn: Callable[[], None]) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """``push_fn``/``pop_fn`` that drop the ranges a thread opens inside a quiet STEP (:data:`ENV_DETAIL_QUIET`),
+    and their pops; everywhere else they pass through."""
+
+    def quiet_push(msg: str) -> None:
+        q = getattr(_QUIET, "q", 0)
+        if q:
+            _QUIET.q = q + 1
+            return
+        push_fn(msg)
+
+    def quiet_pop() -> None:
+        q = getattr(_QUIET, "q", 0)
+        if q > 1:
+            _QUIET.q = q - 1
+            return
+        pop_fn()
+
+    return quiet_push, quiet_pop
+
+
+def quiet_ranges() -> None:
+    """Make steps outside the detail windows quiet (:data:`ENV_DETAIL_QUIET`), on the current backend."""
+    global push, pop
+    if not DETAIL.quiet:
+        DETAIL.quiet = True
+        push, pop = _quieted(push, pop)
 
 
 def range_backend() -> str:
@@ -196,6 +237,7 @@ class DetailGate:
         self.switches = 0
         self.switch_ns = 0
         self.failures = 0
+        self.quiet = getattr(self, "quiet", False)  # kept across resets (a forked child keeps its ranges' wrappers)
         self.on = True  # the collector starts recording (start-up and the first window), unless lazy
         self._lock = threading.Lock()
         self._tls = threading.local()
@@ -252,7 +294,8 @@ class DetailGate:
 
     def info(self) -> dict[str, Any]:
         return {"every": self.every, "window": self.window, "steps": self.seq, "detailed": self.detailed,
-                "switches": self.switches, "switch_ms": round(self.switch_ns / 1e6, 3), "failures": self.failures}
+                "switches": self.switches, "switch_ms": round(self.switch_ns / 1e6, 3), "failures": self.failures,
+                **({"quiet": True} if self.quiet else {})}
 
 
 #: the range around a switch of the collector (teller.reconstruct.steps.SWITCH_FAMILY)
@@ -269,6 +312,8 @@ def push_step(msg: str) -> None:
     detailed = DETAIL.begin()
     push(msg if detailed else msg + NOT_DETAILED)
     if not detailed:
+        if DETAIL.quiet:
+            _QUIET.q = 1  # nothing more is recorded on this thread until the STEP closes
         return
     rt = RUNTIME
     depth = rt.be_depth if rt is not None else _default_be_depth()
@@ -281,6 +326,8 @@ def push_step(msg: str) -> None:
 
 def pop_step() -> None:
     """Close the STEP range opened by :func:`push_step` on this thread."""
+    if getattr(_QUIET, "q", 0):
+        _QUIET.q = 0
     if DETAIL.end() and "torch" in sys.modules:
         try:
             _be_functions()[1]()
@@ -366,6 +413,8 @@ class Runtime:
         self.detail_every = max(1, _int(env.get(ENV_DETAIL_EVERY), 1))
         self.detail_window = max(1, _int(env.get(ENV_DETAIL_WINDOW), 1))
         DETAIL.reset(self.detail_every, self.detail_window)
+        if env.get(ENV_DETAIL_QUIET) == "1" and self.detail_every > 1:
+            quiet_ranges()
         self.be_backend_requested = (env.get(ENV_BE_BACKEND) or DEFAULT_BE_BACKEND).lower()
         self.be_backend = "dispatch"
         self.be: Any = None
