@@ -5,9 +5,11 @@
 # second call on a warm machine continues it).
 #   bash scripts/gpu/detail_sampling.sh [BUDGET_S] [CONFIGS] [REQUESTS] [CHECK] [CORES] [PACE]
 # CORES: pin every run to that many whole physical cores near the GPU (overhead.py --serial-cores; 0: not)
-# PACE=K,W: first record REQUESTS requests queued at start with --detail-every K --detail-window W and
+# PACE=K,W[,quiet]: first record REQUESTS requests queued at start with --detail-every K --detail-window W and
 # measure a detailed step's cost inside that one run (benchmarks/detail_sampling.py --pace ->
-# $OUT/pace.json); CONFIGS "-" skips the matrix
+# $OUT/pace.json); ",quiet" makes the other steps record nothing inside their STEP range
+# (TELLER_DETAIL_QUIET=1), so the pairs measure detail against almost no recording; CONFIGS "-"
+# skips the matrix
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
 BUDGET=${1:-560}
@@ -27,7 +29,8 @@ if [ "$CHECK" = "1" ]; then
 fi
 PACE=${6:-}
 if [ -n "$PACE" ]; then
-  K=${PACE%,*}; WIN=${PACE#*,}
+  IFS=, read -r K WIN QUIET <<< "$PACE"
+  [ "$QUIET" = "quiet" ] && export TELLER_DETAIL_QUIET=1
   python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" -- \
     python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 \
     --seed 0 --requests "$REQUESTS" > "$OUT/pace_record.log" 2>&1
@@ -35,6 +38,7 @@ if [ -n "$PACE" ]; then
   python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/pace.json" > /dev/null 2>"$OUT/pace.err"
   python3 -c "import json; print(json.load(open('$OUT/pace.json'))[0]['pace'])"
   echo "pace done after $(( $(date +%s) - T0 )) s"
+  unset TELLER_DETAIL_QUIET
 fi
 [ "$CONFIGS" = "-" ] && exit 0
 OVL_EXTRA="--requests $REQUESTS --probe-requests 300 --serial-cores $CORES" \
