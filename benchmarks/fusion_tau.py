@@ -1,8 +1,9 @@
 """How the numeric stage's and the root-cause model's answers combine, from `teller evaluate`'s
 per-step answers (``predictions.parquet`` holding the ``teller_numeric`` and ``teller_mot`` rows):
-step precision / recall / F1 of the model alone, the stage alone, either (``teller``), both
-(``teller_confirm``) and the screen rule (``teller_screened``: the model's flags, and the stage's
-where the model gives the step at least tau) for a grid of tau, per split and view.
+step precision / recall / F1 of the model alone, the stage alone, either (``teller``), both at the
+model's own 0.5, and for a grid of tau the stage's flags the model gives at least tau
+(``teller_confirm`` and `teller diagnose` at tau 0.1) and the screen rule (``teller_screened``: the
+model's flags, and the stage's where the model gives the step at least tau), per split and view.
 
     python benchmarks/fusion_tau.py PRED.parquet [PRED2.parquet ...] [--taus 0.001,0.003,0.01,0.03,0.1] [--json OUT]
 
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         r = {"steps": len(truth), "abnormal": int(truth.sum()), "model": _prf(pm.flag, truth), "stage": _prf(pn.flag, truth),
              "either": _prf(fuse(pn, pm, "or").flag, truth), "both": _prf(fuse(pn, pm, "and").flag, truth)}
         r.update({f"screen tau={t:g}": _prf(fuse(pn, pm, "screen", t).flag, truth) for t in taus})
+        r.update({f"stage and model>={t:g}": _prf(fuse(pn, pm, "and", t).flag, truth) for t in taus})
         res[f"{split}/{view}"] = r
         cells = "  ".join(f"{k} {v['f1']:.3f}" for k, v in r.items() if isinstance(v, dict))
         print(f"{split:9s} {view:10s} ({r['steps']}, {r['abnormal']}): {cells}")
