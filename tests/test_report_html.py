@@ -274,3 +274,4 @@ def test_a_step_the_model_is_unsure_of_keeps_its_type_and_says_so():
     assert "0.30 — the model is unsure" in page  # the step's evidence
     assert page.count("(the model is unsure)") == 1  # its one-line verdict, without the type's probability
     assert "the model reads this step as normal" in page  # the sample's step under the floor
+    assert "(1 with an abnormal probability under 0.5, kept because the model does not rule them out" in page  # the verdict

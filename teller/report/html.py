@@ -271,10 +271,14 @@ class _Page:
             if self.has_model:
                 named = [x for x in self.flagged if x.get("fault_type") and not x.get("model_says_normal")]
                 normal = [x for x in self.flagged if x.get("model_says_normal")]
+                m = self.d.get("model") or {}
+                unsure = sum(1 for x in named if (x.get("abnormal_probability") or 1.0) < 0.5)
                 line = f"The root-cause model names a fault type for {len(named):,} of them"
+                if unsure:
+                    line += (f" ({unsure:,} with an abnormal probability under 0.5, kept because the model does not "
+                             f"rule them out: {m.get('abnormal_floor', 0.1)} or more)")
                 if normal:
                     line += f" and reads {len(normal):,} as normal"
-                m = self.d.get("model") or {}
                 unread = m.get("steps_eligible", 0) - m.get("steps_read", 0)
                 if unread > 0:  # past the bound the numeric stage's verdict stands
                     line += (f"; it read the {m['steps_read']:,} highest-scored of {m['steps_eligible']:,} flagged steps "
