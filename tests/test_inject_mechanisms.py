@@ -138,7 +138,7 @@ def test_delayed_admission_shows_as_admission_delay(campaign):
     da = [i for i, r in enumerate(lab) if r["mechanism"] == "delayed_admission" and r["is_anomaly"]]
     assert da and (v[da] > 0).all(), v[da]
     outside = np.array([not r["in_window"] for r in lab]) & np.isfinite(v)
-    assert outside.any() and (v[outside] == 0).all()
+    assert outside.any() and (v[outside] == 0).all(), [(lab[i]["step_num"], v[i]) for i in np.flatnonzero(outside & (v != 0))]
     # the only steps with a delay are those of the delayed-admission window
     in_da = np.array([r["mechanism"] == "delayed_admission" for r in lab])
     assert in_da[np.nan_to_num(v) > 0].all(), [(lab[i]["step_num"], lab[i]["mechanism"], v[i]) for i in np.flatnonzero(np.nan_to_num(v) > 0)]
