@@ -16,9 +16,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from teller.inject import CATEGORY_TITLES  # noqa: E402
+from teller.rca import SCREEN_FLOOR  # noqa: E402
 from teller.rca.api import SHARD_BYTES, weight_files  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
-from teller.report.diagnose import DEFAULT_MODEL, MODEL_SCREEN_FLOOR, _ground, diagnose  # noqa: E402
+from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -42,9 +43,9 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     assert flagged
     typed = [s for s in flagged if s.get("fault_type") and not s.get("model_says_normal")]
     # the model screens the stage's flags: typed from its floor up, read as normal below it
-    assert res["model"]["abnormal_floor"] == MODEL_SCREEN_FLOOR
+    assert res["model"]["abnormal_floor"] == SCREEN_FLOOR
     read = [s for s in flagged if "abnormal_probability" in s]
-    assert read and all((s in typed) == (s["abnormal_probability"] >= MODEL_SCREEN_FLOOR) for s in read)
+    assert read and all((s in typed) == (s["abnormal_probability"] >= SCREEN_FLOOR) for s in read)
     # the fault window of this run is a targeted op delay on the MLP (labels.json)
     labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
     (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
@@ -68,7 +69,7 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
         # the console line says whether the model is sure of a fault, or kept the stage's flag under 0.5
         assert ("the model is unsure" in verdict_line(s)) == (s["abnormal_probability"] < 0.5)
         assert s["evidence_families"]
-        assert 0.2 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= MODEL_SCREEN_FLOOR
+        assert 0.2 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= SCREEN_FLOOR
         e = s["explanation"]
         assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
         assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e

@@ -23,6 +23,7 @@ import pyarrow as pa
 import torch
 
 from teller.errors import InputError, TellerError
+from teller.rca import ABNORMAL_CUT
 from teller.rca.batch import Prepared, prepare, prompt_batch, target_batch, trace_batch
 from teller.rca.data import (
     FAULT_TYPES,
@@ -214,7 +215,7 @@ class RCA:
     @torch.no_grad()
     def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True,
                 explain_done: Callable[[str, str], bool] | None = None,
-                explain_tokens: int | None = None, abnormal_floor: float = 0.5) -> list[dict[str, Any]]:
+                explain_tokens: int | None = None, abnormal_floor: float = ABNORMAL_CUT) -> list[dict[str, Any]]:
         """Per unit: ``abnormal_prob``, ``abnormal``, ``fault_type`` ("" when normal) and
         ``fault_type_prob`` (given abnormal), ``fault_type_best`` (the best of the five, also for a
         normal step), ``evidence_nodes`` (indices into the unit's nodes), ``evidence_node_ids``
@@ -225,11 +226,12 @@ class RCA:
         beginning, e.g. the mechanism `teller diagnose` keeps). ``explain_tokens``: at most this
         many explanation tokens (below the model's ``max_expl_tokens``). None (the defaults):
         every explanation runs to <eos> or ``max_expl_tokens``. ``abnormal_floor``: the abnormal
-        probability from which a unit is abnormal (typed, evidenced, explained); 0.5 by default,
+        probability from which a unit is abnormal (typed, evidenced, explained); the model's own
+        :data:`teller.rca.ABNORMAL_CUT` by default,
         lower where another detector already flagged the unit and the model only screens it
         (`teller diagnose`)."""
-        if not 0.0 < abnormal_floor <= 0.5:
-            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, 0.5]")
+        if not 0.0 < abnormal_floor <= ABNORMAL_CUT:
+            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, {ABNORMAL_CUT}]")
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         self.net.eval()
         stop = self._explain_stop(explain_done, explain_tokens)
@@ -361,7 +363,7 @@ class RCA:
                 "explanation": project_explanation(text, ftype, fams, self.cfg.max_explanation_chars)}
 
     def _predict_mot(self, prep: Prepared, idx: np.ndarray, explain: bool,
-                     stop: Callable[[list[int], str], bool] | None = None, floor: float = 0.5) -> list[dict[str, Any]]:
+                     stop: Callable[[list[int], str], bool] | None = None, floor: float = ABNORMAL_CUT) -> list[dict[str, Any]]:
         from teller.rca.model import KVCache
 
         cache = KVCache() if explain else None  # the heads' pass fills it; decoding goes on from it
@@ -386,7 +388,7 @@ class RCA:
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
 
-    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float = 0.5) -> tuple[dict, list[tuple]]:
+    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float = ABNORMAL_CUT) -> tuple[dict, list[tuple]]:
         """The MoT's fault and operator heads over units ``idx``: the forward pass's outputs and,
         per unit, (abnormal p, type or "" under ``floor``, type p, best type, operator logits of
         its trace tokens)."""
@@ -433,7 +435,7 @@ class RCA:
         return list(dict.fromkeys(inp.families[int(inp.node_family[no[i] + n])] for n in nodes))
 
     def _predict_single(self, prep: Prepared, idx: np.ndarray, explain: bool,
-                        stop: Callable[[list[int], str], bool] | None = None, floor: float = 0.5) -> list[dict[str, Any]]:
+                        stop: Callable[[list[int], str], bool] | None = None, floor: float = ABNORMAL_CUT) -> list[dict[str, Any]]:
         from teller.rca.text import ABN
 
         inp = prep.inputs

@@ -17,13 +17,14 @@ from typing import Sequence
 
 import numpy as np
 
+from teller.rca import ABNORMAL_CUT
 from teller.rca.data import FAULT_TYPES
 
 _SENT_END = re.compile(r"[.!?](?=\s|$)")
 _WS = re.compile(r"\s+")
 
 
-def project_fault(probs: np.ndarray, floor: float = 0.5) -> tuple[float, str, float]:
+def project_fault(probs: np.ndarray, floor: float = ABNORMAL_CUT) -> tuple[float, str, float]:
     """(abnormal probability, fault type or "", its probability given abnormal) from the six
     class probabilities (index 0 normal). The type is the best of the five abnormal classes,
     named when the abnormal probability reaches ``floor``."""

@@ -326,7 +326,7 @@ def push_step(msg: str) -> None:
 
 def pop_step() -> None:
     """Close the STEP range opened by :func:`push_step` on this thread."""
-    if getattr(_QUIET, "q", 0):
+    if DETAIL.quiet:
         _QUIET.q = 0
     if DETAIL.end() and "torch" in sys.modules:
         try:

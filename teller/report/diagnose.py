@@ -71,7 +71,7 @@ from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
-from teller.report.html import fmt_value, write_html
+from teller.report.html import fmt_value, model_unsure, write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
@@ -479,14 +479,6 @@ MECHANISM_TOKENS = 24
 _MECH_CHARS = 240
 
 
-#: the model screens the numeric stage's flags: a flagged step stays abnormal (typed, evidenced,
-#: explained) when the model gives it at least this probability, and is shown as a numeric outlier
-#: the model reads as normal below it (:data:`teller.rca.SCREEN_FLOOR`). Where the stage flagged a
-#: step, 0.1 kept more true faults than the model's own 0.5 at little cost in false ones: on the
-#: union of dataset v2's parts 1-3 the step F1 of the `teller_confirm` row (stage flags and model
-#: >= floor) is higher at 0.1 than at 0.5 on 7 of the 8 split x view blocks (docs/results.md)
-MODEL_SCREEN_FLOOR = SCREEN_FLOOR
-
 #: share of a step's trace tokens unknown to the model (operators it never saw in training) above
 #: which its verdict on the step is marked off its training distribution
 OFF_DISTRIBUTION = 0.25
@@ -507,7 +499,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``, an abnormal probability
-    under :data:`MODEL_SCREEN_FLOOR`; from the floor up the step keeps its flag), ``evidence_operators``
+    under :data:`SCREEN_FLOOR`; from the floor up the step keeps its flag), ``evidence_operators``
     (``[{node_id, name}]``, nodes of the step's own tree) and ``explanation`` (one sentence).
 
     The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
@@ -552,7 +544,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     info = {"path": str(path), "variant": m.cfg.variant,
             **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
     info.update(steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None, explanations=explain,
-                abnormal_floor=MODEL_SCREEN_FLOOR)
+                abnormal_floor=SCREEN_FLOOR)
     diag["model"] = info
     if not flagged:
         return info
@@ -603,7 +595,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         return info
     mech = explain == "mechanism"
     preds = m.predict(inp, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
-                      explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=MODEL_SCREEN_FLOOR)
+                      explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
     # names of the evidence nodes, from the forest rows they are
     ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
@@ -668,9 +660,8 @@ def verdict_line(x: dict[str, Any]) -> str:
                  "never saw in training]")
     if x.get("fault_type") and not x.get("model_says_normal"):
         # p: the model's probability of the named type, given a fault; an unsure step says how
-        # likely a fault is at all instead (it keeps its flag from MODEL_SCREEN_FLOOR up)
-        unsure = (x.get("abnormal_probability") or 0) < 0.5
-        p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {MODEL_SCREEN_FLOOR})" if unsure
+        # likely a fault is at all instead (it keeps its flag from SCREEN_FLOOR up)
+        p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {SCREEN_FLOOR})" if model_unsure(x)
              else f"p={x['fault_probability']:.2f}")
         if x.get("explanation"):
             return f"{head}, {p}: {x['explanation']}"

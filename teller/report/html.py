@@ -35,6 +35,7 @@ from typing import Any
 
 from teller.inspect.tree import fmt_ns
 from teller.localize.features import ITER_FEATURES
+from teller.rca import ABNORMAL_CUT, SCREEN_FLOOR
 
 #: steps drawn one bar each per rank lane; beyond that, neighbouring steps share a bar
 MAX_BARS_PER_LANE = 1500
@@ -226,6 +227,14 @@ def _dur(step: dict[str, Any]) -> int:
 # the page
 
 
+
+def model_unsure(x: dict[str, Any]) -> bool:
+    """Whether the root-cause model typed flagged step ``x`` while giving it less than its own cut
+    (:data:`teller.rca.ABNORMAL_CUT`): `teller diagnose` keeps such a step from the screen floor
+    (:data:`teller.rca.SCREEN_FLOOR`) up, and says the model is unsure of it."""
+    p = x.get("abnormal_probability")
+    return bool(x.get("fault_type")) and not x.get("model_says_normal") and p is not None and p < ABNORMAL_CUT
+
 class _Page:
     """Renders one diagnosis; remembers which legend terms, layers and features it used and what
     it cut."""
@@ -272,11 +281,11 @@ class _Page:
                 named = [x for x in self.flagged if x.get("fault_type") and not x.get("model_says_normal")]
                 normal = [x for x in self.flagged if x.get("model_says_normal")]
                 m = self.d.get("model") or {}
-                unsure = sum(1 for x in named if (x.get("abnormal_probability") or 1.0) < 0.5)
+                unsure = sum(map(model_unsure, named))
                 line = f"The root-cause model names a fault type for {len(named):,} of them"
                 if unsure:
-                    line += (f" ({unsure:,} with an abnormal probability under 0.5, kept because the model does not "
-                             f"rule them out: {m.get('abnormal_floor', 0.1)} or more)")
+                    line += (f" ({unsure:,} with an abnormal probability under {ABNORMAL_CUT}, kept because the model does "
+                             f"not rule them out: {m.get('abnormal_floor', SCREEN_FLOOR)} or more)")
                 if normal:
                     line += f" and reads {len(normal):,} as normal"
                 unread = m.get("steps_eligible", 0) - m.get("steps_read", 0)
@@ -584,7 +593,7 @@ class _Page:
         ops = ", ".join(_evidence_ops(x)[:3])
         if x.get("fault_type") and not x.get("model_says_normal"):
             p = x.get("fault_probability")
-            unsure = x.get("abnormal_probability") is not None and x["abnormal_probability"] < 0.5
+            unsure = model_unsure(x)
             return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None and not unsure else "")
                       + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else ""))
         if x.get("model_says_normal"):
@@ -608,7 +617,7 @@ class _Page:
                                                                if x.get("model_says_normal") else
                                                                " — the model is unsure; the step keeps its flag "
                                                                "because the model does not rule it out"
-                                                               if x["abnormal_probability"] < 0.5 else "") + "</dd>")
+                                                               if model_unsure(x) else "") + "</dd>")
         ops = x.get("evidence_operators") or []
         if ops:
             dl.append(f"<dt>{self.term('evidence operators', 'Evidence operators')}</dt><dd>"

@@ -292,8 +292,8 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
     rows = {r["id"]: {"id": r["id"], "prompt_len": len(r["prompt"]), "max_new_tokens": r["max_new_tokens"],
                       "arrival_s": round(r["arrival_s"], 6)} for r in reqs}
     results: dict[str, Any] = {}
-    finished = [0]  # requests of `rows` finished: counted as they come (a sum over every admitted request
-    # per result held the GIL against the engine thread for seconds in a 6,000-request run)
+    finished = [0]  # requests of `rows` finished, counted as they come (not summed over every admitted
+    # request at each result, which is quadratic in the requests)
 
     def submit(r: dict[str, Any], t0: float) -> None:
         mgr.add_request(r["prompt"], request_id=r["id"], max_new_tokens=r["max_new_tokens"],
