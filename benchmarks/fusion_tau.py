@@ -17,19 +17,12 @@ import argparse
 import json
 from collections import defaultdict
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teller.baselines.base import Prediction
 from teller.baselines.rca import fuse
-
-
-def _prf(flag: np.ndarray, truth: np.ndarray) -> dict[str, float]:
-    tp, fp, fn = int((flag & truth).sum()), int((flag & ~truth).sum()), int((~flag & truth).sum())
-    p = tp / (tp + fp) if tp + fp else 0.0
-    r = tp / (tp + fn) if tp + fn else 0.0
-    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0, "tp": tp, "fp": fp, "fn": fn}
+from teller.evaluate.scores import step_scores
 
 
 def blocks(paths: list[str]) -> dict[tuple[str, str], dict[str, pa.Table]]:
@@ -67,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{split}/{view}: the two rows hold different steps")
         truth = mot.column("is_anomaly").to_numpy(zero_copy_only=False).astype(bool)
         pm, pn = _pred(mot), _pred(num)
-        r = {"steps": len(truth), "abnormal": int(truth.sum()), "model": _prf(pm.flag, truth), "stage": _prf(pn.flag, truth),
-             "either": _prf(fuse(pn, pm, "or").flag, truth), "both": _prf(fuse(pn, pm, "and").flag, truth)}
-        r.update({f"screen tau={t:g}": _prf(fuse(pn, pm, "screen", t).flag, truth) for t in taus})
-        r.update({f"stage and model>={t:g}": _prf(fuse(pn, pm, "and", t).flag, truth) for t in taus})
+        r = {"steps": len(truth), "abnormal": int(truth.sum()), "model": step_scores(truth, pm.flag), "stage": step_scores(truth, pn.flag),
+             "either": step_scores(truth, fuse(pn, pm, "or").flag), "both": step_scores(truth, fuse(pn, pm, "and").flag)}
+        r.update({f"screen tau={t:g}": step_scores(truth, fuse(pn, pm, "screen", t).flag) for t in taus})
+        r.update({f"stage and model>={t:g}": step_scores(truth, fuse(pn, pm, "and", t).flag) for t in taus})
         res[f"{split}/{view}"] = r
         cells = "  ".join(f"{k} {v['f1']:.3f}" for k, v in r.items() if isinstance(v, dict))
         print(f"{split:9s} {view:10s} ({r['steps']}, {r['abnormal']}): {cells}")
