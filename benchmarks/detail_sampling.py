@@ -79,8 +79,8 @@ def pace(run: str | Path) -> dict[str, Any]:
 
     rd = RunDir(run).require()
     it = rd.read_table("iterations")
-    names = dict(zip(rd.read_table("steps").column("step_id").to_pylist(),
-                     rd.read_table("steps").column("name").to_pylist(), strict=True))
+    st = rd.read_table("steps")
+    names = dict(zip(st.column("step_id").to_pylist(), st.column("name").to_pylist(), strict=True))
     f = pq.read_table(rd.path / "forest.parquet", columns=["name", "step_idx", "pid"])
     sw_name = np.asarray([str(x or "") for x in f.column("name").to_pylist()], dtype=object)
     six = f.column("step_idx").to_numpy(zero_copy_only=False)
