@@ -22,16 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ABNORMAL_CUT", "DEFAULT_MODEL", "FAULT_TYPES", "RCA", "SCREEN_FLOOR", "StepInputs", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "SCREEN_FLOOR", "StepInputs", "load"]
 
 #: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 
-#: the abnormal probability from which the model flags a step by itself
-ABNORMAL_CUT = 0.5
-
 #: the model's abnormal probability from which it keeps a step the numeric stage flagged (its own
-#: flags start at :data:`ABNORMAL_CUT`): chosen among 0.001-0.1 on the shipped model's answers on data/h200_v2's
+#: flags start at :data:`teller.rca.schema.ABNORMAL_CUT`): chosen among 0.001-0.1 on the shipped model's answers on data/h200_v2's
 #: request split, then measured on the union of dataset v2 (docs/results.md, `teller_screened`);
 #: `teller diagnose` and the `teller_confirm` / `teller_screened` rows of `teller evaluate` use it
 SCREEN_FLOOR = 0.1

@@ -23,7 +23,6 @@ import pyarrow as pa
 import torch
 
 from teller.errors import InputError, TellerError
-from teller.rca import ABNORMAL_CUT
 from teller.rca.batch import Prepared, prepare, prompt_batch, target_batch, trace_batch
 from teller.rca.data import (
     FAULT_TYPES,
@@ -34,7 +33,13 @@ from teller.rca.data import (
     step_forest,
 )
 from teller.rca.model import RCAConfig, build_model
-from teller.rca.schema import NameTrie, project_explanation, project_fault, project_operators
+from teller.rca.schema import (
+    ABNORMAL_CUT,
+    NameTrie,
+    project_explanation,
+    project_fault,
+    project_operators,
+)
 from teller.rca.text import (
     EOS,
     EXPL,
@@ -227,7 +232,7 @@ class RCA:
         many explanation tokens (below the model's ``max_expl_tokens``). None (the defaults):
         every explanation runs to <eos> or ``max_expl_tokens``. ``abnormal_floor``: the abnormal
         probability from which a unit is abnormal (typed, evidenced, explained); the model's own
-        :data:`teller.rca.ABNORMAL_CUT` by default,
+        :data:`teller.rca.schema.ABNORMAL_CUT` by default,
         lower where another detector already flagged the unit and the model only screens it
         (`teller diagnose`)."""
         if not 0.0 < abnormal_floor <= ABNORMAL_CUT:

@@ -17,8 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-from teller.rca import ABNORMAL_CUT
 from teller.rca.data import FAULT_TYPES
+
+#: the abnormal probability from which the model flags a step by itself (:func:`project_fault`)
+ABNORMAL_CUT = 0.5
 
 _SENT_END = re.compile(r"[.!?](?=\s|$)")
 _WS = re.compile(r"\s+")

@@ -35,7 +35,8 @@ from typing import Any
 
 from teller.inspect.tree import fmt_ns
 from teller.localize.features import ITER_FEATURES
-from teller.rca import ABNORMAL_CUT, SCREEN_FLOOR
+from teller.rca import SCREEN_FLOOR
+from teller.rca.schema import ABNORMAL_CUT
 
 #: steps drawn one bar each per rank lane; beyond that, neighbouring steps share a bar
 MAX_BARS_PER_LANE = 1500
@@ -230,7 +231,7 @@ def _dur(step: dict[str, Any]) -> int:
 
 def model_unsure(x: dict[str, Any]) -> bool:
     """Whether the root-cause model typed flagged step ``x`` while giving it less than its own cut
-    (:data:`teller.rca.ABNORMAL_CUT`): `teller diagnose` keeps such a step from the screen floor
+    (:data:`teller.rca.schema.ABNORMAL_CUT`): `teller diagnose` keeps such a step from the screen floor
     (:data:`teller.rca.SCREEN_FLOOR`) up, and says the model is unsure of it."""
     p = x.get("abnormal_probability")
     return bool(x.get("fault_type")) and not x.get("model_says_normal") and p is not None and p < ABNORMAL_CUT
