@@ -294,7 +294,7 @@ def test_numeric_instances_carry_the_datasets_iteration_context(vertical, slice_
 
 
 @pytest.mark.parametrize("name", ["kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
-                                  "xgb", "xgb_names", "teller_numeric", "teller_numeric_ff"])
+                                  "xgb", "xgb_names", "teller_numeric", "teller_numeric_ff", "teller_numeric_deploy"])
 def test_every_method_fits_and_predicts(vertical, name):
     from teller.baselines import make
     from teller.baselines.steps import split_masks
@@ -345,6 +345,49 @@ def test_numeric_stage_reference_every_normal_step_or_the_fault_free_runs(vertic
     assert m.reference_ == "fault_free" and m.fitted_steps_ == int((s.run_code[tr] == r).sum()) < len(normal_tr)
     a = make("teller_numeric").fit(s, tr)
     assert a.reference_ == "normal" and a.fitted_steps_ == int((~s.is_anomaly[tr]).sum())
+
+
+def test_numeric_stage_per_deployment_reference(vertical):
+    """teller_numeric_deploy scores a step with the stage fitted on the fault-free normal train steps
+    of its own deployment (workload shape and ranks); a deployment without a fault-free run falls
+    back to every normal train step (teller_numeric)."""
+    from teller.baselines import make
+    from teller.baselines.numeric import TellerNumeric, deployments
+    from teller.baselines.steps import split_masks
+
+    s = copy.copy(vertical)
+    s.extra = dict(vertical.extra)
+    dep = deployments(s)
+    names = s.extra["deployment_names"]
+    assert (dep >= 0).all() and len(names) == len(np.unique(dep)) >= 2
+    rec = pq.read_table(Path(s.dataset) / "records.parquet", columns=["run_id", "rank"])
+    multi = set(pc.unique(rec.filter(pc.greater(rec.column("rank"), 0)).column("run_id")).to_pylist())
+    for code, run in zip(dep.tolist(), np.asarray(s.runs)[s.run_code].tolist(), strict=True):
+        assert names[code].endswith("/ 2 rank(s)" if run in multi else "/ 1 rank(s)")
+    train, test, _ = split_masks(s, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    # one run made fault-free: its deployment's stage is fitted on its normal train steps alone
+    normal_tr = tr[~s.is_anomaly[tr]]
+    codes, counts = np.unique(s.run_code[normal_tr], return_counts=True)
+    r = codes[np.argmax(counts)]
+    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
+    s.in_window[s.run_code == r] = False
+    s.is_anomaly[s.run_code == r] = False
+    d = int(dep[s.run_code == r][0])
+    m = make("teller_numeric_deploy").fit(s, tr)
+    mine = tr[s.run_code[tr] == r]
+    assert set(m.models_) == {d} and m.fitted_ == {names[d]: len(mine)}
+    p = m.predict(s, te)
+    at = dep[te] == d
+    assert at.any() and (~at).any()
+    own = TellerNumeric()
+    own.model_ = own._fit_on(s, mine)
+    q = own.predict(s, te[at])
+    assert (p.flag[at] == q.flag).all() and np.allclose(p.score[at], q.score)
+    every = make("teller_numeric").fit(s, tr).predict(s, te[~at])  # the others: every normal train step
+    assert (p.flag[~at] == every.flag).all() and np.allclose(p.score[~at], every.score)
+    assert p.operators[np.flatnonzero(~at)[0]] == every.operators[0]
+    assert m.describe()["reference_steps"] == {names[d]: len(mine)}
 
 
 def test_unsupervised_flags_follow_the_reference(vertical):
@@ -802,3 +845,31 @@ def test_fuse_rules_on_hand_computed_steps():
     assert TellerScreened.tau == TellerConfirm.tau == 0.1 and TellerScreened.rule == "screen" and TellerConfirm.rule == "and"
     with pytest.raises(ValueError, match="tau 0.6 must lie in"):
         fuse(num, mot, "screen", 0.6)
+
+
+def test_deploy_rows_fuse_the_deployment_stage(vertical):
+    """teller_deploy, teller_confirm_deploy and teller_screened_deploy combine the model's answers
+    with those of teller_numeric_deploy (not teller_numeric) by the rules of their plain rows."""
+    from teller.baselines import make
+    from teller.baselines.base import Prediction
+    from teller.baselines.rca import fuse
+
+    te = np.arange(5)
+    num = Prediction(score=np.array([0.9, 0.9, 0.2, 0.7, 0.1]), flag=np.array([True, True, False, True, False]),
+                     operators=[["FE a"], ["FE b"], [], ["FE d"], []])
+    dep = Prediction(score=np.array([0.1, 0.9, 0.9, 0.1, 0.8]), flag=np.array([False, True, True, False, True]),
+                     operators=[[], ["FE b"], ["FE c"], [], ["FE e"]])
+    mot = Prediction(score=np.array([0.05, 0.001, 0.8, 0.6, 0.3]), flag=np.array([False, False, True, True, False]),
+                     fault_type=np.array(["kernel", "memory", "runtime", "scheduling", "kernel"], dtype=object),
+                     operators=[[], [], ["FE c"], ["FE m"], []])
+    s = copy.copy(vertical)
+    s.extra = dict(vertical.extra, split="request",
+                   predictions={("request", "teller_numeric"): (te, num), ("request", "teller_numeric_deploy"): (te, dep),
+                                ("request", "teller_mot"): (te, mot)})
+    for plain, rule, tau in (("teller", "or", 0.5), ("teller_confirm", "and", 0.1), ("teller_screened", "screen", 0.1)):
+        a = make(plain).fit(s, te).predict(s, te)
+        b = make(plain + "_deploy").fit(s, te).predict(s, te)
+        want_a, want_b = fuse(num, mot, rule, tau), fuse(dep, mot, rule, tau)
+        assert a.flag.tolist() == want_a.flag.tolist() and b.flag.tolist() == want_b.flag.tolist()
+        assert b.score.tolist() == pytest.approx(want_b.score.tolist()) and b.operators == want_b.operators
+    assert make("teller_deploy").fit(s, te).predict(s, te).flag.tolist() == [False, True, True, True, True]

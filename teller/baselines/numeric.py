@@ -279,7 +279,6 @@ class TellerNumeric(Method):
         return inst
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumeric":
-        inst = self._inst(steps)
         idx = np.asarray(idx)
         idx = idx[~steps.is_anomaly[idx]]
         self.reference_ = "normal"
@@ -287,6 +286,13 @@ class TellerNumeric(Method):
             ff = idx[fault_free_steps(steps)[idx]]
             if len(ff):
                 idx, self.reference_ = ff, "fault_free"
+        self.model_ = self._fit_on(steps, idx)
+        self.fitted_steps_ = int(len(idx))
+        return self
+
+    def _fit_on(self, steps: StepSet, idx: np.ndarray) -> GMMLocalizer:
+        """The stage fitted on the instances of the steps ``idx`` (warm-up out unless kept)."""
+        inst = self._inst(steps)
         um = _unit_mask(steps, idx)
         warm = steps.extra.get("unit_warmup")
         if not self.keep_warmup and warm is not None:
@@ -294,17 +300,17 @@ class TellerNumeric(Method):
         rows = um[inst.step] & (inst.step >= 0)
         if not rows.any():
             raise ValueError("TELLER numeric stage: the normal train steps hold no operator instances")
-        self.model_ = GMMLocalizer(**self.params).fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows],
-                                                      batch=None if inst.batch is None else inst.batch[rows])
-        self.fitted_steps_ = int(len(idx))
-        return self
+        return GMMLocalizer(**self.params).fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows],
+                                               batch=None if inst.batch is None else inst.batch[rows])
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        return self._predict_with(self.model_, steps, np.asarray(idx))
+
+    def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray) -> Prediction:
         inst = self._inst(steps)
-        idx = np.asarray(idx)
         um = _unit_mask(steps, idx)
         sel = np.flatnonzero(um[inst.step] & (inst.step >= 0))
-        loc = localize(self.model_, inst.subset(sel))
+        loc = localize(model, inst.subset(sel))
         nu = len(steps.unit_key)
         uflag = np.zeros(nu, bool)
         uflag[loc.steps.steps[loc.steps.flag]] = True
@@ -335,3 +341,80 @@ class TellerNumericFaultFree(TellerNumeric):
     label = "TELLER numeric stage, fault-free runs as reference (ablation)"
     fit_on = "normal train steps of the fault-free runs, warm-up out"
     reference = "fault_free"
+
+
+def deployments(steps: StepSet) -> np.ndarray:
+    """Per step: its run's deployment code (one code per workload shape and number of ranks, read
+    from the dataset's records; kept in ``steps.extra``)."""
+    got = steps.extra.get("deployment")
+    if got is not None and len(got) == steps.n:
+        return got
+    path = Path(steps.dataset) / "records.parquet"
+    have = set(pq.ParquetFile(path).schema_arrow.names)
+    t = pq.read_table(path, columns=[c for c in ("run_id", "workload", "rank") if c in have])
+    if "workload" not in have:  # a dataset built before workload shapes were recorded: one shape
+        t = t.append_column("workload", pa.array([""] * t.num_rows, pa.string()))
+    g = t.group_by(["run_id", "workload"]).aggregate([("rank", "count_distinct")])
+    names = _str(g.column("run_id"))
+    shape = [f"{w} / {n} rank(s)" for w, n in zip(_str(g.column("workload")).tolist(),
+                                                     g.column("rank_count_distinct").to_pylist(), strict=True)]
+    if len(set(names.tolist())) != len(names):
+        raise ValueError(f"{steps.dataset}: a run has records of two workloads; rebuild the dataset")
+    labels, code = np.unique(np.asarray(shape, dtype=object).astype(str), return_inverse=True)
+    by_run = dict(zip(names.tolist(), code.reshape(-1).tolist(), strict=True))
+    run_code = np.asarray([by_run.get(r, -1) for r in np.asarray(steps.runs).tolist()], np.int64)
+    out = run_code[steps.run_code]
+    steps.extra["deployment"] = out
+    steps.extra["deployment_names"] = labels.tolist()
+    return out
+
+
+@register("teller_numeric_deploy")
+class TellerNumericDeployment(TellerNumeric):
+    """The numeric stage as `teller diagnose --reference` is meant to be used: fitted on fault-free
+    recordings of the deployment being diagnosed. One stage per deployment (workload shape and
+    number of ranks, :func:`deployments`), fitted on the normal train steps of the fault-free runs
+    of that deployment; a test step of a deployment without fault-free train steps (a model shape
+    never recorded, as under the workload split) is scored by the stage fitted on every normal
+    train step (``teller_numeric``)."""
+
+    label = "TELLER numeric stage, fault-free runs of the same deployment as reference"
+    fit_on = "normal train steps of the fault-free runs of the step's deployment (shape and ranks), warm-up out; else every normal train step"
+    reference = "deployment"
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumericDeployment":
+        idx = np.asarray(idx)
+        idx = idx[~steps.is_anomaly[idx]]
+        dep = deployments(steps)
+        ff = idx[fault_free_steps(steps)[idx]]
+        self.models_: dict[int, GMMLocalizer] = {}
+        self.fitted_: dict[str, int] = {}
+        names = steps.extra["deployment_names"]
+        for d in np.unique(dep[ff]).tolist():
+            mine = ff[dep[ff] == d]
+            self.models_[int(d)] = self._fit_on(steps, mine)
+            self.fitted_[names[d]] = int(len(mine))
+        self.model_ = self._fit_on(steps, idx)  # for deployments without a fault-free recording
+        self.fitted_steps_ = int(len(idx))
+        return self
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        idx = np.asarray(idx)
+        dep = deployments(steps)[idx]
+        n = len(idx)
+        flag, score = np.zeros(n, bool), np.zeros(n)
+        ops: list[list[str]] = [[] for _ in range(n)]
+        for d in np.unique(dep).tolist():
+            at = np.flatnonzero(dep == d)
+            p = self._predict_with(self.models_.get(int(d), self.model_), steps, idx[at])
+            flag[at], score[at] = p.flag, p.score
+            for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
+                ops[i] = o
+        return Prediction(score=score, flag=flag, operators=ops)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        if hasattr(self, "fitted_"):
+            d["reference_steps"] = dict(self.fitted_)
+        return d
+

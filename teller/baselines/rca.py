@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from teller.baselines.base import Method, Prediction, register
+from teller.baselines.base import Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
 from teller.rca import SCREEN_FLOOR
 
@@ -189,6 +189,9 @@ class TellerPipeline(Method):
     ``teller_mot`` and ``teller_numeric`` on the same test steps, their predictions are reused."""
 
     label = "TELLER (numeric stage + MoT root-cause model)"
+    #: the row of the numeric stage (its reference rule): ``teller_numeric`` (every normal train
+    #: step) or ``teller_numeric_deploy`` (the fault-free runs of the step's deployment)
+    stage = "teller_numeric"
     rule = "or"
     tau = 0.5  # the floor on the model's probability of the and / screen rules
     kind = "teller"
@@ -201,10 +204,8 @@ class TellerPipeline(Method):
         self.model = model
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerPipeline":
-        from teller.baselines.numeric import TellerNumeric
-
         self.parts_: dict[str, Method] = {}
-        for name, m in (("teller_numeric", TellerNumeric(seed=self.seed)), ("teller_mot", RCAModel(seed=self.seed, model=self.model))):
+        for name, m in ((self.stage, make(self.stage, self.seed)), ("teller_mot", RCAModel(seed=self.seed, model=self.model))):
             m.name = name
             if _cached(steps, name, None) is None:  # fitted and scored already by its own row: nothing to fit
                 m.fit(steps, idx)
@@ -220,7 +221,7 @@ class TellerPipeline(Method):
                     raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
                                      "has none for these steps: fit this row again")
                 got[name] = m.predict(steps, idx)
-        return fuse(got["teller_numeric"], got["teller_mot"], self.rule, self.tau)
+        return fuse(got[self.stage], got["teller_mot"], self.rule, self.tau)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -294,4 +295,32 @@ class TellerScreened(TellerPipeline):
     label = "TELLER, the model's flags and the stage's it does not rule out (probability >= 0.1)"
     rule = "screen"
     tau = SCREEN_FLOOR
+
+
+_DEPLOY = ("; the stage fitted on the fault-free runs of the step's deployment (``teller_numeric_deploy``),"
+           " as `teller diagnose --reference` takes fault-free recordings")
+
+
+@register("teller_deploy")
+class TellerDeploy(TellerPipeline):
+    __doc__ = f"{TellerPipeline.__doc__}{_DEPLOY}"
+    label = "TELLER (stage or model), reference: the deployment's fault-free runs"
+    stage = "teller_numeric_deploy"
+    fit_on = "stage: normal train steps of the fault-free runs of the step's deployment, warm-up out; model: trained beforehand"
+
+
+@register("teller_confirm_deploy")
+class TellerConfirmDeploy(TellerConfirm):
+    __doc__ = f"{TellerConfirm.__doc__}{_DEPLOY}"
+    label = "TELLER as `teller diagnose --reference` (the stage's flags the model keeps), reference: the deployment's fault-free runs"
+    stage = "teller_numeric_deploy"
+    fit_on = TellerDeploy.fit_on
+
+
+@register("teller_screened_deploy")
+class TellerScreenedDeploy(TellerScreened):
+    __doc__ = f"{TellerScreened.__doc__}{_DEPLOY}"
+    label = "TELLER, the model's flags and the stage's it does not rule out, reference: the deployment's fault-free runs"
+    stage = "teller_numeric_deploy"
+    fit_on = TellerDeploy.fit_on
 
