@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from teller.errors import TellerError
+from teller.localize.deployment import deployment_shape, merge_shapes
 from teller.localize.features import (
     FEATURES,
     OP_FEATURES,
@@ -112,6 +113,7 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         keep_warmup = True
         warmup_note = "the reference holds warm-up steps only: they were kept"
     keeps = [reference_mask(f, keep_warmup) for f in feats]
+    shape = merge_shapes([run_shape(f, keep_warmup) for f in feats])  # before the rows are compacted below
     # steps of the reference (run by run), and the sample of them the fit uses
     ref_steps = [np.flatnonzero(np.bincount(f.instances.step[k], minlength=f.steps.n)) for f, k in zip(feats, keeps, strict=True)]
     n_ref_steps = sum(len(x) for x in ref_steps)
@@ -170,8 +172,18 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "keep_warmup": bool(keep_warmup),
         **({"warmup_note": warmup_note} if warmup_note else {}),
         "step_rules": sorted({f.steps.rule for f in feats}),
+        "deployment": shape,
     }
     return est
+
+
+def run_shape(f: RunFeatures, keep_warmup: bool = False) -> dict[str, Any]:
+    """The deployment shape of a run (:func:`teller.localize.deployment.deployment_shape`), its
+    warm-up steps left out unless ``keep_warmup``."""
+    use = None
+    if not keep_warmup and f.steps.warmup is not None and len(f.steps.warmup) and not f.steps.warmup.all():
+        use = ~f.steps.warmup
+    return deployment_shape(f.instances.families, f.instances.family, f.instances.step, f.steps.rank, use)
 
 
 def _take_rows(X: np.ndarray, keep: np.ndarray, block: int = 65536) -> np.ndarray:

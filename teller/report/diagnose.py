@@ -13,7 +13,12 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "localizer": {hyper-parameters, families, reference summary},
      "summary": {steps, flagged, instances, unseen families, counts that reconcile, seconds},
      "health": {"partial", "runs": [{role, path, status, partial, lost}], "lines": [...]} (what is
-                wrong with the run and its references: killed or cut input, repairs, warnings),
+                wrong with the run and its references: killed or cut input, repairs, warnings,
+                and the lines of "reference_match" prefixed "reference: "),
+     "reference_match": {"same_deployment": bool | null, "reference": shape, "run": shape,
+                         "lines": [...]} (whether the reference was recorded on the run's
+                deployment: ranks and per-step counts of the FE and COMM families;
+                teller.localize.deployment),
      "steps": [ per step, in time order:
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
          "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
@@ -281,6 +286,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     t_loc = time.perf_counter() - t0 - t_fit - t_feat
     diag = build_diagnosis(rf, est, loc, source, slice_config)
     diag["health"] = input_health(run, reference or [])
+    diag["reference_match"] = reference_match(est, rf, keep_warmup)
+    diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if model is not False:
@@ -305,6 +312,19 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
     diag["paths"] = paths
     return diag
+
+
+def reference_match(est: Any, rf: Any, keep_warmup: bool = False) -> dict[str, Any]:
+    """Whether the reference was recorded on the run's deployment (:mod:`teller.localize.deployment`):
+    ``same_deployment`` (None: the reference keeps no shape, e.g. a localizer saved before shapes
+    were kept), the two shapes and the lines that say how they differ."""
+    from teller.localize import run_shape
+    from teller.localize.deployment import deployment_mismatch
+
+    ref = (getattr(est, "extra_", None) or {}).get("deployment")
+    mine = run_shape(rf, keep_warmup)
+    lines = deployment_mismatch(ref, mine)
+    return {"same_deployment": None if not ref else not lines, "reference": ref, "run": mine, "lines": lines}
 
 
 def input_health(run: str | os.PathLike, reference: list[str | os.PathLike]) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""The reference's deployment against the run's: `teller diagnose` says when they differ."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from teller.localize.deployment import deployment_mismatch, deployment_shape, merge_shapes
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+
+
+def test_shape_counts_fe_and_comm_instances_per_step():
+    families = ["FE Layer", "COMM all_reduce", "BE aten::mm", "FE Head"]
+    # step 0: 2 layers, 1 head, 4 mm; step 1: 2 layers, 1 head; step 2 (warm-up): 5 layers; -1: no step
+    family = np.array([0, 0, 3, 2, 2, 2, 2, 0, 0, 3, 0, 0, 0, 0, 0, 1])
+    step = np.array([0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, -1])
+    rank = np.array([0, 0, 0])
+    s = deployment_shape(families, family, step, rank, use=np.array([True, True, False]))
+    assert s == {"steps": 2, "ranks": 1, "per_step": {"FE Layer": 2.0, "FE Head": 1.0}}  # BE never counts
+    assert deployment_shape(families, family, step, rank)["per_step"]["FE Layer"] == 2.0  # median of 2, 2, 5
+    two = deployment_shape(families, family, step, np.array([0, 1, 1]))
+    assert two["ranks"] == 2
+
+
+def test_mismatch_lines_ranks_counts_and_tolerance():
+    ref = merge_shapes([{"steps": 10, "ranks": 1, "per_step": {"FE Layer": 2.0, "FE Head": 1.0}},
+                        {"steps": 12, "ranks": 1, "per_step": {"FE Layer": 2.0}}])
+    assert ref == {"runs": 2, "ranks": [1], "per_step": {"FE Head": [0.0, 1.0], "FE Layer": [2.0, 2.0]}}
+    same = {"steps": 5, "ranks": 1, "per_step": {"FE Layer": 2.0, "FE Head": 1.0}}
+    assert deployment_mismatch(ref, same) == []
+    assert deployment_mismatch(ref, {**same, "per_step": {"FE Layer": 3.0}}) == []  # within 2 * 1.25 + 0.5
+    deeper = deployment_mismatch(ref, {**same, "per_step": {"FE Layer": 4.0, "FE Head": 1.0}})
+    assert len(deeper) == 2 and "FE Layer 4 a step here, 2 in the reference" in deeper[0]
+    assert "--reference" in deeper[-1]
+    tp = deployment_mismatch(ref, {"steps": 5, "ranks": 2, "per_step": {"FE Layer": 2.0, "COMM all_reduce": 4.0}})
+    assert tp[0] == "the run's steps come from 2 rank(s), the reference's from 1"
+    assert "COMM all_reduce 4 a step here, 0 in the reference" in tp[1]
+    # nothing to compare: a reference without a shape (older localizer), a run without steps
+    assert deployment_mismatch(None, same) == [] and deployment_mismatch(ref, {"steps": 0, "ranks": 1, "per_step": {}}) == []
+
+
+@pytest.mark.parametrize("run, same", [("h200_normal_b", True), ("h200_llama8l_cupti", False), ("h200_tp_straggler", False)])
+def test_diagnose_says_when_the_reference_is_another_deployment(tmp_path, run, same):
+    """Real H200 recordings: a 2-layer fault-free reference against another 2-layer run (the same
+    deployment), the 8-layer model, and a two-rank tensor-parallel run; a saved localizer keeps
+    the reference's shape."""
+    from teller.localize import fit_localizer
+    from teller.report.diagnose import diagnose
+
+    ref, target = tmp_path / "ref", tmp_path / run
+    shutil.copytree(EX / "h200_normal_a", ref)
+    shutil.copytree(EX / run, target)
+    d = diagnose(target, reference=[ref], model=False)
+    m = d["reference_match"]
+    assert m["same_deployment"] is same
+    assert m["reference"]["per_step"]["FE LlamaDecoderLayer"] == [2.0, 2.0] and m["reference"]["ranks"] == [1]
+    lines = [x for x in d["health"]["lines"] if x.startswith("reference: ")]
+    assert len(lines) == len(m["lines"]) and bool(lines) is not same
+    if run == "h200_llama8l_cupti":
+        assert m["run"]["per_step"]["FE LlamaDecoderLayer"] == 8.0
+        assert "FE LlamaDecoderLayer 8 a step here, 2 in the reference" in m["lines"][0]
+    if run == "h200_tp_straggler":
+        assert m["run"]["ranks"] == 2 and m["lines"][0].startswith("the run's steps come from 2 rank(s)")
+    assert json.loads((target / "diagnosis.json").read_text())["reference_match"]["lines"] == m["lines"]
+    if run == "h200_llama8l_cupti":  # the same through a saved localizer
+        est = fit_localizer([ref])
+        est.save(tmp_path / "loc.npz")
+        d2 = diagnose(target, localizer=tmp_path / "loc.npz", model=False, out=tmp_path / "again")
+        assert d2["reference_match"]["lines"] == m["lines"]
