@@ -692,8 +692,8 @@ def verdict_line(x: dict[str, Any]) -> str:
     if x.get("model_no_detail"):
         head += " [recorded without detail (no aten ops, no GPU activity): numeric stage only]"
     if x.get("model_says_normal"):
-        return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}); "
-                f"{ev or x.get('top_family') or ''}")
+        return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}: "
+                f"none of the faults it was trained on; the numeric evidence stands) {ev or x.get('top_family') or ''}")
     return f"{head}: {ev or x.get('top_family') or 'abnormal'}"
 
 

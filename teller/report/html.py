@@ -614,7 +614,10 @@ class _Page:
                       + (f", {self.term('fault probability')} {p:.2f}" if p is not None else "") + "</dd>")
         if x.get("abnormal_probability") is not None:
             dl.append(f"<dt>{self.term('abnormal probability', 'Abnormal probability')}</dt>"
-                      f"<dd>{x['abnormal_probability']:.2f}" + (" — the model reads this step as normal"
+                      f"<dd>{x['abnormal_probability']:.2f}" + (" — the model reads this step as normal: it "
+                                                               "recognises none of the faults it was trained on here. "
+                                                               "The numeric stage's evidence stands: a fault of a kind "
+                                                               "the model never saw looks like this too"
                                                                if x.get("model_says_normal") else
                                                                " — the model is unsure; the step keeps its flag "
                                                                "because the model does not rule it out"
