@@ -873,3 +873,63 @@ def test_deploy_rows_fuse_the_deployment_stage(vertical):
         assert a.flag.tolist() == want_a.flag.tolist() and b.flag.tolist() == want_b.flag.tolist()
         assert b.score.tolist() == pytest.approx(want_b.score.tolist()) and b.operators == want_b.operators
     assert make("teller_deploy").fit(s, te).predict(s, te).flag.tolist() == [False, True, True, True, True]
+
+
+def test_episode_lengths_hand_case():
+    from teller.localize.episodes import episode_lengths
+
+    lane = np.array([0, 0, 0, 0, 0, 1, 1, 0, 1])
+    num = np.array([1, 2, 4, 8, 9, 1, 2, 3, 3])
+    flag = np.array([1, 1, 1, 1, 1, 1, 0, 0, 1], bool)
+    eid, length = episode_lengths(lane, num, flag)
+    # lane 0: 1, 2, 4 (gap 2: one episode), then 8, 9; lane 1: 1 and 3 (gap 2), its step 2 unflagged
+    assert length.tolist() == [3, 3, 3, 2, 2, 2, 0, 0, 2]
+    assert eid[0] == eid[1] == eid[2] != eid[3] == eid[4] and eid[5] == eid[8] and eid[6] == eid[7] == -1
+    assert episode_lengths(lane, num, flag, gap=1)[1].tolist() == [2, 2, 1, 2, 2, 1, 0, 0, 1]
+    assert episode_lengths(lane, num, np.zeros(9, bool))[1].tolist() == [0] * 9
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
+    """teller_episodes: the screen, plus every stage flag the screen drops that lies in an episode of
+    at least k flagged steps of its rank (the stage scoring every step of the test runs) on a
+    deployment with a fault-free reference."""
+    from teller.baselines import make, register
+    from teller.baselines.base import REGISTRY, Prediction
+    from teller.baselines.numeric import deployments, step_lanes
+    from teller.baselines.rca import TellerEpisodes, fuse
+    from teller.baselines.steps import split_masks
+    from teller.localize.episodes import episode_lengths
+
+    name = f"teller_episodes_test_{k}"
+    if name not in REGISTRY:
+        register(name)(type(f"TE{k}", (TellerEpisodes,), {"min_episode": k}))
+    s = copy.copy(vertical)
+    train, test, _ = split_masks(s, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    codes, counts = np.unique(s.run_code[tr[~s.is_anomaly[tr]]], return_counts=True)
+    r = codes[np.argmax(counts)]
+    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
+    s.in_window[s.run_code == r] = False
+    s.is_anomaly[s.run_code == r] = False
+    score = np.full(len(te), 0.01)  # the model rules every step out: only episodes keep the stage's flags
+    mot = Prediction(score=score, flag=np.zeros(len(te), bool), fault_type=np.array(["kernel"] * len(te), dtype=object),
+                     operators=[[] for _ in te])
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot"): (te, mot)})
+    m = make(name).fit(s, tr)
+    p = m.predict(s, te)
+    st = m.parts_["teller_numeric_deploy"]
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    whole = st.predict(s, every)
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag)
+    pos = np.searchsorted(every, te)
+    own = np.isin(deployments(s)[te], list(st.models_))
+    screen = fuse(Prediction(score=whole.score[pos], flag=whole.flag[pos], operators=[whole.operators[i] for i in pos]),
+                  mot, "screen", 0.1)
+    kept = whole.flag[pos] & ~screen.flag & (length[pos] >= k) & own
+    assert p.flag.tolist() == (screen.flag | kept).tolist()
+    assert m.describe()["kept_by_episode"] == int(kept.sum()) and m.describe()["min_episode"] == k
+    assert all(p.operators[i] == whole.operators[pos[i]] for i in np.flatnonzero(kept))
+    assert ((p.score >= 0.5) == p.flag).all() or not kept.any()
+    if k == 1:
+        assert kept.any()  # the stage flags steps of the fault-free run's deployment that the model rules out

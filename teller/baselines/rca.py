@@ -324,3 +324,54 @@ class TellerScreenedDeploy(TellerScreened):
     stage = "teller_numeric_deploy"
     fit_on = TellerDeploy.fit_on
 
+
+@register("teller_episodes")
+class TellerEpisodes(TellerScreened):
+    """TELLER with the deployment's fault-free runs as the stage's reference, the model screening
+    the stage's flags, and the stage's sustained departures kept: a step is flagged when the model
+    flags it, when the stage flags it and the model gives it at least :attr:`tau`, or when the
+    stage flags it as part of an episode of at least :attr:`min_episode` flagged steps of its
+    rank (:mod:`teller.localize.episodes`, every step of the test runs scored by the stage) and
+    the stage's reference is of the step's deployment. A fault the model never saw gets little
+    probability from it, but it lasts; a deployment without a fault-free recording (the stage's
+    fallback reference) gets the screen alone."""
+
+    label = "TELLER, the model's flags, the stage's it does not rule out and its episodes (deployment reference)"
+    stage = "teller_numeric_deploy"
+    fit_on = TellerDeploy.fit_on
+    min_episode = 5
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
+        super().fit(steps, idx)
+        st = self.parts_[self.stage]
+        if not hasattr(st, "models_"):  # its answers were reused: the episodes need every step of the test runs
+            st.fit(steps, idx)
+        return self
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        from teller.baselines.numeric import deployments, step_lanes
+        from teller.localize.episodes import episode_lengths
+
+        idx = np.asarray(idx)
+        base = super().predict(steps, idx)
+        st = self.parts_[self.stage]
+        every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
+        whole = st.predict(steps, every)
+        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag)
+        pos = np.searchsorted(every, idx)
+        own = np.isin(deployments(steps)[idx], np.asarray(list(st.models_), np.int64))
+        sflag, sscore = whole.flag[pos], whole.score[pos]
+        keep = sflag & ~base.flag & (length[pos] >= self.min_episode) & own
+        sops = whole.operators or [[]] * len(every)
+        ops = [list(sops[p]) if k else o for k, p, o in zip(keep.tolist(), pos.tolist(), base.operators, strict=True)]
+        self.kept_by_episode_ = int(keep.sum())
+        return Prediction(score=np.where(keep, np.maximum(base.score, sscore), base.score), flag=base.flag | keep,
+                          fault_type=base.fault_type, operators=ops)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["min_episode"] = self.min_episode
+        if hasattr(self, "kept_by_episode_"):
+            d["kept_by_episode"] = self.kept_by_episode_
+        return d
+
