@@ -73,3 +73,48 @@ def test_diagnose_says_when_the_reference_is_another_deployment(tmp_path, run, s
         est.save(tmp_path / "loc.npz")
         d2 = diagnose(target, localizer=tmp_path / "loc.npz", model=False, out=tmp_path / "again")
         assert d2["reference_match"]["lines"] == m["lines"]
+
+
+def test_episodes_and_the_steps_the_model_rules_out():
+    """Episodes group a rank's flagged steps (warm-up left out); a step the model rules out is a
+    fault of an unknown kind when it lies in an episode of 5+ against a reference of the run's
+    deployment, else a numeric outlier the model reads as normal."""
+    from teller.report.diagnose import EPISODE_MIN, mark_episodes, ruled_out
+
+    def step(i, num, rank, flag, warm=False):
+        return {"index": i, "step_num": num, "rank": rank, "flag": flag, "warmup": warm,
+                "start_ns": num * 10 + rank, "end_ns": num * 10 + rank + 5}
+
+    flags = {0: [0, 1, 3, 4, 5, 6, 7, 12], 1: [2, 4]}  # rank 0: 0 is warm-up; 1, 3–7 one episode; 12 alone
+    diag = {"steps": [step(i, n, r, n in flags[r], warm=n == 0) for i, (r, n) in enumerate((r, n) for r in (0, 1) for n in range(14))]}
+    mark_episodes(diag)
+    by = {(d["rank"], d["step_num"]): d for d in diag["steps"]}
+    assert [(e["rank"], e["first_step"], e["last_step"], e["steps"]) for e in diag["episodes"]] == [
+        (0, 1, 7, 6), (1, 2, 4, 2), (0, 12, 12, 1)]
+    assert "episode" not in by[(0, 0)] and by[(0, 5)]["episode_length"] == 6 and by[(1, 4)]["episode_length"] == 2
+    assert EPISODE_MIN == 5
+    for key, same, unknown in (((0, 5), True, True), ((0, 5), False, False), ((0, 12), True, False), ((1, 2), True, False)):
+        d = dict(by[key], fault_type="scheduling")
+        ruled_out(d, same)
+        assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown
+        assert (d["fault_type"], d.get("fault_type_guess")) == ((None, "scheduling") if unknown else ("scheduling", None))
+    warm = dict(by[(0, 0)], fault_type="kernel", episode_length=9)  # a warm-up step never is one
+    ruled_out(warm, True)
+    assert warm.get("model_says_normal") and not warm.get("unknown_fault")
+
+
+def test_report_names_faults_of_an_unknown_kind():
+    from report_sample import sample_diagnosis
+
+    from teller.report.diagnose import verdict_line
+    from teller.report.html import render_html
+
+    d = sample_diagnosis()
+    x = next(s for s in d["steps"] if s.get("model_says_normal"))
+    x.pop("model_says_normal")
+    x.update(unknown_fault=True, fault_type_guess=x.get("fault_type"), fault_type=None, episode_length=7, explanation=None)
+    page = render_html(d)
+    assert "Fault of a kind the root-cause model was not trained on" in page and "up to 7 flagged steps in a row" in page
+    assert "kept as faults of a kind it was not trained on" in page
+    line = verdict_line(x)
+    assert "fault of a kind the model was not trained on" in line and "7 flagged steps in a row" in line

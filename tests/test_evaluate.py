@@ -921,7 +921,8 @@ def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
     st = m.parts_["teller_numeric_deploy"]
     every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
     whole = st.predict(s, every)
-    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag)
+    warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]  # vertical: one unit per step
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
     pos = np.searchsorted(every, te)
     own = np.isin(deployments(s)[te], list(st.models_))
     screen = fuse(Prediction(score=whole.score[pos], flag=whole.flag[pos], operators=[whole.operators[i] for i in pos]),

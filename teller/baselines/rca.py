@@ -325,13 +325,25 @@ class TellerScreenedDeploy(TellerScreened):
     fit_on = TellerDeploy.fit_on
 
 
+def _warm_steps(steps: StepSet) -> np.ndarray:
+    """Per step: whether any of its units is a warm-up step (``steps.extra["unit_warmup"]``)."""
+    warm = steps.extra.get("unit_warmup")
+    wu = np.zeros(len(steps.unit_key), bool)
+    if warm is not None:
+        wu[:len(warm)] = np.asarray(warm, bool)[:len(wu)]
+    if not steps.n:
+        return np.zeros(0, bool)
+    return np.add.reduceat(wu[steps.unit_idx].astype(np.int64), steps.unit_ptr[:-1]) > 0
+
+
 @register("teller_episodes")
 class TellerEpisodes(TellerScreened):
     """TELLER with the deployment's fault-free runs as the stage's reference, the model screening
     the stage's flags, and the stage's sustained departures kept: a step is flagged when the model
     flags it, when the stage flags it and the model gives it at least :attr:`tau`, or when the
     stage flags it as part of an episode of at least :attr:`min_episode` flagged steps of its
-    rank (:mod:`teller.localize.episodes`, every step of the test runs scored by the stage) and
+    rank (:mod:`teller.localize.episodes`, every step of the test runs scored by the stage,
+    warm-up steps left out as `teller diagnose` leaves them out) and
     the stage's reference is of the step's deployment. A fault the model never saw gets little
     probability from it, but it lasts; a deployment without a fault-free recording (the stage's
     fallback reference) gets the screen alone."""
@@ -357,7 +369,8 @@ class TellerEpisodes(TellerScreened):
         st = self.parts_[self.stage]
         every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
         whole = st.predict(steps, every)
-        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag)
+        # warm-up steps (left out of references) are no part of an episode, as in `teller diagnose`
+        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag & ~_warm_steps(steps)[every])
         pos = np.searchsorted(every, idx)
         own = np.isin(deployments(steps)[idx], np.asarray(list(st.models_), np.int64))
         sflag, sscore = whole.flag[pos], whole.score[pos]

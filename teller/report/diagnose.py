@@ -15,6 +15,8 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "health": {"partial", "runs": [{role, path, status, partial, lost}], "lines": [...]} (what is
                 wrong with the run and its references: killed or cut input, repairs, warnings,
                 and the lines of "reference_match" prefixed "reference: "),
+     "episodes": [{index, rank, first_step, last_step, steps, start_ns, end_ns}] (flagged steps
+                of one rank at most 2 step numbers apart, teller.localize.episodes),
      "reference_match": {"same_deployment": bool | null, "reference": shape, "run": shape,
                          "lines": [...]} (whether the reference was recorded on the run's
                 deployment: ranks and per-step counts of the FE and COMM families;
@@ -22,6 +24,7 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "steps": [ per step, in time order:
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
          "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
+         flagged steps past warm-up: "episode" (index into "episodes"), "episode_length",
          flagged steps also: "requests", "candidates": [{family, suspiciousness, instances, max_a, unseen}],
          "suspects": [{node_id, family, layer, name, start_ns, dur_ns, a, distance, evidence:
                        [{feature, value, reference, ratio, z}],
@@ -35,7 +38,10 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
                    "edges": {"p": [[u, v]...], "t": [...], "c": [...]}, "dropped", "info"}} ]}
 
 With the root-cause model (:func:`apply_model`) flagged steps also get its answer (``fault_type``,
-``fault_probability``, ``abnormal_probability``, ``evidence_operators``, ``explanation``, ...) and
+``fault_probability``, ``abnormal_probability``, ``evidence_operators``, ``explanation``, ...;
+a step it rules out is ``model_says_normal``, or ``unknown_fault`` with its closest type in
+``fault_type_guess`` when it lies in an episode of :data:`EPISODE_MIN` or more and the
+reference is of the run's deployment) and
 ``"model"`` describes it: path, training data, ``steps_eligible`` / ``steps_read`` /
 ``max_steps`` (it reads the highest-scored flagged steps up to the bound; those past it are
 marked ``model_not_read``) and ``explanations`` (``"mechanism"``: each explanation decoded until
@@ -288,6 +294,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["health"] = input_health(run, reference or [])
     diag["reference_match"] = reference_match(est, rf, keep_warmup)
     diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
+    mark_episodes(diag)
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if model is not False:
@@ -312,6 +319,53 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["summary"]["cpu_seconds"] = round(time.process_time() - c0, 3)
     diag["paths"] = paths
     return diag
+
+
+#: flagged steps in a row (:mod:`teller.localize.episodes`) from which a stage flag the model
+#: rules out stays a fault, of a kind the model was not trained on, when the reference is a
+#: recording of the run's deployment (docs/results.md, "Episodes": `teller_episodes`)
+EPISODE_MIN = 5
+
+
+def ruled_out(d: dict[str, Any], same_deployment: bool) -> None:
+    """A flagged step the model rules out (abnormal probability under its floor): a fault of a kind
+    the model was not trained on (``unknown_fault``, its closest known type kept in
+    ``fault_type_guess``) when the step lies in an episode of :data:`EPISODE_MIN` or more flagged
+    steps and the reference is a recording of the run's deployment; else ``model_says_normal``."""
+    if same_deployment and not d.get("warmup") and int(d.get("episode_length") or 0) >= EPISODE_MIN:
+        d["unknown_fault"] = True
+        d["fault_type_guess"] = d.get("fault_type")
+        d["fault_type"] = None
+    else:
+        d["model_says_normal"] = True
+
+
+def mark_episodes(diag: dict[str, Any]) -> None:
+    """Group the flagged steps, warm-up steps left out, into episodes (per rank, step numbers at most
+    :data:`teller.localize.episodes.EPISODE_GAP` apart): ``diag["episodes"]`` ({index, rank,
+    first_step, last_step, steps, start_ns, end_ns}, in time order) and each flagged step's
+    ``episode`` (its index) and ``episode_length``."""
+    from teller.localize.episodes import episode_lengths
+
+    steps = diag["steps"]
+    lane = np.asarray([int(d["rank"]) for d in steps], np.int64)
+    num = np.asarray([int(d["step_num"]) for d in steps], np.int64)
+    # warm-up steps (left out of references) depart from normal operation by design: no episode
+    flag = np.asarray([bool(d.get("flag")) and not d.get("warmup") for d in steps], bool)
+    eid, length = episode_lengths(lane, num, flag)
+    members: dict[int, list[dict[str, Any]]] = {}
+    for d, e, n in zip(steps, eid.tolist(), length.tolist(), strict=True):
+        if e >= 0:
+            members.setdefault(e, []).append(d)
+            d["episode_length"] = int(n)
+    eps = sorted(members.values(), key=lambda m: min(d["start_ns"] for d in m))
+    diag["episodes"] = []
+    for i, m in enumerate(eps):
+        for d in m:
+            d["episode"] = i
+        diag["episodes"].append({"index": i, "rank": int(m[0]["rank"]), "first_step": min(int(d["step_num"]) for d in m),
+                                 "last_step": max(int(d["step_num"]) for d in m), "steps": len(m),
+                                 "start_ns": min(int(d["start_ns"]) for d in m), "end_ns": max(int(d["end_ns"]) for d in m)})
 
 
 def reference_match(est: Any, rf: Any, keep_warmup: bool = False) -> dict[str, Any]:
@@ -614,6 +668,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             note(f"root-cause model skipped: {info['skipped']}")
         return info
     mech = explain == "mechanism"
+    same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
     preds = m.predict(inp, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
@@ -638,12 +693,13 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         d["fault_type"] = ft or None
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
         if not p["fault_type"]:
-            d["model_says_normal"] = True
+            ruled_out(d, same_deployment)
         d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]
         d["evidence_families"] = list(p["evidence_operators"])
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
     diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
+    diag["summary"]["unknown_fault_steps"] = sum(1 for d in flagged if d.get("unknown_fault"))
     return info
 
 
@@ -691,6 +747,10 @@ def verdict_line(x: dict[str, Any]) -> str:
         head += " [not read by the model: numeric stage only]"
     if x.get("model_no_detail"):
         head += " [recorded without detail (no aten ops, no GPU activity): numeric stage only]"
+    if x.get("unknown_fault"):
+        return (f"{head}: fault of a kind the model was not trained on: a sustained departure from the reference "
+                f"({x['episode_length']} flagged steps in a row) it does not recognise "
+                f"(p_abnormal={x['abnormal_probability']:.2f}); {ev or x.get('top_family') or ''}")
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}: "
                 f"none of the faults it was trained on; the numeric evidence stands) {ev or x.get('top_family') or ''}")
@@ -712,6 +772,12 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
     if m and m.get("steps_read", 0) < m.get("steps_eligible", 0):
         console.print(f"  the model read the {m['steps_read']} highest-scored of {m['steps_eligible']} flagged steps "
                       "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict")
+    eps = sorted(diag.get("episodes") or [], key=lambda e: (-e["steps"], e["start_ns"]))
+    if eps:
+        longest = ", ".join(f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged)"
+                            for e in eps[:3])
+        console.print(f"  {len(eps)} episode(s) of flagged steps; the longest: {longest}",
+                      soft_wrap=True, markup=False, highlight=False)
     for x in flagged[:top]:
         console.print("  " + verdict_line(x), soft_wrap=True, markup=False, highlight=False)
     if len(flagged) > top:

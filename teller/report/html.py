@@ -287,6 +287,10 @@ class _Page:
                 if unsure:
                     line += (f" ({unsure:,} with an abnormal probability under {ABNORMAL_CUT}, kept because the model does "
                              f"not rule them out: {m.get('abnormal_floor', SCREEN_FLOOR)} or more)")
+                unknown = [x for x in self.flagged if x.get("unknown_fault")]
+                if unknown:
+                    line += (f"; {len(unknown):,} more lie in sustained episodes against a reference of this deployment "
+                             "and are kept as faults of a kind it was not trained on")
                 if normal:
                     line += f" and reads {len(normal):,} as normal"
                 unread = m.get("steps_eligible", 0) - m.get("steps_read", 0)
@@ -327,11 +331,12 @@ class _Page:
         groups: dict[tuple, dict[str, Any]] = {}
         for x in self.flagged:
             kind = ("fault" if x.get("fault_type") and not x.get("model_says_normal")
+                    else "unknown" if x.get("unknown_fault")
                     else "normal" if x.get("model_says_normal") else "numeric")
             ops = _evidence_ops(x)
             key = (kind, x.get("fault_type") if kind == "fault" else None, ops[0] if ops and kind != "normal" else None)
             groups.setdefault(key, {"kind": kind, "fault_type": key[1], "steps": []})["steps"].append(x)
-        order = {"fault": 0, "numeric": 1, "rest": 2, "normal": 3}
+        order = {"fault": 0, "unknown": 1, "numeric": 2, "rest": 3, "normal": 4}
         out = sorted(groups.values(), key=lambda g: (order[g["kind"]], -len(g["steps"]), _worst_first(g["steps"][0])))
         # the numeric stage's verdicts beyond the largest few groups share one card, a line per step
         numeric = [g for g in out if g["kind"] == "numeric"]
@@ -362,6 +367,12 @@ class _Page:
             what = "Numeric outlier" if len(steps) == 1 else f"{len(steps):,} numeric outliers"
             title = f'<span class="fault">{what} the root-cause model reads as normal</span>{pr}' + _low_confidence(steps)
             cls = "card normal-card"
+        elif g["kind"] == "unknown":
+            n = max(int(x.get("episode_length") or 0) for x in steps)
+            title = ('<span class="fault">Fault of a kind the root-cause model was not trained on</span> '
+                     f'<span class="prob">a sustained departure from a reference of this deployment (up to {n:,} '
+                     "flagged steps in a row) that the model does not recognise</span>")
+            cls = "card fault-card"
         elif g["kind"] == "rest":
             title = (f'<span class="fault">{len(steps):,} other abnormal steps</span> '
                      '<span class="prob">fault type not named; each with its own evidence</span>')
@@ -597,6 +608,9 @@ class _Page:
             unsure = model_unsure(x)
             return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None and not unsure else "")
                       + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else ""))
+        if x.get("unknown_fault"):
+            return _e(f"fault of a kind the model was not trained on ({x.get('episode_length')} flagged steps in a row)"
+                      + (f"; suspects {ops}" if ops else ""))
         if x.get("model_says_normal"):
             return _e("read as normal by the root-cause model" + (f"; suspects {ops}" if ops else ""))
         return _e(f"suspects {ops}" if ops else "abnormal")
@@ -619,6 +633,11 @@ class _Page:
                                                                "The numeric stage's evidence stands: a fault of a kind "
                                                                "the model never saw looks like this too"
                                                                if x.get("model_says_normal") else
+                                                               " — the model recognises none of the faults it was "
+                                                               f"trained on, but the step lies in {x.get('episode_length')} "
+                                                               "flagged steps in a row against a reference of this "
+                                                               "deployment: kept as a fault of another kind"
+                                                               if x.get("unknown_fault") else
                                                                " — the model is unsure; the step keeps its flag "
                                                                "because the model does not rule it out"
                                                                if model_unsure(x) else "") + "</dd>")
@@ -853,9 +872,10 @@ def _suspect_name(sp: dict[str, Any]) -> str:
 def _evidence_ops(x: dict[str, Any]) -> list[str]:
     """The operators a verdict names: the root-cause model's evidence operators (families), else
     the numeric stage's suspects lifted to their modules."""
-    if x.get("evidence_families") and not x.get("model_says_normal"):
+    own = not x.get("model_says_normal") and not x.get("unknown_fault")  # the model names this fault
+    if x.get("evidence_families") and own:
         return list(x["evidence_families"])[:6]
-    if x.get("evidence_operators") and not x.get("model_says_normal"):
+    if x.get("evidence_operators") and own:
         return list(dict.fromkeys(o.get("name", "?") for o in x["evidence_operators"]))[:6]
     return list(x.get("modules") or [])[:6]
 
