@@ -301,28 +301,18 @@ _DEPLOY = ("; the stage fitted on the fault-free runs of the step's deployment (
            " as `teller diagnose --reference` takes fault-free recordings")
 
 
-@register("teller_deploy")
-class TellerDeploy(TellerPipeline):
-    __doc__ = f"{TellerPipeline.__doc__}{_DEPLOY}"
-    label = "TELLER (stage or model), reference: the deployment's fault-free runs"
-    stage = "teller_numeric_deploy"
-    fit_on = "stage: normal train steps of the fault-free runs of the step's deployment, warm-up out; model: trained beforehand"
-
-
-@register("teller_confirm_deploy")
-class TellerConfirmDeploy(TellerConfirm):
-    __doc__ = f"{TellerConfirm.__doc__}{_DEPLOY}"
-    label = "TELLER as `teller diagnose --reference` (the stage's flags the model keeps), reference: the deployment's fault-free runs"
-    stage = "teller_numeric_deploy"
-    fit_on = TellerDeploy.fit_on
-
-
-@register("teller_screened_deploy")
-class TellerScreenedDeploy(TellerScreened):
-    __doc__ = f"{TellerScreened.__doc__}{_DEPLOY}"
-    label = "TELLER, the model's flags and the stage's it does not rule out, reference: the deployment's fault-free runs"
-    stage = "teller_numeric_deploy"
-    fit_on = TellerDeploy.fit_on
+_DEPLOY_FIT = "stage: normal train steps of the fault-free runs of the step's deployment, warm-up out; model: trained beforehand"
+#: the three fused rows on the deployment stage: name, plain row, label
+DEPLOY_ROWS = (
+    ("teller_deploy", TellerPipeline, "TELLER (stage or model), reference: the deployment's fault-free runs"),
+    ("teller_confirm_deploy", TellerConfirm,
+     "TELLER as `teller diagnose --reference` (the stage's flags the model keeps), reference: the deployment's fault-free runs"),
+    ("teller_screened_deploy", TellerScreened,
+     "TELLER, the model's flags and the stage's it does not rule out, reference: the deployment's fault-free runs"),
+)
+for _name, _plain, _label in DEPLOY_ROWS:
+    register(_name)(type(f"{_plain.__name__}Deploy", (_plain,), {"__doc__": f"{_plain.__doc__}{_DEPLOY}", "label": _label,
+                                                                 "stage": "teller_numeric_deploy", "fit_on": _DEPLOY_FIT}))
 
 
 def _warm_steps(steps: StepSet) -> np.ndarray:
@@ -350,7 +340,7 @@ class TellerEpisodes(TellerScreened):
 
     label = "TELLER, the model's flags, the stage's it does not rule out and its episodes (deployment reference)"
     stage = "teller_numeric_deploy"
-    fit_on = TellerDeploy.fit_on
+    fit_on = _DEPLOY_FIT
     min_episode = 5
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
