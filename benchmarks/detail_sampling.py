@@ -17,7 +17,11 @@ the same number of iterations, per process in time order. Iterations that hold a
 (``OTHER detail_switch``) are set apart and reported as the switches' own excess; warm-up
 iterations are left out. A recording with long windows (e.g. ``--detail-every 16 --detail-window
 8`` on a saturated queue) pairs many windows with their neighbours, so the engine's drift over
-the run cancels.
+the run cancels. A run recorded with ``TELLER_DETAIL_QUIET=alternate`` (every other block of
+light steps records nothing inside its STEP range; their messages carry ``quiet=1``) also gets
+``light_cost_*``: each light block's median time per token against the quiet iterations on
+either side of it, i.e. what the light recording (the STEP, FE, COMM and OTHER ranges that every
+step keeps) costs against almost none, inside the one run.
 """
 
 from __future__ import annotations
@@ -129,6 +133,32 @@ def pace(run: str | Path) -> dict[str, Any]:
         out.update(detail_cost_mean=float(r.mean()), detail_cost_ci95=half, detail_cost_median=float(np.median(r)))
     if sw_excess:
         out["switch_excess_median"] = float(np.median(sw_excess))
+    # TELLER_DETAIL_QUIET=alternate: light blocks against the quiet blocks beside them
+    quiet = np.asarray([" quiet=1" in (names.get(int(q), "") or "") for q in sid], bool)
+    if quiet.any() and (~quiet & ~detailed).any():
+        lr: list[float] = []
+        for p in np.unique(pid):
+            o = np.flatnonzero(pid == p)
+            o = o[np.argsort(start[o], kind="stable")]
+            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
+            q, x = quiet[o], per_tok[o]
+            light = ~q
+            edges = np.flatnonzero(np.diff(np.r_[0, light.astype(np.int8), 0]))
+            for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):  # light blocks [a, b)
+                w = b - a
+                around = np.r_[np.arange(max(0, a - w), a), np.arange(b, min(len(o), b + w))]
+                xl, xq = x[a:b], x[around[q[around]]]
+                xl, xq = xl[np.isfinite(xl)], xq[np.isfinite(xq)]
+                if len(xl) and len(xq):
+                    lr.append(float(np.median(xl) / np.median(xq)))
+        r2 = np.asarray(lr) - 1.0
+        out["light_blocks_paired"] = int(len(r2))
+        out["quiet_iterations"] = int(quiet.sum())
+        if len(r2) > 1:
+            from scipy import stats
+
+            out.update(light_cost_mean=float(r2.mean()), light_cost_median=float(np.median(r2)),
+                       light_cost_ci95=float(stats.t.ppf(0.975, len(r2) - 1) * r2.std(ddof=1) / np.sqrt(len(r2))))
     return out
 
 

@@ -291,6 +291,58 @@ def test_recorded_kv_pressure_counts_preemptions_and_warns(tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_alternate_quiet_blocks_sit_beside_light_ones(tmp_path: Path):
+    """TELLER_DETAIL_QUIET=alternate: between the detail windows, every other block of W steps is
+    quiet (STEP range only, ``quiet=1`` in its message), the others keep the light recording (FE
+    ranges, no BE); benchmarks/detail_sampling.py --pace pairs the light blocks with the quiet ones."""
+    pytest.importorskip("transformers")
+    import os
+
+    run = tmp_path / "run"
+    env = dict(os.environ, TELLER_DETAIL_QUIET="alternate")
+    rec = subprocess.run([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
+                          "--detail-every", "8", "--detail-window", "2", "--",
+                          sys.executable, "-m", "teller.workload", "serve", "--requests", "8", "--rate", "0",
+                          "--prompt-len", "uniform:4:12", "--output-len", "16", "--seed", "3"],
+                         cwd=tmp_path, capture_output=True, timeout=300, env=env)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+    gate = info["processes"][0]["collector"]["detail"]
+    assert gate["quiet"] == "alternate" and gate["steps"] >= 16
+
+    from teller.forest import Forest
+    from teller.reconstruct import reconstruct
+    from teller.reconstruct.steps import without_detail
+    from teller.rundir import LAYER_CODE
+
+    reconstruct(run)
+    import pyarrow.parquet as pq
+
+    st = pq.read_table(run / "steps.parquet", columns=["name", "start_ns"]).sort_by("start_ns")
+    names = st.column("name").to_pylist()
+    light_or_quiet = without_detail(names)
+    quiet = np.asarray([" quiet=1" in n for n in names], bool)
+    seq = np.arange(len(names))
+    assert (light_or_quiet == (seq % 8 >= 2)).all()  # windows of 2 every 8
+    assert (quiet == (light_or_quiet & ((seq // 2) % 2 == 1))).all()  # every other block of 2 between them
+    order = np.argsort(pq.read_table(run / "steps.parquet", columns=["start_ns"]).column("start_ns").to_numpy(), kind="stable")
+    fa = Forest.read(run)
+    inside = fa.step_idx >= 0
+    n_fe = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["FE"]) & inside], minlength=len(names))[order]
+    n_be = np.bincount(fa.step_idx[(fa.layer == LAYER_CODE["BE"]) & inside], minlength=len(names))[order]
+    assert (n_fe[quiet] == 0).all() and (n_be[quiet] == 0).all()
+    light = light_or_quiet & ~quiet
+    assert light.any() and (n_fe[light] > 0).all() and (n_be[light] == 0).all()
+    assert (n_be[~light_or_quiet] > 0).all()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from detail_sampling import pace
+
+    p = pace(run)
+    assert p["quiet_iterations"] == int(quiet.sum()) and p["light_blocks_paired"] >= 1
+
+
+@pytest.mark.slow
 def test_quiet_steps_record_their_step_range_only(tmp_path: Path):
     """TELLER_DETAIL_QUIET=1 (a benchmark setting): steps outside the detail windows keep their
     STEP range and nothing recorded inside it, detailed steps everything, with no unbalanced range;

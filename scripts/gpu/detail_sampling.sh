@@ -8,7 +8,8 @@
 # PACE=K,W[,quiet]: first record REQUESTS requests queued at start with --detail-every K --detail-window W and
 # measure a detailed step's cost inside that one run (benchmarks/detail_sampling.py --pace ->
 # $OUT/pace.json); ",quiet" makes the other steps record nothing inside their STEP range
-# (TELLER_DETAIL_QUIET=1), so the pairs measure detail against almost no recording; CONFIGS "-"
+# (TELLER_DETAIL_QUIET=1), so the pairs measure detail against almost no recording; ",alternate"
+# makes every other block of W light steps quiet, so light blocks pair with quiet ones; CONFIGS "-"
 # skips the matrix
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
@@ -31,6 +32,7 @@ PACE=${6:-}
 if [ -n "$PACE" ]; then
   IFS=, read -r K WIN QUIET <<< "$PACE"
   [ "$QUIET" = "quiet" ] && export TELLER_DETAIL_QUIET=1
+  [ "$QUIET" = "alternate" ] && export TELLER_DETAIL_QUIET=alternate
   python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" -- \
     python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 \
     --seed 0 --requests "$REQUESTS" > "$OUT/pace_record.log" 2>&1

@@ -66,7 +66,10 @@ ENV_DETAIL_EVERY = "TELLER_DETAIL_EVERY"
 ENV_DETAIL_WINDOW = "TELLER_DETAIL_WINDOW"
 #: "1": steps outside the detail windows record their STEP range and nothing inside it (no FE,
 #: COMM or OTHER ranges under it): a benchmark setting, so that one run holds detailed steps and
-#: nearly unrecorded ones side by side (``benchmarks/detail_sampling.py --pace``; docs/overhead.md)
+#: nearly unrecorded ones side by side (``benchmarks/detail_sampling.py --pace``; docs/overhead.md);
+#: "alternate": only every other block of ``TELLER_DETAIL_WINDOW`` steps between the windows is
+#: quiet, the others keep the light recording, so light and quiet blocks lie side by side (their
+#: STEP messages carry ``quiet=1`` when quiet)
 ENV_DETAIL_QUIET = "TELLER_DETAIL_QUIET"
 #: ``teller record``'s defaults: windows of 8 detailed steps, one every 512 steps (docs/overhead.md)
 DEFAULT_DETAIL_EVERY = 512
@@ -238,6 +241,9 @@ class DetailGate:
         self.switch_ns = 0
         self.failures = 0
         self.quiet = getattr(self, "quiet", False)  # kept across resets (a forked child keeps its ranges' wrappers)
+        # quiet only every other block of ``window`` steps outside the detail windows (ENV_DETAIL_QUIET
+        # "alternate"): light and quiet blocks side by side in one run
+        self.alternate = getattr(self, "alternate", False)
         self.on = True  # the collector starts recording (start-up and the first window), unless lazy
         self._lock = threading.Lock()
         self._tls = threading.local()
@@ -250,6 +256,7 @@ class DetailGate:
         with self._lock:
             seq, self.seq = self.seq, self.seq + 1
             detailed = self.is_detailed(seq)
+            self._tls.quiet = self.quiet and not detailed and (not self.alternate or (seq // self.window) % 2 == 1)
             self.detailed += detailed
             if not detailed and self.on:
                 self._switch(False)
@@ -295,7 +302,7 @@ class DetailGate:
     def info(self) -> dict[str, Any]:
         return {"every": self.every, "window": self.window, "steps": self.seq, "detailed": self.detailed,
                 "switches": self.switches, "switch_ms": round(self.switch_ns / 1e6, 3), "failures": self.failures,
-                **({"quiet": True} if self.quiet else {})}
+                **({"quiet": "alternate" if self.alternate else True} if self.quiet else {})}
 
 
 #: the range around a switch of the collector (teller.reconstruct.steps.SWITCH_FAMILY)
@@ -304,15 +311,18 @@ SWITCH_RANGE = "OTHER detail_switch"
 DETAIL = DetailGate(1)
 #: what a STEP message carries when its step is not recorded in detail
 NOT_DETAILED = " detail=0"
+#: what it carries besides when nothing was recorded inside it (ENV_DETAIL_QUIET)
+QUIET_MARK = " quiet=1"
 
 
 def push_step(msg: str) -> None:
     """Open a STEP range and, on a detailed step (:data:`DETAIL`) with BE depth > 0, start
     recording aten ops on this thread."""
     detailed = DETAIL.begin()
-    push(msg if detailed else msg + NOT_DETAILED)
+    quiet = bool(getattr(DETAIL._tls, "quiet", False))
+    push(msg if detailed else msg + NOT_DETAILED + (QUIET_MARK if quiet else ""))
     if not detailed:
-        if DETAIL.quiet:
+        if quiet:
             _QUIET.q = 1  # nothing more is recorded on this thread until the STEP closes
         return
     rt = RUNTIME
@@ -413,7 +423,8 @@ class Runtime:
         self.detail_every = max(1, _int(env.get(ENV_DETAIL_EVERY), 1))
         self.detail_window = max(1, _int(env.get(ENV_DETAIL_WINDOW), 1))
         DETAIL.reset(self.detail_every, self.detail_window)
-        if env.get(ENV_DETAIL_QUIET) == "1" and self.detail_every > 1:
+        if env.get(ENV_DETAIL_QUIET) in ("1", "alternate") and self.detail_every > 1:
+            DETAIL.alternate = env.get(ENV_DETAIL_QUIET) == "alternate"
             quiet_ranges()
         self.be_backend_requested = (env.get(ENV_BE_BACKEND) or DEFAULT_BE_BACKEND).lower()
         self.be_backend = "dispatch"
