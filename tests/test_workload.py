@@ -290,25 +290,31 @@ def test_recorded_kv_pressure_counts_preemptions_and_warns(tmp_path: Path):
     assert any("KV cache usage is high: " in t for t in logs)
 
 
+def _record_quiet(tmp_path: Path, mode: str, every: int, window: int, output_len: int) -> tuple[Path, dict]:
+    """A CPU recording of the workload with ``TELLER_DETAIL_QUIET=mode``; its run folder and the
+    detail gate's report (no hook error, no unbalanced range)."""
+    import os
+
+    run = tmp_path / "run"
+    env = dict(os.environ, TELLER_DETAIL_QUIET=mode)
+    rec = subprocess.run([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
+                          "--detail-every", str(every), "--detail-window", str(window), "--",
+                          sys.executable, "-m", "teller.workload", "serve", "--requests", "8", "--rate", "0",
+                          "--prompt-len", "uniform:4:12", "--output-len", str(output_len), "--seed", "3"],
+                         cwd=tmp_path, capture_output=True, timeout=300, env=env)
+    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
+    info = json.loads((run / "run.json").read_text())
+    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
+    return run, info["processes"][0]["collector"]["detail"]
+
+
 @pytest.mark.slow
 def test_alternate_quiet_blocks_sit_beside_light_ones(tmp_path: Path):
     """TELLER_DETAIL_QUIET=alternate: between the detail windows, every other block of W steps is
     quiet (STEP range only, ``quiet=1`` in its message), the others keep the light recording (FE
     ranges, no BE); benchmarks/detail_sampling.py --pace pairs the light blocks with the quiet ones."""
     pytest.importorskip("transformers")
-    import os
-
-    run = tmp_path / "run"
-    env = dict(os.environ, TELLER_DETAIL_QUIET="alternate")
-    rec = subprocess.run([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
-                          "--detail-every", "8", "--detail-window", "2", "--",
-                          sys.executable, "-m", "teller.workload", "serve", "--requests", "8", "--rate", "0",
-                          "--prompt-len", "uniform:4:12", "--output-len", "16", "--seed", "3"],
-                         cwd=tmp_path, capture_output=True, timeout=300, env=env)
-    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    info = json.loads((run / "run.json").read_text())
-    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
-    gate = info["processes"][0]["collector"]["detail"]
+    run, gate = _record_quiet(tmp_path, "alternate", 8, 2, 16)
     assert gate["quiet"] == "alternate" and gate["steps"] >= 16
 
     from teller.forest import Forest
@@ -348,19 +354,7 @@ def test_quiet_steps_record_their_step_range_only(tmp_path: Path):
     STEP range and nothing recorded inside it, detailed steps everything, with no unbalanced range;
     the greedy output is the engine's own (tests above), and --pace pairs the two kinds."""
     pytest.importorskip("transformers")
-    import os
-
-    run = tmp_path / "run"
-    env = dict(os.environ, TELLER_DETAIL_QUIET="1")
-    rec = subprocess.run([sys.executable, "-m", "teller.cli", "record", "-o", str(run), "--collector", "cpu",
-                          "--detail-every", "4", "--detail-window", "2", "--",
-                          sys.executable, "-m", "teller.workload", "serve", "--requests", "8", "--rate", "0",
-                          "--prompt-len", "uniform:4:12", "--output-len", "8", "--seed", "3"],
-                         cwd=tmp_path, capture_output=True, timeout=300, env=env)
-    assert rec.returncode == 0, rec.stderr.decode()[-2000:]
-    info = json.loads((run / "run.json").read_text())
-    assert info["counts"]["hook_errors"] == 0 and info["counts"]["unbalanced_pops"] == 0
-    gate = info["processes"][0]["collector"]["detail"]
+    run, gate = _record_quiet(tmp_path, "1", 4, 2, 8)
     assert gate["quiet"] is True and gate["every"] == 4 and gate["window"] == 2
 
     from teller.forest import Forest
