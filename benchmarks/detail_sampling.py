@@ -76,6 +76,29 @@ def step_counts(run: str | Path) -> dict[str, Any]:
     return out
 
 
+def _blocks(member: np.ndarray):
+    """Each run of consecutive members ``[a, b)`` with the positions of as many iterations on
+    either side of it (``around``)."""
+    edges = np.flatnonzero(np.diff(np.r_[0, member.astype(np.int8), 0]))
+    for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+        w = b - a
+        yield a, b, np.r_[np.arange(max(0, a - w), a), np.arange(b, min(len(member), b + w))]
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    return x[np.isfinite(x)]
+
+
+def _mean_ci(ratios: list[float], name: str) -> dict[str, float]:
+    """``NAME_mean``, ``NAME_ci95`` (half-width of the t interval; NaN for one ratio) and
+    ``NAME_median`` of the ratios minus one."""
+    from scipy import stats
+
+    r = np.asarray(ratios) - 1.0
+    half = float(stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else float("nan")
+    return {f"{name}_mean": float(r.mean()), f"{name}_ci95": half, f"{name}_median": float(np.median(r))}
+
+
 def pace(run: str | Path) -> dict[str, Any]:
     """The in-run cost of detail (module docstring): per window, its median time per token over
     that of its light neighbours; their mean and 95% interval (t), and the switch iterations'."""
@@ -104,61 +127,39 @@ def pace(run: str | Path) -> dict[str, Any]:
         per_tok = np.where(tok > 0, dur / np.where(tok > 0, tok, 1), np.nan)
     ratios: list[float] = []
     sw_excess: list[float] = []
-    for p in np.unique(pid):
-        o = np.flatnonzero(pid == p)
-        o = o[np.argsort(start[o], kind="stable")]
+    lanes = [o[np.argsort(start[o], kind="stable")] for o in (np.flatnonzero(pid == p) for p in np.unique(pid))]
+    for o in lanes:  # per process, in time order
         o = o[~warm[o]]
         d, x, s = detailed[o], per_tok[o], is_switch[o]
-        edges = np.flatnonzero(np.diff(np.r_[0, d.astype(np.int8), 0]))
-        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):  # windows [a, b)
-            w = b - a
-            lo, hi = max(0, a - w), min(len(o), b + w)
+        for a, b, around in _blocks(d):  # detailed windows [a, b)
             inside = np.arange(a, b)
-            around = np.r_[np.arange(lo, a), np.arange(b, hi)]
-            xi, xa = x[inside[~s[inside]]], x[around[~d[around] & ~s[around]]]
-            xi, xa = xi[np.isfinite(xi)], xa[np.isfinite(xa)]
+            xi, xa = _finite(x[inside[~s[inside]]]), _finite(x[around[~d[around] & ~s[around]]])
             if len(xi) and len(xa):
                 ratios.append(float(np.median(xi) / np.median(xa)))
-            xs = x[around[s[around]]]
-            xs = xs[np.isfinite(xs)]
+            xs = _finite(x[around[s[around]]])
             if len(xs) and len(xa):
                 sw_excess += (xs / np.median(xa) - 1.0).tolist()
-    r = np.asarray(ratios) - 1.0
     out: dict[str, Any] = {"run": str(rd.path), "iterations": int(len(sid)), "detailed": int(detailed.sum()),
-                           "switch_iterations": int(is_switch.sum()), "windows_paired": int(len(r))}
-    if len(r):
-        from scipy import stats
-
-        half = float(stats.t.ppf(0.975, len(r) - 1) * r.std(ddof=1) / np.sqrt(len(r))) if len(r) > 1 else float("nan")
-        out.update(detail_cost_mean=float(r.mean()), detail_cost_ci95=half, detail_cost_median=float(np.median(r)))
+                           "switch_iterations": int(is_switch.sum()), "windows_paired": len(ratios)}
+    if ratios:
+        out.update(_mean_ci(ratios, "detail_cost"))
     if sw_excess:
         out["switch_excess_median"] = float(np.median(sw_excess))
     # TELLER_DETAIL_QUIET=alternate: light blocks against the quiet blocks beside them
     quiet = np.asarray([" quiet=1" in (names.get(int(q), "") or "") for q in sid], bool)
     if quiet.any() and (~quiet & ~detailed).any():
         lr: list[float] = []
-        for p in np.unique(pid):
-            o = np.flatnonzero(pid == p)
-            o = o[np.argsort(start[o], kind="stable")]
+        for o in lanes:
             o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
             q, x = quiet[o], per_tok[o]
-            light = ~q
-            edges = np.flatnonzero(np.diff(np.r_[0, light.astype(np.int8), 0]))
-            for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):  # light blocks [a, b)
-                w = b - a
-                around = np.r_[np.arange(max(0, a - w), a), np.arange(b, min(len(o), b + w))]
-                xl, xq = x[a:b], x[around[q[around]]]
-                xl, xq = xl[np.isfinite(xl)], xq[np.isfinite(xq)]
+            for a, b, around in _blocks(~q):  # light blocks [a, b)
+                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
                 if len(xl) and len(xq):
                     lr.append(float(np.median(xl) / np.median(xq)))
-        r2 = np.asarray(lr) - 1.0
-        out["light_blocks_paired"] = int(len(r2))
+        out["light_blocks_paired"] = len(lr)
         out["quiet_iterations"] = int(quiet.sum())
-        if len(r2) > 1:
-            from scipy import stats
-
-            out.update(light_cost_mean=float(r2.mean()), light_cost_median=float(np.median(r2)),
-                       light_cost_ci95=float(stats.t.ppf(0.975, len(r2) - 1) * r2.std(ddof=1) / np.sqrt(len(r2))))
+        if len(lr) > 1:
+            out.update(_mean_ci(lr, "light_cost"))
     return out
 
 

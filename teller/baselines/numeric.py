@@ -421,25 +421,6 @@ class TellerNumericDeployment(TellerNumeric):
 
 def step_lanes(steps: StepSet) -> np.ndarray:
     """Per step: its lane for episodes (:mod:`teller.localize.episodes`): one code per run and rank
-    in the vertical view, per run in the horizontal one (kept in ``steps.extra``)."""
-    got = steps.extra.get("lane")
-    if got is not None and len(got) == steps.n:
-        return got
-    rank = np.zeros(steps.n, np.int64)
-    if steps.view == "vertical":
-        t = pq.read_table(Path(steps.dataset) / "records.parquet", columns=["run_id", "step_id", "rank", "view"])
-        t = t.filter(pc.equal(t.column("view"), "vertical"))
-        runs = np.asarray(steps.runs).astype(str)
-        rc = np.searchsorted(runs, _str(t.column("run_id")))
-        ok = (rc < len(runs)) & (runs[np.minimum(rc, len(runs) - 1)] == _str(t.column("run_id")))
-        key = rc[ok].astype(np.int64) << 40 | t.column("step_id").to_numpy()[ok].astype(np.int64)
-        rk = t.column("rank").to_numpy(zero_copy_only=False)[ok].astype(np.int64)
-        mine = steps.run_code.astype(np.int64) << 40 | steps.step_id.astype(np.int64)
-        o = np.argsort(key, kind="stable")
-        pos = np.clip(np.searchsorted(key[o], mine), 0, max(len(key) - 1, 0))
-        hit = len(key) > 0 and (key[o][pos] == mine)
-        rank = np.where(hit, rk[o][pos], 0) if len(key) else rank
-    out = steps.run_code.astype(np.int64) * 1024 + np.clip(rank, 0, 1023)
-    steps.extra["lane"] = out
-    return out
-
+    in the vertical view, per run in the horizontal one."""
+    rank = steps.rank if steps.view == "vertical" and steps.rank is not None else np.zeros(steps.n, np.int64)
+    return steps.run_code.astype(np.int64) * 1024 + np.clip(rank, 0, 1023)

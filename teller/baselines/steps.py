@@ -81,6 +81,7 @@ class StepSet:
     held_out_mechanisms: list[str] = field(default_factory=list)
     features: Any = None
     extra: dict[str, Any] = field(default_factory=dict)  # inputs of other methods (numeric: instances)
+    rank: np.ndarray | None = None  # the rank of the step's representative record (vertical: the step's rank)
 
     @property
     def n(self) -> int:
@@ -99,7 +100,7 @@ class StepSet:
             [self.explanation[i] for i in idx.tolist()], self.n_requests[idx],
             {k: v[idx] for k, v in self.split.items()}, self.unit_key[keep_units],
             np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), inv.reshape(-1).astype(np.int64), self.records,
-            self.dataset, self.held_out_mechanisms, None)
+            self.dataset, self.held_out_mechanisms, None, rank=None if self.rank is None else self.rank[idx])
 
 
 def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -172,7 +173,8 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
         explanation=[x if a else "" for x, a in zip(_str(t.column("explanation"))[first].tolist(), is_ab, strict=True)],
         n_requests=np.bincount(inv, minlength=n).astype(np.int64), split=split, unit_key=unit_key,
         unit_ptr=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), unit_idx=unit_idx.reshape(-1).astype(np.int64),
-        records=int(t.num_rows), dataset=str(ds), held_out_mechanisms=list(held))
+        records=int(t.num_rows), dataset=str(ds), held_out_mechanisms=list(held),
+        rank=t.column("rank").to_numpy(zero_copy_only=False)[first].astype(np.int64))
     if limit_steps is not None and limit_steps < n:
         if limit_steps < 1:
             raise TellerError(f"--limit-steps {limit_steps}: expected a number of steps ≥ 1")
