@@ -317,6 +317,30 @@ def test_admission_delay_counts_idle_iterations_after_arrival():
     assert np.isnan(admission_delay(start, end, pid, np.full(4, -1), req_step, arrival)).all()
 
 
+def test_admission_delay_counts_the_engine_idle_after_arrival():
+    """Iterations of one process (ms): [0, 10), [10, 20), idle, [81, 91), idle, [200, 210); the
+    queue always empty. D arrives at 21 and is first served at 81 (the engine idle for 60 ms after
+    it: a held request); E arrives at 199.9 and is served at 200 (a woken engine: no delay); F
+    arrives at 5 and is served at 200: the iterations [10, 20) and [81, 91) and both idle stretches
+    (61 + 109 ms) count. Without idle stretches (a dataset's sampled iterations) only iterations do."""
+    ms = 1_000_000
+    start = np.array([0, 10, 81, 200]) * ms
+    end = start + 10 * ms
+    req_step = np.array([2, 3, 3])
+    arrival = np.array([21 * ms, 199_900_000, 5 * ms])
+    d = admission_delay(start, end, np.full(4, 7), np.zeros(4, np.int64), req_step, arrival)
+    np.testing.assert_array_equal(d, [np.nan, np.nan, 60 * ms, (10 + 10 + 61 + 109) * ms])
+    e_only = admission_delay(start, end, np.full(4, 7), np.zeros(4, np.int64), req_step[1:2], arrival[1:2])
+    assert e_only[3] == 0  # picked up within IDLE_PICKUP_NS
+    d = admission_delay(start, end, np.full(4, 7), np.zeros(4, np.int64), req_step, arrival, idle_gaps=False)
+    np.testing.assert_array_equal(d, [np.nan, np.nan, 0, 20 * ms])
+    # an idle stretch before the process's first iteration (start-up) is not a delay: G arrives
+    # 50 ms before the first iteration (times shifted by 100 ms) and is served by it
+    g = admission_delay(start + 100 * ms, end + 100 * ms, np.full(4, 7), np.zeros(4, np.int64), np.array([0]),
+                        np.array([50 * ms]))
+    assert g[0] == 0
+
+
 def test_admission_delay_of_a_recorded_run(tmp_path):
     """A real CPU recording (examples/cpu_normal) with its service logs: the steps that admit a
     request whose arrival was logged carry the feature, 0 in this fault-free run; the others NaN."""

@@ -124,7 +124,8 @@ def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray)
         d = request_admission_delay(*(col[c][rows] for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")),
                                     rec.column("request_id").take(pa.array(m)), rsid[m],
                                     first.column("request_id").take(pa.array(f)),
-                                    first.column("ts_ns_min").to_numpy()[f])
+                                    first.column("ts_ns_min").to_numpy()[f],
+                                    idle_gaps=False)  # the dataset keeps the sampled steps' iterations only
         ok = pos[rows] >= 0
         out[pos[rows][ok]] = d[ok]
     return out
