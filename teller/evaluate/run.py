@@ -98,7 +98,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if not usable:
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
-    if any(REGISTRY[m].needs_instances for m in methods):  # the stage's instances, CUPTI memory kinds included
+    if any(getattr(REGISTRY[m], "needs_instances", False) for m in methods):  # the stage's instances, CUPTI memory kinds included
         from teller.baselines.numeric import unit_instances
 
         steps.extra["instances"] = unit_instances(steps, sub)
