@@ -108,7 +108,7 @@ def pace(run: str | Path) -> dict[str, Any]:
     it = rd.read_table("iterations")
     st = rd.read_table("steps")
     names = dict(zip(st.column("step_id").to_pylist(), st.column("name").to_pylist(), strict=True))
-    f = pq.read_table(rd.path / "forest.parquet", columns=["name", "step_idx", "pid"])
+    f = pq.read_table(rd.path / "forest.parquet", columns=["name", "step_idx", "pid", "start_ns", "end_ns"])
     sw_name = np.asarray([str(x or "") for x in f.column("name").to_pylist()], dtype=object)
     six = f.column("step_idx").to_numpy(zero_copy_only=False)
     fpid = f.column("pid").to_numpy(zero_copy_only=False)
@@ -149,17 +149,115 @@ def pace(run: str | Path) -> dict[str, Any]:
     quiet = np.asarray([" quiet=1" in (names.get(int(q), "") or "") for q in sid], bool)
     if quiet.any() and (~quiet & ~detailed).any():
         lr: list[float] = []
+        first: list[bool] = []  # the block is the first light one after a detail window
         for o in lanes:
-            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
+            o = o[~warm[o]]
+            # per iteration of the lane: light blocks seen since the last detailed iteration
+            after = np.zeros(len(o), np.int64)
+            last_detail, blocks_since, prev_light = -1, 0, False
+            for j, k in enumerate(o.tolist()):
+                light = not detailed[k] and not quiet[k] and not is_switch[k]
+                if detailed[k]:
+                    last_detail, blocks_since = j, 0
+                elif light and not prev_light and last_detail >= 0:
+                    blocks_since += 1
+                after[j] = blocks_since if last_detail >= 0 else 0
+                prev_light = light
+            keep = ~detailed[o] & ~is_switch[o]
+            o, after = o[keep], after[keep]
             q, x = quiet[o], per_tok[o]
             for a, b, around in _blocks(~q):  # light blocks [a, b)
                 xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
                 if len(xl) and len(xq):
                     lr.append(float(np.median(xl) / np.median(xq)))
+                    first.append(bool(after[a] == 1))
         out["light_blocks_paired"] = len(lr)
         out["quiet_iterations"] = int(quiet.sum())
         if len(lr) > 1:
             out.update(_mean_ci(lr, "light_cost"))
+        f1 = np.asarray(first, bool)
+        r = np.asarray(lr)
+        for name, m in (("first_after_window", f1), ("later", ~f1)):
+            out[f"light_blocks_{name}"] = int(m.sum())
+            if m.sum() > 1:
+                out.update(_mean_ci(r[m].tolist(), f"light_cost_{name}"))
+    marks = _pause_marks(sw_name, fpid, f.column("start_ns").to_numpy(), f.column("end_ns").to_numpy(),
+                         pid, start, dur)
+    if marks is not None:
+        out["pauses"] = _pause_effect(marks, lanes, warm, detailed, is_switch, quiet, per_tok, dur)
+    return out
+
+
+#: the ranges ``TELLER_MARK_PAUSES=1`` records (teller.record.runtime.ENV_MARK_PAUSES)
+_MARKS = {"gc0": "gc gen=0", "gc1": "gc gen=1", "gc2": "gc gen=2", "flush": "teller_flush",
+          "cupti": "teller_cupti_buffer"}
+
+
+def _pause_marks(names, fpid, fstart, fend, pid, start, dur) -> dict[str, Any] | None:
+    """Per iteration, the ns of each kind of pause mark overlapping it (any thread of its
+    process: a collection or a flush holds the GIL the engine thread needs), and per kind the
+    marks' count and total ms. None when the run has no marks."""
+    out: dict[str, Any] = {"overlap": {}, "marks": {}}
+    end = start + dur.astype(np.int64)
+    found = False
+    for kind, nm in _MARKS.items():
+        m = (names == nm) | (names == "OTHER " + nm)
+        found |= bool(m.any())
+        ms, me, mp = fstart[m], fend[m], fpid[m]
+        ov = np.zeros(len(start))
+        for p in np.unique(mp):
+            a, b = ms[mp == p], me[mp == p]
+            o = np.flatnonzero(pid == p)
+            for lo in range(0, len(a), 4096):  # (iterations × marks) in blocks
+                s_, e_ = a[lo:lo + 4096], b[lo:lo + 4096]
+                ov[o] += np.clip(np.minimum(end[o, None], e_[None]) - np.maximum(start[o, None], s_[None]),
+                                 0, None).sum(1)
+        out["overlap"][kind] = ov
+        d = (me - ms) / 1e6
+        out["marks"][kind] = {"count": int(m.sum()), "total_ms": float(d.sum()),
+                              "median_ms": float(np.median(d)) if len(d) else None,
+                              "p99_ms": float(np.percentile(d, 99)) if len(d) else None}
+    return out if found else None
+
+
+def _pause_effect(marks, lanes, warm, detailed, is_switch, quiet, per_tok, dur) -> dict[str, Any]:
+    """How the marked pauses fall on light, quiet and detailed iterations, and the light blocks'
+    cost against the quiet ones again with the iterations a pause touched left out on both sides
+    (``light_cost_without_*``): if the pauses are what makes some light blocks slow, their mean
+    falls and its interval narrows."""
+    ov = marks["overlap"]
+    gc_any = ov["gc0"] + ov["gc1"] + ov["gc2"]
+    out: dict[str, Any] = {"marks": marks["marks"]}
+    keep = ~warm & ~is_switch
+    for cls, m in (("light", ~quiet & ~detailed), ("quiet", quiet), ("detailed", detailed)):
+        m = m & keep
+        if not m.any():
+            continue
+        out[cls] = {"iterations": int(m.sum()),
+                    "median_iteration_ms": float(np.median(dur[m]) / 1e6),
+                    "gc_ms_per_iteration": float(gc_any[m].mean() / 1e6),
+                    "gc2_ms_per_iteration": float(ov["gc2"][m].mean() / 1e6),
+                    "flush_ms_per_iteration": float(ov["flush"][m].mean() / 1e6),
+                    "cupti_ms_per_iteration": float(ov["cupti"][m].mean() / 1e6),
+                    "share_touched_by_cupti": float((ov["cupti"][m] > 0).mean()),
+                    "share_touched_by_gc1_or_gc2": float(((ov["gc1"] + ov["gc2"])[m] > 0).mean()),
+                    "share_touched_by_flush": float((ov["flush"][m] > 0).mean())}
+    if not (quiet.any() and (~quiet & ~detailed).any()):
+        return out
+    for name, bad in (("gc", gc_any > 0), ("gc12", (ov["gc1"] + ov["gc2"]) > 0), ("flush", ov["flush"] > 0),
+                      ("cupti", ov["cupti"] > 0), ("any", (gc_any + ov["flush"] + ov["cupti"]) > 0)):
+        lr: list[float] = []
+        for o in lanes:
+            o = o[keep[o] & ~detailed[o]]
+            q, x, b = quiet[o], per_tok[o], bad[o]
+            for a, e, around in _blocks(~q):
+                xl = _finite(x[a:e][~b[a:e]])
+                xq = _finite(x[around[q[around] & ~b[around]]])
+                if len(xl) and len(xq):
+                    lr.append(float(np.median(xl) / np.median(xq)))
+        out[f"light_blocks_paired_without_{name}"] = len(lr)
+        if len(lr) > 1:
+            out.update(_mean_ci(lr, f"light_cost_without_{name}"))
     return out
 
 

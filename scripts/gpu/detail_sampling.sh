@@ -9,8 +9,10 @@
 # measure a detailed step's cost inside that one run (benchmarks/detail_sampling.py --pace ->
 # $OUT/pace.json); ",quiet" makes the other steps record nothing inside their STEP range
 # (TELLER_DETAIL_QUIET=1), so the pairs measure detail against almost no recording; ",alternate"
-# makes every other block of W light steps quiet, so light blocks pair with quiet ones; CONFIGS "-"
-# skips the matrix
+# makes every other block of W light steps quiet, so light blocks pair with quiet ones; a fourth
+# field "marks" records the pauses (TELLER_MARK_PAUSES=1), a fifth the CUPTI decoding
+# (--cupti-decode, default inline); PACE_TAG names the outputs ($OUT/$PACE_TAG.json, default pace);
+# CONFIGS "-" skips the matrix
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
 BUDGET=${1:-560}
@@ -30,15 +32,20 @@ if [ "$CHECK" = "1" ]; then
 fi
 PACE=${6:-}
 if [ -n "$PACE" ]; then
-  IFS=, read -r K WIN QUIET <<< "$PACE"
+  IFS=, read -r K WIN QUIET MARKS DECODE <<< "$PACE"
   [ "$QUIET" = "quiet" ] && export TELLER_DETAIL_QUIET=1
   [ "$QUIET" = "alternate" ] && export TELLER_DETAIL_QUIET=alternate
-  python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" -- \
+  [ "$MARKS" = "marks" ] && export TELLER_MARK_PAUSES=1
+  TAG=${PACE_TAG:-pace}
+  python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" \
+    --cupti-decode "${DECODE:-inline}" -- \
     python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 \
-    --seed 0 --requests "$REQUESTS" > "$OUT/pace_record.log" 2>&1
-  python3 -m teller.cli reconstruct /tmp/pace_run >> "$OUT/pace_record.log" 2>&1
-  python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/pace.json" > /dev/null 2>"$OUT/pace.err"
-  python3 -c "import json; print(json.load(open('$OUT/pace.json'))[0]['pace'])"
+    --seed 0 --requests "$REQUESTS" > "$OUT/${TAG}_record.log" 2>&1
+  python3 -m teller.cli reconstruct /tmp/pace_run >> "$OUT/${TAG}_record.log" 2>&1
+  cp /tmp/pace_run/run.json "$OUT/${TAG}_run.json"
+  python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/$TAG.json" > /dev/null 2>"$OUT/$TAG.err"
+  python3 -c "import json; print(json.load(open('$OUT/$TAG.json'))[0]['pace'])"
+  unset TELLER_MARK_PAUSES
   echo "pace done after $(( $(date +%s) - T0 )) s"
   unset TELLER_DETAIL_QUIET
 fi

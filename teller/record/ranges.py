@@ -100,6 +100,25 @@ class RangeRecorder:
         code = st.pop()
         t.data.extend((start, end, code, 0))
 
+    def code(self, msg: str) -> int:
+        """The code of ``msg`` (interned once), for :meth:`add`."""
+        code = self._codes.get(msg)
+        return self._intern(msg) if code is None else code
+
+    def add(self, code: int, start: int, end: int, create: bool = False) -> bool:
+        """Record a closed range (``time.perf_counter_ns`` times) on the calling thread without
+        touching its open-range stack: for callbacks that may interrupt a push or a pop (the
+        interpreter's garbage collections). On a thread that never opened a range nothing is
+        recorded and False returned (its buffer would be created under a lock the interrupted
+        code may hold), unless ``create`` (never from a callback)."""
+        t = getattr(self._tls, "buf", None)
+        if t is None:
+            if not create:
+                return False
+            t = self._new_thread()
+        t.data.extend((start, end, code, 0))
+        return True
+
     @contextmanager
     def range(self, msg: str) -> Iterator[None]:
         """``with recorder.range("FE LlamaMLP"): ...``"""

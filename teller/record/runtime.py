@@ -77,6 +77,12 @@ DEFAULT_DETAIL_WINDOW = 8
 #: ``module:function`` entries, comma-separated, that the bootstrap calls with this module once
 #: recording is active (the fault campaign names its in-engine applier here)
 ENV_EXTENSIONS = "TELLER_EXTENSIONS"
+#: "1": record the interpreter's garbage collections (``OTHER gc gen=N``, on the thread that ran
+#: each), the flusher's work (``OTHER teller_flush``, on its own thread) and the CUPTI collector's
+#: buffer callbacks (``OTHER teller_cupti_buffer``, on CUPTI's thread) as ranges, to see what
+#: pauses the engine's threads (a measurement setting, docs/overhead.md; off by default: the ranges
+#: land inside the steps' subtrees, which the models were not trained with)
+ENV_MARK_PAUSES = "TELLER_MARK_PAUSES"
 
 COLLECTORS = ("cpu", "cupti", "kineto")
 #: how aten ops (BE ranges) are recorded: PyTorch's profiler (C++ RecordFunction callbacks) or a
@@ -180,6 +186,49 @@ def range(msg: str) -> Iterator[None]:  # noqa: A001 - mirrors nvtx.range
         yield
     finally:
         pop()
+
+
+class PauseMarks:
+    """``gc.callbacks`` entry recording each collection as an ``OTHER gc gen=N`` range on the
+    thread that ran it (:data:`ENV_MARK_PAUSES`). Collections do not nest and run under the GIL,
+    so one start time serves every thread; a collection on a thread that never opened a range is
+    counted, not recorded (:meth:`~teller.record.ranges.RangeRecorder.add`)."""
+
+    def __init__(self) -> None:
+        rec = _ranges.RECORDER
+        self.codes = [rec.code(f"OTHER gc gen={g}") for g in (0, 1, 2)]  # (range is the context manager here)
+        self.flush_code = rec.code("OTHER teller_flush")
+        self.cupti_code = rec.code("OTHER teller_cupti_buffer")
+        self.t0 = 0
+        self.marked = [0, 0, 0]
+        self.skipped = 0
+        self.errors = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        try:
+            if phase == "start":
+                self.t0 = time.perf_counter_ns()
+                return
+            t0, self.t0 = self.t0, 0
+            if not t0:
+                return
+            g = min(max(int(info.get("generation", 2)), 0), 2)
+            if _ranges.RECORDER.add(self.codes[g], t0, time.perf_counter_ns()):
+                self.marked[g] += 1
+            else:
+                self.skipped += 1
+        except Exception:
+            self.errors += 1
+
+    def mark(self, code: int, t0: int) -> None:
+        """A range from ``t0`` to now on the calling thread (TELLER's own threads and callbacks)."""
+        try:
+            _ranges.RECORDER.add(code, t0, time.perf_counter_ns(), create=True)
+        except Exception:
+            self.errors += 1
+
+    def info(self) -> dict[str, Any]:
+        return {"gc_marked": list(self.marked), "gc_skipped": self.skipped, "errors": self.errors}
 
 
 _step_ids = itertools.count()
@@ -454,6 +503,7 @@ class Runtime:
         self._prev_handlers: dict[int, Any] = {}
         self.flushes = 0
         self.flusher_tid: int | None = None
+        self.pause_marks: PauseMarks | None = PauseMarks() if env.get(ENV_MARK_PAUSES) == "1" else None
 
     # ---- activation (sitecustomize time: light) -------------------------------------------
     def install(self) -> None:
@@ -502,6 +552,10 @@ class Runtime:
                 self._stopped = True
                 return
             self._started = True
+        if self.pause_marks is not None:
+            import gc
+
+            gc.callbacks.append(self.pause_marks)
         self._start_flusher()
         self.write_proc_info("running")
 
@@ -578,8 +632,12 @@ class Runtime:
     def _flush_loop(self) -> None:
         _name_os_thread("teller-flush")  # so top -H and /proc/PID/task/*/comm tell it apart
         self.flusher_tid = threading.get_native_id()  # after the name: whoever sees the id sees the name
+        marks = self.pause_marks
         while not self._stop_evt.wait(self.flush_s):
+            t0 = time.perf_counter_ns()
             self.flush()
+            if marks is not None:  # drained at the next flush
+                marks.mark(marks.flush_code, t0)
 
     def collectors(self) -> list[Any]:
         out = []
@@ -787,6 +845,7 @@ class Runtime:
             "hook_errors": dict(_hook_errors),
             "messages": list(_messages),
             "flushes": self.flushes,
+            "pause_marks": self.pause_marks.info() if self.pause_marks is not None else None,
         }
 
     def _be_backend_now(self) -> str:

@@ -1258,6 +1258,13 @@ class CuptiCollector:
                 pass
             self._error(f"decode: {type(e).__name__}: {e}")
         self.callback_ns += time.perf_counter_ns() - t0
+        self._mark(t0)
+
+    def _mark(self, t0: int) -> None:
+        """The callback as a range of its own when the runtime marks pauses (TELLER_MARK_PAUSES)."""
+        pm = getattr(getattr(self.rt, "RUNTIME", None), "pause_marks", None)
+        if pm is not None:
+            pm.mark(pm.cupti_code, t0)
 
     def _raw_completed(self, buf: np.ndarray, valid: int) -> None:
         """A completed raw buffer: decoded now (inline) or copied aside (deferred)."""
@@ -1280,6 +1287,7 @@ class CuptiCollector:
             self.lost_buffers += 1
             self._error(f"buffer: {type(e).__name__}: {e}")
         self.callback_ns += time.perf_counter_ns() - t0
+        self._mark(t0)
 
     def _decode_buffer(self, buf: np.ndarray, valid: int) -> None:
         """Decode one raw buffer into the sink (caller holds the lock); a bad buffer is counted lost."""
