@@ -99,7 +99,7 @@ def _mean_ci(ratios: list[float], name: str) -> dict[str, float]:
     return {f"{name}_mean": float(r.mean()), f"{name}_ci95": half, f"{name}_median": float(np.median(r))}
 
 
-def pace(run: str | Path) -> dict[str, Any]:
+def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
     """The in-run cost of detail (module docstring): per window, its median time per token over
     that of its light neighbours; their mean and 95% interval (t), and the switch iterations'."""
     import pyarrow.parquet as pq
@@ -119,12 +119,23 @@ def pace(run: str | Path) -> dict[str, Any]:
     idx = it.column("step_idx").to_numpy()
     start = it.column("start_ns").to_numpy()
     dur = it.column("dur_ns").to_numpy().astype(float)
-    tok = (it.column("prefill").to_numpy() + it.column("decode").to_numpy()).astype(float)
+    pre = it.column("prefill").to_numpy().astype(float)
+    dec = it.column("decode").to_numpy().astype(float)
+    tok = pre + dec
     warm = it.column("warmup").to_numpy(zero_copy_only=False).astype(bool)
     detailed = ~without_detail([names.get(int(s), "") or "" for s in sid])
     is_switch = np.asarray([(int(p), int(i)) in switch_keys for p, i in zip(pid, idx, strict=True)], bool)
     with np.errstate(all="ignore"):
         per_tok = np.where(tok > 0, dur / np.where(tok > 0, tok, 1), np.nan)
+    quiet = np.asarray([" quiet=1" in (names.get(int(q), "") or "") for q in sid], bool)
+    if iterations is not None:  # one row per iteration (--iterations-out)
+        import pyarrow as pa
+
+        cls = np.where(detailed, "D", np.where(quiet, "Q", "L"))
+        iterations.append(pa.table({"run": [str(rd.path)] * len(sid), "pid": pid, "cls": cls.tolist(),
+                                    "switch": is_switch, "warmup": warm, "start_ns": start,
+                                    "dur_ns": it.column("dur_ns").to_numpy(), "prefill": pre.astype(np.int64),
+                                    "decode": dec.astype(np.int64)}))
     ratios: list[float] = []
     sw_excess: list[float] = []
     lanes = [o[np.argsort(start[o], kind="stable")] for o in (np.flatnonzero(pid == p) for p in np.unique(pid))]
@@ -146,7 +157,6 @@ def pace(run: str | Path) -> dict[str, Any]:
     if sw_excess:
         out["switch_excess_median"] = float(np.median(sw_excess))
     # TELLER_DETAIL_QUIET=alternate: light blocks against the quiet blocks beside them
-    quiet = np.asarray([" quiet=1" in (names.get(int(q), "") or "") for q in sid], bool)
     if quiet.any() and (~quiet & ~detailed).any():
         lr: list[float] = []
         first: list[bool] = []  # the block is the first light one after a detail window
@@ -175,6 +185,53 @@ def pace(run: str | Path) -> dict[str, Any]:
         out["quiet_iterations"] = int(quiet.sum())
         if len(lr) > 1:
             out.update(_mean_ci(lr, "light_cost"))
+        # the batch's make-up: a prefill costs less per token than a decode, so blocks that admit
+        # requests read faster per token; the same pairing over decode-only iterations (time per
+        # decode token) takes that out
+        with np.errstate(all="ignore"):
+            per_dec = np.where((pre == 0) & (dec > 0), dur / np.where(dec > 0, dec, 1), np.nan)
+        ld: list[float] = []
+        for o in lanes:
+            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
+            q, x = quiet[o], per_dec[o]
+            for a, b, around in _blocks(~q):
+                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
+                if len(xl) and len(xq):
+                    ld.append(float(np.median(xl) / np.median(xq)))
+        out["light_blocks_paired_decode_only"] = len(ld)
+        if len(ld) > 1:
+            out.update(_mean_ci(ld, "light_cost_decode_only"))
+        keep_ = ~warm & ~is_switch
+        for cls, m in (("light", ~quiet & ~detailed & keep_), ("quiet", quiet & keep_)):
+            if m.any():
+                out[f"{cls}_batch"] = {"iterations": int(m.sum()), "with_prefill": float((pre[m] > 0).mean()),
+                                       "prefill_tokens_mean": float(pre[m].mean()),
+                                       "decode_tokens_mean": float(dec[m].mean())}
+        # steady state: the run's start and its drain, when the queue has emptied and batches
+        # shrink to a few tokens, make time per token climb steeply (a fixed cost per iteration
+        # over fewer tokens), and a block with quiet neighbours on one side only (the run's last)
+        # then reads as several times slower. Only iterations serving at least half the lane's
+        # median tokens, and blocks with quiet neighbours on both sides, are paired here.
+        ls: list[float] = []
+        for o in lanes:
+            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
+            if not len(o):
+                continue
+            steady = tok[o] >= 0.5 * np.median(tok[o])
+            q, x = quiet[o], np.where(steady, per_tok[o], np.nan)
+            for a, b, around in _blocks(~q):
+                before, after_ = around[around < a], around[around >= b]
+                if not (q[before].any() and q[after_].any()):
+                    continue
+                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
+                if len(xl) and len(xq):
+                    ls.append(float(np.median(xl) / np.median(xq)))
+        out["light_blocks_paired_steady"] = len(ls)
+        if len(ls) > 1:
+            out.update(_mean_ci(ls, "light_cost_steady"))
+            out["light_cost_steady_ratios"] = ls
+        out["light_cost_ratios"] = lr
+        out.update(_regime_pairs(lanes, warm, detailed, is_switch, quiet, tok, dur))
         f1 = np.asarray(first, bool)
         r = np.asarray(lr)
         for name, m in (("first_after_window", f1), ("later", ~f1)):
@@ -185,6 +242,59 @@ def pace(run: str | Path) -> dict[str, Any]:
                          pid, start, dur)
     if marks is not None:
         out["pauses"] = _pause_effect(marks, lanes, warm, detailed, is_switch, quiet, per_tok, dur)
+    return out
+
+
+def _otsu(x: np.ndarray) -> float:
+    """The cut of ``x`` that maximises the between-class variance of the two sides."""
+    x = np.sort(x)
+    n = len(x)
+    c = np.cumsum(x)
+    i = np.arange(1, n)
+    m0, m1 = c[:-1] / i, (c[-1] - c[:-1]) / (n - i)
+    k = int(np.argmax(i * (n - i) * (m0 - m1) ** 2))
+    return float((x[k] + x[k + 1]) / 2)
+
+
+def _regime_pairs(lanes, warm, detailed, is_switch, quiet, tok, dur) -> dict[str, Any]:
+    """Light blocks against their quiet neighbours within each of the engine's two paces.
+
+    On the H200 workload the engine's iterations of one batch shape take either about 20 ms or
+    about 70 ms, in runs of a few iterations, whatever is recorded (docs/overhead.md, session l):
+    a block's median then depends on how many of its iterations fell in the slow pace, and the
+    pairs' spread is that of the pace, not of the recording. Here the steady iterations (at least
+    half the lane's median tokens; warm-up, switch and detailed iterations out) are split at the
+    Otsu cut of log duration, and each light block's median duration is paired with its quiet
+    neighbours' within the fast pace (``light_cost_fast_*``) and within the slow one
+    (``light_cost_slow_*``); ``pace_fast_share_*`` says whether recording moves iterations from one
+    pace to the other."""
+    out: dict[str, Any] = {}
+    sel = [o[~warm[o] & ~detailed[o] & ~is_switch[o]] for o in lanes]
+    sel = [o[tok[o] >= 0.5 * np.median(tok[o])] for o in sel if len(o)]
+    allo = np.concatenate(sel) if sel else np.zeros(0, np.int64)
+    if len(allo) < 20 or not quiet[allo].any() or quiet[allo].all():
+        return out
+    cut = float(np.exp(_otsu(np.log(dur[allo].astype(float)))))
+    fast = dur < cut
+    out["pace_cut_ms"] = cut / 1e6
+    for cls, m in (("light", ~quiet[allo]), ("quiet", quiet[allo])):
+        out[f"pace_fast_share_{cls}"] = float(fast[allo][m].mean())
+        out[f"mean_iteration_ms_{cls}"] = float(dur[allo][m].mean() / 1e6)
+    dq = dur[allo][quiet[allo]].astype(float)
+    out["quiet_time_share_fast"] = float(dq[dq < cut].sum() / dq.sum())
+    for name, want in (("fast", True), ("slow", False)):
+        r: list[float] = []
+        for o in sel:
+            q = quiet[o]
+            x = np.where(fast[o] == want, dur[o].astype(float), np.nan)
+            for a, b, around in _blocks(~q):
+                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
+                if len(xl) and len(xq):
+                    r.append(float(np.median(xl) / np.median(xq)))
+        out[f"light_blocks_paired_{name}"] = len(r)
+        if len(r) > 1:
+            out.update(_mean_ci(r, f"light_cost_{name}"))
+            out[f"light_cost_{name}_ratios"] = r
     return out
 
 
@@ -261,13 +371,79 @@ def _pause_effect(marks, lanes, warm, detailed, is_switch, quiet, per_tok, dur) 
     return out
 
 
+def pool(tables: list[str]) -> dict[str, Any]:
+    """The light blocks' cost within each pace (:func:`_regime_pairs`) over the iteration tables
+    of several runs (``--iterations-out``), each run cut at its own pace: per run and pooled.
+    A table without the ``switch`` column (written before it existed) takes as switch iterations
+    the quiet one before each detail window and each window's last."""
+    import pyarrow.parquet as pq
+
+    per_run, pooled = [], {"fast": [], "slow": []}
+    for path in tables:
+        t = pq.read_table(path)
+        for run in sorted(set(t.column("run").to_pylist())):
+            r = t.filter(pa_equal(t, "run", run))
+            o = np.argsort(r.column("start_ns").to_numpy(), kind="stable")
+            cls = np.asarray(r.column("cls").to_pylist())[o]
+            if "switch" in r.column_names:
+                sw = r.column("switch").to_numpy(zero_copy_only=False)[o].astype(bool)
+            else:
+                nxt = np.append(cls[1:], "")
+                sw = ((cls == "Q") & (nxt == "D")) | ((cls == "D") & (nxt != "D"))
+            pid = r.column("pid").to_numpy()[o]
+            lanes = [np.flatnonzero(pid == p) for p in np.unique(pid)]
+            tok = (r.column("prefill").to_numpy() + r.column("decode").to_numpy())[o].astype(float)
+            res = _regime_pairs(lanes, r.column("warmup").to_numpy(zero_copy_only=False)[o].astype(bool),
+                                cls == "D", sw, cls == "Q", tok, r.column("dur_ns").to_numpy()[o])
+            for k in pooled:
+                pooled[k] += res.pop(f"light_cost_{k}_ratios", [])
+            per_run.append({"table": path, "run": run, "switch_column": "switch" in r.column_names, **res})
+    out: dict[str, Any] = {"runs": per_run}
+    for k, v in pooled.items():
+        out[f"light_blocks_paired_{k}"] = len(v)
+        if len(v) > 1:
+            out.update(_mean_ci(v, f"light_cost_{k}"))
+    # the two paces weighted by their share of the quiet iterations' time (the intervals taken as
+    # independent): what the light recording costs the engine's time as a whole
+    w = [r.get("quiet_time_share_fast") for r in per_run]
+    if all(x is not None for x in w) and "light_cost_fast_mean" in out and "light_cost_slow_mean" in out:
+        wf = float(np.mean(w))
+        out["quiet_time_share_fast"] = wf
+        out["light_cost_time_weighted_mean"] = wf * out["light_cost_fast_mean"] + (1 - wf) * out["light_cost_slow_mean"]
+        out["light_cost_time_weighted_ci95"] = float(np.hypot(wf * out["light_cost_fast_ci95"],
+                                                              (1 - wf) * out["light_cost_slow_ci95"]))
+    return out
+
+
+def pa_equal(t, col: str, value: str):
+    import pyarrow.compute as pc
+
+    return pc.equal(t.column(col), value)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--json")
     ap.add_argument("--pace", action="store_true", help="add the in-run cost of a detailed step (module docstring)")
+    ap.add_argument("--iterations-out", help="with --pace: write each run's iterations (class, times, tokens) to "
+                    "this Parquet file (several runs: a column names the run)")
+    ap.add_argument("--pool", action="store_true", help="RUNS are iteration tables (--iterations-out): the "
+                    "light blocks' cost within each engine pace, per run and pooled")
     a = ap.parse_args(argv)
-    res = [dict(step_counts(r), **({"pace": pace(r)} if a.pace else {})) for r in a.runs]
+    if a.pool:
+        text = json.dumps(pool(a.runs), indent=1)
+        if a.json:
+            Path(a.json).write_text(text)
+        print(text)
+        return 0
+    tables: list | None = [] if a.iterations_out else None
+    res = [dict(step_counts(r), **({"pace": pace(r, tables)} if a.pace else {})) for r in a.runs]
+    if tables:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.concat_tables(tables), a.iterations_out, compression="zstd")
     text = json.dumps(res, indent=1)
     if a.json:
         Path(a.json).write_text(text)

@@ -197,3 +197,55 @@ def test_unique_messages_are_not_interned_forever():
     assert {r["name"] for r in out if r["layer"] == "STEP"} == {f"STEP id={i + 1} reqs=req_{i}" for i in range(1000)}
     assert [r["name"] for r in rows(rec.drain(final=True))] == ["STEP id=0 reqs=open"]
     assert rec.info()["transient_names"] == 0
+
+
+def test_add_records_a_closed_range_without_touching_the_stack():
+    """RangeRecorder.add (for callbacks that may interrupt a push or a pop): nothing on a thread
+    that never opened a range, unless create; the open stack stays as it was."""
+    rec = RangeRecorder()
+    code = rec.code("OTHER gc gen=0")
+    assert rec.code("OTHER gc gen=0") == code  # interned once
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(rec.add(code, 5, 9)))
+    t.start()
+    t.join()
+    assert got == [False] and rec.drain() is None
+    rec.push("STEP id=1")
+    assert rec.add(code, 10, 20) and rec.depth() == 1
+    rec.pop()
+    r = rows(rec.drain())
+    assert [x["name"] for x in r] == ["OTHER gc gen=0", "STEP id=1"] and r[0]["layer"] == "OTHER"
+    t = threading.Thread(target=lambda: got.append(rec.add(code, 5, 9, create=True)))
+    t.start()
+    t.join()
+    assert got[-1] is True and len(rows(rec.drain())) == 1
+
+
+def test_pause_marks_record_garbage_collections_on_the_collecting_thread():
+    """TELLER_MARK_PAUSES: each collection becomes an ``OTHER gc gen=N`` range on the thread that
+    ran it, nested in that thread's open range by time; a collection on a thread without a buffer
+    is counted, not recorded."""
+    import gc
+
+    from teller.record import ranges as _ranges
+    from teller.record.runtime import PauseMarks
+
+    _ranges.RECORDER.drain()
+    pm = PauseMarks()
+    gc.callbacks.append(pm)
+    try:
+        t = threading.Thread(target=lambda: gc.collect(1))  # no range opened there
+        t.start()
+        t.join()
+        _ranges.RECORDER.push("FE Outer")
+        gc.collect(2)
+        gc.collect(0)
+        _ranges.RECORDER.pop()
+    finally:
+        gc.callbacks.remove(pm)
+    r = rows(_ranges.RECORDER.drain())
+    outer = [x for x in r if x["name"] == "FE Outer"][0]
+    marks = [x for x in r if x["name"].startswith("OTHER gc gen=")]
+    assert {x["name"] for x in marks} >= {"OTHER gc gen=2", "OTHER gc gen=0"}
+    assert all(outer["start"] <= x["start"] <= x["end"] <= outer["end"] and x["tid"] == outer["tid"] for x in marks)
+    assert pm.skipped >= 1 and pm.errors == 0 and pm.marked[2] >= 1 and pm.info()["gc_marked"] == pm.marked

@@ -12,6 +12,7 @@
 # makes every other block of W light steps quiet, so light blocks pair with quiet ones; a fourth
 # field "marks" records the pauses (TELLER_MARK_PAUSES=1), a fifth the CUPTI decoding
 # (--cupti-decode, default inline); PACE_TAG names the outputs ($OUT/$PACE_TAG.json, default pace);
+# PACE_OUTPUT_LEN the requests' output lengths (default 32), PACE_SEED the workload's seed (default 0);
 # CONFIGS "-" skips the matrix
 # Results: $OUT/detail_check.json, $OUT/record_k32.log and what overhead_long.sh writes.
 T0=$(date +%s)
@@ -39,12 +40,13 @@ if [ -n "$PACE" ]; then
   TAG=${PACE_TAG:-pace}
   python3 -m teller.cli record -o /tmp/pace_run --force --collector cupti --detail-every "$K" --detail-window "$WIN" \
     --cupti-decode "${DECODE:-inline}" -- \
-    python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 --output-len 32 \
-    --seed 0 --requests "$REQUESTS" > "$OUT/${TAG}_record.log" 2>&1
+    python3 -m teller.workload serve --device cuda --preset gpu --rate 0 --prompt-len uniform:32:128 \
+    --output-len "${PACE_OUTPUT_LEN:-32}" --seed "${PACE_SEED:-0}" --requests "$REQUESTS" > "$OUT/${TAG}_record.log" 2>&1
   python3 -m teller.cli reconstruct /tmp/pace_run >> "$OUT/${TAG}_record.log" 2>&1
   cp /tmp/pace_run/run.json "$OUT/${TAG}_run.json"
-  python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/$TAG.json" > /dev/null 2>"$OUT/$TAG.err"
-  python3 -c "import json; print(json.load(open('$OUT/$TAG.json'))[0]['pace'])"
+  python3 benchmarks/detail_sampling.py /tmp/pace_run --pace --json "$OUT/$TAG.json" \
+    --iterations-out "$OUT/${TAG}_iterations.parquet" > /dev/null 2>"$OUT/$TAG.err"
+  python3 -c "import json; p=json.load(open('$OUT/$TAG.json'))[0]['pace']; print({k: v for k, v in p.items() if not k.endswith('_ratios') and k != 'pauses'})"
   unset TELLER_MARK_PAUSES
   echo "pace done after $(( $(date +%s) - T0 )) s"
   unset TELLER_DETAIL_QUIET
