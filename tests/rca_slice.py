@@ -46,7 +46,7 @@ def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Pat
 
 def check_schema(pred: list, inp, max_chars: int) -> None:
     """Every prediction within the schema: a valid type, the abnormal flag its type, evidence
-    nodes among the unit's token anchors and families among its candidates, nothing for a normal
+    nodes among the nodes its tokens name and families among theirs, nothing for a normal
     step, and a bounded sentence for an abnormal one."""
     from teller.rca.data import FAULT_TYPES
 
@@ -54,7 +54,10 @@ def check_schema(pred: list, inp, max_chars: int) -> None:
         assert p["fault_type"] in FAULT_TYPES[1:] or p["fault_type"] == ""
         assert p["abnormal"] == bool(p["fault_type"]) and 0.0 <= p["abnormal_prob"] <= 1.0
         s = inp.tokens(k)
-        assert set(p["evidence_nodes"]) <= set(inp.anchor[s].tolist())
+        covered = {n for t in range(s.stop - s.start) for n in inp.covered(k, t)}
+        assert set(inp.anchor[s].tolist()) <= covered
+        assert set(p["evidence_nodes"]) <= covered  # a token's anchor and the nodes of its layer it covers
+        assert set(p["evidence_operators"]) <= {inp.families[int(inp.node_family[inp.node_offsets[k] + n])] for n in covered}
         assert set(p["evidence_operators"]) <= set(inp.candidates(k))
         if not p["abnormal"]:
             assert p["evidence_nodes"] == [] and p["explanation"] == ""

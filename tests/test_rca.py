@@ -63,6 +63,19 @@ def test_units_are_steps_with_constant_labels_and_inputs_are_trees(ds):
         assert ((par < 0) | (inp.depth[s] > inp.depth[s][np.maximum(par, 0)])).all()
         n_nodes = inp.node_offsets[i + 1] - inp.node_offsets[i]
         assert (inp.anchor[s] < n_nodes).all() and (inp.anchor[s] >= 0).all()
+        # each token covers a run of the unit's nodes holding its anchor; untruncated, the runs
+        # tile the nodes
+        f0, sp = inp.first_node[s], inp.span[s]
+        assert (sp >= 1).all() and (f0 <= inp.anchor[s]).all() and (inp.anchor[s] < f0 + sp).all()
+        if not inp.truncated[i]:
+            o = np.argsort(f0)
+            assert f0[o][0] == 0 and (f0[o][1:] == (f0 + sp)[o][:-1]).all() and sp.sum() == n_nodes
+        for t in range(len(sp)):
+            cov = inp.covered(i, t)
+            fams = [inp.families[int(inp.node_family[inp.node_offsets[i] + n])] for n in cov]
+            assert cov[0] == inp.anchor[s][t] and all(f0[t] <= n < f0[t] + sp[t] for n in cov)
+            assert len({f.split(" ", 1)[0] for f in fams}) == 1  # the anchor's layer only
+            assert len(cov) == 1 or fams[0].split(" ", 1)[0] in ("FE", "COMM", "OTHER")
     # z against the reference: normal training units centre on 0
     assert abs(float(np.median(ref.z(inp.input_ids, inp.duration)))) < 1.5
 
@@ -334,3 +347,28 @@ def test_operator_threshold_is_chosen_on_held_out_units_and_moves_only_the_opera
     assert all(len(f) == 1 for f in one) and all(1 <= len(f) <= m.cfg.max_ops for f in many)
     assert any(len(f) > 1 for f in many) and all(a[0] in b for a, b in zip(one, many, strict=True))
     assert all(m.evidence_families(prep, i, "", sc, -1e9) == [] for i, (_, sc) in enumerate(heads))  # normal: none
+
+
+def test_a_token_names_the_label_layer_nodes_it_covers():
+    """A TPE token merged from a module and its child module (one token, two FE nodes) names
+    both as evidence and as candidates; a BE token covering several ops names its anchor only."""
+    from teller.rca.data import StepInputs
+
+    fams = ["STEP", "FE TPDecoderLayer", "FE TPAttention", "BE aten::mm", "BE aten::add"]
+    # nodes: STEP, FE TPDecoderLayer, FE TPAttention, BE aten::mm, BE aten::add
+    # tokens: [STEP], [DecoderLayer + Attention], [mm + add]
+    inp = StepInputs(np.array([5, 6, 7], np.int32), np.array([-1, 0, 1], np.int32), np.array([0, 1, 2], np.int32),
+                     np.array([10, 8, 3]), np.array([0, 1, 3]), np.array([0, 1, 3], np.int32), np.array([0, 3]),
+                     np.arange(5), np.arange(5, dtype=np.int32), np.array([0, 5]), fams, [""],
+                     first_node=np.array([0, 1, 3]), span=np.array([1, 2, 2]))
+    assert inp.covered(0, 0) == [0] and inp.covered(0, 1) == [1, 2] and inp.covered(0, 2) == [3]
+    assert inp.candidates(0) == ["BE aten::mm", "FE TPAttention", "FE TPDecoderLayer", "STEP"]
+    scores = np.array([-5.0, 4.0, 1.0])
+    nodes = project_operators(scores, inp.anchor, True, 5, 0.0, lambda t: inp.covered(0, t))
+    assert nodes == [1, 2, 3]
+    assert project_operators(scores, inp.anchor, True, 5, 0.0) == [1, 3]  # anchors only
+    assert project_operators(scores, inp.anchor, True, 1, 0.0, lambda t: inp.covered(0, t)) == [1]  # max_ops bounds nodes
+    # without spans (inputs built before they existed) a token names its anchor
+    old = StepInputs(inp.input_ids, inp.parent_idx, inp.depth, inp.duration, inp.anchor, inp.family, inp.offsets,
+                     inp.node_id, inp.node_family, inp.node_offsets, fams, [""])
+    assert old.covered(0, 1) == [1] and "FE TPAttention" not in old.candidates(0)

@@ -15,6 +15,7 @@ A model directory holds (loaded without pickle: JSON and safetensors only):
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -54,6 +55,10 @@ from teller.rca.text import (
     encode_texts,
     load_text_tokenizer,
 )
+
+#: a selected token names every node it covers of its anchor's layer (a token merged from a
+#: module and its first child module names both); TELLER_RCA_EVIDENCE=anchor names the anchor only
+EVIDENCE_COVER = os.environ.get("TELLER_RCA_EVIDENCE", "cover") != "anchor"
 
 FORMAT = "teller-rca"
 FORMAT_VERSION = 1
@@ -430,7 +435,9 @@ class RCA:
         """Unit ``i``'s evidence nodes from its operator logits (none when the trace is not read)."""
         if not prep.trace_visible:
             return []
-        return project_operators(scores, prep.inputs.anchor[prep.inputs.tokens(i)], bool(ftype), self.cfg.max_ops, threshold)
+        inp = prep.inputs
+        cover = (lambda t: inp.covered(i, t)) if EVIDENCE_COVER else None
+        return project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, threshold, cover)
 
     @staticmethod
     def _node_families(prep: Prepared, i: int, nodes: list[int]) -> list[str]:

@@ -45,7 +45,9 @@ of runtime-call roots of other threads).
 fragment). Its *anchor* is the node that names it as an operator: the first node of the most
 operator-like layer (STEP, then FE/OTHER/COMM, then BE, then the rest), shallowest first. The
 operator head scores tokens; a selected token's evidence is its anchor node (an index into the
-unit's nodes, which :class:`StepInputs` maps to forest node ids and family names). Families are
+unit's nodes, which :class:`StepInputs` maps to forest node ids and family names) and the other
+nodes of the anchor's layer it covers when that layer is one the labels name (FE, COMM, OTHER: a
+token merged from a module and its child module names both; :meth:`StepInputs.covered`). Families are
 ``teller.localize.features.family_names`` (``STEP`` nodes are family ``STEP``), the names the
 dataset's ``operator_labels`` use.
 
@@ -384,6 +386,10 @@ def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, 
 # model inputs
 
 
+#: layers whose nodes a token names together (:meth:`StepInputs.covered`): those the operator labels name
+COVER_LAYERS = ("FE", "COMM", "OTHER")
+
+
 @dataclass
 class StepInputs:
     """TPE-encoded steps and their log text, columnar: unit ``i`` is tokens
@@ -411,6 +417,10 @@ class StepInputs:
     step_ids: list[list[int]] = field(default_factory=list)
     truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     full_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per unit, before truncation
+    #: per token: its first node (index among the unit's nodes) and how many nodes it covers (a
+    #: token is a contiguous run of its step's nodes); empty where not known
+    first_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -419,8 +429,18 @@ class StepInputs:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
 
     def candidates(self, i: int) -> list[str]:
-        """The operator families present among the unit's token anchors (what evidence may name)."""
-        return sorted({self.families[j] for j in np.unique(self.family[self.tokens(i)]).tolist()})
+        """The operator families of the nodes the unit's tokens name (:meth:`covered`: their
+        anchors, and the nodes of a label layer a token covers beside its anchor): what evidence
+        may name."""
+        s = self.tokens(i)
+        out = {self.families[j] for j in np.unique(self.family[s]).tolist()}
+        if len(self.span):
+            no = int(self.node_offsets[i])
+            layer_of = [f.split(" ", 1)[0] in COVER_LAYERS for f in self.families]
+            lay = np.asarray(layer_of, bool)[self.family[s]] if len(layer_of) else np.zeros(0, bool)
+            for t in np.flatnonzero(lay & (self.span[s] > 1)).tolist():
+                out.update(self.families[int(self.node_family[no + n])] for n in self.covered(i, t))
+        return sorted(out)
 
     def select(self, idx: np.ndarray) -> "StepInputs":
         from teller.tpe.serialize import ranges
@@ -439,7 +459,30 @@ class StepInputs:
                           self.anchor[rows], self.family[rows], off, self.node_id[nrows], self.node_family[nrows], noff,
                           self.families, sub(self.log_text), sub(self.run_id), sub(self.view), sub(self.step_ids),
                           self.truncated[idx] if len(self.truncated) else self.truncated,
-                          self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens)
+                          self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens,
+                          self.first_node[rows] if len(self.first_node) else self.first_node,
+                          self.span[rows] if len(self.span) else self.span)
+
+    def covered(self, i: int, token: int) -> list[int]:
+        """The nodes (indices among unit ``i``'s nodes) token ``token`` of the unit covers whose
+        layer is its anchor's (a token merged from a module and its first child module names
+        both), the anchor first; the anchor alone where spans are not known or the anchor is not of
+        a layer the operator labels name (FE, COMM, OTHER)."""
+        t = int(self.offsets[i]) + int(token)
+        a = int(self.anchor[t])
+        if not len(self.span):
+            return [a]
+        no = int(self.node_offsets[i])
+        fam = self.families
+        layer = fam[int(self.node_family[no + a])].split(" ", 1)[0]
+        if layer not in COVER_LAYERS:
+            return [a]
+        f0 = int(self.first_node[t])
+        out = [a]
+        for n in range(f0, f0 + int(self.span[t])):
+            if n != a and fam[int(self.node_family[no + n])].split(" ", 1)[0] == layer:
+                out.append(n)
+        return out
 
 
 def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int, outside: np.ndarray | None = None) -> np.ndarray:
@@ -501,6 +544,8 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     p = enc.parent_idx[rows].astype(np.int64)
     p = np.where(p >= 0, p + np.repeat(tok_before, piece_tok), -1)
     anchor = anchor_in_step[rows] + np.repeat(node_before, piece_tok)
+    first_node = start_in_step[rows] + np.repeat(node_before, piece_tok)
+    span = tl[rows].astype(np.int64)
     ids = enc.input_ids[rows].astype(np.int64)
     dep = enc.depth[rows].astype(np.int64)
     dur = enc.duration[rows].astype(np.int64)
@@ -529,11 +574,12 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
         unit_of_tok = np.repeat(np.arange(n), u_tok)
         u_tok = np.bincount(unit_of_tok[keep_mask], minlength=n).astype(np.int64)
         toff = np.concatenate([[0], np.cumsum(u_tok)]).astype(np.int64)
-        ids, dep, dur, anchor, fam, new_par = (x[keep_mask] for x in (ids, dep, dur, anchor, fam, new_par))
+        ids, dep, dur, anchor, fam, new_par, first_node, span = (
+            x[keep_mask] for x in (ids, dep, dur, anchor, fam, new_par, first_node, span))
     return StepInputs(ids.astype(np.int32), new_par.astype(np.int32), dep.astype(np.int32), dur, anchor.astype(np.int64),
                       fam.astype(np.int32), toff, sf.node_id[node_tab], node_fam.astype(np.int32), noff, sf.families,
                       list(log_text), list(run_ids), list(views) if views is not None else [""] * n,
-                      [np.asarray(s).tolist() for s in step_ids], trunc, full)
+                      [np.asarray(s).tolist() for s in step_ids], trunc, full, first_node.astype(np.int64), span)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ the input, token by token.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -42,10 +42,11 @@ def project_fault(probs: np.ndarray, floor: float = ABNORMAL_CUT) -> tuple[float
 
 
 def project_operators(scores: np.ndarray, anchors: np.ndarray, abnormal: bool, max_ops: int,
-                      threshold: float = 0.0) -> list[int]:
+                      threshold: float = 0.0, cover: Callable[[int], list[int]] | None = None) -> list[int]:
     """Evidence nodes: anchors of the tokens scored above ``threshold`` (logits; 0 = p 0.5), best
     first, distinct, at most ``max_ops``; the best token's anchor when none passes; none when
-    normal. Every index returned is one of ``anchors``."""
+    normal. With ``cover`` (token index → its nodes, anchor first) each picked token gives every
+    node it returns. Every index returned is one of ``anchors`` or of ``cover``'s nodes."""
     scores = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
     anchors = np.asarray(anchors, np.int64)
     if not abnormal or not len(anchors) or max_ops <= 0:
@@ -54,11 +55,11 @@ def project_operators(scores: np.ndarray, anchors: np.ndarray, abnormal: bool, m
     picked = [i for i in order.tolist() if scores[i] > threshold] or order[:1].tolist()
     out: list[int] = []
     for i in picked:
-        a = int(anchors[i])
-        if a not in out:
-            out.append(a)
-        if len(out) >= max_ops:
-            break
+        for a in (cover(i) if cover is not None else [int(anchors[i])]):
+            if a not in out:
+                out.append(int(a))
+            if len(out) >= max_ops:
+                return out
     return out
 
 
