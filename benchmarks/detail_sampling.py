@@ -99,6 +99,23 @@ def _mean_ci(ratios: list[float], name: str) -> dict[str, float]:
     return {f"{name}_mean": float(r.mean()), f"{name}_ci95": half, f"{name}_median": float(np.median(r))}
 
 
+def _pair_light(lanes, keep: np.ndarray, quiet: np.ndarray, x: np.ndarray, both_sides: bool = False) -> list[float]:
+    """Per lane (the iterations ``keep`` selects, in time order): each light block's median of
+    ``x`` over the median of its quiet neighbours' (NaN left out); with ``both_sides`` only blocks
+    with quiet neighbours before and after."""
+    r: list[float] = []
+    for o in lanes:
+        o = o[keep[o]]
+        q, xo = quiet[o], x[o]
+        for a, b, around in _blocks(~q):
+            if both_sides and not (q[around[around < a]].any() and q[around[around >= b]].any()):
+                continue
+            xl, xq = _finite(xo[a:b]), _finite(xo[around[q[around]]])
+            if len(xl) and len(xq):
+                r.append(float(np.median(xl) / np.median(xq)))
+    return r
+
+
 def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
     """The in-run cost of detail (module docstring): per window, its median time per token over
     that of its light neighbours; their mean and 95% interval (t), and the switch iterations'."""
@@ -190,14 +207,8 @@ def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
         # decode token) takes that out
         with np.errstate(all="ignore"):
             per_dec = np.where((pre == 0) & (dec > 0), dur / np.where(dec > 0, dec, 1), np.nan)
-        ld: list[float] = []
-        for o in lanes:
-            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
-            q, x = quiet[o], per_dec[o]
-            for a, b, around in _blocks(~q):
-                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
-                if len(xl) and len(xq):
-                    ld.append(float(np.median(xl) / np.median(xq)))
+        plain = ~warm & ~detailed & ~is_switch
+        ld = _pair_light(lanes, plain, quiet, per_dec)
         out["light_blocks_paired_decode_only"] = len(ld)
         if len(ld) > 1:
             out.update(_mean_ci(ld, "light_cost_decode_only"))
@@ -212,20 +223,12 @@ def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
         # over fewer tokens), and a block with quiet neighbours on one side only (the run's last)
         # then reads as several times slower. Only iterations serving at least half the lane's
         # median tokens, and blocks with quiet neighbours on both sides, are paired here.
-        ls: list[float] = []
+        x_steady = np.full(len(per_tok), np.nan)
         for o in lanes:
-            o = o[~warm[o] & ~detailed[o] & ~is_switch[o]]
-            if not len(o):
-                continue
-            steady = tok[o] >= 0.5 * np.median(tok[o])
-            q, x = quiet[o], np.where(steady, per_tok[o], np.nan)
-            for a, b, around in _blocks(~q):
-                before, after_ = around[around < a], around[around >= b]
-                if not (q[before].any() and q[after_].any()):
-                    continue
-                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
-                if len(xl) and len(xq):
-                    ls.append(float(np.median(xl) / np.median(xq)))
+            o = o[plain[o]]
+            if len(o):
+                x_steady[o] = np.where(tok[o] >= 0.5 * np.median(tok[o]), per_tok[o], np.nan)
+        ls = _pair_light(lanes, plain, quiet, x_steady, both_sides=True)
         out["light_blocks_paired_steady"] = len(ls)
         if len(ls) > 1:
             out.update(_mean_ci(ls, "light_cost_steady"))
@@ -283,14 +286,7 @@ def _regime_pairs(lanes, warm, detailed, is_switch, quiet, tok, dur) -> dict[str
     dq = dur[allo][quiet[allo]].astype(float)
     out["quiet_time_share_fast"] = float(dq[dq < cut].sum() / dq.sum())
     for name, want in (("fast", True), ("slow", False)):
-        r: list[float] = []
-        for o in sel:
-            q = quiet[o]
-            x = np.where(fast[o] == want, dur[o].astype(float), np.nan)
-            for a, b, around in _blocks(~q):
-                xl, xq = _finite(x[a:b]), _finite(x[around[q[around]]])
-                if len(xl) and len(xq):
-                    r.append(float(np.median(xl) / np.median(xq)))
+        r = _pair_light(sel, np.ones(len(dur), bool), quiet, np.where(fast == want, dur.astype(float), np.nan))
         out[f"light_blocks_paired_{name}"] = len(r)
         if len(r) > 1:
             out.update(_mean_ci(r, f"light_cost_{name}"))
@@ -356,15 +352,7 @@ def _pause_effect(marks, lanes, warm, detailed, is_switch, quiet, per_tok, dur) 
         return out
     for name, bad in (("gc", gc_any > 0), ("gc12", (ov["gc1"] + ov["gc2"]) > 0), ("flush", ov["flush"] > 0),
                       ("cupti", ov["cupti"] > 0), ("any", (gc_any + ov["flush"] + ov["cupti"]) > 0)):
-        lr: list[float] = []
-        for o in lanes:
-            o = o[keep[o] & ~detailed[o]]
-            q, x, b = quiet[o], per_tok[o], bad[o]
-            for a, e, around in _blocks(~q):
-                xl = _finite(x[a:e][~b[a:e]])
-                xq = _finite(x[around[q[around] & ~b[around]]])
-                if len(xl) and len(xq):
-                    lr.append(float(np.median(xl) / np.median(xq)))
+        lr = _pair_light(lanes, keep & ~detailed, quiet, np.where(bad, np.nan, per_tok))
         out[f"light_blocks_paired_without_{name}"] = len(lr)
         if len(lr) > 1:
             out.update(_mean_ci(lr, f"light_cost_without_{name}"))
