@@ -116,6 +116,13 @@ def _pair_light(lanes, keep: np.ndarray, quiet: np.ndarray, x: np.ndarray, both_
     return r
 
 
+def _steady(lanes, keep: np.ndarray, tok: np.ndarray) -> list[np.ndarray]:
+    """Per lane, the iterations ``keep`` selects that serve at least half the median tokens of
+    those (the run's start and its drain left out); empty lanes dropped."""
+    sel = [o[keep[o]] for o in lanes]
+    return [o[tok[o] >= 0.5 * np.median(tok[o])] for o in sel if len(o)]
+
+
 def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
     """The in-run cost of detail (module docstring): per window, its median time per token over
     that of its light neighbours; their mean and 95% interval (t), and the switch iterations'."""
@@ -224,10 +231,8 @@ def pace(run: str | Path, iterations: list | None = None) -> dict[str, Any]:
         # then reads as several times slower. Only iterations serving at least half the lane's
         # median tokens, and blocks with quiet neighbours on both sides, are paired here.
         x_steady = np.full(len(per_tok), np.nan)
-        for o in lanes:
-            o = o[plain[o]]
-            if len(o):
-                x_steady[o] = np.where(tok[o] >= 0.5 * np.median(tok[o]), per_tok[o], np.nan)
+        for o in _steady(lanes, plain, tok):
+            x_steady[o] = per_tok[o]
         ls = _pair_light(lanes, plain, quiet, x_steady, both_sides=True)
         out["light_blocks_paired_steady"] = len(ls)
         if len(ls) > 1:
@@ -272,8 +277,7 @@ def _regime_pairs(lanes, warm, detailed, is_switch, quiet, tok, dur) -> dict[str
     (``light_cost_slow_*``); ``pace_fast_share_*`` says whether recording moves iterations from one
     pace to the other."""
     out: dict[str, Any] = {}
-    sel = [o[~warm[o] & ~detailed[o] & ~is_switch[o]] for o in lanes]
-    sel = [o[tok[o] >= 0.5 * np.median(tok[o])] for o in sel if len(o)]
+    sel = _steady(lanes, ~warm & ~detailed & ~is_switch, tok)
     allo = np.concatenate(sel) if sel else np.zeros(0, np.int64)
     if len(allo) < 20 or not quiet[allo].any() or quiet[allo].all():
         return out
@@ -364,13 +368,14 @@ def pool(tables: list[str]) -> dict[str, Any]:
     of several runs (``--iterations-out``), each run cut at its own pace: per run and pooled.
     A table without the ``switch`` column (written before it existed) takes as switch iterations
     the quiet one before each detail window and each window's last."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     per_run, pooled = [], {"fast": [], "slow": []}
     for path in tables:
         t = pq.read_table(path)
         for run in sorted(set(t.column("run").to_pylist())):
-            r = t.filter(pa_equal(t, "run", run))
+            r = t.filter(pc.equal(t.column("run"), run))
             o = np.argsort(r.column("start_ns").to_numpy(), kind="stable")
             cls = np.asarray(r.column("cls").to_pylist())[o]
             if "switch" in r.column_names:
@@ -403,12 +408,6 @@ def pool(tables: list[str]) -> dict[str, Any]:
     return out
 
 
-def pa_equal(t, col: str, value: str):
-    import pyarrow.compute as pc
-
-    return pc.equal(t.column(col), value)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+")
@@ -419,14 +418,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", action="store_true", help="RUNS are iteration tables (--iterations-out): the "
                     "light blocks' cost within each engine pace, per run and pooled")
     a = ap.parse_args(argv)
-    if a.pool:
-        text = json.dumps(pool(a.runs), indent=1)
-        if a.json:
-            Path(a.json).write_text(text)
-        print(text)
-        return 0
     tables: list | None = [] if a.iterations_out else None
-    res = [dict(step_counts(r), **({"pace": pace(r, tables)} if a.pace else {})) for r in a.runs]
+    if a.pool:
+        res: Any = pool(a.runs)
+    else:
+        res = [dict(step_counts(r), **({"pace": pace(r, tables)} if a.pace else {})) for r in a.runs]
     if tables:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -62,6 +62,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -436,11 +437,15 @@ class StepInputs:
         out = {self.families[j] for j in np.unique(self.family[s]).tolist()}
         if len(self.span):
             no = int(self.node_offsets[i])
-            layer_of = [f.split(" ", 1)[0] in COVER_LAYERS for f in self.families]
-            lay = np.asarray(layer_of, bool)[self.family[s]] if len(layer_of) else np.zeros(0, bool)
-            for t in np.flatnonzero(lay & (self.span[s] > 1)).tolist():
+            label_layer = np.isin(self._family_layer, COVER_LAYERS)[self.family[s]]
+            for t in np.flatnonzero(label_layer & (self.span[s] > 1)).tolist():
                 out.update(self.families[int(self.node_family[no + n])] for n in self.covered(i, t))
         return sorted(out)
+
+    @cached_property
+    def _family_layer(self) -> np.ndarray:
+        """Per family, its layer (the name's first word), computed once."""
+        return np.asarray([f.split(" ", 1)[0] for f in self.families], dtype=object)
 
     def select(self, idx: np.ndarray) -> "StepInputs":
         from teller.tpe.serialize import ranges
@@ -473,16 +478,12 @@ class StepInputs:
         if not len(self.span):
             return [a]
         no = int(self.node_offsets[i])
-        fam = self.families
-        layer = fam[int(self.node_family[no + a])].split(" ", 1)[0]
+        layer = self._family_layer[int(self.node_family[no + a])]
         if layer not in COVER_LAYERS:
             return [a]
         f0 = int(self.first_node[t])
-        out = [a]
-        for n in range(f0, f0 + int(self.span[t])):
-            if n != a and fam[int(self.node_family[no + n])].split(" ", 1)[0] == layer:
-                out.append(n)
-        return out
+        n = np.arange(f0, f0 + int(self.span[t]))
+        return [a] + n[(self._family_layer[self.node_family[no + n]] == layer) & (n != a)].tolist()
 
 
 def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int, outside: np.ndarray | None = None) -> np.ndarray:
