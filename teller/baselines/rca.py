@@ -10,7 +10,9 @@ folder of trained models (one sub-folder each, any names): a row takes the one o
 inputs, unit, split and seed; without it (or when none fits) ``teller_mot`` takes the shipped
 model. ``teller_mot`` reads engine iterations (``RCAConfig.unit`` ``iteration``: the STEP subtree
 with the iteration's schedule/update ranges and untraced gaps), ``teller_mot_step`` is the same
-model on STEP subtrees alone (the unit ablation); the other rows read STEP subtrees.
+model on STEP subtrees alone (the unit ablation); ``teller_mot_family`` is the MoT whose operator
+head scores each operator family of the iteration (``RCAConfig.op_unit`` ``family``); the other
+rows read STEP subtrees.
 The modality ablations (``teller_mot_trace``, ``teller_mot_log``) and the prompt-style baseline
 (``teller_prompt``: the single-stream backbone reading a text summary of the step and its log
 lines) are rows of the same kind, each taking the model trained with its ``inputs``. Predict encodes each test step from the dataset's subtrees (the whole step tree,
@@ -52,6 +54,7 @@ class RCAModel(Method):
     variant = "mot"
     inputs = "trace+log"
     unit = "iteration"
+    op_unit = "token"
 
     def __init__(self, seed: int = 0, model: str | Path | None = None, batch_size: int = 64):
         self.seed = seed
@@ -70,11 +73,12 @@ class RCAModel(Method):
                 continue
             c, tr = meta.get("config", {}), meta.get("training", {})
             if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
-                    and c.get("unit", "step") == self.unit
+                    and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit
                     and tr.get("split") == split and int(tr.get("seed", -1)) == self.seed):
                 found.append(cfg.parent)
         if len(found) > 1:
-            raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, split {split}, "
+            raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, operator head "
+                             f"{self.op_unit}, split {split}, "
                              f"seed {self.seed}) "
                              f"under {folder}: {', '.join(p.name for p in found)}; pass a folder that holds one")
         return found[0] if found else None
@@ -93,15 +97,17 @@ class RCAModel(Method):
         if path is None:
             if type(self) is not RCAModel:  # only teller_mot falls back on the shipped model
                 where = steps.extra.get("rca_models")
-                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, split {split}, "
-                                 f"seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
+                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, operator head {self.op_unit}, "
+                                 f"split {split}, seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
                                  + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} "
-                                 f"--inputs {self.inputs} --unit {self.unit} --split {split}`")
+                                 f"--inputs {self.inputs} --unit {self.unit} --op-unit {self.op_unit} --split {split}`")
             path = DEFAULT_MODEL
         m = load(path, device=steps.extra.get("rca_device", "cpu"))
         tr = m.meta.get("training", {})
         if m.cfg.unit != self.unit:
             raise ValueError(f"the model at {path} reads {m.cfg.unit} units, the row {self.name!r} scores {self.unit} units")
+        if m.cfg.op_unit != self.op_unit:
+            raise ValueError(f"the model at {path} scores operators per {m.cfg.op_unit}, the row {self.name!r} per {self.op_unit}")
         if tr.get("split") != split:
             raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
                              f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
@@ -161,6 +167,8 @@ class RCAModel(Method):
 
 #: the other model rows: (method, label, variant, inputs, unit, features, kind)
 MODEL_ROWS = (
+    ("teller_mot_family", "TELLER MoT, family operator head", "mot", "trace+log", "iteration",
+     "engine iteration tree (TPE) + log lines; operators scored per family", "teller"),
     ("teller_mot_step", "TELLER MoT on STEP subtrees (unit ablation)", "mot", "trace+log", "step",
      "step tree (TPE) + log lines", "teller"),
     ("teller_single", "TELLER single-stream (root-cause model)", "single", "trace+log", "step",
@@ -172,7 +180,8 @@ MODEL_ROWS = (
 )
 for _name, _label, _variant, _inputs, _unit, _features, _kind in MODEL_ROWS:
     register(_name)(type(f"RCAModel_{_name}", (RCAModel,), {"label": _label, "variant": _variant, "inputs": _inputs,
-                                                           "unit": _unit, "features": _features, "kind": _kind}))
+                                                           "unit": _unit, "features": _features, "kind": _kind,
+                                                           "op_unit": "family" if _name.endswith("_family") else "token"}))
 
 
 @register("teller")

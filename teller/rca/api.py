@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -55,6 +56,16 @@ from teller.rca.text import (
     encode_texts,
     load_text_tokenizer,
 )
+
+
+@dataclass
+class FamilyScores:
+    """A family operator head's logits for one unit: per trace token (``tokens``) and per family
+    slot (``families``, :class:`teller.rca.data.FamilySlots`)."""
+
+    tokens: np.ndarray
+    families: np.ndarray
+
 
 #: a selected token names every node it covers of its anchor's layer (a token merged from a
 #: module and its first child module names both); TELLER_RCA_EVIDENCE=anchor names the anchor only
@@ -405,11 +416,16 @@ class RCA:
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
         probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
         ops = res["ops"].float().cpu().numpy()
+        fam = res["fam"].float().cpu().numpy() if "fam" in res else None
         out = []
         for k, i in enumerate(idx.tolist()):
             p_ab, ftype, tp = project_fault(probs[k], floor)
             s = prep.inputs.tokens(i)
-            out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], ops[k, :s.stop - s.start]))
+            sc = ops[k, :s.stop - s.start]
+            if fam is not None:
+                fs = prep.slots.slots(i)
+                sc = FamilyScores(sc, fam[k, :fs.stop - fs.start])
+            out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
         return res, out
 
     @torch.no_grad()
@@ -436,8 +452,50 @@ class RCA:
         if not prep.trace_visible:
             return []
         inp = prep.inputs
+        if isinstance(scores, FamilyScores):
+            return self._family_nodes(prep, i, ftype, scores, threshold)
         cover = (lambda t: inp.covered(i, t)) if EVIDENCE_COVER else None
         return project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, threshold, cover)
+
+    def _family_nodes(self, prep: Prepared, i: int, ftype: str, scores: "FamilyScores", threshold: float) -> list[int]:
+        """Evidence of a family head: the slots scored above ``threshold`` (the best one when none
+        is), best first, at most ``max_ops``; each named by one of its nodes: the node of its family
+        under its best-scored token (by the token head), or its longest node where no kept token
+        stands for it."""
+        inp, sl = prep.inputs, prep.slots
+        fam_logit = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
+        if not ftype or not len(fam_logit) or self.cfg.max_ops <= 0:
+            return []
+        order = np.argsort(-fam_logit, kind="stable")
+        picked = [int(k) for k in order if fam_logit[k] > threshold] or [int(order[0])]
+        s, m = sl.slots(i), sl.members(i)
+        no, nn = int(inp.node_offsets[i]), int(inp.node_offsets[i + 1] - inp.node_offsets[i])
+        node_fam = inp.node_family[no:no + nn].astype(np.int64)
+        t0 = int(inp.offsets[i])
+        tok_logit = np.asarray(scores.tokens, np.float64)
+        out: list[int] = []
+        for k in picked[:self.cfg.max_ops]:
+            f = int(sl.family[s.start + k])
+            toks = sl.member_tok[m][sl.member_slot[m] == k]
+            node = -1
+            if len(toks):
+                t = int(toks[np.argmax(tok_logit[toks])])
+                a = int(inp.anchor[t0 + t])
+                if node_fam[a] == f:
+                    node = a
+                elif len(inp.span):
+                    f0 = int(inp.first_node[t0 + t])
+                    hit = np.flatnonzero(node_fam[f0:f0 + int(inp.span[t0 + t])] == f)
+                    node = f0 + int(hit[0]) if len(hit) else -1
+            if node < 0:
+                cand = np.flatnonzero(node_fam == f)
+                if not len(cand):
+                    continue
+                dur = inp.node_duration[no + cand] if len(inp.node_duration) else np.zeros(len(cand))
+                node = int(cand[np.argmax(dur)])
+            if node not in out:
+                out.append(node)
+        return out
 
     @staticmethod
     def _node_families(prep: Prepared, i: int, nodes: list[int]) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from teller.rca.data import ReferenceStats, StepInputs, operator_targets
+from teller.rca.data import FamilySlots, ReferenceStats, StepInputs, family_slots, operator_targets
 from teller.rca.model import RCAConfig
 from teller.rca.text import (
     ABN,
@@ -44,6 +44,11 @@ class Prepared:
     target_kind: list[np.ndarray] | None = None  # kind of each target token (DECISION, ...)
     trace_visible: bool = True  # False: the model reads one placeholder token instead of the tree
     summary_families: list[list[str]] | None = None  # per unit, the families its text summary names
+    #: the family slots a family operator head scores (``cfg.op_unit == "family"``), their features
+    #: (float32, (slots, 4)) and, with labels, their targets (1: the family is an operator label)
+    slots: FamilySlots | None = None
+    slot_feat: np.ndarray | None = None
+    slot_target: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -101,10 +106,15 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     par = inp.parent_idx.astype(np.int64)
     poff = np.where(par >= 0, pos - par, 0)
     prep = Prepared(inp, prompt, feat, poff, trace_visible=cfg.reads_trace, summary_families=summary_families)
+    if cfg.variant == "mot" and cfg.op_unit == "family" and cfg.reads_trace:
+        prep.slots = family_slots(inp)
+        prep.slot_feat = ref.family_features(prep.slots, inp.families)
     if fault is None:
         return prep
     prep.fault = np.asarray(fault, np.int64)
     prep.op_target = operator_targets(inp, operator_labels or [[] for _ in range(len(inp))])
+    if prep.slots is not None:
+        prep.slot_target = slot_targets(prep.slots, inp.families, operator_labels or [[] for _ in range(len(inp))])
     ex = encode_texts(text_tok, explanation or [""] * len(inp), cfg.max_expl_tokens)
     tgt, wts = [], []
     if cfg.variant == "mot":
@@ -143,6 +153,18 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     return prep
 
 
+def slot_targets(slots: FamilySlots, families: list[str], labels) -> np.ndarray:
+    """Per slot: 1 when its family is one of its unit's operator labels."""
+    fam_idx = {f: i for i, f in enumerate(families)}
+    out = np.zeros(len(slots.family), np.float32)
+    for i, lab in enumerate(labels):
+        codes = [fam_idx[f] for f in (lab or []) if f in fam_idx]
+        if codes:
+            s = slots.slots(i)
+            out[s] = np.isin(slots.family[s], codes)
+    return out
+
+
 def _pad(rows: list[np.ndarray], value: int | float, dtype) -> tuple[np.ndarray, np.ndarray]:
     L = max(1, max((len(r) for r in rows), default=1))
     out = np.full((len(rows), L), value, dtype=dtype)
@@ -170,8 +192,36 @@ def trace_batch(prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[s
     for k, s in enumerate(sl):
         dur[k, :s.stop - s.start] = prep.dur_feat[s]
     t = {"ids": ids, "depth": depth, "parent_off": poff, "valid": valid}
+    if prep.slots is not None:
+        t.update(slot_batch(prep, idx, L))
     out = {k: torch.from_numpy(v).to(device) for k, v in t.items()}
     out["dur"] = torch.from_numpy(dur).to(device)
+    return out
+
+
+def slot_batch(prep: Prepared, idx: np.ndarray, L: int) -> dict[str, np.ndarray]:
+    """The family slots of units ``idx`` padded to the batch: ``fam_member`` (B, S, L) float32,
+    each slot's row the mean over the tokens that stand for it (zero when none was kept),
+    ``fam_feat`` (B, S, 4), ``fam_valid`` (B, S) and, with targets, ``fam_target`` (B, S)."""
+    sl = prep.slots
+    S = max(1, max((int(sl.offsets[i + 1] - sl.offsets[i]) for i in idx.tolist()), default=1))
+    B = len(idx)
+    member = np.zeros((B, S, L), np.float32)
+    feat = np.zeros((B, S, prep.slot_feat.shape[1]), np.float32)
+    valid = np.zeros((B, S), bool)
+    target = np.zeros((B, S), np.float32)
+    for k, i in enumerate(idx.tolist()):
+        s, m = sl.slots(i), sl.members(i)
+        n = s.stop - s.start
+        feat[k, :n] = prep.slot_feat[s]
+        valid[k, :n] = True
+        if prep.slot_target is not None:
+            target[k, :n] = prep.slot_target[s]
+        member[k, sl.member_slot[m], sl.member_tok[m]] = 1.0
+    member /= np.maximum(member.sum(2, keepdims=True), 1.0)
+    out = {"fam_member": member, "fam_feat": feat, "fam_valid": valid}
+    if prep.slot_target is not None:
+        out["fam_target"] = target
     return out
 
 

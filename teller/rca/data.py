@@ -422,6 +422,8 @@ class StepInputs:
     #: token is a contiguous run of its step's nodes); empty where not known
     first_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: per node: its self time (ns), for the family slots (:func:`family_slots`); empty where not known
+    node_duration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -466,7 +468,8 @@ class StepInputs:
                           self.truncated[idx] if len(self.truncated) else self.truncated,
                           self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens,
                           self.first_node[rows] if len(self.first_node) else self.first_node,
-                          self.span[rows] if len(self.span) else self.span)
+                          self.span[rows] if len(self.span) else self.span,
+                          self.node_duration[nrows] if len(self.node_duration) else self.node_duration)
 
     def covered(self, i: int, token: int) -> list[int]:
         """The nodes (indices among unit ``i``'s nodes) token ``token`` of the unit covers whose
@@ -551,6 +554,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     dep = enc.depth[rows].astype(np.int64)
     dur = enc.duration[rows].astype(np.int64)
     node_tab = node_rows[nrows]
+    node_dur = seqs.duration[nrows].astype(np.int64)
     node_fam = sf.node_family[node_tab].astype(np.int64)
     tok_node = node_tab[anchor + np.repeat(noff[:-1], u_tok)]  # table row of each token's anchor
     fam = node_fam[anchor + np.repeat(noff[:-1], u_tok)]
@@ -580,7 +584,78 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
     return StepInputs(ids.astype(np.int32), new_par.astype(np.int32), dep.astype(np.int32), dur, anchor.astype(np.int64),
                       fam.astype(np.int32), toff, sf.node_id[node_tab], node_fam.astype(np.int32), noff, sf.families,
                       list(log_text), list(run_ids), list(views) if views is not None else [""] * n,
-                      [np.asarray(s).tolist() for s in step_ids], trunc, full, first_node.astype(np.int64), span)
+                      [np.asarray(s).tolist() for s in step_ids], trunc, full, first_node.astype(np.int64), span,
+                      node_dur)
+
+
+#: layers whose families a unit's family slots hold (:func:`family_slots`): those the operator labels name
+LABEL_LAYERS = ("FE", "COMM", "OTHER", "GAP", "STEP")
+
+
+@dataclass
+class FamilySlots:
+    """Per unit, the operator families it may be blamed on (the families of its nodes in
+    :data:`LABEL_LAYERS`), columnar: unit ``i``'s slots are ``offsets[i]:offsets[i+1]``, each with
+    its family (index into :attr:`StepInputs.families`), the summed self time of its nodes (ns)
+    and their count. ``member_tok``/``member_slot`` (unit ``i``'s pairs at
+    ``member_offsets[i]:member_offsets[i+1]``, both local to the unit) say which of the unit's
+    tokens stand for which slot: a token for its anchor's family and for every family of a label
+    layer among the nodes it covers."""
+
+    offsets: np.ndarray
+    family: np.ndarray
+    duration: np.ndarray
+    count: np.ndarray
+    member_tok: np.ndarray
+    member_slot: np.ndarray
+    member_offsets: np.ndarray
+
+    def slots(self, i: int) -> slice:
+        return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
+
+    def members(self, i: int) -> slice:
+        return slice(int(self.member_offsets[i]), int(self.member_offsets[i + 1]))
+
+
+def family_slots(inp: StepInputs) -> FamilySlots:
+    """The family slots of every unit of ``inp`` (:class:`FamilySlots`), from its nodes (their
+    families and self times, every node, also those of truncated tokens) and its tokens."""
+    from teller.tpe.serialize import ranges
+
+    n, F = len(inp), max(1, len(inp.families))
+    label = np.isin(inp._family_layer, LABEL_LAYERS) if len(inp.families) else np.zeros(0, bool)
+    n_nodes = np.diff(inp.node_offsets)
+    node_unit = np.repeat(np.arange(n, dtype=np.int64), n_nodes)
+    nf = inp.node_family.astype(np.int64)
+    keep = label[nf] if len(nf) else np.zeros(0, bool)
+    key = node_unit[keep] * F + nf[keep]
+    dur = inp.node_duration[keep] if len(inp.node_duration) else np.zeros(int(keep.sum()), np.int64)
+    skey, inv = np.unique(key, return_inverse=True)
+    sdur = np.bincount(inv, weights=dur.astype(np.float64), minlength=len(skey)).astype(np.int64)
+    scnt = np.bincount(inv, minlength=len(skey)).astype(np.int64)
+    sunit = skey // F
+    offsets = np.searchsorted(sunit, np.arange(n + 1)).astype(np.int64)
+    # token -> slot pairs: each token's anchor family, and the label-layer families of the nodes it covers
+    n_tok = np.diff(inp.offsets)
+    tok_unit = np.repeat(np.arange(n, dtype=np.int64), n_tok)
+    tok_local = np.arange(len(inp.input_ids), dtype=np.int64) - np.repeat(inp.offsets[:-1], n_tok)
+    pu, pt, pk = [tok_unit], [tok_local], [tok_unit * F + inp.family.astype(np.int64)]
+    if len(inp.span):
+        multi = np.flatnonzero(inp.span > 1)
+        if len(multi):
+            first = inp.first_node[multi] + inp.node_offsets[tok_unit[multi]]
+            rows = ranges(first, first + inp.span[multi])
+            rep = np.repeat(multi, inp.span[multi])
+            pu.append(tok_unit[rep])
+            pt.append(tok_local[rep])
+            pk.append(tok_unit[rep] * F + nf[rows])
+    pu_, pt_, pk_ = np.concatenate(pu), np.concatenate(pt), np.concatenate(pk)
+    j = np.clip(np.searchsorted(skey, pk_), 0, max(len(skey) - 1, 0))
+    hit = (skey[j] == pk_) if len(skey) else np.zeros(len(pk_), bool)
+    pair = np.unique(np.stack([pu_[hit], pt_[hit], j[hit]], 1), axis=0) if hit.any() else np.zeros((0, 3), np.int64)
+    moff = np.searchsorted(pair[:, 0], np.arange(n + 1)).astype(np.int64)
+    return FamilySlots(offsets, (skey % F).astype(np.int64), sdur, scnt, pair[:, 1].astype(np.int64),
+                       (pair[:, 2] - offsets[pair[:, 0]]).astype(np.int64), moff)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -615,6 +690,12 @@ class ReferenceStats:
     count: np.ndarray
     pooled: tuple[float, float] = (0.0, 1.0)
     source: str = ""
+    #: per operator family (by name; :meth:`fit_families`): median and robust scale of the log
+    #: summed self time and of the log node count of its slot, over the normal units holding it;
+    #: ``family_pooled`` for a family not seen there
+    family_names: list[str] = field(default_factory=list)
+    family_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    family_pooled: tuple[float, float, float, float] = (0.0, 1.0, 0.0, 1.0)
 
     @staticmethod
     def log_duration(duration_ns: np.ndarray) -> np.ndarray:
@@ -651,18 +732,72 @@ class ReferenceStats:
         ids = np.clip(np.asarray(input_ids, np.int64), 0, len(self.median) - 1)
         return np.clip((self.log_duration(duration_ns) - self.median[ids]) / self.scale[ids], -20.0, 20.0)
 
+    @staticmethod
+    def _slot_logs(slots: "FamilySlots") -> tuple[np.ndarray, np.ndarray]:
+        return (np.log1p(np.maximum(slots.duration.astype(np.float64), 0.0) / 1e3),
+                np.log1p(slots.count.astype(np.float64)))
+
+    def fit_families(self, slots: "FamilySlots", families: Sequence[str], min_count: int = 5) -> "ReferenceStats":
+        """Per family of ``families`` (``slots.family`` indexes it), the median and robust scale
+        (IQR/1.349, at least 0.05) of its slots' log summed self time and log node count; slots
+        of normal units only are given. Families with fewer than ``min_count`` slots are left out
+        (they take the pooled values)."""
+        ld, lc = self._slot_logs(slots)
+        fam = slots.family.astype(np.int64)
+
+        def robust(x: np.ndarray) -> tuple[float, float]:
+            q1, q2, q3 = np.percentile(x, [25, 50, 75])
+            return float(q2), float(max((q3 - q1) / 1.349, 0.05))
+
+        self.family_pooled = (*robust(ld), *robust(lc)) if len(ld) else (0.0, 1.0, 0.0, 1.0)
+        names, stats = [], []
+        for f in np.unique(fam).tolist():
+            m = fam == f
+            if m.sum() >= min_count:
+                names.append(str(families[f]))
+                stats.append([*robust(ld[m]), *robust(lc[m])])
+        self.family_names, self.family_stats = names, np.asarray(stats, np.float64).reshape(-1, 4)
+        return self
+
+    def family_features(self, slots: "FamilySlots", families: Sequence[str]) -> np.ndarray:
+        """Per slot (float32, 4): log summed self time / 8, its robust z / 4, log node count / 4
+        and its robust z / 4, against :meth:`fit_families`' statistics of the slot's family."""
+        ld, lc = self._slot_logs(slots)
+        lut = {f: k for k, f in enumerate(self.family_names)}
+        row = np.asarray([lut.get(str(families[f]), -1) for f in range(len(families))], np.int64)
+        r = row[slots.family.astype(np.int64)] if len(slots.family) else np.zeros(0, np.int64)
+        st = np.vstack([self.family_stats, np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
+        zd = np.clip((ld - st[:, 0]) / st[:, 1], -20.0, 20.0)
+        zc = np.clip((lc - st[:, 2]) / st[:, 3], -20.0, 20.0)
+        return np.stack([ld / 8.0, zd / 4.0, lc / 4.0, zc / 4.0], 1).astype(np.float32)
+
     def to_json(self) -> dict:
-        return {"format": "teller-rca-reference", "version": 1, "source": self.source,
-                "what": "per trace token id: median and IQR/1.349 of log1p(duration / 1 us) in normal reference steps",
-                "pooled": list(self.pooled), "median": np.round(self.median, 6).tolist(),
-                "scale": np.round(self.scale, 6).tolist(), "count": self.count.tolist()}
+        d = {"format": "teller-rca-reference", "version": 1, "source": self.source,
+             "what": "per trace token id: median and IQR/1.349 of log1p(duration / 1 us) in normal reference steps",
+             "pooled": list(self.pooled), "median": np.round(self.median, 6).tolist(),
+             "scale": np.round(self.scale, 6).tolist(), "count": self.count.tolist()}
+        if self.family_names:
+            d["families"] = {"what": "per operator family: median and IQR/1.349 of log1p(summed self time / 1 us) and of "
+                                     "log1p(node count) of the family in normal reference units",
+                             "names": list(self.family_names), "stats": np.round(self.family_stats, 6).tolist(),
+                             "pooled": list(self.family_pooled)}
+        return d
 
     @classmethod
     def from_json(cls, d: dict, where: str = "reference.json") -> "ReferenceStats":
         if d.get("format") != "teller-rca-reference":
             raise InputError(where, "not a TELLER RCA reference file", "retrain the model with `teller rca train`")
-        return cls(np.asarray(d["median"], np.float64), np.asarray(d["scale"], np.float64),
-                   np.asarray(d["count"], np.int64), tuple(d["pooled"]), d.get("source", ""))
+        ref = cls(np.asarray(d["median"], np.float64), np.asarray(d["scale"], np.float64),
+                  np.asarray(d["count"], np.int64), tuple(d["pooled"]), d.get("source", ""))
+        fam = d.get("families")
+        if fam:
+            ref.family_names = [str(x) for x in fam["names"]]
+            ref.family_stats = np.asarray(fam["stats"], np.float64).reshape(-1, 4)
+            ref.family_pooled = tuple(float(x) for x in fam["pooled"])
+            if len(ref.family_names) != len(ref.family_stats):
+                raise InputError(where, f"families: {len(ref.family_names)} names but {len(ref.family_stats)} rows of statistics",
+                                 "retrain the model with `teller rca train`")
+        return ref
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))

@@ -43,12 +43,20 @@ from teller.rca import llama
 from teller.rca.data import FAULT_TYPES, UNITS
 from teller.rca.text import PAD
 
+#: features of a family slot (:meth:`teller.rca.data.ReferenceStats.family_features`)
+FAMILY_FEATURES = 4
+
 VARIANTS = ("mot", "single")
 #: what a model reads (``RCAConfig.inputs``): the TPE-encoded step tree and the log lines (the
 #: model of docs/design.md §9), one of the two alone (modality ablations), or a structured text
 #: summary of the step beside its log lines instead of the tree (the prompt-style baseline:
 #: :func:`teller.rca.batch.step_summary`)
 INPUTS = ("trace+log", "trace", "log", "summary+log")
+#: what the MoT's operator head scores (``RCAConfig.op_unit``): each trace token (its anchor's family
+#: is named when a token passes), or each operator family of the unit (a family slot: the mean of
+#: its tokens' states, the unit's pooled state and its summed time and node count against the
+#: reference, :class:`teller.rca.data.FamilySlots`), the unit the operator labels name
+OP_UNITS = ("token", "family")
 
 
 @dataclass
@@ -60,6 +68,8 @@ class RCAConfig:
     #: what a unit's trace holds (:data:`.data.UNITS`): the STEP subtree, or the whole engine
     #: iteration (with its schedule/update ranges and GAP rows); a config.json without it is "step"
     unit: str = "step"
+    #: :data:`OP_UNITS`; a config.json without it is "token"
+    op_unit: str = "token"
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -92,7 +102,7 @@ class RCAConfig:
             raise TellerError(f"--config {name}: expected one of {', '.join(PRESETS)}")
         d = dict(PRESETS[name])
         d.update({k: v for k, v in over.items() if v is not None})
-        for key, allowed in (("variant", VARIANTS), ("inputs", INPUTS), ("unit", UNITS)):
+        for key, allowed in (("variant", VARIANTS), ("inputs", INPUTS), ("unit", UNITS), ("op_unit", OP_UNITS)):
             if key in d and d[key] not in allowed:
                 raise TellerError(f"--{key} {d[key]}: expected one of {', '.join(allowed)}")
         return cls(**d)
@@ -232,6 +242,9 @@ class MoTModel(nn.Module):
         self.trace_norm = LlamaRMSNorm(H, eps)
         self.fault_head = nn.Linear(H, len(FAULT_TYPES))
         self.op_head = nn.Linear(H, 1)
+        if cfg.op_unit == "family":
+            self.fam_feat = nn.Sequential(nn.Linear(FAMILY_FEATURES, H), nn.SiLU(), nn.Linear(H, H))
+            self.fam_head = nn.Sequential(nn.Linear(2 * H, H), nn.SiLU(), nn.Linear(H, 1))
 
     def forward(self, prompt: torch.Tensor, prompt_valid: torch.Tensor, trace: dict[str, torch.Tensor],
                 target: torch.Tensor, target_valid: torch.Tensor, cache: "KVCache | None" = None) -> dict[str, torch.Tensor]:
@@ -265,8 +278,15 @@ class MoTModel(nn.Module):
         tv = trace["valid"].to(ht.dtype)[..., None]
         pooled = (ht * tv).sum(1) / tv.sum(1).clamp(min=1.0)
         logits = self.lm.lm_head(base.norm(h[:, P + T:]))
-        return {"fault": self.fault_head(pooled).float(), "ops": self.op_head(ht).squeeze(-1).float(),
-                "lm": logits.float()}
+        out = {"fault": self.fault_head(pooled).float(), "ops": self.op_head(ht).squeeze(-1).float(), "lm": logits.float()}
+        if "fam_member" in trace and hasattr(self, "fam_head"):
+            # a slot: the mean of its tokens' states (member rows sum to 1, or 0 for a slot no kept
+            # token stands for) plus its time and count features, beside the unit's pooled state
+            m = trace["fam_member"].to(ht.dtype)
+            fs = torch.bmm(m, ht) + self.fam_feat(trace["fam_feat"].to(ht.dtype))
+            x = torch.cat([fs, pooled[:, None].expand(-1, fs.shape[1], -1)], -1)
+            out["fam"] = self.fam_head(x).squeeze(-1).float()
+        return out
 
     def extend(self, cache: "KVCache", token: torch.Tensor) -> torch.Tensor:
         """Append one target token per row (``token``: (B,)) after :meth:`forward` filled

@@ -39,7 +39,15 @@ from teller.rca.batch import (
     target_batch,
     trace_batch,
 )
-from teller.rca.data import Dataset, ReferenceStats, Units, encode_units, load_dataset, require_unit
+from teller.rca.data import (
+    Dataset,
+    ReferenceStats,
+    Units,
+    encode_units,
+    family_slots,
+    load_dataset,
+    require_unit,
+)
 from teller.rca.model import RCAConfig, build_model, token_ce
 
 MARKER_WEIGHT = 0.1
@@ -75,6 +83,8 @@ def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_
         normal = np.flatnonzero(~u.is_anomaly)
         sub = inp.select(normal)
         ref = ReferenceStats.fit(sub.input_ids, sub.duration, len(trace_tok), source=f"{ds.path}: {len(normal)} normal training units")
+        if cfg.variant == "mot" and cfg.op_unit == "family":
+            ref.fit_families(family_slots(sub), sub.families)
     if not labels:
         return prepare(inp, text_tok, ref, cfg), ref
     return prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation), ref
@@ -111,6 +121,12 @@ def losses(net: torch.nn.Module, cfg: RCAConfig, prep: Prepared, idx: np.ndarray
         else:  # no tree read: no token to score as an operator
             terms["ops"] = out["ops"].sum() * 0.0
         terms["loss"] = terms["fault"] + cfg.lm_weight * terms["lm"] + cfg.op_weight * terms["ops"]
+        if "fam" in out:  # the family head (op_unit "family"): one target per family slot
+            fv = tr["fam_valid"].float()
+            fb = F.binary_cross_entropy_with_logits(out["fam"], tr["fam_target"], reduction="none",
+                                                    pos_weight=torch.tensor(cfg.op_pos_weight, device=device))
+            terms["fam"] = (fb * fv).sum() / fv.sum().clamp(min=1.0)
+            terms["loss"] = terms["loss"] + cfg.op_weight * terms["fam"]
     else:
         terms["fault"] = mean_of(DECISION)
         terms["ops"] = mean_of(OPERATOR)
