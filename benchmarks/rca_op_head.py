@@ -16,6 +16,7 @@ import json
 import multiprocessing as mp
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +59,7 @@ def main() -> int:
     ap.add_argument("data")
     ap.add_argument("--split", default="request")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--heads", default="token,family", help="the operator heads to train (RCAConfig.op_unit values)")
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -66,10 +68,11 @@ def main() -> int:
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     jobs = [(a.data, sp, int(s), op, a.work, a.epochs, a.batch_size, a.lr)
-            for sp in a.split.split(",") for s in a.seeds.split(",") for op in ("token", "family")]
+            for sp in a.split.split(",") for s in a.seeds.split(",") for op in a.heads.split(",")]
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(a.workers, maxtasksperchild=1) as pool:
-        rows = pool.map(run_one, jobs, chunksize=1)
+    # a worker that dies (killed for memory) breaks the pool with an error instead of a hang
+    with ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
+        rows = list(pool.map(run_one, jobs))
     res = {"command": "python benchmarks/rca_op_head.py " + " ".join(sys.argv[1:]), "config": CONFIG,
            "epochs": a.epochs, "batch_size": a.batch_size, "lr": a.lr, "rows": rows,
            "seconds": round(time.perf_counter() - t0, 1)}
