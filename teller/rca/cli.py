@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         split: str = typer.Option("request", "--split", help="request | run | mechanism | workload: train on that protocol's train part."),
         inputs: str = typer.Option("trace+log", "--inputs", help="trace+log (the model) | trace | log (modality ablations) | summary+log (prompt-style: a text summary of the step instead of its tree)."),
         unit: str = typer.Option("step", "--unit", help="step (a unit's trace is the STEP subtree) | iteration (the whole engine iteration: the STEP subtree with the iteration's schedule/update ranges and GAP rows)."),
-        op_unit: str = typer.Option("token", "--op-unit", help="What the MoT's operator head scores: token (each trace token) | family (each operator family of the unit, with its summed time against the reference)."),
+        op_unit: str = typer.Option("family", "--op-unit", help="What the MoT's operator head scores: family (each operator family of the unit, with its summed time against the reference) | token (each trace token; the shipped model's head)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
         epochs: int = typer.Option(10, "--epochs"),
