@@ -128,3 +128,14 @@ def test_the_evaluate_rows_take_the_model_of_their_operator_head(tmp_path):
     assert make("teller_mot", 0)._find(tmp_path, "run").name == "token_m"
     assert make("teller_mot_family", 0)._find(tmp_path, "run").name == "family_m"
     assert make("teller_mot_family", 0)._find(tmp_path, "request") is None
+
+
+def test_the_fused_family_rows_fuse_the_family_model():
+    from teller.baselines.base import make
+
+    for name, plain in (("teller_confirm_deploy_family", "teller_confirm_deploy"),
+                        ("teller_screened_deploy_family", "teller_screened_deploy"),
+                        ("teller_episodes_family", "teller_episodes")):
+        fam, tok = make(name, 0), make(plain, 0)
+        assert fam.mot == "teller_mot_family" and tok.mot == "teller_mot"
+        assert (fam.rule, fam.tau, fam.stage) == (tok.rule, tok.tau, tok.stage) and isinstance(fam, type(tok))

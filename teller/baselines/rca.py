@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from teller.baselines.base import Method, Prediction, make, register
+from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
 from teller.rca import SCREEN_FLOOR
 
@@ -201,6 +201,9 @@ class TellerPipeline(Method):
     #: the row of the numeric stage (its reference rule): ``teller_numeric`` (every normal train
     #: step) or ``teller_numeric_deploy`` (the fault-free runs of the step's deployment)
     stage = "teller_numeric"
+    #: the row of the root-cause model whose answers are fused: ``teller_mot`` (token operator
+    #: head) or ``teller_mot_family`` (the family head; the ``*_family`` rows)
+    mot = "teller_mot"
     rule = "or"
     tau = 0.5  # the floor on the model's probability of the and / screen rules
     kind = "teller"
@@ -214,7 +217,7 @@ class TellerPipeline(Method):
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerPipeline":
         self.parts_: dict[str, Method] = {}
-        for name, m in ((self.stage, make(self.stage, self.seed)), ("teller_mot", RCAModel(seed=self.seed, model=self.model))):
+        for name, m in ((self.stage, make(self.stage, self.seed)), (self.mot, REGISTRY[self.mot](seed=self.seed, model=self.model))):
             m.name = name
             if _cached(steps, name, None) is None:  # fitted and scored already by its own row: nothing to fit
                 m.fit(steps, idx)
@@ -230,11 +233,11 @@ class TellerPipeline(Method):
                     raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
                                      "has none for these steps: fit this row again")
                 got[name] = m.predict(steps, idx)
-        return fuse(got[self.stage], got["teller_mot"], self.rule, self.tau)
+        return fuse(got[self.stage], got[self.mot], self.rule, self.tau)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
-        m = getattr(self, "parts_", {}).get("teller_mot")
+        m = getattr(self, "parts_", {}).get(self.mot)
         if m is not None and hasattr(m, "model_path_"):
             d["model"] = m.model_path_
         return d
@@ -387,3 +390,12 @@ class TellerEpisodes(TellerScreened):
             d["kept_by_episode"] = self.kept_by_episode_
         return d
 
+
+#: the fused rows on the family-head model's answers (``teller_mot_family``): name, row
+FAMILY_ROWS = (("teller_confirm_deploy_family", "teller_confirm_deploy"),
+               ("teller_screened_deploy_family", "teller_screened_deploy"),
+               ("teller_episodes_family", "teller_episodes"))
+for _name, _row in FAMILY_ROWS:
+    _cls = REGISTRY[_row]
+    register(_name)(type(f"{_cls.__name__}Family", (_cls,), {"mot": "teller_mot_family",
+                                                             "label": f"{_cls.label}; the MoT with the family operator head"}))
