@@ -7,7 +7,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from teller.rca.data import FamilySlots, ReferenceStats, StepInputs, family_slots, operator_targets
+from teller.rca.data import (
+    FamilySlots,
+    ReferenceStats,
+    StepInputs,
+    family_slots,
+    operator_targets,
+    slot_targets,
+)
 from teller.rca.model import RCAConfig
 from teller.rca.text import (
     ABN,
@@ -151,18 +158,6 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
             wts.append(np.asarray(w, np.int64))
     prep.target, prep.target_kind = tgt, wts
     return prep
-
-
-def slot_targets(slots: FamilySlots, families: list[str], labels) -> np.ndarray:
-    """Per slot: 1 when its family is one of its unit's operator labels."""
-    fam_idx = {f: i for i, f in enumerate(families)}
-    out = np.zeros(len(slots.family), np.float32)
-    for i, lab in enumerate(labels):
-        codes = [fam_idx[f] for f in (lab or []) if f in fam_idx]
-        if codes:
-            s = slots.slots(i)
-            out[s] = np.isin(slots.family[s], codes)
-    return out
 
 
 def _pad(rows: list[np.ndarray], value: int | float, dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -662,18 +662,30 @@ def family_slots(inp: StepInputs) -> FamilySlots:
 # targets
 
 
-def operator_targets(inp: StepInputs, labels: Sequence[Sequence[str]]) -> np.ndarray:
-    """Per token: 1 when its anchor's family is one of the unit's operator labels."""
-    fam_idx = {f: i for i, f in enumerate(inp.families)}
-    out = np.zeros(len(inp.input_ids), np.float32)
+def label_targets(family: np.ndarray, offsets: np.ndarray, families: Sequence[str],
+                  labels: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per row (unit ``i``'s rows are ``offsets[i]:offsets[i+1]``): 1 when its family (an index
+    into ``families``) is one of the unit's operator labels."""
+    fam_idx = {f: i for i, f in enumerate(families)}
+    out = np.zeros(len(family), np.float32)
     for i, lab in enumerate(labels):
         if not lab:
             continue
         codes = [fam_idx[f] for f in lab if f in fam_idx]
         if codes:
-            s = inp.tokens(i)
-            out[s] = np.isin(inp.family[s], codes)
+            s = slice(int(offsets[i]), int(offsets[i + 1]))
+            out[s] = np.isin(family[s], codes)
     return out
+
+
+def operator_targets(inp: StepInputs, labels: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per token: 1 when its anchor's family is one of the unit's operator labels."""
+    return label_targets(inp.family, inp.offsets, inp.families, labels)
+
+
+def slot_targets(slots: FamilySlots, families: Sequence[str], labels: Sequence[Sequence[str]]) -> np.ndarray:
+    """Per family slot: 1 when its family is one of its unit's operator labels."""
+    return label_targets(slots.family, slots.offsets, families, labels)
 
 
 # ----------------------------------------------------------------------------------------------
