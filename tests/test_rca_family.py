@@ -32,7 +32,9 @@ def _two_units() -> StepInputs:
                          f["FE TPDecoderLayer"], f["COMM all_reduce"]], np.int32),
         offsets=np.array([0, 3, 7]), node_id=np.arange(9), node_family=node_family, node_offsets=np.array([0, 5, 9]),
         families=FAMS, log_text=["", ""], first_node=np.array([0, 1, 3, 0, 1, 2, 3]), span=np.array([1, 2, 2, 1, 1, 1, 1]),
-        node_duration=node_duration)
+        node_duration=node_duration,
+        # spans: a parent's span covers its children's (unit 0: STEP 200 > DecoderLayer 100 > Attention 60)
+        node_span=np.array([200, 100, 60, 20, 10, 345, 50, 95, 25], np.int64))
 
 
 def test_slots_are_the_label_layer_families_with_their_summed_time_and_tokens():
@@ -41,6 +43,7 @@ def test_slots_are_the_label_layer_families_with_their_summed_time_and_tokens():
     names = [[FAMS[int(f)] for f in sl.family[sl.slots(i)]] for i in range(2)]
     assert names == [["FE TPAttention", "FE TPDecoderLayer", "STEP"], ["COMM all_reduce", "FE TPDecoderLayer", "STEP"]]
     assert sl.duration.tolist() == [30, 40, 100, 25, 120, 200] and sl.count.tolist() == [1, 1, 1, 1, 2, 1]
+    assert sl.span.tolist() == [60, 100, 200, 25, 145, 345]  # summed whole time, as the labels sum it per family
     members = [sorted(zip(sl.member_tok[sl.members(i)].tolist(), sl.member_slot[sl.members(i)].tolist(), strict=True)) for i in range(2)]
     # unit 0: the merged token stands for both modules, the BE token for no slot
     assert members[0] == [(0, 2), (1, 0), (1, 1)]
@@ -75,6 +78,33 @@ def test_family_reference_scores_slots_against_their_own_family_and_round_trips(
 
     with pytest.raises(InputError, match="families"):
         ReferenceStats.load(tmp_path / "bad.json")
+
+
+def test_family_reference_with_spans_has_six_columns_and_checks_them(tmp_path):
+    from teller.errors import InputError, TellerError
+
+    inp = _two_units()
+    sl = family_slots(inp)
+    ref = ReferenceStats.fit(inp.input_ids, inp.duration, 16).fit_families(sl, inp.families, min_count=1, span=True)
+    assert ref.family_span and ref.family_stats.shape == (4, 6) and len(ref.family_pooled) == 6
+    feat = ref.family_features(sl, inp.families)
+    plain = ReferenceStats.fit(inp.input_ids, inp.duration, 16).fit_families(sl, inp.families, min_count=1)
+    assert feat.shape == (6, 6) and np.allclose(feat[:, :4], plain.family_features(sl, inp.families))
+    # the two DecoderLayer slots: spans 100 and 145 around their median, z of opposite signs
+    dl = [i for i in range(6) if FAMS[int(sl.family[i])] == "FE TPDecoderLayer"]
+    assert feat[dl[0], 5] < 0 < feat[dl[1], 5] and feat[0, 4] == pytest.approx(np.log1p(60 / 1e3) / 8, rel=1e-6)
+    ref.save(tmp_path / "reference.json")
+    back = ReferenceStats.load(tmp_path / "reference.json")
+    assert back.family_span and np.allclose(back.family_features(sl, inp.families), feat, atol=1e-5)
+    bad = json.loads((tmp_path / "reference.json").read_text())
+    bad["families"]["stats"] = [row[:4] for row in bad["families"]["stats"]]
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(InputError, match="shape"):
+        ReferenceStats.load(tmp_path / "bad.json")
+    no_span = _two_units()
+    no_span.node_span = np.zeros(0, np.int64)
+    with pytest.raises(TellerError, match="spans"):
+        ref.family_features(family_slots(no_span), inp.families)
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +143,37 @@ def test_a_family_head_trains_names_its_units_families_and_reloads(ds, tmp_path)
     again, _, _ = evaluate(load(out), ds, "request", "test", explain=False)
     assert [(p["abnormal"], p["fault_type"], p["evidence_operators"]) for p in pred] == \
         [(p["abnormal"], p["fault_type"], p["evidence_operators"]) for p in again]
+
+
+def test_real_slot_spans_cover_their_self_time_and_a_span_head_trains_and_reloads(ds, tmp_path):
+    from teller.errors import InputError
+    from teller.rca import load
+    from teller.rca.data import encode_units
+    from teller.rca.train import train
+
+    u = ds.units
+    out = tmp_path / "span"
+    train(ds, out, variant="mot", split="request", config="tiny", epochs=2, max_steps=12, seed=0, progress=False,
+          log=lambda m: None, unit="iteration", op_unit="family", fam_span=True)
+    m = load(out)
+    assert m.cfg.fam_span and m.ref.family_span and m.net.fam_feat[0].in_features == 6
+    idx = np.arange(min(20, len(u)))
+    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
+                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens)
+    sl = family_slots(inp)
+    fam = np.asarray(inp.families)[sl.family]
+    assert (sl.span >= sl.duration).all()  # a node's span holds its self time
+    # STEP and COMM slots hold their children's time (kernels, the collective's calls)
+    for name in ("STEP", "COMM all_reduce"):
+        k = fam == name
+        assert k.any() and (sl.span[k] > sl.duration[k]).any()
+    pred = m.predict(m.prepare(inp), explain=False)
+    assert len(pred) == len(idx)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["config"]["fam_span"] = False
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(InputError, match="fam_span"):
+        load(out)
 
 
 def test_the_evaluate_rows_take_the_model_of_their_operator_head(tmp_path):

@@ -234,6 +234,9 @@ class StepForest:
     unit: str = "step"
     #: bool per table row: in a STEP subtree (``step_id >= 0``); empty: every row is
     node_in_step: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    #: int64 per table row: its span (end - start, children included; the time the operator labels
+    #: sum per family, :mod:`teller.inject.labels`); empty where not known
+    node_span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def find(self, run_ids: Sequence[str], step_ids: np.ndarray) -> np.ndarray:
         lut = {r: i for i, r in enumerate(self.runs)}
@@ -354,7 +357,8 @@ def step_forest(table: pa.Table, run_id: str | None = None, normalizer: Any = No
         prio.append(_LAYER_PRIORITY.get(L, 3))
     families, fcode = np.unique(np.asarray(fam, dtype=object).astype(str), return_inverse=True)
     return StepForest(seqs, rcode[roots] << 40 | sid[roots], runs, fcode[pinv].astype(np.int32),
-                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid, unit, sid >= 0)
+                      np.asarray(prio, np.int8)[pinv], [str(f) for f in families], nid, unit, sid >= 0,
+                      forest.dur_ns.astype(np.int64))
 
 
 def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, extra_of: np.ndarray,
@@ -424,6 +428,8 @@ class StepInputs:
     span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     #: per node: its self time (ns), for the family slots (:func:`family_slots`); empty where not known
     node_duration: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: per node: its span (ns, children included), for the family slots; empty where not known
+    node_span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -469,7 +475,8 @@ class StepInputs:
                           self.full_tokens[idx] if len(self.full_tokens) else self.full_tokens,
                           self.first_node[rows] if len(self.first_node) else self.first_node,
                           self.span[rows] if len(self.span) else self.span,
-                          self.node_duration[nrows] if len(self.node_duration) else self.node_duration)
+                          self.node_duration[nrows] if len(self.node_duration) else self.node_duration,
+                          self.node_span[nrows] if len(self.node_span) else self.node_span)
 
     def covered(self, i: int, token: int) -> list[int]:
         """The nodes (indices among unit ``i``'s nodes) token ``token`` of the unit covers whose
@@ -585,7 +592,7 @@ def encode_units(sf: StepForest, tok: Any, run_ids: Sequence[str], step_ids: Seq
                       fam.astype(np.int32), toff, sf.node_id[node_tab], node_fam.astype(np.int32), noff, sf.families,
                       list(log_text), list(run_ids), list(views) if views is not None else [""] * n,
                       [np.asarray(s).tolist() for s in step_ids], trunc, full, first_node.astype(np.int64), span,
-                      node_dur)
+                      node_dur, sf.node_span[node_tab] if len(sf.node_span) else np.zeros(0, np.int64))
 
 
 #: layers whose families a unit's family slots hold (:func:`family_slots`): those the operator labels name
@@ -596,8 +603,9 @@ LABEL_LAYERS = ("FE", "COMM", "OTHER", "GAP", "STEP")
 class FamilySlots:
     """Per unit, the operator families it may be blamed on (the families of its nodes in
     :data:`LABEL_LAYERS`), columnar: unit ``i``'s slots are ``offsets[i]:offsets[i+1]``, each with
-    its family (index into :attr:`StepInputs.families`), the summed self time of its nodes (ns)
-    and their count. ``member_tok``/``member_slot`` (unit ``i``'s pairs at
+    its family (index into :attr:`StepInputs.families`), the summed self time of its nodes (ns),
+    their count and their summed span (ns, children included: the time the operator labels compare
+    with the family's reference p99; empty where the inputs carry no node spans). ``member_tok``/``member_slot`` (unit ``i``'s pairs at
     ``member_offsets[i]:member_offsets[i+1]``, both local to the unit) say which of the unit's
     tokens stand for which slot: a token for its anchor's family and for every family of a label
     layer among the nodes it covers."""
@@ -609,6 +617,7 @@ class FamilySlots:
     member_tok: np.ndarray
     member_slot: np.ndarray
     member_offsets: np.ndarray
+    span: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     def slots(self, i: int) -> slice:
         return slice(int(self.offsets[i]), int(self.offsets[i + 1]))
@@ -633,6 +642,8 @@ def family_slots(inp: StepInputs) -> FamilySlots:
     skey, inv = np.unique(key, return_inverse=True)
     sdur = np.bincount(inv, weights=dur.astype(np.float64), minlength=len(skey)).astype(np.int64)
     scnt = np.bincount(inv, minlength=len(skey)).astype(np.int64)
+    sspan = (np.bincount(inv, weights=inp.node_span[keep].astype(np.float64), minlength=len(skey)).astype(np.int64)
+             if len(inp.node_span) else np.zeros(0, np.int64))
     sunit = skey // F
     offsets = np.searchsorted(sunit, np.arange(n + 1)).astype(np.int64)
     # token -> slot pairs: each token's anchor family, and the label-layer families of the nodes it covers
@@ -655,7 +666,7 @@ def family_slots(inp: StepInputs) -> FamilySlots:
     pair = np.unique(np.stack([pu_[hit], pt_[hit], j[hit]], 1), axis=0) if hit.any() else np.zeros((0, 3), np.int64)
     moff = np.searchsorted(pair[:, 0], np.arange(n + 1)).astype(np.int64)
     return FamilySlots(offsets, (skey % F).astype(np.int64), sdur, scnt, pair[:, 1].astype(np.int64),
-                       (pair[:, 2] - offsets[pair[:, 0]]).astype(np.int64), moff)
+                       (pair[:, 2] - offsets[pair[:, 0]]).astype(np.int64), moff, sspan)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -703,11 +714,12 @@ class ReferenceStats:
     pooled: tuple[float, float] = (0.0, 1.0)
     source: str = ""
     #: per operator family (by name; :meth:`fit_families`): median and robust scale of the log
-    #: summed self time and of the log node count of its slot, over the normal units holding it;
-    #: ``family_pooled`` for a family not seen there
+    #: summed self time and of the log node count of its slot, and with ``span`` of its log summed
+    #: span, over the normal units holding it (4 or 6 columns); ``family_pooled`` for a family not
+    #: seen there
     family_names: list[str] = field(default_factory=list)
     family_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
-    family_pooled: tuple[float, float, float, float] = (0.0, 1.0, 0.0, 1.0)
+    family_pooled: tuple[float, ...] = (0.0, 1.0, 0.0, 1.0)
 
     @staticmethod
     def log_duration(duration_ns: np.ndarray) -> np.ndarray:
@@ -744,44 +756,63 @@ class ReferenceStats:
         ids = np.clip(np.asarray(input_ids, np.int64), 0, len(self.median) - 1)
         return np.clip((self.log_duration(duration_ns) - self.median[ids]) / self.scale[ids], -20.0, 20.0)
 
-    @staticmethod
-    def _slot_logs(slots: "FamilySlots") -> tuple[np.ndarray, np.ndarray]:
-        return (np.log1p(np.maximum(slots.duration.astype(np.float64), 0.0) / 1e3),
-                np.log1p(slots.count.astype(np.float64)))
+    @property
+    def family_span(self) -> bool:
+        """The family statistics include the slots' summed span (:meth:`fit_families` with ``span``)."""
+        return len(self.family_pooled) == 6
 
-    def fit_families(self, slots: "FamilySlots", families: Sequence[str], min_count: int = 5) -> "ReferenceStats":
+    @staticmethod
+    def _slot_logs(slots: "FamilySlots", span: bool = False) -> list[np.ndarray]:
+        out = [np.log1p(np.maximum(slots.duration.astype(np.float64), 0.0) / 1e3),
+               np.log1p(slots.count.astype(np.float64))]
+        if span:
+            if len(slots.span) != len(slots.duration):
+                raise TellerError("the family slots carry no spans (a forest without node spans); "
+                                  "rebuild the inputs with teller.rca.data.encode_units")
+            out.append(np.log1p(np.maximum(slots.span.astype(np.float64), 0.0) / 1e3))
+        return out
+
+    def fit_families(self, slots: "FamilySlots", families: Sequence[str], min_count: int = 5,
+                     span: bool = False) -> "ReferenceStats":
         """Per family of ``families`` (``slots.family`` indexes it), the median and robust scale
-        (IQR/1.349, at least 0.05) of its slots' log summed self time and log node count; slots
-        of normal units only are given. Families with fewer than ``min_count`` slots are left out
-        (they take the pooled values)."""
-        ld, lc = self._slot_logs(slots)
+        (IQR/1.349, at least 0.05) of its slots' log summed self time and log node count, and with
+        ``span`` of their log summed span; slots of normal units only are given. Families with fewer
+        than ``min_count`` slots are left out (they take the pooled values)."""
+        logs = self._slot_logs(slots, span)
         fam = slots.family.astype(np.int64)
 
         def robust(x: np.ndarray) -> tuple[float, float]:
             q1, q2, q3 = np.percentile(x, [25, 50, 75])
             return float(q2), float(max((q3 - q1) / 1.349, 0.05))
 
-        self.family_pooled = (*robust(ld), *robust(lc)) if len(ld) else (0.0, 1.0, 0.0, 1.0)
+        width = 2 * len(logs)
+        self.family_pooled = (tuple(v for x in logs for v in robust(x)) if len(fam)
+                              else (0.0, 1.0) * len(logs))
         names, stats = [], []
         for f in np.unique(fam).tolist():
             m = fam == f
             if m.sum() >= min_count:
                 names.append(str(families[f]))
-                stats.append([*robust(ld[m]), *robust(lc[m])])
-        self.family_names, self.family_stats = names, np.asarray(stats, np.float64).reshape(-1, 4)
+                stats.append([v for x in logs for v in robust(x[m])])
+        self.family_names, self.family_stats = names, np.asarray(stats, np.float64).reshape(-1, width)
         return self
 
     def family_features(self, slots: "FamilySlots", families: Sequence[str]) -> np.ndarray:
-        """Per slot (float32, 4): log summed self time / 8, its robust z / 4, log node count / 4
-        and its robust z / 4, against :meth:`fit_families`' statistics of the slot's family."""
-        ld, lc = self._slot_logs(slots)
+        """Per slot (float32, 4 or 6 columns): log summed self time / 8, its robust z / 4, log node
+        count / 4 and its robust z / 4, and where the statistics hold spans (:attr:`family_span`)
+        log summed span / 8 and its robust z / 4, against :meth:`fit_families`' statistics of the
+        slot's family."""
+        logs = self._slot_logs(slots, self.family_span)
         lut = {f: k for k, f in enumerate(self.family_names)}
         row = np.asarray([lut.get(str(families[f]), -1) for f in range(len(families))], np.int64)
         r = row[slots.family.astype(np.int64)] if len(slots.family) else np.zeros(0, np.int64)
-        st = np.vstack([self.family_stats, np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
-        zd = np.clip((ld - st[:, 0]) / st[:, 1], -20.0, 20.0)
-        zc = np.clip((lc - st[:, 2]) / st[:, 3], -20.0, 20.0)
-        return np.stack([ld / 8.0, zd / 4.0, lc / 4.0, zc / 4.0], 1).astype(np.float32)
+        st = np.vstack([self.family_stats.reshape(-1, len(self.family_pooled)),
+                        np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
+        cols = []
+        for k, (x, scale) in enumerate(zip(logs, (8.0, 4.0, 8.0)[:len(logs)], strict=True)):
+            z = np.clip((x - st[:, 2 * k]) / st[:, 2 * k + 1], -20.0, 20.0)
+            cols += [x / scale, z / 4.0]
+        return np.stack(cols, 1).astype(np.float32)
 
     def to_json(self) -> dict:
         d = {"format": "teller-rca-reference", "version": 1, "source": self.source,
@@ -789,8 +820,9 @@ class ReferenceStats:
              "pooled": list(self.pooled), "median": np.round(self.median, 6).tolist(),
              "scale": np.round(self.scale, 6).tolist(), "count": self.count.tolist()}
         if self.family_names:
-            d["families"] = {"what": "per operator family: median and IQR/1.349 of log1p(summed self time / 1 us) and of "
-                                     "log1p(node count) of the family in normal reference units",
+            d["families"] = {"what": "per operator family: median and IQR/1.349 of log1p(summed self time / 1 us), of "
+                                     "log1p(node count) and, with a third pair of columns, of log1p(summed span / 1 us) of "
+                                     "the family in normal reference units",
                              "names": list(self.family_names), "stats": np.round(self.family_stats, 6).tolist(),
                              "pooled": list(self.family_pooled)}
         return d
@@ -804,8 +836,15 @@ class ReferenceStats:
         fam = d.get("families")
         if fam:
             ref.family_names = [str(x) for x in fam["names"]]
-            ref.family_stats = np.asarray(fam["stats"], np.float64).reshape(-1, 4)
             ref.family_pooled = tuple(float(x) for x in fam["pooled"])
+            if len(ref.family_pooled) not in (4, 6):
+                raise InputError(where, f"families: {len(ref.family_pooled)} pooled statistics, expected 4 or 6",
+                                 "retrain the model with `teller rca train`")
+            stats = np.asarray(fam["stats"], np.float64)
+            if stats.size and (stats.ndim != 2 or stats.shape[1] != len(ref.family_pooled)):
+                raise InputError(where, f"families: statistics of shape {stats.shape}, expected rows of "
+                                 f"{len(ref.family_pooled)}", "retrain the model with `teller rca train`")
+            ref.family_stats = stats.reshape(-1, len(ref.family_pooled))
             if len(ref.family_names) != len(ref.family_stats):
                 raise InputError(where, f"families: {len(ref.family_names)} names but {len(ref.family_stats)} rows of statistics",
                                  "retrain the model with `teller rca train`")

@@ -43,7 +43,8 @@ from teller.rca import llama
 from teller.rca.data import FAULT_TYPES, UNITS
 from teller.rca.text import PAD
 
-#: features of a family slot (:meth:`teller.rca.data.ReferenceStats.family_features`)
+#: features of a family slot (:meth:`teller.rca.data.ReferenceStats.family_features`); two more
+#: with ``RCAConfig.fam_span`` (its summed span against the family's reference)
 FAMILY_FEATURES = 4
 
 VARIANTS = ("mot", "single")
@@ -70,6 +71,10 @@ class RCAConfig:
     unit: str = "step"
     #: :data:`OP_UNITS`; a config.json without it is "token"
     op_unit: str = "token"
+    #: the family head also reads each slot's summed span (its nodes' whole time, children
+    #: included: what the operator labels compare with the family's reference p99) beside its
+    #: summed self time; a config.json without it is false
+    fam_span: bool = False
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -102,6 +107,8 @@ class RCAConfig:
             raise TellerError(f"--config {name}: expected one of {', '.join(PRESETS)}")
         d = dict(PRESETS[name])
         d.update({k: v for k, v in over.items() if v is not None})
+        if "fam_span" in d:
+            d["fam_span"] = bool(d["fam_span"])
         for key, allowed in (("variant", VARIANTS), ("inputs", INPUTS), ("unit", UNITS), ("op_unit", OP_UNITS)):
             if key in d and d[key] not in allowed:
                 raise TellerError(f"--{key} {d[key]}: expected one of {', '.join(allowed)}")
@@ -243,7 +250,7 @@ class MoTModel(nn.Module):
         self.fault_head = nn.Linear(H, len(FAULT_TYPES))
         self.op_head = nn.Linear(H, 1)
         if cfg.op_unit == "family":
-            self.fam_feat = nn.Sequential(nn.Linear(FAMILY_FEATURES, H), nn.SiLU(), nn.Linear(H, H))
+            self.fam_feat = nn.Sequential(nn.Linear(FAMILY_FEATURES + 2 * bool(cfg.fam_span), H), nn.SiLU(), nn.Linear(H, H))
             self.fam_head = nn.Sequential(nn.Linear(2 * H, H), nn.SiLU(), nn.Linear(H, 1))
 
     def forward(self, prompt: torch.Tensor, prompt_valid: torch.Tensor, trace: dict[str, torch.Tensor],

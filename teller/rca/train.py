@@ -84,7 +84,7 @@ def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_
         sub = inp.select(normal)
         ref = ReferenceStats.fit(sub.input_ids, sub.duration, len(trace_tok), source=f"{ds.path}: {len(normal)} normal training units")
         if cfg.variant == "mot" and cfg.op_unit == "family":
-            ref.fit_families(family_slots(sub), sub.families)
+            ref.fit_families(family_slots(sub), sub.families, span=cfg.fam_span)
     if not labels:
         return prepare(inp, text_tok, ref, cfg), ref
     return prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation), ref
