@@ -212,7 +212,13 @@ def test_cli_trains_an_iteration_model(tmp_path):
     model = tmp_path / "m"
     assert main(["rca", "train", str(small), "-o", str(model), "--config", "tiny", "--epochs", "1", "--max-steps", "3",
                  "--unit", "iteration"]) == 0
-    assert json.loads((model / "config.json").read_text())["config"]["unit"] == "iteration"
+    cfg = json.loads((model / "config.json").read_text())["config"]
+    assert cfg["unit"] == "iteration" and cfg["op_unit"] == "family" and cfg["fam_span"] is True  # the CLI's defaults
+    assert len(json.loads((model / "reference.json").read_text())["families"]["pooled"]) == 6
+    plain = tmp_path / "plain"
+    assert main(["rca", "train", str(small), "-o", str(plain), "--config", "tiny", "--epochs", "1", "--max-steps", "2",
+                 "--unit", "iteration", "--no-fam-span"]) == 0
+    assert json.loads((plain / "config.json").read_text())["config"]["fam_span"] is False
     out = tmp_path / "pred.parquet"
     assert main(["rca", "predict", str(model), str(small), "--split-part", "train", "-o", str(out)]) == 0
     assert pq.read_table(out).num_rows > 0
