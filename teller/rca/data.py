@@ -806,8 +806,7 @@ class ReferenceStats:
         lut = {f: k for k, f in enumerate(self.family_names)}
         row = np.asarray([lut.get(str(families[f]), -1) for f in range(len(families))], np.int64)
         r = row[slots.family.astype(np.int64)] if len(slots.family) else np.zeros(0, np.int64)
-        st = np.vstack([self.family_stats.reshape(-1, len(self.family_pooled)),
-                        np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
+        st = np.vstack([self.family_stats, np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
         cols = []
         for k, (x, scale) in enumerate(zip(logs, (8.0, 4.0, 8.0)[:len(logs)], strict=True)):
             z = np.clip((x - st[:, 2 * k]) / st[:, 2 * k + 1], -20.0, 20.0)
