@@ -14,6 +14,7 @@ from teller.rca.data import (
     family_slots,
     operator_targets,
     slot_targets,
+    unit_statistics,
 )
 from teller.rca.model import RCAConfig
 from teller.rca.text import (
@@ -56,6 +57,9 @@ class Prepared:
     slots: FamilySlots | None = None
     slot_feat: np.ndarray | None = None
     slot_target: np.ndarray | None = None
+    #: per unit, its statistics against the reference (``cfg.unit_stats``: float32, (units,
+    #: 2 × len(UNIT_STAT_COLUMNS)), :meth:`ReferenceStats.unit_features`)
+    unit_feat: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.inputs)
@@ -116,6 +120,8 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     if cfg.variant == "mot" and cfg.op_unit == "family" and cfg.reads_trace:
         prep.slots = family_slots(inp)
         prep.slot_feat = ref.family_features(prep.slots, inp.families)
+    if cfg.variant == "mot" and cfg.unit_stats and cfg.reads_trace:
+        prep.unit_feat = ref.unit_features(unit_statistics(inp))
     if fault is None:
         return prep
     prep.fault = np.asarray(fault, np.int64)
@@ -189,6 +195,8 @@ def trace_batch(prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[s
     t = {"ids": ids, "depth": depth, "parent_off": poff, "valid": valid}
     if prep.slots is not None:
         t.update(slot_batch(prep, idx, L))
+    if prep.unit_feat is not None:
+        t["unit_feat"] = prep.unit_feat[np.asarray(idx, np.int64)]
     out = {k: torch.from_numpy(v).to(device) for k, v in t.items()}
     out["dur"] = torch.from_numpy(dur).to(device)
     return out

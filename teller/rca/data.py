@@ -669,6 +669,41 @@ def family_slots(inp: StepInputs) -> FamilySlots:
                        (pair[:, 2] - offsets[pair[:, 0]]).astype(np.int64), moff, sspan)
 
 
+#: layers whose nodes a unit's statistics count and sum (:func:`unit_statistics`)
+UNIT_STAT_LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER", "GAP")
+#: the columns of :func:`unit_statistics`: per layer its node count, summed self time and summed
+#: span, then the unit's rank count
+UNIT_STAT_COLUMNS = tuple(f"{k}_{lay}" for k in ("n", "self", "span") for lay in UNIT_STAT_LAYERS) + ("ranks",)
+
+
+def unit_statistics(inp: StepInputs) -> np.ndarray:
+    """Per unit (float64, :data:`UNIT_STAT_COLUMNS`): for each layer of :data:`UNIT_STAT_LAYERS`,
+    ``log1p`` of its node count, of its nodes' summed self time (µs) and of their summed span
+    (µs, children included), each per rank (a horizontal unit's sums divided by its rank count, so
+    its values read on a one-rank scale), then ``log1p`` of the rank count. Every node of the unit
+    counts, also those of truncated tokens: these are the layer-level times the numeric stage and
+    the statistical baselines read, which the tokens' durations spread over the sequence."""
+    n, L = len(inp), len(UNIT_STAT_LAYERS)
+    if len(inp.node_family) and (len(inp.node_duration) != len(inp.node_family) or len(inp.node_span) != len(inp.node_family)):
+        raise TellerError("the units carry no node times (a forest without node spans); rebuild the inputs with "
+                          "teller.rca.data.encode_units")
+    lut = {lay: k for k, lay in enumerate(UNIT_STAT_LAYERS)}
+    fam_layer = np.asarray([lut.get(str(x), -1) for x in inp._family_layer.tolist()], np.int64)
+    node_unit = np.repeat(np.arange(n, dtype=np.int64), np.diff(inp.node_offsets))
+    layer = fam_layer[inp.node_family.astype(np.int64)] if len(inp.node_family) else np.zeros(0, np.int64)
+    ok = layer >= 0
+    key = node_unit[ok] * L + layer[ok]
+    size = n * L
+    cnt = np.bincount(key, minlength=size).astype(np.float64)
+    own = np.bincount(key, weights=np.maximum(inp.node_duration[ok], 0).astype(np.float64), minlength=size)
+    span = np.bincount(key, weights=np.maximum(inp.node_span[ok], 0).astype(np.float64), minlength=size)
+    ranks = np.asarray([max(1, len(s)) for s in inp.step_ids] if inp.step_ids else [1] * n, np.float64)
+    per = ranks[:, None]
+    cols = [np.log1p(cnt.reshape(n, L) / per), np.log1p(own.reshape(n, L) / per / 1e3),
+            np.log1p(span.reshape(n, L) / per / 1e3), np.log1p(ranks)[:, None]]
+    return np.concatenate(cols, 1)
+
+
 # ----------------------------------------------------------------------------------------------
 # targets
 
@@ -720,6 +755,9 @@ class ReferenceStats:
     family_names: list[str] = field(default_factory=list)
     family_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
     family_pooled: tuple[float, ...] = (0.0, 1.0, 0.0, 1.0)
+    #: per column of :data:`UNIT_STAT_COLUMNS` (:meth:`fit_units`): median and robust scale over
+    #: the normal units; empty: the model reads no unit statistics
+    unit_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
     @staticmethod
     def log_duration(duration_ns: np.ndarray) -> np.ndarray:
@@ -813,6 +851,26 @@ class ReferenceStats:
             cols += [x / scale, z / 4.0]
         return np.stack(cols, 1).astype(np.float32)
 
+    def fit_units(self, stats: np.ndarray) -> "ReferenceStats":
+        """Per column of ``stats`` (:func:`unit_statistics` of normal units), the median and robust
+        scale (IQR/1.349, at least 0.05); no units: the pooled values 0 and 1."""
+        x = np.asarray(stats, np.float64).reshape(-1, len(UNIT_STAT_COLUMNS))
+        if not len(x):
+            self.unit_stats = np.tile([0.0, 1.0], (len(UNIT_STAT_COLUMNS), 1))
+            return self
+        q1, q2, q3 = np.percentile(x, [25, 50, 75], axis=0)
+        self.unit_stats = np.stack([q2, np.maximum((q3 - q1) / 1.349, 0.05)], 1)
+        return self
+
+    def unit_features(self, stats: np.ndarray) -> np.ndarray:
+        """Per unit (float32, two columns per column of :data:`UNIT_STAT_COLUMNS`): the value / 8
+        and its robust z / 4 (clipped at ±20 before) against :meth:`fit_units`' statistics."""
+        if not len(self.unit_stats):
+            raise TellerError("the reference holds no unit statistics; fit them with ReferenceStats.fit_units")
+        x = np.asarray(stats, np.float64)
+        z = np.clip((x - self.unit_stats[:, 0]) / self.unit_stats[:, 1], -20.0, 20.0)
+        return np.stack([x / 8.0, z / 4.0], 2).reshape(len(x), -1).astype(np.float32)
+
     def to_json(self) -> dict:
         d = {"format": "teller-rca-reference", "version": 1, "source": self.source,
              "what": "per trace token id: median and IQR/1.349 of log1p(duration / 1 us) in normal reference steps",
@@ -824,6 +882,11 @@ class ReferenceStats:
                                      "the family in normal reference units",
                              "names": list(self.family_names), "stats": np.round(self.family_stats, 6).tolist(),
                              "pooled": list(self.family_pooled)}
+        if len(self.unit_stats):
+            d["units"] = {"what": "per unit statistic (per layer: log1p node count, log1p summed self time / 1 us, "
+                                  "log1p summed span / 1 us, each per rank; then log1p rank count): median and IQR/1.349 "
+                                  "in normal reference units",
+                          "columns": list(UNIT_STAT_COLUMNS), "stats": np.round(self.unit_stats, 6).tolist()}
         return d
 
     @classmethod
@@ -847,6 +910,14 @@ class ReferenceStats:
             if len(ref.family_names) != len(ref.family_stats):
                 raise InputError(where, f"families: {len(ref.family_names)} names but {len(ref.family_stats)} rows of statistics",
                                  "retrain the model with `teller rca train`")
+        units = d.get("units")
+        if units:
+            stats = np.asarray(units.get("stats", []), np.float64)
+            if list(units.get("columns", [])) != list(UNIT_STAT_COLUMNS) or stats.shape != (len(UNIT_STAT_COLUMNS), 2):
+                raise InputError(where, f"units: columns {units.get('columns')} with statistics of shape {stats.shape}, "
+                                 f"expected the {len(UNIT_STAT_COLUMNS)} columns {list(UNIT_STAT_COLUMNS)} with two "
+                                 "values each", "retrain the model with `teller rca train`")
+            ref.unit_stats = stats
         return ref
 
     def save(self, path: str | Path) -> None:

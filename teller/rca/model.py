@@ -15,9 +15,9 @@ RMSNorm, concatenated and passed through the **one shared causal self-attention*
 layer ℓ (``LlamaAttention``, rotary positions over the whole sequence), split again, and refined
 by two separate feed-forward branches: the backbone layer's ``LlamaMLP`` for the log stream and a
 trace ``LlamaMLP`` of the same shape for the trace stream (initialised from the backbone's when it
-is pretrained). Heads: ``fault = W_f · mean_i h^trace_i`` over the six classes (normal + five
+is pretrained). Heads: ``fault = W_f · (mean_i h^trace_i + u)`` over the six classes (normal + five
 types), ``op_i = w_o · h^trace_i`` per trace token, and the backbone's LM head on the log stream
-writes ``y``. Loss ``L = CE(fault) + λ · LM(y) + μ · BCE(op)``.
+writes ``y``; ``u = MLP(unit statistics)`` with ``RCAConfig.unit_stats``, else 0. Loss ``L = CE(fault) + λ · LM(y) + μ · BCE(op)``.
 
 **Variant B, "single"**. The backbone reads ``[<bos> <log> x <trace>] [e_1..e_T]`` followed by
 the target ``<abn> yes|no <type> <t:TYPE> <ops> name (<sep> name)* <expl> y <eos>`` (trace
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from teller.rca import llama
-from teller.rca.data import FAULT_TYPES, UNITS
+from teller.rca.data import FAULT_TYPES, UNIT_STAT_COLUMNS, UNITS
 from teller.rca.text import PAD
 
 #: features of a family slot (:meth:`teller.rca.data.ReferenceStats.family_features`); two more
@@ -75,6 +75,11 @@ class RCAConfig:
     #: included: what the operator labels compare with the family's reference p99) beside its
     #: summed self time; a config.json without it is false
     fam_span: bool = False
+    #: the MoT also reads the unit's layer statistics (per layer its node count, summed self time
+    #: and summed span against the normal units' spread, :func:`teller.rca.data.unit_statistics`),
+    #: added to the pooled trace state the fault and family heads read; a config.json without it
+    #: is false
+    unit_stats: bool = False
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -107,11 +112,14 @@ class RCAConfig:
             raise TellerError(f"--config {name}: expected one of {', '.join(PRESETS)}")
         d = dict(PRESETS[name])
         d.update({k: v for k, v in over.items() if v is not None})
-        if "fam_span" in d:
-            d["fam_span"] = bool(d["fam_span"])
+        for key in ("fam_span", "unit_stats"):
+            if key in d:
+                d[key] = bool(d[key])
         for key, allowed in (("variant", VARIANTS), ("inputs", INPUTS), ("unit", UNITS), ("op_unit", OP_UNITS)):
             if key in d and d[key] not in allowed:
                 raise TellerError(f"--{key} {d[key]}: expected one of {', '.join(allowed)}")
+        if d.get("unit_stats") and d.get("variant", "mot") != "mot":
+            raise TellerError("--unit-stats: only the mot variant reads the unit statistics; use --variant mot")
         return cls(**d)
 
     @property
@@ -249,6 +257,8 @@ class MoTModel(nn.Module):
         self.trace_norm = LlamaRMSNorm(H, eps)
         self.fault_head = nn.Linear(H, len(FAULT_TYPES))
         self.op_head = nn.Linear(H, 1)
+        if cfg.unit_stats:
+            self.unit_feat = nn.Sequential(nn.Linear(2 * len(UNIT_STAT_COLUMNS), H), nn.SiLU(), nn.Linear(H, H))
         if cfg.op_unit == "family":
             self.fam_feat = nn.Sequential(nn.Linear(FAMILY_FEATURES + 2 * bool(cfg.fam_span), H), nn.SiLU(), nn.Linear(H, H))
             self.fam_head = nn.Sequential(nn.Linear(2 * H, H), nn.SiLU(), nn.Linear(H, 1))
@@ -284,6 +294,8 @@ class MoTModel(nn.Module):
         ht = self.trace_norm(h[:, P:P + T])
         tv = trace["valid"].to(ht.dtype)[..., None]
         pooled = (ht * tv).sum(1) / tv.sum(1).clamp(min=1.0)
+        if "unit_feat" in trace and hasattr(self, "unit_feat"):
+            pooled = pooled + self.unit_feat(trace["unit_feat"].to(ht.dtype))
         logits = self.lm.lm_head(base.norm(h[:, P + T:]))
         out = {"fault": self.fault_head(pooled).float(), "ops": self.op_head(ht).squeeze(-1).float(), "lm": logits.float()}
         if "fam_member" in trace and hasattr(self, "fam_head"):
