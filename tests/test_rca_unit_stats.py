@@ -1,5 +1,5 @@
-"""The MoT's unit statistics (``RCAConfig.unit_stats``): per layer the node count, summed self time and
-summed span of a unit, per rank, against the normal units' spread; a tiny model that reads them
+"""The MoT's unit statistics (``RCAConfig.unit_stats``): per layer the mean self time and span of a unit's
+nodes and the layer's shares of its nodes and self time, against the normal units' spread; a tiny model that reads them
 trains, reloads and is refused when its reference lacks them."""
 
 from __future__ import annotations
@@ -40,23 +40,38 @@ def _units() -> StepInputs:
         node_span=np.array([200, 60, 20, 15, 400, 300, 800, 500], np.int64))
 
 
-def test_unit_statistics_sum_each_layer_per_rank():
+def test_unit_statistics_are_each_layers_means_and_shares():
     x = unit_statistics(_units())
-    assert x.shape == (2, len(UNIT_STAT_COLUMNS)) == (2, 3 * len(UNIT_STAT_LAYERS) + 1)
+    assert x.shape == (2, len(UNIT_STAT_COLUMNS)) == (2, 4 * len(UNIT_STAT_LAYERS) + 1)
     col = {c: k for k, c in enumerate(UNIT_STAT_COLUMNS)}
 
     def v(i: int, name: str) -> float:
         return float(np.expm1(x[i, col[name]]))
 
-    assert v(0, "n_STEP") == pytest.approx(1) and v(0, "n_K") == pytest.approx(1) and v(0, "n_COMM") == 0
-    assert v(0, "self_FE") == pytest.approx(0.040) and v(0, "span_FE") == pytest.approx(0.060)  # µs
-    assert v(0, "span_STEP") == pytest.approx(0.200) and v(0, "ranks") == pytest.approx(1)
-    # two ranks: sums halved, so a horizontal unit reads on a one-rank scale
-    assert v(1, "n_STEP") == pytest.approx(1) and v(1, "n_COMM") == pytest.approx(1)
-    assert v(1, "self_STEP") == pytest.approx(0.200) and v(1, "span_STEP") == pytest.approx(0.600)
-    assert v(1, "self_COMM") == pytest.approx(0.400) and v(1, "ranks") == pytest.approx(2)
+    # unit 0: one node per layer; self times 140 + 40 + 5 + 15 = 200 ns
+    assert v(0, "self_mean_FE") == pytest.approx(0.040) and v(0, "span_mean_FE") == pytest.approx(0.060)  # µs
+    assert v(0, "span_mean_STEP") == pytest.approx(0.200) and v(0, "self_mean_COMM") == 0
+    assert x[0, col["n_share_K"]] == pytest.approx(0.25) and x[0, col["self_share_STEP"]] == pytest.approx(0.7)
+    assert x[0, col["n_share_COMM"]] == 0 and v(0, "ranks") == pytest.approx(1)
+    # unit 1, two ranks: means over both ranks' nodes, shares of both (1,200 ns of self time)
+    assert v(1, "self_mean_STEP") == pytest.approx(0.200) and v(1, "span_mean_STEP") == pytest.approx(0.600)
+    assert v(1, "self_mean_COMM") == pytest.approx(0.400) and x[1, col["n_share_COMM"]] == pytest.approx(0.5)
+    assert x[1, col["self_share_COMM"]] == pytest.approx(800 / 1200) and v(1, "ranks") == pytest.approx(2)
     # a unit alone gives the same row
     assert np.allclose(unit_statistics(_units().select(np.array([1]))), x[1:])
+    # twice the decoder layers, same times per node: the same statistics (the workload split's shapes)
+    two = _units()
+    node = np.array([0, 1, 2, 3, 1, 2, 3])
+    two = StepInputs(two.input_ids[:2], two.parent_idx[:2], two.depth[:2], two.duration[:2], two.anchor[:2],
+                     two.family[:2], np.array([0, 2]), np.arange(7), two.node_family[node], np.array([0, 7]), FAMS, [""],
+                     step_ids=[[0]], node_duration=np.array([280, 40, 5, 15, 40, 5, 15]),
+                     node_span=np.array([400, 60, 20, 15, 60, 20, 15]))
+    y = unit_statistics(two)[0]
+    means = [k for k, c in enumerate(UNIT_STAT_COLUMNS) if "_mean_" in c and not c.endswith("_STEP")]
+    assert np.allclose(y[means], x[0, means])
+    # the layers that repeat per decoder layer keep their proportions among each other
+    share = [col[f"n_share_{lay}"] for lay in ("FE", "BE", "K")]
+    assert np.allclose(y[share] / y[share].sum(), x[0, share] / x[0, share].sum())
 
 
 def test_unit_reference_scores_against_the_normal_spread_and_round_trips(tmp_path):
@@ -68,13 +83,13 @@ def test_unit_reference_scores_against_the_normal_spread_and_round_trips(tmp_pat
     with pytest.raises(TellerError, match="unit statistics"):
         ref.unit_features(x)
     normal = np.repeat(x[:1], 5, 0)
-    normal[:, 0] += np.linspace(-0.2, 0.2, 5)  # n_STEP spread: median x[0, 0], scale 0.1 / 1.349 * 2
+    normal[:, 0] += np.linspace(-0.2, 0.2, 5)  # self_mean_STEP spread about x[0, 0]
     ref.fit_units(normal)
     feat = ref.unit_features(x)
     assert feat.shape == (2, 2 * len(UNIT_STAT_COLUMNS))
     assert feat[0, 0] == pytest.approx(x[0, 0] / 8) and feat[0, 1] == pytest.approx(0.0, abs=1e-6)
-    # every column but n_STEP has no spread: the scale floor 0.05 applies, and unit 1's larger span reads high
-    k = UNIT_STAT_COLUMNS.index("span_STEP")
+    # the other columns have no spread: the scale floor 0.05 applies, and unit 1's longer STEP reads high
+    k = UNIT_STAT_COLUMNS.index("span_mean_STEP")
     assert feat[1, 2 * k + 1] == pytest.approx(np.clip((x[1, k] - x[0, k]) / 0.05, -20, 20) / 4, rel=1e-5) and feat[1, 2 * k + 1] > 0
     ref.save(tmp_path / "reference.json")
     back = ReferenceStats.load(tmp_path / "reference.json")

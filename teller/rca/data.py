@@ -671,18 +671,22 @@ def family_slots(inp: StepInputs) -> FamilySlots:
 
 #: layers whose nodes a unit's statistics count and sum (:func:`unit_statistics`)
 UNIT_STAT_LAYERS = ("STEP", "FE", "BE", "COMM", "RT", "DRV", "K", "MEM", "SYNC", "OTHER", "GAP")
-#: the columns of :func:`unit_statistics`: per layer its node count, summed self time and summed
-#: span, then the unit's rank count
-UNIT_STAT_COLUMNS = tuple(f"{k}_{lay}" for k in ("n", "self", "span") for lay in UNIT_STAT_LAYERS) + ("ranks",)
+#: the columns of :func:`unit_statistics`: per layer the mean self time and mean span of its nodes,
+#: its share of the unit's nodes and of their summed self time; then the unit's rank count
+UNIT_STAT_COLUMNS = tuple(f"{k}_{lay}" for k in ("self_mean", "span_mean", "n_share", "self_share")
+                          for lay in UNIT_STAT_LAYERS) + ("ranks",)
 
 
 def unit_statistics(inp: StepInputs) -> np.ndarray:
     """Per unit (float64, :data:`UNIT_STAT_COLUMNS`): for each layer of :data:`UNIT_STAT_LAYERS`,
-    ``log1p`` of its node count, of its nodes' summed self time (µs) and of their summed span
-    (µs, children included), each per rank (a horizontal unit's sums divided by its rank count, so
-    its values read on a one-rank scale), then ``log1p`` of the rank count. Every node of the unit
-    counts, also those of truncated tokens: these are the layer-level times the numeric stage and
-    the statistical baselines read, which the tokens' durations spread over the sequence."""
+    ``log1p`` of its nodes' mean self time and mean span (µs, children included; 0 without
+    nodes), its share of the unit's nodes and its share of their summed self time; then ``log1p``
+    of the rank count. Every node of the unit counts, also those of truncated tokens: the layer
+    mix the numeric stage and the statistical baselines read, which the tokens' durations spread
+    over the sequence. Means and shares, not sums: a model with twice the decoder layers has twice
+    the nodes of each repeated layer at the same means and in the same proportions, so the
+    statistics of one model shape mostly read on another (the workload split), and a horizontal
+    unit's ranks read on a one-rank scale."""
     n, L = len(inp), len(UNIT_STAT_LAYERS)
     if len(inp.node_family) and (len(inp.node_duration) != len(inp.node_family) or len(inp.node_span) != len(inp.node_family)):
         raise TellerError("the units carry no node times (a forest without node spans); rebuild the inputs with "
@@ -694,13 +698,13 @@ def unit_statistics(inp: StepInputs) -> np.ndarray:
     ok = layer >= 0
     key = node_unit[ok] * L + layer[ok]
     size = n * L
-    cnt = np.bincount(key, minlength=size).astype(np.float64)
-    own = np.bincount(key, weights=np.maximum(inp.node_duration[ok], 0).astype(np.float64), minlength=size)
-    span = np.bincount(key, weights=np.maximum(inp.node_span[ok], 0).astype(np.float64), minlength=size)
+    cnt = np.bincount(key, minlength=size).astype(np.float64).reshape(n, L)
+    own = np.bincount(key, weights=np.maximum(inp.node_duration[ok], 0).astype(np.float64), minlength=size).reshape(n, L)
+    span = np.bincount(key, weights=np.maximum(inp.node_span[ok], 0).astype(np.float64), minlength=size).reshape(n, L)
     ranks = np.asarray([max(1, len(s)) for s in inp.step_ids] if inp.step_ids else [1] * n, np.float64)
-    per = ranks[:, None]
-    cols = [np.log1p(cnt.reshape(n, L) / per), np.log1p(own.reshape(n, L) / per / 1e3),
-            np.log1p(span.reshape(n, L) / per / 1e3), np.log1p(ranks)[:, None]]
+    per = np.maximum(cnt, 1.0)
+    cols = [np.log1p(own / per / 1e3), np.log1p(span / per / 1e3), cnt / np.maximum(cnt.sum(1, keepdims=True), 1.0),
+            own / np.maximum(own.sum(1, keepdims=True), 1.0), np.log1p(ranks)[:, None]]
     return np.concatenate(cols, 1)
 
 
@@ -883,9 +887,9 @@ class ReferenceStats:
                              "names": list(self.family_names), "stats": np.round(self.family_stats, 6).tolist(),
                              "pooled": list(self.family_pooled)}
         if len(self.unit_stats):
-            d["units"] = {"what": "per unit statistic (per layer: log1p node count, log1p summed self time / 1 us, "
-                                  "log1p summed span / 1 us, each per rank; then log1p rank count): median and IQR/1.349 "
-                                  "in normal reference units",
+            d["units"] = {"what": "per unit statistic (per layer: log1p mean self time / 1 us and mean span / 1 us "
+                                  "of its nodes, its share of the nodes and of their summed self time; then log1p rank "
+                                  "count): median and IQR/1.349 in normal reference units",
                           "columns": list(UNIT_STAT_COLUMNS), "stats": np.round(self.unit_stats, 6).tolist()}
         return d
 

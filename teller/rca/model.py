@@ -75,8 +75,9 @@ class RCAConfig:
     #: included: what the operator labels compare with the family's reference p99) beside its
     #: summed self time; a config.json without it is false
     fam_span: bool = False
-    #: the MoT also reads the unit's layer statistics (per layer its node count, summed self time
-    #: and summed span against the normal units' spread, :func:`teller.rca.data.unit_statistics`),
+    #: the MoT also reads the unit's layer mix (per layer its nodes' mean self time and span, its
+    #: share of the nodes and of the self time, against the normal units' spread,
+    #: :func:`teller.rca.data.unit_statistics`),
     #: added to the pooled trace state the fault and family heads read; a config.json without it
     #: is false
     unit_stats: bool = False
