@@ -214,11 +214,15 @@ def test_cli_trains_an_iteration_model(tmp_path):
                  "--unit", "iteration"]) == 0
     cfg = json.loads((model / "config.json").read_text())["config"]
     assert cfg["unit"] == "iteration" and cfg["op_unit"] == "family" and cfg["fam_span"] is True  # the CLI's defaults
-    assert len(json.loads((model / "reference.json").read_text())["families"]["pooled"]) == 6
+    assert cfg["unit_stats"] is True
+    ref = json.loads((model / "reference.json").read_text())
+    assert len(ref["families"]["pooled"]) == 6 and len(ref["units"]["stats"]) == len(ref["units"]["columns"]) == 45
     plain = tmp_path / "plain"
     assert main(["rca", "train", str(small), "-o", str(plain), "--config", "tiny", "--epochs", "1", "--max-steps", "2",
-                 "--unit", "iteration", "--no-fam-span"]) == 0
-    assert json.loads((plain / "config.json").read_text())["config"]["fam_span"] is False
+                 "--unit", "iteration", "--no-fam-span", "--no-unit-stats"]) == 0
+    pcfg = json.loads((plain / "config.json").read_text())["config"]
+    assert pcfg["fam_span"] is False and pcfg["unit_stats"] is False
+    assert "units" not in json.loads((plain / "reference.json").read_text())
     out = tmp_path / "pred.parquet"
     assert main(["rca", "predict", str(model), str(small), "--split-part", "train", "-o", str(out)]) == 0
     assert pq.read_table(out).num_rows > 0
