@@ -99,6 +99,10 @@ def test_features_on_a_hand_built_step():
     assert A[F["comm_bytes"]] == 0
     nccl = inst.X[fam.index("COMM ncclDevKernel_AllReduce")]
     assert (nccl[F["dur_ns"]], nccl[F["k_n"]], nccl[F["comm_bytes"]]) == (40, 1, 0)
+    # ... and its time: the STEP sums its collectives' time (a slow link across many calls), the
+    # kernel under the range adds none
+    step = inst.X[fam.index("STEP")]
+    assert (c[F["comm_ns"]], step[F["comm_ns"]], A[F["comm_ns"]], nccl[F["comm_ns"]]) == (100, 100, 0, 0)
     # nearest instance ancestor
     assert inst.parent[fam.index("BE aten::x")] == fam.index("FE A")
     assert inst.parent[fam.index("FE A")] == fam.index("STEP") and inst.parent[fam.index("STEP")] == -1

@@ -21,6 +21,9 @@ Features of an instance x (nanoseconds, counts and bytes; every sum runs over x'
 ``overlap``           share of x's kernel time during which other GPU work ran on the same device
                       (stream overlap; 0 when x launched no kernel)
 ``comm_bytes``        communication size: bytes of the outermost COMM nodes in x's subtree
+``comm_ns``           communication time: summed duration of those nodes (a STEP's or a module's
+                      collectives together: a slow link shows in their sum when no single call
+                      leaves the family's range)
 ====================  ==========================================================================
 
 The STEP range itself and the OTHER ranges (``OTHER schedule``, ``OTHER update_batch``) are
@@ -112,6 +115,7 @@ OP_FEATURES = (
     "sync_ns",
     "overlap",
     "comm_bytes",
+    "comm_ns",
 )
 #: Runtime-call mix of a STEP or OTHER instance's subtree (NaN on operator instances).
 MIX_FEATURES = (
@@ -150,10 +154,10 @@ PACE_NEIGHBOURS = 2
 #: Feature names, in column order of the feature matrix.
 FEATURES = OP_FEATURES + MIX_FEATURES + ITER_FEATURES
 #: What a step recorded without detail (``teller record --detail-every``: no BE ranges, no GPU
-#: activity) lacks: every feature but the ranges' durations, COMM sizes, the iteration's time,
+#: activity) lacks: every feature but the ranges' durations, COMM sizes and times, the iteration's time,
 #: gap, schedule and post times and the batch context. NaN on its instances.
 DETAIL_FEATURES = tuple(f for f in FEATURES if f not in (
-    "dur_ns", "comm_bytes", "iter.dur", "iter.gap", "iter.schedule", "iter.post", "batch.n_requests",
+    "dur_ns", "comm_bytes", "comm_ns", "iter.dur", "iter.gap", "iter.schedule", "iter.post", "batch.n_requests",
     "batch.prefill", "batch.decode", "batch.waiting", "batch.kv_frac", "batch.preempted", "iter.admit_delay"))
 
 #: The iteration's times, which a collector switch between detail windows lengthens: NaN on the
@@ -572,7 +576,7 @@ def instance_features(fa: Forest, step_of_row: np.ndarray | None = None,
         for mask, names, values in ((rt, ("rt_ns", "rt_n"), (dur, None)), (drv, ("drv_ns", "drv_n"), (dur, None)),
                                     (kern, ("k_n", "k_ns", "overlap"), (None, dur, ovl)),
                                     (mem, ("mem_bytes", "mem_ns"), (nbytes, dur)), (sync, ("sync_ns",), (dur,)),
-                                    (outer_comm, ("comm_bytes",), (nbytes,))):
+                                    (outer_comm, ("comm_bytes", "comm_ns"), (nbytes, dur))):
             for name, v in zip(names, sums(mask, values), strict=True):
                 X[:, col[name]] = v
         k_ns = X[:, col["k_ns"]]
