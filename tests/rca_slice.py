@@ -63,3 +63,29 @@ def check_schema(pred: list, inp, max_chars: int) -> None:
             assert p["evidence_nodes"] == [] and p["explanation"] == ""
         else:
             assert p["explanation"].endswith((".", "!", "?")) and len(p["explanation"]) <= max_chars
+
+
+def iteration_units(max_units: int = 90, seed: int = 1):
+    """The slice's runs as engine-iteration units, a sample of ``max_units`` (the module-scoped
+    ``ds`` fixtures of the model tests); skips where data/h200_v2 is not in the checkout."""
+    torch = need_rca()
+    torch.set_num_threads(1)
+    if not (DATA / "records.parquet").is_file():
+        pytest.skip("data/h200_v2 is not in this checkout")
+    from teller.rca.data import load_dataset
+
+    return load_dataset(DATA, runs=RUNS, max_units=max_units, seed=seed, unit="iteration")
+
+
+def saved_and_broken(ref, folder: Path, edit):
+    """``ref`` (a :class:`teller.rca.data.ReferenceStats`) saved in ``folder`` and loaded back,
+    and the path of a copy whose JSON ``edit`` (a function changing the dict in place) broke."""
+    import json
+
+    from teller.rca.data import ReferenceStats
+
+    ref.save(folder / "reference.json")
+    d = json.loads((folder / "reference.json").read_text())
+    edit(d)
+    (folder / "bad.json").write_text(json.dumps(d))
+    return ReferenceStats.load(folder / "reference.json"), folder / "bad.json"

@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import DATA, RUNS, need_rca
+from rca_slice import iteration_units, need_rca, saved_and_broken
 
 torch = need_rca()
 
-from teller.rca.data import ReferenceStats, StepInputs, family_slots, load_dataset  # noqa: E402
+from teller.rca.data import ReferenceStats, StepInputs, family_slots  # noqa: E402
 
 FAMS = ["BE aten::add", "BE aten::mm", "COMM all_reduce", "FE TPAttention", "FE TPDecoderLayer", "STEP"]
 
@@ -93,14 +93,10 @@ def test_family_reference_with_spans_has_six_columns_and_checks_them(tmp_path):
     # the two DecoderLayer slots: spans 100 and 145 around their median, z of opposite signs
     dl = [i for i in range(6) if FAMS[int(sl.family[i])] == "FE TPDecoderLayer"]
     assert feat[dl[0], 5] < 0 < feat[dl[1], 5] and feat[0, 4] == pytest.approx(np.log1p(60 / 1e3) / 8, rel=1e-6)
-    ref.save(tmp_path / "reference.json")
-    back = ReferenceStats.load(tmp_path / "reference.json")
+    back, bad = saved_and_broken(ref, tmp_path, lambda d: d["families"].update(stats=[r[:4] for r in d["families"]["stats"]]))
     assert back.family_span and np.allclose(back.family_features(sl, inp.families), feat, atol=1e-5)
-    bad = json.loads((tmp_path / "reference.json").read_text())
-    bad["families"]["stats"] = [row[:4] for row in bad["families"]["stats"]]
-    (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(InputError, match="shape"):
-        ReferenceStats.load(tmp_path / "bad.json")
+        ReferenceStats.load(bad)
     no_span = _two_units()
     no_span.node_span = np.zeros(0, np.int64)
     with pytest.raises(TellerError, match="spans"):
@@ -109,10 +105,7 @@ def test_family_reference_with_spans_has_six_columns_and_checks_them(tmp_path):
 
 @pytest.fixture(scope="module")
 def ds():
-    torch.set_num_threads(1)
-    if not (DATA / "records.parquet").is_file():
-        pytest.skip("data/h200_v2 is not in this checkout")
-    return load_dataset(DATA, runs=RUNS, max_units=90, seed=1, unit="iteration")
+    return iteration_units()
 
 
 def test_a_family_head_trains_names_its_units_families_and_reloads(ds, tmp_path):

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import DATA, RUNS, need_rca
+from rca_slice import iteration_units, need_rca, saved_and_broken
 
 torch = need_rca()
 
@@ -17,7 +17,6 @@ from teller.rca.data import (  # noqa: E402
     UNIT_STAT_LAYERS,
     ReferenceStats,
     StepInputs,
-    load_dataset,
     unit_statistics,
 )
 
@@ -91,14 +90,10 @@ def test_unit_reference_scores_against_the_normal_spread_and_round_trips(tmp_pat
     # the other columns have no spread: the scale floor 0.05 applies, and unit 1's longer STEP reads high
     k = UNIT_STAT_COLUMNS.index("span_mean_STEP")
     assert feat[1, 2 * k + 1] == pytest.approx(np.clip((x[1, k] - x[0, k]) / 0.05, -20, 20) / 4, rel=1e-5) and feat[1, 2 * k + 1] > 0
-    ref.save(tmp_path / "reference.json")
-    back = ReferenceStats.load(tmp_path / "reference.json")
+    back, bad = saved_and_broken(ref, tmp_path, lambda d: d["units"]["columns"].pop())
     assert np.allclose(back.unit_features(x), feat, atol=1e-5)
-    bad = json.loads((tmp_path / "reference.json").read_text())
-    bad["units"]["columns"] = bad["units"]["columns"][:-1]
-    (tmp_path / "bad.json").write_text(json.dumps(bad))
     with pytest.raises(InputError, match="units"):
-        ReferenceStats.load(tmp_path / "bad.json")
+        ReferenceStats.load(bad)
     no_times = _units()
     no_times.node_span = np.zeros(0, np.int64)
     with pytest.raises(TellerError, match="node times"):
@@ -116,10 +111,7 @@ def test_only_the_mot_reads_unit_statistics():
 
 @pytest.fixture(scope="module")
 def ds():
-    torch.set_num_threads(1)
-    if not (DATA / "records.parquet").is_file():
-        pytest.skip("data/h200_v2 is not in this checkout")
-    return load_dataset(DATA, runs=RUNS, max_units=90, seed=1, unit="iteration")
+    return iteration_units()
 
 
 def test_a_model_with_unit_statistics_trains_reads_them_and_reloads(ds, tmp_path):
