@@ -206,10 +206,10 @@ class RCA:
         text_tok = load_text_tokenizer(d / "tokenizer.json")
         trace_tok = TraceTokenizer.load(d / "trace_tokenizer")
         ref = ReferenceStats.load(d / "reference.json")
-        if cfg.variant == "mot" and cfg.op_unit == "family" and cfg.reads_trace and bool(cfg.fam_span) != ref.family_span:
+        if cfg.reads_family_slots and bool(cfg.fam_span) != ref.family_span:
             raise InputError(d / "reference.json", f"its family statistics {'hold' if ref.family_span else 'lack'} the summed "
                              f"spans, but config.json has fam_span {cfg.fam_span}", "retrain the model with `teller rca train`")
-        if cfg.variant == "mot" and cfg.unit_stats and cfg.reads_trace and not len(ref.unit_stats):
+        if cfg.reads_unit_stats and not len(ref.unit_stats):
             raise InputError(d / "reference.json", "it holds no unit statistics, but config.json has unit_stats true",
                              "retrain the model with `teller rca train`")
         net = build_model(cfg, text_tok.get_vocab_size(), len(trace_tok), pretrained=False)

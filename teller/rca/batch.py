@@ -117,10 +117,10 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     par = inp.parent_idx.astype(np.int64)
     poff = np.where(par >= 0, pos - par, 0)
     prep = Prepared(inp, prompt, feat, poff, trace_visible=cfg.reads_trace, summary_families=summary_families)
-    if cfg.variant == "mot" and cfg.op_unit == "family" and cfg.reads_trace:
+    if cfg.reads_family_slots:
         prep.slots = family_slots(inp)
         prep.slot_feat = ref.family_features(prep.slots, inp.families)
-    if cfg.variant == "mot" and cfg.unit_stats and cfg.reads_trace:
+    if cfg.reads_unit_stats:
         prep.unit_feat = ref.unit_features(unit_statistics(inp))
     if fault is None:
         return prep

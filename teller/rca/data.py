@@ -742,6 +742,13 @@ def slot_targets(slots: FamilySlots, families: Sequence[str], labels: Sequence[S
 # reference statistics
 
 
+def median_scale(x: np.ndarray, floor: float = 0.05, axis: int | None = None) -> tuple[Any, Any]:
+    """The median of ``x`` and its robust scale, IQR/1.349 and at least ``floor`` (over ``axis``;
+    floats for ``axis=None``): the reference statistics' one rule."""
+    q1, q2, q3 = np.percentile(x, [25, 50, 75], axis=axis)
+    return q2, np.maximum((q3 - q1) / 1.349, floor)
+
+
 @dataclass
 class ReferenceStats:
     """Per trace token id: median and robust scale of ``log1p(duration / 1 µs)`` over the tokens
@@ -776,8 +783,7 @@ class ReferenceStats:
         sc = np.ones(vocab_size)
         cnt = np.bincount(ids, minlength=vocab_size)[:vocab_size] if len(ids) else np.zeros(vocab_size, np.int64)
         if len(x):
-            q1, q2, q3 = np.percentile(x, [25, 50, 75])
-            pooled = (float(q2), float(max((q3 - q1) / 1.349, 0.1)))
+            pooled = tuple(float(v) for v in median_scale(x, 0.1))
         else:
             pooled = (0.0, 1.0)
         med[:] = pooled[0]
@@ -824,8 +830,7 @@ class ReferenceStats:
         fam = slots.family.astype(np.int64)
 
         def robust(x: np.ndarray) -> tuple[float, float]:
-            q1, q2, q3 = np.percentile(x, [25, 50, 75])
-            return float(q2), float(max((q3 - q1) / 1.349, 0.05))
+            return tuple(float(v) for v in median_scale(x))
 
         width = 2 * len(logs)
         self.family_pooled = (tuple(v for x in logs for v in robust(x)) if len(fam)
@@ -862,8 +867,7 @@ class ReferenceStats:
         if not len(x):
             self.unit_stats = np.tile([0.0, 1.0], (len(UNIT_STAT_COLUMNS), 1))
             return self
-        q1, q2, q3 = np.percentile(x, [25, 50, 75], axis=0)
-        self.unit_stats = np.stack([q2, np.maximum((q3 - q1) / 1.349, 0.05)], 1)
+        self.unit_stats = np.stack(median_scale(x, axis=0), 1)
         return self
 
     def unit_features(self, stats: np.ndarray) -> np.ndarray:

@@ -129,6 +129,16 @@ class RCAConfig:
         return self.inputs in ("trace+log", "trace")
 
     @property
+    def reads_family_slots(self) -> bool:
+        """The MoT's family head scores family slots (``op_unit`` "family", on a trace it reads)."""
+        return self.variant == "mot" and self.op_unit == "family" and self.reads_trace
+
+    @property
+    def reads_unit_stats(self) -> bool:
+        """The MoT reads the unit statistics (``unit_stats``, on a trace it reads)."""
+        return self.variant == "mot" and self.unit_stats and self.reads_trace
+
+    @property
     def reads_log(self) -> bool:
         return self.inputs != "trace"
 

@@ -86,7 +86,7 @@ def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_
         ref = ReferenceStats.fit(sub.input_ids, sub.duration, len(trace_tok), source=f"{ds.path}: {len(normal)} normal training units")
         if cfg.variant == "mot" and cfg.op_unit == "family":
             ref.fit_families(family_slots(sub), sub.families, span=cfg.fam_span)
-        if cfg.variant == "mot" and cfg.unit_stats and cfg.reads_trace:
+        if cfg.reads_unit_stats:
             ref.fit_units(unit_statistics(sub))
     if not labels:
         return prepare(inp, text_tok, ref, cfg), ref
