@@ -211,8 +211,9 @@ def test_cli_trains_an_iteration_model(tmp_path):
     small = small_dataset(tmp_path / "ds", 20, iterations=True)
     model = tmp_path / "m"
     assert main(["rca", "train", str(small), "-o", str(model), "--config", "tiny", "--epochs", "1", "--max-steps", "3",
-                 "--unit", "iteration"]) == 0
+                 "--unit", "iteration", "--pool-drop", "0.25"]) == 0
     cfg = json.loads((model / "config.json").read_text())["config"]
+    assert cfg["pool_drop"] == 0.25
     assert cfg["unit"] == "iteration" and cfg["op_unit"] == "family" and cfg["fam_span"] is True  # the CLI's defaults
     assert cfg["unit_stats"] is True
     ref = json.loads((model / "reference.json").read_text())
@@ -221,7 +222,9 @@ def test_cli_trains_an_iteration_model(tmp_path):
     assert main(["rca", "train", str(small), "-o", str(plain), "--config", "tiny", "--epochs", "1", "--max-steps", "2",
                  "--unit", "iteration", "--no-fam-span", "--no-unit-stats"]) == 0
     pcfg = json.loads((plain / "config.json").read_text())["config"]
-    assert pcfg["fam_span"] is False and pcfg["unit_stats"] is False
+    assert pcfg["fam_span"] is False and pcfg["unit_stats"] is False and pcfg["pool_drop"] == 0.0
+    assert main(["rca", "train", str(small), "-o", str(tmp_path / "y"), "--config", "tiny", "--unit", "iteration",
+                 "--no-unit-stats", "--pool-drop", "0.3"]) == 2
     assert "units" not in json.loads((plain / "reference.json").read_text())
     out = tmp_path / "pred.parquet"
     assert main(["rca", "predict", str(model), str(small), "--split-part", "train", "-o", str(out)]) == 0

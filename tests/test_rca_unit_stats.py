@@ -107,6 +107,49 @@ def test_only_the_mot_reads_unit_statistics():
     assert RCAConfig.preset("tiny", unit_stats=1).unit_stats is True
     with pytest.raises(TellerError, match="mot"):
         RCAConfig.preset("tiny", variant="single", unit_stats=True)
+    assert RCAConfig.preset("tiny", unit_stats=True, pool_drop=0.3).pool_drop == 0.3
+    with pytest.raises(TellerError, match="--unit-stats"):
+        RCAConfig.preset("tiny", pool_drop=0.3)
+    with pytest.raises(TellerError, match=r"\[0, 1\)"):
+        RCAConfig.preset("tiny", unit_stats=True, pool_drop=1.0)
+
+
+def test_pool_drop_leaves_the_fault_head_the_statistics_alone_in_training_only(ds, tmp_path):
+    """With ``pool_drop`` a training unit's fault head reads the layer mix without the pooled trace
+    state: its logits are then those of ``fault_head(u)``; in eval mode every unit reads both."""
+    from teller.rca import load
+    from teller.rca.batch import prompt_batch, target_batch, trace_batch
+    from teller.rca.data import encode_units
+    from teller.rca.train import train
+
+    out = tmp_path / "m"
+    train(ds, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=4, seed=0, progress=False,
+          log=lambda m: None, unit="iteration", unit_stats=True, pool_drop=0.5)
+    m = load(out)
+    assert m.cfg.pool_drop == 0.5
+    u = ds.units
+    idx = np.arange(min(16, len(u)))
+    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
+                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
+    prep = m.prepare(inp)
+    dev = torch.device("cpu")
+    b = np.arange(len(idx))
+    p, pv = prompt_batch(prep, b, dev)
+    tr = trace_batch(prep, b, dev)
+    t, tv = target_batch([np.array([1], np.int64)] * len(b), dev)
+    net = m.net
+    with torch.no_grad():
+        net.eval()
+        full = net(p, pv, tr, t, tv)["fault"]
+        alone = net.fault_head(net.unit_feat(tr["unit_feat"])).float()
+        net.train()
+        torch.manual_seed(1)
+        drawn = net(p, pv, tr, t, tv)["fault"]
+        net.eval()
+    is_alone = torch.isclose(drawn, alone, atol=1e-5).all(1)
+    is_full = torch.isclose(drawn, full, atol=1e-5).all(1)
+    assert bool((is_alone | is_full).all()) and 0 < int(is_alone.sum()) < len(b)
+    assert not bool((is_alone & is_full).any())
 
 
 @pytest.fixture(scope="module")

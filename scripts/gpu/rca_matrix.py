@@ -7,7 +7,7 @@ left in OUT.
 
 A job is ``NAME=VARIANT:SPLIT[:KEY=VALUE,...]``; the keys are :class:`teller.rca.model.RCAConfig`
 fields (``inputs=log``, ``trace_vocab=0``, ``max_log_tokens=224``, ``unit=iteration``: the
-dataset is then also read as engine iterations). The dataset is read once and
+dataset is then also read as engine iterations), and ``seed=N`` trains that job with its own seed. The dataset is read once and
 the workers are forked from the reading process (before CUDA starts), each training one job at a
 time with the same epochs, batch size and seed, so rows differ only in what the job names. Each
 job runs its epochs; the deadline is only a hard stop (``stopped_by`` says which ended it). Written to OUT (at most 8
@@ -82,10 +82,12 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
     res: dict = {"job": job}
     try:
         minutes = max(0.2, (deadline - time.time() - a["eval_reserve_s"]) / 60)
-        ds = DS[job["overrides"].get("unit", "step")]
+        over = dict(job["overrides"])
+        seed = int(over.pop("seed", a["seed"]))
+        ds = DS[over.get("unit", "step")]
         s = train(ds, work, variant=job["variant"], split=job["split"], device=a["device"], epochs=a["epochs"],
-                  seed=a["seed"], config=a["config"], max_minutes=minutes, batch_size=a["batch_size"], progress=False,
-                  log=log, replan=False, **job["overrides"])
+                  seed=seed, config=a["config"], max_minutes=minutes, batch_size=a["batch_size"], progress=False,
+                  log=log, replan=False, **over)
         summary = {k: v for k, v in s.items() if k != "curve"}
         summary["curve"] = s["curve"][:: max(1, len(s["curve"]) // 40)]
         summary["stopped_by"] = json.loads((work / "config.json").read_text())["training"]["stopped_by"]

@@ -18,6 +18,8 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # METHODS / EVAL_SPLITS: the model rows and splits `teller evaluate` scores after training (default
 # teller_mot on the four splits), e.g. METHODS=teller_mot_trace,teller_single EVAL_SPLITS=run
 # KEEP: jobs whose models come back as rca_NAME.tar (each about 13 MiB; at most 8 files come back)
+# EVAL_RESERVE: seconds kept for `teller evaluate` after the trainings (default 200; two splits need about 120)
+# EVAL_JOBS: the jobs `teller evaluate` reads (default all; one per split and head)
 # SEED: the seed of the training and of the evaluation (default 0; the splits are the dataset's own)
 # PARTS: the dataset parts to join (default parts 1-3; "h200_v2 h200_v2_tp h200_v2_link" with part 4,
 # then UNION=h200_v2_all), each from data/ in this call's tree or from runs/stash/ (union_stash.sh)
@@ -36,5 +38,5 @@ for j in "${JOBS[@]}"; do args+=(--job "$j"); done
 set -o pipefail
 python3 scripts/gpu/rca_matrix.py --data runs/$UNION --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
   --epochs 8 --batch-size 128 --seed ${SEED:-0} --eval-reserve-s 30 --work /tmp/rca_matrix_$UNION \
-  --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate "${EVAL_SPLITS:-request,run,mechanism,workload}" --evaluate-reserve-s 200 \
-  --methods "${METHODS:-teller_mot}" --keep "${KEEP:-}" "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20
+  --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate "${EVAL_SPLITS:-request,run,mechanism,workload}" --evaluate-reserve-s ${EVAL_RESERVE:-200} \
+  --methods "${METHODS:-teller_mot}" --evaluate-jobs "${EVAL_JOBS:-}" --keep "${KEEP:-}" "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20

@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         op_unit: str = typer.Option("family", "--op-unit", help="What the MoT's operator head scores: family (each operator family of the unit, with its summed time against the reference) | token (each trace token; the shipped model's head)."),
         fam_span: bool = typer.Option(True, "--fam-span/--no-fam-span", help="With --op-unit family: the head also reads each family's summed span (children included, the time the operator labels measure) against the reference; --no-fam-span: the self time alone."),
         unit_stats: bool = typer.Option(True, "--unit-stats/--no-unit-stats", help="The MoT also reads the unit's layer mix (per layer its nodes' mean self time and span, its share of the nodes and of the self time, against the normal training units' spread) beside its trace tokens; --no-unit-stats: the tokens alone."),
+        pool_drop: Optional[float] = typer.Option(None, "--pool-drop", help="With --unit-stats: the share of training units whose fault head reads the layer mix alone, without the pooled trace state (default 0)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
         epochs: int = typer.Option(10, "--epochs"),
@@ -83,7 +84,8 @@ def register(app: typer.Typer) -> None:
                   config=config, backbone=str(backbone) if backbone else None, resume=resume, max_minutes=max_minutes,
                   batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False),
                   inputs=inputs, trace_vocab=trace_vocab, unit=unit, op_unit=op_unit,
-                  fam_span=fam_span if op_unit == "family" else None, unit_stats=unit_stats if variant == "mot" and inputs in ("trace+log", "trace") else None)
+                  fam_span=fam_span if op_unit == "family" else None, unit_stats=unit_stats if variant == "mot" and inputs in ("trace+log", "trace") else None,
+                  pool_drop=pool_drop)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 

@@ -17,7 +17,8 @@ by two separate feed-forward branches: the backbone layer's ``LlamaMLP`` for the
 trace ``LlamaMLP`` of the same shape for the trace stream (initialised from the backbone's when it
 is pretrained). Heads: ``fault = W_f · (mean_i h^trace_i + u)`` over the six classes (normal + five
 types), ``op_i = w_o · h^trace_i`` per trace token, and the backbone's LM head on the log stream
-writes ``y``; ``u = MLP(unit statistics)`` with ``RCAConfig.unit_stats``, else 0. Loss ``L = CE(fault) + λ · LM(y) + μ · BCE(op)``.
+writes ``y``; ``u = MLP(unit statistics)`` with ``RCAConfig.unit_stats``, else 0 (in training a
+share ``RCAConfig.pool_drop`` of the units' fault heads read ``u`` alone). Loss ``L = CE(fault) + λ · LM(y) + μ · BCE(op)``.
 
 **Variant B, "single"**. The backbone reads ``[<bos> <log> x <trace>] [e_1..e_T]`` followed by
 the target ``<abn> yes|no <type> <t:TYPE> <ops> name (<sep> name)* <expl> y <eos>`` (trace
@@ -81,6 +82,10 @@ class RCAConfig:
     #: added to the pooled trace state the fault and family heads read; a config.json without it
     #: is false
     unit_stats: bool = False
+    #: with ``unit_stats``: the share of training units whose fault head reads the layer mix alone
+    #: (their pooled trace state left out of the head's input, each unit drawn anew per step), so
+    #: the head also learns to answer from the statistics; 0 = never (a config.json without it)
+    pool_drop: float = 0.0
     hidden: int = 256
     layers: int = 4
     heads: int = 4
@@ -121,6 +126,12 @@ class RCAConfig:
                 raise TellerError(f"--{key} {d[key]}: expected one of {', '.join(allowed)}")
         if d.get("unit_stats") and d.get("variant", "mot") != "mot":
             raise TellerError("--unit-stats: only the mot variant reads the unit statistics; use --variant mot")
+        if "pool_drop" in d:
+            d["pool_drop"] = float(d["pool_drop"])
+            if not 0.0 <= d["pool_drop"] < 1.0:
+                raise TellerError(f"--pool-drop {d['pool_drop']}: expected a share in [0, 1)")
+            if d["pool_drop"] and not d.get("unit_stats"):
+                raise TellerError("--pool-drop: the fault head reads the layer mix alone only when there is one; add --unit-stats")
         return cls(**d)
 
     @property
@@ -305,10 +316,15 @@ class MoTModel(nn.Module):
         ht = self.trace_norm(h[:, P:P + T])
         tv = trace["valid"].to(ht.dtype)[..., None]
         pooled = (ht * tv).sum(1) / tv.sum(1).clamp(min=1.0)
+        fault_in = pooled
         if "unit_feat" in trace and hasattr(self, "unit_feat"):
-            pooled = pooled + self.unit_feat(trace["unit_feat"].to(ht.dtype))
+            u = self.unit_feat(trace["unit_feat"].to(ht.dtype))
+            fault_in = pooled = pooled + u
+            if self.training and self.cfg.pool_drop > 0:
+                keep = torch.rand(u.shape[0], 1, device=u.device) >= self.cfg.pool_drop
+                fault_in = torch.where(keep, pooled, u)
         logits = self.lm.lm_head(base.norm(h[:, P + T:]))
-        out = {"fault": self.fault_head(pooled).float(), "ops": self.op_head(ht).squeeze(-1).float(), "lm": logits.float()}
+        out = {"fault": self.fault_head(fault_in).float(), "ops": self.op_head(ht).squeeze(-1).float(), "lm": logits.float()}
         if "fam_member" in trace and hasattr(self, "fam_head"):
             # a slot: the mean of its tokens' states (member rows sum to 1, or 0 for a slot no kept
             # token stands for) plus its time and count features, beside the unit's pooled state
