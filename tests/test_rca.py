@@ -305,6 +305,67 @@ def test_no_merges_gives_one_token_per_node(ds):
     assert sizes[400][0] < 0.8 * sizes[400][1]  # merges compress the same steps
 
 
+def test_f1_at_prior_is_the_low_prior_samples_f1():
+    from teller.evaluate.scores import low_prior_scores
+    from teller.rca.train import f1_at_prior
+
+    # 50 abnormal of which 45 flagged (R 0.9), 1,000 normal of which 20 flagged (FPR 0.02); at a
+    # 10% prior: P = 0.09 / (0.09 + 0.018) = 0.8333, F1 = 2·0.8333·0.9 / 1.7333 = 0.8654
+    assert f1_at_prior(0.9, 0.02, 0.1) == pytest.approx(0.865385, abs=1e-6)
+    assert f1_at_prior(0.9, 0.0, 0.1) == pytest.approx(2 * 0.9 / 1.9)
+    assert f1_at_prior(0.0, 0.0, 0.1) == 0.0
+    truth = np.r_[np.ones(200, bool), np.zeros(1000, bool)]
+    flag = np.r_[np.arange(200) < 180, np.arange(1000) < 20]
+    lp = low_prior_scores(truth, flag, flag.astype(float), priors=(0.1,), seed=0)["0.1"]
+    assert lp["f1_mean"] == pytest.approx(f1_at_prior(0.9, 0.02, 0.1), abs=0.02)
+
+
+def test_abnormal_cut_is_chosen_on_held_out_units_for_a_low_prior(trained, ds, tmp_path):
+    """The cut maximises the step F1 expected at the prior from each cut's recall and false-positive
+    rate (recomputed here from predict()'s own flags at each cut); predict() flags from it, a floor
+    above it is refused, and a prior of 0 leaves 0.5."""
+    from teller.rca import load
+    from teller.rca.train import (
+        ABNORMAL_CUTS,
+        calibrate,
+        calibrate_abnormal,
+        f1_at_prior,
+        prepare_units,
+    )
+
+    out, _ = trained
+    m = load(out)
+    assert [r["cut"] for r in calibrate_abnormal(m, ds, "request", "train")["grid"]] == list(ABNORMAL_CUTS)
+    idx = ds.units.part("request", "train")
+    truth = ds.units.select(idx).is_anomaly.astype(bool)
+    prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+    # the tiny model's probabilities sit in a narrow band: a grid of their own quantiles
+    p_ab = np.array([p for p, _ in m.abnormal_probs(prep)])
+    grid = tuple(float(q) for q in np.unique(np.round(np.quantile(p_ab, [0.1, 0.3, 0.5, 0.7, 0.9]), 6)))
+    ab = calibrate_abnormal(m, ds, "request", "train", prior=0.1, grid=grid)
+    assert [r["cut"] for r in ab["grid"]] == list(grid) and ab["prior"] == 0.1 and len(grid) > 2
+    assert truth.any() and (~truth).any() and ab["abnormal_units"] == int(truth.sum())
+    for r in ab["grid"]:
+        m.meta["calibration"] = {"abnormal_cut": r["cut"]}
+        assert m.abnormal_cut == r["cut"]
+        flag = np.array([p["abnormal"] for p in m.predict(prep, explain=False)])
+        rec, fpr = flag[truth].mean(), flag[~truth].mean()
+        assert r["recall"] == pytest.approx(rec, abs=1e-6) and r["false_positive_rate"] == pytest.approx(fpr, abs=1e-6)
+        assert r["f1_at_prior"] == pytest.approx(f1_at_prior(rec, fpr, 0.1), abs=1e-6)
+    best = max(r["f1_at_prior"] for r in ab["grid"])
+    assert ab["abnormal_cut"] == min(r["cut"] for r in ab["grid"] if r["f1_at_prior"] == best)
+    m.meta["calibration"] = {"abnormal_cut": 0.7}
+    assert m.abnormal_cut == 0.7
+    with pytest.raises(ValueError, match="0.7"):
+        m.predict(prep, explain=False, abnormal_floor=0.8)
+    assert len(m.predict(prep, explain=False, abnormal_floor=0.1)) == len(idx)
+    assert len({(r["recall"], r["false_positive_rate"]) for r in ab["grid"]}) > 1  # the cuts tell units apart
+    none = calibrate(load(out), ds, "request", "val", prior=0.0)
+    assert "abnormal" not in none and "abnormal_cut" not in none and "op_threshold" in none
+    with pytest.raises(Exception, match="prior"):
+        calibrate_abnormal(m, ds, "request", "val", prior=1.5)
+
+
 def test_operator_threshold_is_chosen_on_held_out_units_and_moves_only_the_operators(trained, ds, tmp_path):
     """Training ends by choosing the operator head's threshold on the val part (the grid's best
     Macro₊ there, recomputed here by hand); predictions use it, and changing it changes which
@@ -313,7 +374,7 @@ def test_operator_threshold_is_chosen_on_held_out_units_and_moves_only_the_opera
 
     from teller.rca import load
     from teller.rca.metrics import operator_metrics
-    from teller.rca.train import OP_THRESHOLDS, calibrate_operators, evaluate, prepare_units
+    from teller.rca.train import OP_THRESHOLDS, calibrate, evaluate, prepare_units
 
     out, _ = trained
     m = load(out)
@@ -325,12 +386,12 @@ def test_operator_threshold_is_chosen_on_held_out_units_and_moves_only_the_opera
     truth = [set(o) if a else set() for o, a in zip(u.operator_labels, u.is_anomaly, strict=True)]
     prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
     for r in cal["grid"]:  # each row is the Macro₊ of predict()'s own operator sets at that threshold
-        m.meta["calibration"] = {"op_threshold": r["threshold"]}
+        m.meta["calibration"] = {"op_threshold": r["threshold"], "abnormal_cut": cal["abnormal_cut"]}
         pred = m.predict(prep, explain=False)
         got = operator_metrics(truth, [set(p["evidence_operators"]) if p["abnormal"] else set() for p in pred])
         assert got["macro_plus_f1"] == pytest.approx(r["macro_plus_f1"], abs=1e-6)
     assert cal["macro_plus_f1"] == max(r["macro_plus_f1"] for r in cal["grid"])
-    assert calibrate_operators(load(out), ds, "request", "val") == cal  # deterministic
+    assert calibrate(load(out), ds, "request", "val") == cal  # deterministic
     # thresholds above / below every logit (saved, read back): flags and types unchanged
     base, _, _ = evaluate(load(out), ds, "request", "train", explain=False)
     for name, t in (("high", 1e9), ("low", -1e9)):

@@ -179,6 +179,13 @@ class RCA:
         :func:`teller.rca.train.calibrate_operators` chose on held-out units, where it ran."""
         return float((self.meta.get("calibration") or {}).get("op_threshold", 0.0))
 
+    @property
+    def abnormal_cut(self) -> float:
+        """The abnormal probability from which the model flags a unit: the value
+        :func:`teller.rca.train.calibrate_abnormal` chose on held-out units for a deployment's
+        low fault prior, where it ran, else :data:`teller.rca.schema.ABNORMAL_CUT`."""
+        return float((self.meta.get("calibration") or {}).get("abnormal_cut", ABNORMAL_CUT))
+
     def save_tokenizers(self, d: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)
         self.text_tok.save(str(d / "tokenizer.json"))
@@ -242,7 +249,7 @@ class RCA:
     @torch.no_grad()
     def predict(self, step_inputs: StepInputs | Prepared, batch_size: int = 64, explain: bool = True,
                 explain_done: Callable[[str, str], bool] | None = None,
-                explain_tokens: int | None = None, abnormal_floor: float = ABNORMAL_CUT) -> list[dict[str, Any]]:
+                explain_tokens: int | None = None, abnormal_floor: float | None = None) -> list[dict[str, Any]]:
         """Per unit: ``abnormal_prob``, ``abnormal``, ``fault_type`` ("" when normal) and
         ``fault_type_prob`` (given abnormal), ``fault_type_best`` (the best of the five, also for a
         normal step), ``evidence_nodes`` (indices into the unit's nodes), ``evidence_node_ids``
@@ -254,11 +261,14 @@ class RCA:
         many explanation tokens (below the model's ``max_expl_tokens``). None (the defaults):
         every explanation runs to <eos> or ``max_expl_tokens``. ``abnormal_floor``: the abnormal
         probability from which a unit is abnormal (typed, evidenced, explained); the model's own
-        :data:`teller.rca.schema.ABNORMAL_CUT` by default,
+        :attr:`abnormal_cut` by default (None),
         lower where another detector already flagged the unit and the model only screens it
         (`teller diagnose`)."""
-        if not 0.0 < abnormal_floor <= ABNORMAL_CUT:
-            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, {ABNORMAL_CUT}]")
+        cut = self.abnormal_cut
+        if abnormal_floor is None:
+            abnormal_floor = cut
+        if not 0.0 < abnormal_floor <= cut:
+            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, {cut}]")
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         self.net.eval()
         stop = self._explain_stop(explain_done, explain_tokens)
@@ -415,10 +425,11 @@ class RCA:
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
 
-    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float = ABNORMAL_CUT) -> tuple[dict, list[tuple]]:
+    def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float | None = None) -> tuple[dict, list[tuple]]:
         """The MoT's fault and operator heads over units ``idx``: the forward pass's outputs and,
         per unit, (abnormal p, type or "" under ``floor``, type p, best type, operator logits of
-        its trace tokens)."""
+        its trace tokens); ``floor`` None: :attr:`abnormal_cut`."""
+        floor = self.abnormal_cut if floor is None else floor
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
         probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
         ops = res["ops"].float().cpu().numpy()
@@ -433,6 +444,19 @@ class RCA:
                 sc = FamilyScores(sc, fam[k, :fs.stop - fs.start])
             out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
         return res, out
+
+    @torch.no_grad()
+    def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> list[tuple[float, str]]:
+        """Per unit of ``prep`` (MoT only): its abnormal probability and its best fault type, for
+        choosing :attr:`abnormal_cut`."""
+        if self.cfg.variant != "mot":
+            raise ValueError("the abnormal probability of a unit is the MoT's fault head's")
+        self.net.eval()
+        out: list[tuple[float, str]] = []
+        for a in range(0, len(prep), batch_size):
+            _, raw = self._mot_heads(prep, np.arange(a, min(a + batch_size, len(prep))))
+            out += [(r[0], r[3]) for r in raw]
+        return out
 
     @torch.no_grad()
     def operator_logits(self, prep: Prepared, batch_size: int = 64) -> list[tuple[str, np.ndarray]]:

@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         op_unit: str = typer.Option("family", "--op-unit", help="What the MoT's operator head scores: family (each operator family of the unit, with its summed time against the reference) | token (each trace token; the shipped model's head)."),
         fam_span: bool = typer.Option(True, "--fam-span/--no-fam-span", help="With --op-unit family: the head also reads each family's summed span (children included, the time the operator labels measure) against the reference; --no-fam-span: the self time alone."),
         unit_stats: bool = typer.Option(True, "--unit-stats/--no-unit-stats", help="The MoT also reads the unit's layer mix (per layer its nodes' mean self time and span, its share of the nodes and of the self time, against the normal training units' spread) beside its trace tokens; --no-unit-stats: the tokens alone."),
+        abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The MoT's abnormal cut is chosen on the val part for this fault prior (the best step F1 expected there; faults are rare where the model runs); 0: the cut stays 0.5."),
         pool_drop: Optional[float] = typer.Option(None, "--pool-drop", help="With --unit-stats: the share of training units whose fault head reads the layer mix alone, without the pooled trace state (default 0)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
                   batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False),
                   inputs=inputs, trace_vocab=trace_vocab, unit=unit, op_unit=op_unit,
                   fam_span=fam_span if op_unit == "family" else None, unit_stats=unit_stats if variant == "mot" and inputs in ("trace+log", "trace") else None,
-                  pool_drop=pool_drop)
+                  pool_drop=pool_drop, abnormal_prior=abnormal_prior)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 
@@ -133,25 +134,30 @@ def register(app: typer.Typer) -> None:
         split_part: str = typer.Option("val", "--split-part", help="The held-out part to choose on (val; never the test part you score on)."),
         device: str = typer.Option("cpu", "--device"),
         batch_size: int = typer.Option(64, "--batch-size"),
+        abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="Choose the abnormal cut for this fault prior (0: the cut is 0.5)."),
     ) -> None:
-        """Choose the operator head's threshold on held-out units (MoT): the one with the best operator Macro+ F1; `teller rca train` does this on the val part itself."""
+        """Choose the abnormal cut (the best step F1 expected at --abnormal-prior) and the operator head's threshold (the best operator Macro+ F1) on held-out units (MoT); `teller rca train` does this on the val part itself."""
         from rich.markup import escape
 
         from teller.cliutil import console
         from teller.rca import load
         from teller.rca.data import load_dataset
-        from teller.rca.train import calibrate_operators
+        from teller.rca.train import calibrate
 
         con = console(stderr=True)
         m = load(model, device=device)
         ds = load_dataset(dataset, unit=m.cfg.unit)
         sp = split or m.meta.get("training", {}).get("split", "request")
-        cal = calibrate_operators(m, ds, sp, split_part, batch_size=batch_size)
+        cal = calibrate(m, ds, sp, split_part, prior=abnormal_prior, batch_size=batch_size)
+        if "abnormal" in cal:
+            for r in cal["abnormal"]["grid"]:
+                con.print(f"  cut {r['cut']:.2f}: recall {r['recall']:.3f}, false-positive rate {r['false_positive_rate']:.4f}, "
+                          f"F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f}", markup=False)
         for r in cal["grid"]:
             con.print(f"  threshold {r['threshold']:+.1f}: Macro+ F1 {r['macro_plus_f1']:.3f} "
                       f"(P {r['macro_plus_precision']:.3f}, R {r['macro_plus_recall']:.3f})", markup=False)
         m.save_config(model, {"calibration": cal})
-        con.print(f"[green]calibrated[/] {escape(str(model))}: operator threshold {cal['op_threshold']:+.1f} (logit), "
+        con.print(f"[green]calibrated[/] {escape(str(model))}: abnormal cut {m.abnormal_cut:.2f}, operator threshold {cal['op_threshold']:+.1f} (logit), "
                   f"Macro+ F1 {cal['macro_plus_f1']:.3f} on the {split_part} part of {sp} ({cal['units']:,} units; "
                   f"{cal['macro_plus_f1_at_0']:.3f} at 0)")
 

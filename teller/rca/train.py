@@ -50,6 +50,7 @@ from teller.rca.data import (
     unit_statistics,
 )
 from teller.rca.model import RCAConfig, build_model, token_ce
+from teller.rca.schema import ABNORMAL_CUT
 
 MARKER_WEIGHT = 0.1
 
@@ -194,14 +195,17 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           backbone: str | None = None, resume: bool = False, max_minutes: float | None = None,
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
-          replan: bool = True, **overrides: Any) -> dict[str, Any]:
+          replan: bool = True, abnormal_prior: float | None = None, **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
     (loss curve, sizes, time). ``overrides`` set :class:`RCAConfig` fields (``inputs``,
     ``trace_vocab``, ``unit``, ...; a given :class:`Dataset` must be serialized with that
     ``unit``). ``max_minutes`` stops training when that much time is spent; with
     ``replan`` the learning-rate schedule is re-planned to end there (from the pace of the first
     steps), without it the epochs stay the plan and the time is only a hard stop. ``stopped_by``
-    says whether the steps, a re-planned schedule or the time ended training. A checkpoint is
+    says whether the steps, a re-planned schedule or the time ended training. A MoT that reads the
+    trace ends by choosing on the val part its abnormal cut for a fault prior of
+    ``abnormal_prior`` (None: :data:`ABNORMAL_PRIOR`; 0: no cut chosen, 0.5 stays) and then its
+    operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`). A checkpoint is
     written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
     and at the end."""
     t_start = time.perf_counter()
@@ -357,7 +361,11 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
-        extra["calibration"] = calibrate_operators(model, ds, split, "val")
+        extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior)
+        if "abnormal" in extra["calibration"]:
+            ab = extra["calibration"]["abnormal"]
+            say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
+                f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
         say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
             f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
     model.save(out, extra=extra)
@@ -367,6 +375,72 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     return {"out": str(out), "parameters": int(n_params), "checkpoint_bytes": size, "steps": step,
             "seconds": secs, "curve": curve, "first_loss": run_loss[0] if run_loss else None,
             "last_loss": float(np.mean(run_loss[-10:])) if run_loss else None}
+
+
+#: the fault prior a model's abnormal cut is chosen for (:func:`calibrate_abnormal`): faults are
+#: rare where the model runs; the low-prior analysis of `teller evaluate` scores 10% and 5%
+ABNORMAL_PRIOR = 0.1
+#: abnormal probabilities tried as the cut (from :data:`teller.rca.schema.ABNORMAL_CUT` up)
+ABNORMAL_CUTS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+
+
+def f1_at_prior(recall: float, false_rate: float, prior: float) -> float:
+    """Step F1 expected at fault prior ``prior`` from a detector's recall and false-positive rate
+    (precision = prior·R / (prior·R + (1 − prior)·FPR)), as the low-prior analysis samples it."""
+    if recall <= 0:
+        return 0.0
+    precision = prior * recall / (prior * recall + (1 - prior) * false_rate)
+    return 2 * precision * recall / (precision + recall)
+
+
+def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", prior: float = ABNORMAL_PRIOR,
+                       batch_size: int = 64, grid: tuple[float, ...] = ABNORMAL_CUTS) -> dict[str, Any]:
+    """The abnormal cut (:attr:`RCA.abnormal_cut`) with the best step F1 expected at fault prior
+    ``prior`` on ``split``'s ``part`` (held-out units, never the test part): the units' recall and
+    false-positive rate at each cut of ``grid``, weighted to the prior (:func:`f1_at_prior`); ties
+    to the lowest cut. A part without both normal and abnormal units keeps
+    :data:`teller.rca.schema.ABNORMAL_CUT`. Returns the ``abnormal`` block of the calibration."""
+    if model.cfg.variant != "mot" or not model.cfg.reads_trace:
+        raise TellerError("only a MoT model that reads the trace has its abnormal cut chosen")
+    if not 0.0 < prior < 1.0:
+        raise TellerError(f"fault prior {prior}: expected a share in (0, 1)")
+    idx = ds.units.part(split, part)
+    if not len(idx):
+        raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
+    prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    p_ab = np.array([r[0] for r in model.abnormal_probs(prep, batch_size)])
+    truth = ds.units.select(idx).is_anomaly.astype(bool)
+
+    def row(c: float) -> dict[str, float]:
+        flag = p_ab >= c
+        r = float(flag[truth].mean()) if truth.any() else 0.0
+        fpr = float(flag[~truth].mean()) if (~truth).any() else 0.0
+        return {"cut": float(c), "recall": round(r, 6), "false_positive_rate": round(fpr, 6),
+                "f1_at_prior": round(f1_at_prior(r, fpr, prior), 6)}
+
+    rows = [row(c) for c in grid]
+    both = bool(truth.any() and (~truth).any())
+    best = max(rows, key=lambda r: (r["f1_at_prior"], -r["cut"])) if both else row(ABNORMAL_CUT)
+    at = row(ABNORMAL_CUT)["f1_at_prior"]
+    return {"abnormal_cut": best["cut"] if both else ABNORMAL_CUT, "prior": float(prior), "split": split, "part": part,
+            "units": int(len(idx)), "abnormal_units": int(truth.sum()), "f1_at_prior": best["f1_at_prior"],
+            "f1_at_0_5": at, "grid": rows}
+
+
+def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: float | None = None,
+              batch_size: int = 64) -> dict[str, Any]:
+    """A MoT's calibration on held-out units: its abnormal cut for fault prior ``prior`` (None:
+    :data:`ABNORMAL_PRIOR`; 0: none chosen), then its operator threshold, which reads the flags of
+    that cut. Returns what :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
+    prior = ABNORMAL_PRIOR if prior is None else float(prior)
+    cal: dict[str, Any] = {}
+    if prior > 0:
+        cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size)
+        cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
+    model.meta["calibration"] = dict(cal)
+    cal.update(calibrate_operators(model, ds, split, part, batch_size))
+    model.meta["calibration"] = cal
+    return cal
 
 
 #: logits tried as the operator head's threshold (0 = p 0.5, the untrained default)

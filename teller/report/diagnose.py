@@ -618,7 +618,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     info = {"path": str(path), "variant": m.cfg.variant,
             **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
     info.update(steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None, explanations=explain,
-                abnormal_floor=SCREEN_FLOOR)
+                abnormal_floor=SCREEN_FLOOR, abnormal_cut=m.abnormal_cut)
     diag["model"] = info
     if not flagged:
         return info
@@ -692,6 +692,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         d["abnormal_probability"] = _f(p["abnormal_prob"])
         d["fault_type"] = ft or None
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
+        d["model_unsure"] = bool(p["fault_type"]) and p["abnormal_prob"] < m.abnormal_cut
         if not p["fault_type"]:
             ruled_out(d, same_deployment)
         d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]

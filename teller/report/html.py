@@ -231,8 +231,11 @@ def _dur(step: dict[str, Any]) -> int:
 
 def model_unsure(x: dict[str, Any]) -> bool:
     """Whether the root-cause model typed flagged step ``x`` while giving it less than its own cut
-    (:data:`teller.rca.schema.ABNORMAL_CUT`): `teller diagnose` keeps such a step from the screen floor
-    (:data:`teller.rca.SCREEN_FLOOR`) up, and says the model is unsure of it."""
+    (:attr:`teller.rca.api.RCA.abnormal_cut`; ``model_unsure``, or before it was written
+    :data:`teller.rca.schema.ABNORMAL_CUT`): `teller diagnose` keeps such a step from the screen
+    floor (:data:`teller.rca.SCREEN_FLOOR`) up, and says the model is unsure of it."""
+    if "model_unsure" in x:
+        return bool(x["model_unsure"])
     p = x.get("abnormal_probability")
     return bool(x.get("fault_type")) and not x.get("model_says_normal") and p is not None and p < ABNORMAL_CUT
 
@@ -285,7 +288,7 @@ class _Page:
                 unsure = sum(map(model_unsure, named))
                 line = f"The root-cause model names a fault type for {len(named):,} of them"
                 if unsure:
-                    line += (f" ({unsure:,} with an abnormal probability under {ABNORMAL_CUT}, kept because the model does "
+                    line += (f" ({unsure:,} with an abnormal probability under {m.get('abnormal_cut', ABNORMAL_CUT)}, kept because the model does "
                              f"not rule them out: {m.get('abnormal_floor', SCREEN_FLOOR)} or more)")
                 unknown = [x for x in self.flagged if x.get("unknown_fault")]
                 if unknown:
