@@ -152,6 +152,8 @@ class RCA:
         self.meta = dict(meta or {})
         self.device = torch.device(device)
         self.net.to(self.device)
+        #: the fault-type expert (:mod:`teller.rca.typer`), where one was fitted
+        self.type_expert = None
 
     # ---- files --------------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
@@ -159,6 +161,8 @@ class RCA:
         d.mkdir(parents=True, exist_ok=True)
         self.save_tokenizers(d)
         save_weights(self.net, d / "model.safetensors", dtype or self.cfg.save_dtype, {"format": FORMAT})
+        if self.type_expert is not None:
+            self.type_expert.save(d)
         return self.save_config(d, extra)
 
     def save_config(self, directory: str | Path, extra: dict | None = None) -> Path:
@@ -178,6 +182,14 @@ class RCA:
         """Logit above which the operator head's tokens are evidence (0: p 0.5); the value
         :func:`teller.rca.train.calibrate_operators` chose on held-out units, where it ran."""
         return float((self.meta.get("calibration") or {}).get("op_threshold", 0.0))
+
+    @property
+    def type_weight(self) -> float:
+        """The type expert's weight in a flagged unit's fault type (0 without an expert):
+        :func:`teller.rca.typer.fit_type_expert` chose it on held-out units."""
+        if self.type_expert is None:
+            return 0.0
+        return float((self.meta.get("calibration") or {}).get("type_weight", 0.5))
 
     @property
     def abnormal_cut(self) -> float:
@@ -223,7 +235,15 @@ class RCA:
         load_weights(net, d / "model.safetensors")
         net.eval()
         rest = {k: v for k, v in meta.items() if k not in ("format", "version", "config", "fault_types", "text_vocab", "trace_vocab")}
-        return cls(cfg, net, text_tok, trace_tok, ref, rest, device)
+        m = cls(cfg, net, text_tok, trace_tok, ref, rest, device)
+        if "type_weight" in (rest.get("calibration") or {}):
+            from teller.rca.typer import TypeExpert
+
+            if not cfg.reads_unit_stats:
+                raise InputError(p, "its calibration gives a type expert a weight, but the model reads no unit statistics",
+                                 "retrain the model with `teller rca train --unit-stats`")
+            m.type_expert = TypeExpert.load(d)
+        return m
 
     # ---- inputs -------------------------------------------------------------------------------
     def inputs(self, forest: pa.Table | StepForest, steps: Sequence[Sequence[int]], log_text: Sequence[str] | None = None,
@@ -431,7 +451,7 @@ class RCA:
         its trace tokens); ``floor`` None: :attr:`abnormal_cut`."""
         floor = self.abnormal_cut if floor is None else floor
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
-        probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
+        probs = self._with_expert(prep, idx, torch.softmax(res["fault"], -1).float().cpu().numpy())
         ops = res["ops"].float().cpu().numpy()
         fam = res["fam"].float().cpu().numpy() if "fam" in res else None
         out = []
@@ -444,6 +464,27 @@ class RCA:
                 sc = FamilyScores(sc, fam[k, :fs.stop - fs.start])
             out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
         return res, out
+
+    def _with_expert(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        """The fault head's six class probabilities with the type expert's share of the five types
+        (:func:`teller.rca.typer.fuse`), or as they are without an expert."""
+        w = self.type_weight
+        if not w or prep.unit_feat is None:
+            return probs
+        from teller.rca.typer import fuse
+
+        return fuse(probs, self.type_expert.proba(prep.unit_feat[idx]), w)
+
+    @torch.no_grad()
+    def fault_probs(self, prep: Prepared, idx: np.ndarray, expert: bool = False) -> np.ndarray:
+        """The fault head's six class probabilities (normal first) of units ``idx`` of ``prep``
+        (MoT only); with ``expert`` the type expert's share in them."""
+        if self.cfg.variant != "mot":
+            raise ValueError("class probabilities are the MoT's fault head's")
+        self.net.eval()
+        res = self._forward(prep, idx, [[EXPL] for _ in idx])
+        probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
+        return self._with_expert(prep, idx, probs) if expert else probs
 
     @torch.no_grad()
     def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> list[tuple[float, str]]:

@@ -195,7 +195,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           backbone: str | None = None, resume: bool = False, max_minutes: float | None = None,
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
-          replan: bool = True, abnormal_prior: float | None = None, **overrides: Any) -> dict[str, Any]:
+          replan: bool = True, abnormal_prior: float | None = None, type_expert: bool = True,
+          **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
     (loss curve, sizes, time). ``overrides`` set :class:`RCAConfig` fields (``inputs``,
     ``trace_vocab``, ``unit``, ...; a given :class:`Dataset` must be serialized with that
@@ -205,7 +206,9 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     says whether the steps, a re-planned schedule or the time ended training. A MoT that reads the
     trace ends by choosing on the val part its abnormal cut for a fault prior of
     ``abnormal_prior`` (None: :data:`ABNORMAL_PRIOR`; 0: no cut chosen, 0.5 stays) and then its
-    operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`). A checkpoint is
+    operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`); one that reads
+    the unit statistics then fits its fault-type expert (``type_expert``,
+    :func:`teller.rca.typer.fit_type_expert`). A checkpoint is
     written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
     and at the end."""
     t_start = time.perf_counter()
@@ -362,6 +365,16 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     model.net.eval()
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
         extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior)
+        if model.cfg.reads_unit_stats and type_expert:
+            from teller.rca.typer import fit_type_expert
+
+            try:
+                te = fit_type_expert(model, ds, split, seed=seed)
+                extra["calibration"] = model.meta["calibration"]
+                say(f"type expert: weight {te['type_weight']} (fault-type macro-F1 on the val part's abnormal units "
+                    + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
+            except TellerError as e:  # too few fault types to learn from: the head alone
+                say(f"type expert skipped: {e}")
         if "abnormal" in extra["calibration"]:
             ab = extra["calibration"]["abnormal"]
             say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
@@ -433,7 +446,8 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     :data:`ABNORMAL_PRIOR`; 0: none chosen), then its operator threshold, which reads the flags of
     that cut. Returns what :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
-    cal: dict[str, Any] = {}
+    # a type expert's weight was chosen apart (teller.rca.typer) and stays
+    cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items() if k in ("type_weight", "type_expert")}
     if prior > 0:
         cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size)
         cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
