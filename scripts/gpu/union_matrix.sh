@@ -35,8 +35,10 @@ python3 -m teller.cli dataset merge "${parts[@]}" -o runs/$UNION --force > "$OUT
 echo "merged after $(( $(date +%s) - T0 )) s"
 args=()
 for j in "${JOBS[@]}"; do args+=(--job "$j"); done
+EV=${EVAL_SPLITS:-request,run,mechanism,workload}
+[ "$EV" = none ] && EV=""  # EVAL_SPLITS=none: no `teller evaluate` after the trainings (KEEP the models)
 set -o pipefail
 python3 scripts/gpu/rca_matrix.py --data runs/$UNION --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
   --epochs 8 --batch-size 128 --seed ${SEED:-0} --eval-reserve-s 30 --work /tmp/rca_matrix_$UNION \
-  --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate "${EVAL_SPLITS:-request,run,mechanism,workload}" --evaluate-reserve-s ${EVAL_RESERVE:-200} \
+  --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate "$EV" --evaluate-reserve-s ${EVAL_RESERVE:-200} \
   --methods "${METHODS:-teller_mot}" --evaluate-jobs "${EVAL_JOBS:-}" --keep "${KEEP:-}" "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20
