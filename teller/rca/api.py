@@ -186,7 +186,7 @@ class RCA:
     @property
     def type_weight(self) -> float:
         """The type expert's weight in a flagged unit's fault type (0 without an expert):
-        :func:`teller.rca.typer.fit_type_expert` chose it on held-out units."""
+        :func:`teller.rca.train.fit_type_expert` chose it on held-out units."""
         if self.type_expert is None:
             return 0.0
         return float((self.meta.get("calibration") or {}).get("type_weight", 0.5))

@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
         from teller.cliutil import console
         from teller.rca import load
         from teller.rca.data import load_dataset
-        from teller.rca.typer import fit_type_expert
+        from teller.rca.train import fit_type_expert
 
         con = console(stderr=True)
         m = load(model, device=device)

@@ -208,7 +208,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     ``abnormal_prior`` (None: :data:`ABNORMAL_PRIOR`; 0: no cut chosen, 0.5 stays) and then its
     operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`); one that reads
     the unit statistics then fits its fault-type expert (``type_expert``,
-    :func:`teller.rca.typer.fit_type_expert`). A checkpoint is
+    :func:`fit_type_expert`). A checkpoint is
     written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
     and at the end."""
     t_start = time.perf_counter()
@@ -366,8 +366,6 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
         extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior)
         if model.cfg.reads_unit_stats and type_expert:
-            from teller.rca.typer import fit_type_expert
-
             try:
                 te = fit_type_expert(model, ds, split, seed=seed)
                 extra["calibration"] = model.meta["calibration"]
@@ -526,3 +524,60 @@ def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size
                                           [u.operator_labels[i] for i in m.tolist()],
                                           [expl[i] for i in m.tolist()] if expl is not None else None)
     return pred, res, idx
+
+
+# ---- the fault-type expert (teller.rca.typer), fitted after the network ----
+def _macro_f1(truth: np.ndarray, pred: np.ndarray) -> float:
+    labels = sorted(set(truth.tolist()))
+    f = []
+    for c in labels:
+        tp = float(((pred == c) & (truth == c)).sum())
+        d = float((pred == c).sum() + (truth == c).sum())
+        f.append(2 * tp / d if d else 0.0)
+    return float(np.mean(f)) if f else 0.0
+
+
+def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size: int = 64,
+                    out: str | Path | None = None) -> dict[str, Any]:
+    """Fit the expert on ``split``'s training part (its abnormal units), choose its weight on the
+    val part (the best fault-type macro-F1 of :data:`TYPE_WEIGHTS` over the abnormal val units,
+    ties to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``,
+    save the expert there. Returns the ``type_expert`` block of the calibration (with
+    ``type_weight``)."""
+    from teller.rca.typer import TREES, TYPE_WEIGHTS, TypeExpert, fuse
+
+    if not model.cfg.reads_unit_stats:
+        raise TellerError("the type expert reads the unit statistics: only a MoT trained with --unit-stats has them")
+    u = ds.units
+
+    def features(part: str) -> tuple[np.ndarray, np.ndarray, Any]:
+        idx = u.part(split, part)
+        idx = idx[u.is_anomaly[idx].astype(bool)]
+        if not len(idx):
+            return np.zeros((0, 0)), np.zeros(0, np.int64), None
+        prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+        return prep.unit_feat, np.asarray(u.fault[idx], np.int64) - 1, prep
+
+    Xtr, ytr, _ = features("train")
+    expert = TypeExpert.fit(Xtr, ytr, seed=seed)
+    Xva, yva, prep = features("val")
+    rows = []
+    if prep is not None:
+        head = np.concatenate([model.fault_probs(prep, np.arange(a, min(a + batch_size, len(prep))))
+                               for a in range(0, len(prep), batch_size)])
+        ex = expert.proba(Xva)
+        for w in TYPE_WEIGHTS:
+            pred = fuse(head, ex, w)[:, 1:].argmax(1)
+            rows.append({"weight": w, "macro_f1": round(_macro_f1(yva, pred), 6)})
+    if rows:
+        top = max(r["macro_f1"] for r in rows)
+        weight = min((r["weight"] for r in rows if r["macro_f1"] == top), key=lambda w: (abs(w - 0.5), w))
+    else:
+        weight = 0.5
+    model.type_expert, model.meta.setdefault("calibration", {})["type_weight"] = expert, weight
+    block = {"split": split, "train_units": int(len(ytr)), "val_units": int(len(yva)), "classes": expert.classes,
+             "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
+    model.meta["calibration"]["type_expert"] = block
+    if out is not None:
+        expert.save(out)
+    return {"type_weight": weight, "type_expert": block}

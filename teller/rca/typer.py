@@ -6,7 +6,7 @@ mix; gradient-boosted trees on the same layer mix (the 90 numbers the MLP reads,
 better (docs/results.md, "The type expert"). The expert is fitted on the training part's
 abnormal units after the network; a flagged unit's type is then the argmax of
 ``(1 − w) · p_head + w · p_expert`` over the five types, with the weight ``w`` chosen on the
-val part (:func:`fit_type_expert`). The abnormal probability stays the network's.
+val part (:func:`teller.rca.train.fit_type_expert`). The abnormal probability stays the network's.
 
 Saved as ``type_expert.ubj`` (XGBoost's own binary JSON; read without pickle) beside the
 weights; ``config.json``'s ``calibration`` holds ``type_weight`` and the block it was chosen from.
@@ -15,16 +15,12 @@ weights; ``config.json``'s ``calibration`` holds ``type_weight`` and the block i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from teller.errors import InputError, TellerError
 from teller.rca.data import FAULT_TYPES
-
-if TYPE_CHECKING:
-    from teller.rca.api import RCA
-    from teller.rca.data import Dataset
 
 #: the expert's file in a model directory
 TYPE_EXPERT_FILE = "type_expert.ubj"
@@ -114,59 +110,3 @@ def fuse(probs: np.ndarray, expert: np.ndarray, weight: float) -> np.ndarray:
     out = probs.copy()
     out[:, 1:] = mass * ((1.0 - weight) * head + weight * ex)
     return out
-
-
-def _macro_f1(truth: np.ndarray, pred: np.ndarray) -> float:
-    labels = sorted(set(truth.tolist()))
-    f = []
-    for c in labels:
-        tp = float(((pred == c) & (truth == c)).sum())
-        d = float((pred == c).sum() + (truth == c).sum())
-        f.append(2 * tp / d if d else 0.0)
-    return float(np.mean(f)) if f else 0.0
-
-
-def fit_type_expert(model: "RCA", ds: "Dataset", split: str, seed: int = 0, batch_size: int = 64,
-                    out: str | Path | None = None) -> dict[str, Any]:
-    """Fit the expert on ``split``'s training part (its abnormal units), choose its weight on the
-    val part (the best fault-type macro-F1 of :data:`TYPE_WEIGHTS` over the abnormal val units,
-    ties to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``,
-    save the expert there. Returns the ``type_expert`` block of the calibration (with
-    ``type_weight``)."""
-    from teller.rca.train import prepare_units
-
-    if not model.cfg.reads_unit_stats:
-        raise TellerError("the type expert reads the unit statistics: only a MoT trained with --unit-stats has them")
-    u = ds.units
-
-    def features(part: str) -> tuple[np.ndarray, np.ndarray, Any]:
-        idx = u.part(split, part)
-        idx = idx[u.is_anomaly[idx].astype(bool)]
-        if not len(idx):
-            return np.zeros((0, 0)), np.zeros(0, np.int64), None
-        prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
-        return prep.unit_feat, np.asarray(u.fault[idx], np.int64) - 1, prep
-
-    Xtr, ytr, _ = features("train")
-    expert = TypeExpert.fit(Xtr, ytr, seed=seed)
-    Xva, yva, prep = features("val")
-    rows = []
-    if prep is not None:
-        head = np.concatenate([model.fault_probs(prep, np.arange(a, min(a + batch_size, len(prep))))
-                               for a in range(0, len(prep), batch_size)])
-        ex = expert.proba(Xva)
-        for w in TYPE_WEIGHTS:
-            pred = fuse(head, ex, w)[:, 1:].argmax(1)
-            rows.append({"weight": w, "macro_f1": round(_macro_f1(yva, pred), 6)})
-    if rows:
-        top = max(r["macro_f1"] for r in rows)
-        weight = min((r["weight"] for r in rows if r["macro_f1"] == top), key=lambda w: (abs(w - 0.5), w))
-    else:
-        weight = 0.5
-    model.type_expert, model.meta.setdefault("calibration", {})["type_weight"] = expert, weight
-    block = {"split": split, "train_units": int(len(ytr)), "val_units": int(len(yva)), "classes": expert.classes,
-             "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
-    model.meta["calibration"]["type_expert"] = block
-    if out is not None:
-        expert.save(out)
-    return {"type_weight": weight, "type_expert": block}
