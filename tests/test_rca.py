@@ -340,7 +340,8 @@ def test_abnormal_cut_is_chosen_on_held_out_units_for_a_low_prior(trained, ds, t
     truth = ds.units.select(idx).is_anomaly.astype(bool)
     prep, _ = prepare_units(ds, idx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
     # the tiny model's probabilities sit in a narrow band: a grid of their own quantiles
-    p_ab = np.array([p for p, _ in m.abnormal_probs(prep)])
+    p_ab = m.abnormal_probs(prep)
+    assert p_ab.shape == (len(idx),)
     grid = tuple(float(q) for q in np.unique(np.round(np.quantile(p_ab, [0.1, 0.3, 0.5, 0.7, 0.9]), 6)))
     ab = calibrate_abnormal(m, ds, "request", "train", prior=0.1, grid=grid)
     assert [r["cut"] for r in ab["grid"]] == list(grid) and ab["prior"] == 0.1 and len(grid) > 2

@@ -486,18 +486,12 @@ class RCA:
         probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
         return self._with_expert(prep, idx, probs) if expert else probs
 
-    @torch.no_grad()
-    def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> list[tuple[float, str]]:
-        """Per unit of ``prep`` (MoT only): its abnormal probability and its best fault type, for
+    def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> np.ndarray:
+        """Per unit of ``prep`` (MoT only): its abnormal probability (1 − the normal class's), for
         choosing :attr:`abnormal_cut`."""
-        if self.cfg.variant != "mot":
-            raise ValueError("the abnormal probability of a unit is the MoT's fault head's")
-        self.net.eval()
-        out: list[tuple[float, str]] = []
-        for a in range(0, len(prep), batch_size):
-            _, raw = self._mot_heads(prep, np.arange(a, min(a + batch_size, len(prep))))
-            out += [(r[0], r[3]) for r in raw]
-        return out
+        parts = [1.0 - self.fault_probs(prep, np.arange(a, min(a + batch_size, len(prep))))[:, 0]
+                 for a in range(0, len(prep), batch_size)]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     @torch.no_grad()
     def operator_logits(self, prep: Prepared, batch_size: int = 64) -> list[tuple[str, np.ndarray]]:

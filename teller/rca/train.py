@@ -419,7 +419,7 @@ def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", p
     if not len(idx):
         raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
     prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
-    p_ab = np.array([r[0] for r in model.abnormal_probs(prep, batch_size)])
+    p_ab = model.abnormal_probs(prep, batch_size)
     truth = ds.units.select(idx).is_anomaly.astype(bool)
 
     def row(c: float) -> dict[str, float]:
