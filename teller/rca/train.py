@@ -444,7 +444,7 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     :data:`ABNORMAL_PRIOR`; 0: none chosen), then its operator threshold, which reads the flags of
     that cut. Returns what :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
-    # a type expert's weight was chosen apart (teller.rca.typer) and stays
+    # a type expert's weight was chosen apart (fit_type_expert) and stays
     cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items() if k in ("type_weight", "type_expert")}
     if prior > 0:
         cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size)
