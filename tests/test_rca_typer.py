@@ -80,7 +80,7 @@ def test_a_model_fits_its_type_expert_and_types_by_the_mix(ds, tmp_path):
     inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
                        [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
     prep = m.prepare(inp)
-    head = m.fault_probs(prep, np.arange(len(idx)))
+    head = m.fault_probs(prep)
     mixed = fuse(head, m.type_expert.proba(prep.unit_feat), 1.0)  # the expert alone
     m.meta["calibration"]["type_weight"] = 1.0
     pred = m.predict(prep, explain=False)
@@ -88,7 +88,7 @@ def test_a_model_fits_its_type_expert_and_types_by_the_mix(ds, tmp_path):
 
     assert [p["fault_type_best"] for p in pred] == [FAULT_TYPES[1 + int(k)] for k in mixed[:, 1:].argmax(1)]
     assert [p["abnormal_prob"] for p in pred] == pytest.approx((1.0 - head[:, 0]).tolist(), abs=1e-6)
-    assert np.allclose(m.fault_probs(prep, np.arange(len(idx)), expert=True), mixed)
+    assert np.allclose(m.fault_probs(prep, expert=True), mixed)
     # recalibrating keeps the expert's weight; a directory without the expert's file is refused
     from teller.rca.train import calibrate
 

@@ -476,22 +476,23 @@ class RCA:
         return fuse(probs, self.type_expert.proba(prep.unit_feat[idx]), w)
 
     @torch.no_grad()
-    def fault_probs(self, prep: Prepared, idx: np.ndarray, expert: bool = False) -> np.ndarray:
-        """The fault head's six class probabilities (normal first) of units ``idx`` of ``prep``
-        (MoT only); with ``expert`` the type expert's share in them."""
+    def fault_probs(self, prep: Prepared, batch_size: int = 64, expert: bool = False) -> np.ndarray:
+        """The fault head's six class probabilities (normal first) of every unit of ``prep``, in
+        batches (MoT only); with ``expert`` the type expert's share in them."""
         if self.cfg.variant != "mot":
             raise ValueError("class probabilities are the MoT's fault head's")
         self.net.eval()
-        res = self._forward(prep, idx, [[EXPL] for _ in idx])
-        probs = torch.softmax(res["fault"], -1).float().cpu().numpy()
-        return self._with_expert(prep, idx, probs) if expert else probs
+        parts = []
+        for a in range(0, len(prep), batch_size):
+            idx = np.arange(a, min(a + batch_size, len(prep)))
+            probs = torch.softmax(self._forward(prep, idx, [[EXPL] for _ in idx])["fault"], -1).float().cpu().numpy()
+            parts.append(self._with_expert(prep, idx, probs) if expert else probs)
+        return np.concatenate(parts) if parts else np.zeros((0, len(FAULT_TYPES)))
 
     def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> np.ndarray:
         """Per unit of ``prep`` (MoT only): its abnormal probability (1 − the normal class's), for
         choosing :attr:`abnormal_cut`."""
-        parts = [1.0 - self.fault_probs(prep, np.arange(a, min(a + batch_size, len(prep))))[:, 0]
-                 for a in range(0, len(prep), batch_size)]
-        return np.concatenate(parts) if parts else np.zeros(0)
+        return 1.0 - self.fault_probs(prep, batch_size)[:, 0]
 
     @torch.no_grad()
     def operator_logits(self, prep: Prepared, batch_size: int = 64) -> list[tuple[str, np.ndarray]]:

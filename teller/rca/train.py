@@ -563,8 +563,7 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
     Xva, yva, prep = features("val")
     rows = []
     if prep is not None:
-        head = np.concatenate([model.fault_probs(prep, np.arange(a, min(a + batch_size, len(prep))))
-                               for a in range(0, len(prep), batch_size)])
+        head = model.fault_probs(prep, batch_size)
         ex = expert.proba(Xva)
         for w in TYPE_WEIGHTS:
             pred = fuse(head, ex, w)[:, 1:].argmax(1)
