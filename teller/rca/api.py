@@ -61,10 +61,12 @@ from teller.rca.text import (
 @dataclass
 class FamilyScores:
     """A family operator head's logits for one unit: per trace token (``tokens``) and per family
-    slot (``families``, :class:`teller.rca.data.FamilySlots`)."""
+    slot (``families``, :class:`teller.rca.data.FamilySlots`) and, where the model has an operator
+    expert, its probability per slot (``expert``, :mod:`teller.rca.opexpert`)."""
 
     tokens: np.ndarray
     families: np.ndarray
+    expert: np.ndarray | None = None
 
 
 #: a selected token names every node it covers of its anchor's layer (a token merged from a
@@ -154,6 +156,8 @@ class RCA:
         self.net.to(self.device)
         #: the fault-type expert (:mod:`teller.rca.typer`), where one was fitted
         self.type_expert = None
+        #: the operator expert (:mod:`teller.rca.opexpert`), where one was fitted
+        self.op_expert = None
 
     # ---- files --------------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
@@ -163,6 +167,8 @@ class RCA:
         save_weights(self.net, d / "model.safetensors", dtype or self.cfg.save_dtype, {"format": FORMAT})
         if self.type_expert is not None:
             self.type_expert.save(d)
+        if self.op_expert is not None:
+            self.op_expert.save(d)
         return self.save_config(d, extra)
 
     def save_config(self, directory: str | Path, extra: dict | None = None) -> Path:
@@ -190,6 +196,14 @@ class RCA:
         if self.type_expert is None:
             return 0.0
         return float((self.meta.get("calibration") or {}).get("type_weight", 0.5))
+
+    @property
+    def op_weight(self) -> float:
+        """The operator expert's weight in a flagged unit's families (0 without an expert):
+        :func:`teller.rca.train.fit_op_expert` chose it on held-out units."""
+        if self.op_expert is None:
+            return 0.0
+        return float((self.meta.get("calibration") or {}).get("op_weight", 0.0))
 
     @property
     def abnormal_cut(self) -> float:
@@ -243,6 +257,13 @@ class RCA:
                 raise InputError(p, "its calibration gives a type expert a weight, but the model reads no unit statistics",
                                  "retrain the model with `teller rca train --unit-stats`")
             m.type_expert = TypeExpert.load(d)
+        if "op_weight" in (rest.get("calibration") or {}):
+            from teller.rca.opexpert import OperatorExpert
+
+            if not (cfg.reads_unit_stats and cfg.reads_family_slots):
+                raise InputError(p, "its calibration gives an operator expert a weight, but the model has no family head "
+                                 "reading unit statistics", "retrain the model with `teller rca train --op-unit family --unit-stats`")
+            m.op_expert = OperatorExpert.load(d)
         return m
 
     # ---- inputs -------------------------------------------------------------------------------
@@ -454,6 +475,7 @@ class RCA:
         probs = self._with_expert(prep, idx, torch.softmax(res["fault"], -1).float().cpu().numpy())
         ops = res["ops"].float().cpu().numpy()
         fam = res["fam"].float().cpu().numpy() if "fam" in res else None
+        pex = self._slot_expert(prep) if fam is not None else None
         out = []
         for k, i in enumerate(idx.tolist()):
             p_ab, ftype, tp = project_fault(probs[k], floor)
@@ -461,9 +483,22 @@ class RCA:
             sc = ops[k, :s.stop - s.start]
             if fam is not None:
                 fs = prep.slots.slots(i)
-                sc = FamilyScores(sc, fam[k, :fs.stop - fs.start])
+                sc = FamilyScores(sc, fam[k, :fs.stop - fs.start], pex[fs] if pex is not None else None)
             out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
         return res, out
+
+    def _slot_expert(self, prep: Prepared) -> np.ndarray | None:
+        """The operator expert's probability of every family slot of ``prep`` (computed once per
+        ``prep`` and expert), or None without an expert."""
+        if self.op_expert is None or prep.slots is None or prep.unit_feat is None:
+            return None
+        hit = prep.cache.get("op_expert")
+        if hit is None or hit[0] is not self.op_expert:
+            from teller.rca.opexpert import slot_features
+
+            hit = (self.op_expert, self.op_expert.proba(slot_features(prep, self.ref)))
+            prep.cache["op_expert"] = hit
+        return hit[1]
 
     def _with_expert(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
         """The fault head's six class probabilities with the type expert's share of the five types
@@ -508,28 +543,37 @@ class RCA:
             out += [(r[1], r[4]) for r in raw]
         return out
 
-    def evidence_families(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float) -> list[str]:
+    def evidence_families(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float,
+                          op_weight: float | None = None) -> list[str]:
         """The families :meth:`predict` names for unit ``i`` with the operator logits ``scores``
-        at logit ``threshold``."""
-        return self._node_families(prep, i, self._evidence_nodes(prep, i, ftype, scores, threshold))
+        at logit ``threshold`` (and the operator expert at ``op_weight``; None: :attr:`op_weight`)."""
+        return self._node_families(prep, i, self._evidence_nodes(prep, i, ftype, scores, threshold, op_weight))
 
-    def _evidence_nodes(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float) -> list[int]:
+    def _evidence_nodes(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float,
+                        op_weight: float | None = None) -> list[int]:
         """Unit ``i``'s evidence nodes from its operator logits (none when the trace is not read)."""
         if not prep.trace_visible:
             return []
         inp = prep.inputs
         if isinstance(scores, FamilyScores):
-            return self._family_nodes(prep, i, ftype, scores, threshold)
+            return self._family_nodes(prep, i, ftype, scores, threshold, op_weight)
         cover = (lambda t: inp.covered(i, t)) if EVIDENCE_COVER else None
         return project_operators(scores, inp.anchor[inp.tokens(i)], bool(ftype), self.cfg.max_ops, threshold, cover)
 
-    def _family_nodes(self, prep: Prepared, i: int, ftype: str, scores: "FamilyScores", threshold: float) -> list[int]:
+    def _family_nodes(self, prep: Prepared, i: int, ftype: str, scores: "FamilyScores", threshold: float,
+                      op_weight: float | None = None) -> list[int]:
         """Evidence of a family head: the slots scored above ``threshold`` (the best one when none
         is), best first, at most ``max_ops``; each named by one of its nodes: the node of its family
         under its best-scored token (by the token head), or its longest node where no kept token
-        stands for it."""
+        stands for it. With an operator expert at weight ``op_weight`` (None: :attr:`op_weight`)
+        the slot scores are the mix of :func:`teller.rca.opexpert.fuse_logits`."""
         inp, sl = prep.inputs, prep.slots
         fam_logit = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
+        w = self.op_weight if op_weight is None else float(op_weight)
+        if w > 0 and scores.expert is not None and len(fam_logit):
+            from teller.rca.opexpert import fuse_logits
+
+            fam_logit = fuse_logits(fam_logit, scores.expert, w, threshold)
         if not ftype or not len(fam_logit) or self.cfg.max_ops <= 0:
             return []
         order = np.argsort(-fam_logit, kind="stable")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -60,6 +60,8 @@ class Prepared:
     #: per unit, its statistics against the reference (``cfg.unit_stats``: float32, (units,
     #: 2 × len(UNIT_STAT_COLUMNS)), :meth:`ReferenceStats.unit_features`)
     unit_feat: np.ndarray | None = None
+    #: what a model computes once per ``Prepared`` (the operator expert's slot probabilities)
+    cache: dict = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.inputs)

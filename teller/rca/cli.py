@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
         unit_stats: bool = typer.Option(True, "--unit-stats/--no-unit-stats", help="The MoT also reads the unit's layer mix (per layer its nodes' mean self time and span, its share of the nodes and of the self time, against the normal training units' spread) beside its trace tokens; --no-unit-stats: the tokens alone."),
         abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The MoT's abnormal cut is chosen on the val part for this fault prior (the best step F1 expected there; faults are rare where the model runs); 0: the cut stays 0.5."),
         type_expert: bool = typer.Option(True, "--type-expert/--no-type-expert", help="With --unit-stats: also fit the fault-type expert (gradient-boosted trees on the unit's layer mix) and choose its weight on the val part; --no-type-expert: the fault head alone names the type."),
+        op_expert: bool = typer.Option(True, "--op-expert/--no-op-expert", help="With --op-unit family and --unit-stats: also fit the operator expert (gradient-boosted trees on each family's times against the reference, set beside the unit's other families and its layer mix) and choose its weight on the val part; --no-op-expert: the family head alone names the operators."),
         pool_drop: Optional[float] = typer.Option(None, "--pool-drop", help="With --unit-stats: the share of training units whose fault head reads the layer mix alone, without the pooled trace state (default 0)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
@@ -87,7 +88,8 @@ def register(app: typer.Typer) -> None:
                   batch_size=batch_size, lr=lr, max_units=max_units, log=lambda m: con.print(m, markup=False),
                   inputs=inputs, trace_vocab=trace_vocab, unit=unit, op_unit=op_unit,
                   fam_span=fam_span if op_unit == "family" else None, unit_stats=unit_stats if variant == "mot" and inputs in ("trace+log", "trace") else None,
-                  pool_drop=pool_drop, abnormal_prior=abnormal_prior, type_expert=type_expert)
+                  pool_drop=pool_drop, abnormal_prior=abnormal_prior, type_expert=type_expert,
+                  op_expert=op_expert)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 
@@ -153,6 +155,36 @@ def register(app: typer.Typer) -> None:
         m.save_config(model, {"calibration": m.meta["calibration"]})
         con.print(f"[green]type expert[/] {escape(str(model))}: weight {te['type_weight']:.2f}, fitted on "
                   f"{te['type_expert']['train_units']:,} abnormal units of {sp}'s training part")
+
+    @rca.command("opexpert")
+    def opexpert_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`, a MoT with --op-unit family and --unit-stats); the expert and config.json are written there."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        seed: int = typer.Option(0, "--seed"),
+        device: str = typer.Option("cpu", "--device"),
+        batch_size: int = typer.Option(64, "--batch-size"),
+    ) -> None:
+        """Fit the operator expert on the split's training part and choose its weight on the val part (`teller rca train` does this itself)."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca import load
+        from teller.rca.data import load_dataset
+        from teller.rca.train import fit_op_expert
+
+        con = console(stderr=True)
+        m = load(model, device=device)
+        ds = load_dataset(dataset, unit=m.cfg.unit)
+        sp = split or m.meta.get("training", {}).get("split", "request")
+        ox = fit_op_expert(m, ds, sp, seed=seed, batch_size=batch_size, out=model)
+        for r in ox["op_expert"]["grid"]:
+            con.print(f"  weight {r['weight']:.2f}: Macro+ F1 {r['macro_plus_f1']:.3f} (P {r['macro_plus_precision']:.3f}, "
+                      f"R {r['macro_plus_recall']:.3f}) on the val part", markup=False)
+        m.save_config(model, {"calibration": m.meta["calibration"]})
+        b = ox["op_expert"]
+        con.print(f"[green]operator expert[/] {escape(str(model))}: weight {ox['op_weight']:.2f}, fitted on "
+                  f"{b['train_slots']:,} family slots ({b['labelled_slots']:,} labelled) of {b['train_units']:,} abnormal units of {sp}'s training part")
 
     @rca.command("calibrate")
     def calibrate_cmd(

@@ -196,7 +196,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
           replan: bool = True, abnormal_prior: float | None = None, type_expert: bool = True,
-          **overrides: Any) -> dict[str, Any]:
+          op_expert: bool = True, **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
     (loss curve, sizes, time). ``overrides`` set :class:`RCAConfig` fields (``inputs``,
     ``trace_vocab``, ``unit``, ...; a given :class:`Dataset` must be serialized with that
@@ -208,7 +208,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     ``abnormal_prior`` (None: :data:`ABNORMAL_PRIOR`; 0: no cut chosen, 0.5 stays) and then its
     operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`); one that reads
     the unit statistics then fits its fault-type expert (``type_expert``,
-    :func:`fit_type_expert`). A checkpoint is
+    :func:`fit_type_expert`) and, with a family head, its operator expert (``op_expert``,
+    :func:`fit_op_expert`). A checkpoint is
     written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
     and at the end."""
     t_start = time.perf_counter()
@@ -373,6 +374,14 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                     + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
             except TellerError as e:  # too few fault types to learn from: the head alone
                 say(f"type expert skipped: {e}")
+        if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
+            try:
+                ox = fit_op_expert(model, ds, split, seed=seed)
+                extra["calibration"] = model.meta["calibration"]
+                say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
+                    + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
+            except TellerError as e:  # no slot of either kind to learn from: the head alone
+                say(f"operator expert skipped: {e}")
         if "abnormal" in extra["calibration"]:
             ab = extra["calibration"]["abnormal"]
             say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
@@ -444,8 +453,9 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     :data:`ABNORMAL_PRIOR`; 0: none chosen), then its operator threshold, which reads the flags of
     that cut. Returns what :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
-    # a type expert's weight was chosen apart (fit_type_expert) and stays
-    cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items() if k in ("type_weight", "type_expert")}
+    # the experts' weights were chosen apart (fit_type_expert, fit_op_expert) and stay
+    cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items()
+                           if k in ("type_weight", "type_expert", "op_weight", "op_expert")}
     if prior > 0:
         cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size)
         cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
@@ -580,3 +590,55 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
     if out is not None:
         expert.save(out)
     return {"type_weight": weight, "type_expert": block}
+
+
+# ---- the operator expert (teller.rca.opexpert), fitted after the network ----
+def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size: int = 64,
+                  out: str | Path | None = None) -> dict[str, Any]:
+    """Fit the operator expert on the family slots of ``split``'s abnormal training units (target:
+    the slot's family is one of the unit's operator labels), choose its weight on the val part
+    (the best operator Macro₊ F1 of :data:`teller.rca.opexpert.OP_WEIGHTS` over every val unit, at
+    the model's operator threshold and abnormal cut, as :func:`calibrate_operators` scores; ties
+    to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``, save
+    the expert there. Returns the ``op_expert`` block of the calibration (with ``op_weight``)."""
+    from teller.rca.metrics import operator_metrics, operator_truth
+    from teller.rca.opexpert import OP_WEIGHTS, TREES, OperatorExpert, slot_features
+
+    if not (model.cfg.variant == "mot" and model.cfg.reads_trace and model.cfg.reads_family_slots
+            and model.cfg.reads_unit_stats):
+        raise TellerError("the operator expert reads family slots and unit statistics: only a MoT trained with "
+                          "--op-unit family and --unit-stats has them")
+    u = ds.units
+    tr, va = u.part(split, "train"), u.part(split, "val")
+    tr = tr[u.is_anomaly[tr].astype(bool)]
+    if not len(tr) or not len(va):
+        raise TellerError(f"{ds.path}: the operator expert needs abnormal units in the train part and units in the val part "
+                          f"of the {split} split (got {len(tr)} and {len(va)})")
+    prep, _ = prepare_units(ds, tr, model.cfg, model.text_tok, model.trace_tok, model.ref)
+    expert = OperatorExpert.fit(slot_features(prep, model.ref), prep.slot_target, seed=seed)
+    n_slots, n_pos = int(len(prep.slot_target)), int(np.asarray(prep.slot_target).sum())
+    del prep
+    model.op_expert = expert
+    prep, _ = prepare_units(ds, va, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    heads = model.operator_logits(prep, batch_size)
+    sel = u.select(va)
+    truth = operator_truth(sel.operator_labels, sel.is_anomaly)
+    t = model.op_threshold
+    rows = []
+    for w in OP_WEIGHTS:
+        pred = [set(model.evidence_families(prep, i, ft, sc, t, op_weight=w)) if ft else set()
+                for i, (ft, sc) in enumerate(heads)]
+        m = operator_metrics(truth, pred)
+        rows.append({"weight": w, "macro_plus_f1": round(float(m["macro_plus_f1"]), 6),
+                     "macro_plus_precision": round(float(m["macro_plus_precision"]), 6),
+                     "macro_plus_recall": round(float(m["macro_plus_recall"]), 6)})
+    top = max(r["macro_plus_f1"] for r in rows)
+    weight = min((r["weight"] for r in rows if r["macro_plus_f1"] == top), key=lambda w: (abs(w - 0.5), w))
+    model.meta.setdefault("calibration", {})["op_weight"] = weight
+    block = {"split": split, "train_units": int(len(tr)), "train_slots": n_slots, "labelled_slots": n_pos,
+             "val_units": int(len(va)), "op_threshold": model.op_threshold, "trees": TREES, "seed": seed,
+             "grid": rows, "chosen": weight}
+    model.meta["calibration"]["op_expert"] = block
+    if out is not None:
+        expert.save(out)
+    return {"op_weight": weight, "op_expert": block}

@@ -32,12 +32,12 @@ TREES = dict(n_estimators=200, max_depth=4, learning_rate=0.1, subsample=0.8, co
 TYPES = FAULT_TYPES[1:]
 
 
-def _xgb():
+def xgb_module():
+    """XGBoost, which the experts need (a clear error where it is not installed)."""
     try:
         import xgboost
     except ImportError as e:
-        raise TellerError("this model's fault types need its type expert, which needs XGBoost: "
-                          "pip install 'teller[rca]'") from e
+        raise TellerError("this model's experts (fault type, operators) need XGBoost: pip install 'teller[rca]'") from e
     return xgboost
 
 
@@ -51,7 +51,7 @@ class TypeExpert:
     @classmethod
     def fit(cls, X: np.ndarray, types: np.ndarray, seed: int = 0, threads: int = 2) -> "TypeExpert":
         """``types``: indices into the five types (0..4), one per row of ``X``."""
-        xgb = _xgb()
+        xgb = xgb_module()
         types = np.asarray(types, np.int64)
         classes = sorted(set(types.tolist()))
         if len(classes) < 2:
@@ -63,7 +63,7 @@ class TypeExpert:
 
     def proba(self, X: np.ndarray) -> np.ndarray:
         """(n, 5) probabilities over :data:`TYPES`."""
-        xgb = _xgb()
+        xgb = xgb_module()
         X = np.asarray(X, np.float32)
         out = np.zeros((len(X), len(TYPES)), np.float64)
         if len(X):
@@ -80,7 +80,7 @@ class TypeExpert:
 
     @classmethod
     def load(cls, directory: str | Path) -> "TypeExpert":
-        xgb = _xgb()
+        xgb = xgb_module()
         p = Path(directory) / TYPE_EXPERT_FILE
         if not p.is_file():
             raise InputError(p, "missing, but config.json gives the type expert a weight",
