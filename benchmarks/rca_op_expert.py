@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--split", default=None, help="default: the model's own")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-units", type=int, default=None, help="a random sample of units (smoke runs)")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
 
@@ -48,7 +49,7 @@ def main() -> int:
     t0 = time.perf_counter()
     m = load(a.model)
     split = a.split or m.meta.get("training", {}).get("split", "request")
-    ds = load_dataset(a.dataset, unit=m.cfg.unit)
+    ds = load_dataset(a.dataset, unit=m.cfg.unit, max_units=a.max_units, seed=a.seed)
     u = ds.units
     tr = u.part(split, "train")
     tr = tr[u.is_anomaly[tr].astype(bool)]
