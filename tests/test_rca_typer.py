@@ -74,6 +74,20 @@ def test_a_model_fits_its_type_expert_and_types_by_the_mix(ds, tmp_path):
     assert [r["weight"] for r in block["grid"]] == list(TYPE_WEIGHTS) and block["chosen"] == cal["type_weight"]
     m = load(out)
     assert m.type_expert is not None and m.type_weight == cal["type_weight"]
+    # the grid is the fault-type macro-F1 `teller evaluate` reports (every type in the truth or
+    # the answers), recomputed here from the val part's abnormal units
+    from teller.rca.metrics import macro_f1
+    from teller.rca.train import prepare_units
+    from teller.rca.typer import TYPES
+
+    va = ds.units.part("request", "val")
+    va = va[ds.units.is_anomaly[va].astype(bool)]
+    vprep, _ = prepare_units(ds, va, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+    vhead, vex = m.fault_probs(vprep), m.type_expert.proba(vprep.unit_feat)
+    truth = [TYPES[int(f) - 1] for f in ds.units.fault[va]]
+    for r in block["grid"]:
+        ans = [TYPES[k] for k in fuse(vhead, vex, r["weight"])[:, 1:].argmax(1).tolist()]
+        assert r["macro_f1"] == pytest.approx(macro_f1(truth, ans, TYPES)["macro_f1"], abs=1e-6)
     # the types predict() names are the argmax of the mix, worked out here from its parts
     u = ds.units
     idx = np.arange(min(32, len(u)))

@@ -537,24 +537,16 @@ def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size
 
 
 # ---- the fault-type expert (teller.rca.typer), fitted after the network ----
-def _macro_f1(truth: np.ndarray, pred: np.ndarray) -> float:
-    labels = sorted(set(truth.tolist()))
-    f = []
-    for c in labels:
-        tp = float(((pred == c) & (truth == c)).sum())
-        d = float((pred == c).sum() + (truth == c).sum())
-        f.append(2 * tp / d if d else 0.0)
-    return float(np.mean(f)) if f else 0.0
-
-
 def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None) -> dict[str, Any]:
     """Fit the expert on ``split``'s training part (its abnormal units), choose its weight on the
     val part (the best fault-type macro-F1 of :data:`TYPE_WEIGHTS` over the abnormal val units,
-    ties to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``,
+    every type present in their truth or the mix's answers counted, as `teller evaluate` scores
+    it; ties to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``,
     save the expert there. Returns the ``type_expert`` block of the calibration (with
     ``type_weight``)."""
-    from teller.rca.typer import TREES, TYPE_WEIGHTS, TypeExpert, fuse
+    from teller.rca.metrics import macro_f1
+    from teller.rca.typer import TREES, TYPE_WEIGHTS, TYPES, TypeExpert, fuse
 
     if not model.cfg.reads_unit_stats:
         raise TellerError("the type expert reads the unit statistics: only a MoT trained with --unit-stats has them")
@@ -577,7 +569,8 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
         ex = expert.proba(Xva)
         for w in TYPE_WEIGHTS:
             pred = fuse(head, ex, w)[:, 1:].argmax(1)
-            rows.append({"weight": w, "macro_f1": round(_macro_f1(yva, pred), 6)})
+            f1 = macro_f1([TYPES[k] for k in yva.tolist()], [TYPES[k] for k in pred.tolist()], TYPES)["macro_f1"]
+            rows.append({"weight": w, "macro_f1": round(f1, 6)})
     if rows:
         top = max(r["macro_f1"] for r in rows)
         weight = min((r["weight"] for r in rows if r["macro_f1"] == top), key=lambda w: (abs(w - 0.5), w))
