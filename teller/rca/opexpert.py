@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from teller.errors import InputError, TellerError
-from teller.rca.typer import xgb_module
+from teller.rca.typer import load_booster, save_booster, xgb_module
 
 if TYPE_CHECKING:
     from teller.rca.batch import Prepared
@@ -108,24 +108,13 @@ class OperatorExpert:
         return np.asarray(self.booster.predict(xgb.DMatrix(X)), np.float64).reshape(len(X))
 
     def save(self, directory: str | Path) -> Path:
-        p = Path(directory) / OP_EXPERT_FILE
-        self.booster.set_attr(teller_features=str(self.n_features))
-        self.booster.save_model(str(p))
-        return p
+        return save_booster(self.booster, Path(directory) / OP_EXPERT_FILE, teller_features=str(self.n_features))
 
     @classmethod
     def load(cls, directory: str | Path) -> "OperatorExpert":
-        xgb = xgb_module()
         p = Path(directory) / OP_EXPERT_FILE
-        if not p.is_file():
-            raise InputError(p, "missing, but config.json gives the operator expert a weight",
-                             "copy the whole model directory, or run `teller rca opexpert MODEL DATASET` again")
-        b = xgb.Booster()
-        try:
-            b.load_model(str(p))
-            n = int(b.attr("teller_features") or "0")
-        except (xgb.core.XGBoostError, ValueError) as e:
-            raise InputError(p, f"not an operator expert XGBoost reads ({e})", "run `teller rca opexpert MODEL DATASET` again") from e
+        b, raw = load_booster(p, "operator expert", "teller rca opexpert MODEL DATASET", "teller_features")
+        n = int(raw) if raw.isdigit() else 0
         if n <= 0 or b.num_features() != n:
             raise InputError(p, f"it declares {n} features per slot and its trees read {b.num_features()}",
                              "run `teller rca opexpert MODEL DATASET` again")

@@ -41,6 +41,28 @@ def xgb_module():
     return xgboost
 
 
+def save_booster(booster: Any, path: Path, **attrs: str) -> Path:
+    """Write an expert's trees to ``path`` (XGBoost's UBJSON) with TELLER's own attributes."""
+    booster.set_attr(**attrs)
+    booster.save_model(str(path))
+    return path
+
+
+def load_booster(path: Path, what: str, command: str, attr: str) -> tuple[Any, str]:
+    """An expert's trees from ``path`` and its attribute ``attr`` (read without pickle), or an
+    :class:`InputError` naming ``what`` and the ``command`` that writes it again."""
+    xgb = xgb_module()
+    if not path.is_file():
+        raise InputError(path, f"missing, but config.json gives the {what} a weight",
+                         f"copy the whole model directory, or run `{command}` again")
+    b = xgb.Booster()
+    try:
+        b.load_model(str(path))
+    except xgb.core.XGBoostError as e:
+        raise InputError(path, f"not a {what} XGBoost reads ({e})", f"run `{command}` again") from e
+    return b, b.attr(attr) or ""
+
+
 class TypeExpert:
     """Gradient-boosted trees over a unit's statistics features, giving probabilities over the five
     fault types (a type absent from the training units gets 0)."""
@@ -73,24 +95,16 @@ class TypeExpert:
         return out
 
     def save(self, directory: str | Path) -> Path:
-        p = Path(directory) / TYPE_EXPERT_FILE
-        self.booster.set_attr(teller_classes=",".join(map(str, self.classes)))
-        self.booster.save_model(str(p))
-        return p
+        return save_booster(self.booster, Path(directory) / TYPE_EXPERT_FILE, teller_classes=",".join(map(str, self.classes)))
 
     @classmethod
     def load(cls, directory: str | Path) -> "TypeExpert":
-        xgb = xgb_module()
         p = Path(directory) / TYPE_EXPERT_FILE
-        if not p.is_file():
-            raise InputError(p, "missing, but config.json gives the type expert a weight",
-                             "copy the whole model directory, or run `teller rca typer MODEL DATASET` again")
-        b = xgb.Booster()
+        b, raw = load_booster(p, "type expert", "teller rca typer MODEL DATASET", "teller_classes")
         try:
-            b.load_model(str(p))
-            classes = [int(c) for c in (b.attr("teller_classes") or "").split(",") if c != ""]
-        except (xgb.core.XGBoostError, ValueError) as e:
-            raise InputError(p, f"not a type expert XGBoost reads ({e})", "run `teller rca typer MODEL DATASET` again") from e
+            classes = [int(c) for c in raw.split(",") if c != ""]
+        except ValueError as e:
+            raise InputError(p, f"its fault classes {raw!r} are not numbers ({e})", "run `teller rca typer MODEL DATASET` again") from e
         if len(classes) < 2 or not all(0 <= c < len(TYPES) for c in classes):
             raise InputError(p, f"its fault classes {classes} are not indices of the five types",
                              "run `teller rca typer MODEL DATASET` again")
