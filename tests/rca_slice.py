@@ -89,3 +89,18 @@ def saved_and_broken(ref, folder: Path, edit):
     edit(d)
     (folder / "bad.json").write_text(json.dumps(d))
     return ReferenceStats.load(folder / "reference.json"), folder / "bad.json"
+
+
+def refused_without(model_dir: Path, name: str, tmp_path: Path) -> None:
+    """A copy of the model directory ``model_dir`` without its file ``name`` (an expert whose
+    weight config.json still gives) is refused at load, naming the missing file."""
+    import shutil
+
+    from teller.errors import InputError
+    from teller.rca import load
+
+    broken = tmp_path / f"without_{name}"
+    shutil.copytree(model_dir, broken)
+    (broken / name).unlink()
+    with pytest.raises(InputError, match=f"{name}.*missing"):
+        load(broken)

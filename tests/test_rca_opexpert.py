@@ -7,11 +7,10 @@ expert at the end of training and names the families the mix ranks."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca
+from rca_slice import iteration_units, need_rca, refused_without
 
 torch = need_rca()
 pytest.importorskip("xgboost")
@@ -170,11 +169,7 @@ def test_a_model_fits_its_operator_expert_and_names_by_the_mix(ds, trained, tmp_
         assert p["evidence_operators"] == want
     # recalibrating keeps the expert's weight; a directory without the expert's file is refused
     assert calibrate(load(trained), ds, "request", "val")["op_weight"] == cal["op_weight"]
-    broken = tmp_path / "broken"
-    shutil.copytree(trained, broken)
-    (broken / OP_EXPERT_FILE).unlink()
-    with pytest.raises(InputError, match="missing"):
-        load(broken)
+    refused_without(trained, OP_EXPERT_FILE, tmp_path)
 
 
 def test_no_op_expert_and_a_token_head_fit_none(ds, tmp_path):

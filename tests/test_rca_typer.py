@@ -6,11 +6,10 @@ tiny model that fits the expert at the end of training and types its units by th
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca
+from rca_slice import iteration_units, need_rca, refused_without
 
 torch = need_rca()
 pytest.importorskip("xgboost")
@@ -107,11 +106,7 @@ def test_a_model_fits_its_type_expert_and_types_by_the_mix(ds, tmp_path):
     from teller.rca.train import calibrate
 
     assert calibrate(load(out), ds, "request", "val")["type_weight"] == cal["type_weight"]
-    broken = tmp_path / "broken"
-    shutil.copytree(out, broken)
-    (broken / TYPE_EXPERT_FILE).unlink()
-    with pytest.raises(InputError, match="missing"):
-        load(broken)
+    refused_without(out, TYPE_EXPERT_FILE, tmp_path)
     plain = tmp_path / "plain"
     train(ds, plain, variant="mot", split="request", config="tiny", epochs=1, max_steps=2, seed=0, progress=False,
           log=lambda m: None, unit="iteration", unit_stats=True, type_expert=False)
