@@ -42,6 +42,18 @@ def print_metrics(res: dict, con) -> None:
                   f"(F1 {m['operator']['f1']:.3f})")
 
 
+def model_and_data(model: Path, dataset: Path, split: str | None, device: str, max_units: int | None = None,
+                   seed: int = 0):
+    """A saved model, the dataset read as its units (a sample of ``max_units`` drawn with ``seed``)
+    and the split to use (``split``, else the one it was trained on)."""
+    from teller.rca import load
+    from teller.rca.data import load_dataset
+
+    m = load(model, device=device)
+    ds = load_dataset(dataset, max_units=max_units, seed=seed, unit=m.cfg.unit)
+    return m, ds, split or m.meta.get("training", {}).get("split", "request")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``rca`` command group to the ``teller`` app."""
     from teller.cliutil import new_app
@@ -113,14 +125,10 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from teller.cliutil import console
-        from teller.rca import load
-        from teller.rca.data import load_dataset
         from teller.rca.train import evaluate
 
         con = console(stderr=True)
-        m = load(model, device=device)
-        ds = load_dataset(dataset, max_units=max_units, seed=seed, unit=m.cfg.unit)
-        sp = split or m.meta.get("training", {}).get("split", "request")
+        m, ds, sp = model_and_data(model, dataset, split, device, max_units, seed)
         pred, res, idx = evaluate(m, ds, sp, split_part, batch_size=batch_size)
         out.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(predictions_table(pred, ds.units, idx), out, compression="zstd")
@@ -141,14 +149,10 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from teller.cliutil import console
-        from teller.rca import load
-        from teller.rca.data import load_dataset
         from teller.rca.train import fit_type_expert
 
         con = console(stderr=True)
-        m = load(model, device=device)
-        ds = load_dataset(dataset, unit=m.cfg.unit)
-        sp = split or m.meta.get("training", {}).get("split", "request")
+        m, ds, sp = model_and_data(model, dataset, split, device)
         te = fit_type_expert(m, ds, sp, seed=seed, out=model)
         for r in te["type_expert"]["grid"]:
             con.print(f"  weight {r['weight']:.2f}: fault-type macro-F1 {r['macro_f1']:.3f} on the val part's abnormal units", markup=False)
@@ -169,14 +173,10 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from teller.cliutil import console
-        from teller.rca import load
-        from teller.rca.data import load_dataset
         from teller.rca.train import fit_op_expert
 
         con = console(stderr=True)
-        m = load(model, device=device)
-        ds = load_dataset(dataset, unit=m.cfg.unit)
-        sp = split or m.meta.get("training", {}).get("split", "request")
+        m, ds, sp = model_and_data(model, dataset, split, device)
         ox = fit_op_expert(m, ds, sp, seed=seed, batch_size=batch_size, out=model)
         for r in ox["op_expert"]["grid"]:
             con.print(f"  weight {r['weight']:.2f}: Macro+ F1 {r['macro_plus_f1']:.3f} (P {r['macro_plus_precision']:.3f}, "
@@ -200,14 +200,10 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
 
         from teller.cliutil import console
-        from teller.rca import load
-        from teller.rca.data import load_dataset
         from teller.rca.train import calibrate
 
         con = console(stderr=True)
-        m = load(model, device=device)
-        ds = load_dataset(dataset, unit=m.cfg.unit)
-        sp = split or m.meta.get("training", {}).get("split", "request")
+        m, ds, sp = model_and_data(model, dataset, split, device)
         cal = calibrate(m, ds, sp, split_part, prior=abnormal_prior, batch_size=batch_size)
         if "abnormal" in cal:
             for r in cal["abnormal"]["grid"]:

@@ -844,15 +844,18 @@ class ReferenceStats:
         self.family_names, self.family_stats = names, np.asarray(stats, np.float64).reshape(-1, width)
         return self
 
+    def family_rows(self, families: Sequence[str]) -> np.ndarray:
+        """Per family name of ``families``, its row in :attr:`family_names` (−1: never seen)."""
+        lut = {f: k for k, f in enumerate(self.family_names)}
+        return np.asarray([lut.get(str(f), -1) for f in families], np.int64)
+
     def family_features(self, slots: "FamilySlots", families: Sequence[str]) -> np.ndarray:
         """Per slot (float32, 4 or 6 columns): log summed self time / 8, its robust z / 4, log node
         count / 4 and its robust z / 4, and where the statistics hold spans (:attr:`family_span`)
         log summed span / 8 and its robust z / 4, against :meth:`fit_families`' statistics of the
         slot's family."""
         logs = self._slot_logs(slots, self.family_span)
-        lut = {f: k for k, f in enumerate(self.family_names)}
-        row = np.asarray([lut.get(str(families[f]), -1) for f in range(len(families))], np.int64)
-        r = row[slots.family.astype(np.int64)] if len(slots.family) else np.zeros(0, np.int64)
+        r = self.family_rows(families)[slots.family.astype(np.int64)] if len(slots.family) else np.zeros(0, np.int64)
         st = np.vstack([self.family_stats, np.asarray(self.family_pooled, np.float64)[None]])[r]  # -1: the pooled row
         cols = []
         for k, (x, scale) in enumerate(zip(logs, (8.0, 4.0, 8.0)[:len(logs)], strict=True)):

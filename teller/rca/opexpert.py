@@ -67,12 +67,10 @@ def slot_features(prep: "Prepared", ref: "ReferenceStats") -> np.ndarray:
         rank[np.lexsort((-z, su))] = pos
         cols += [(z - top[su])[:, None], rank[:, None]]
     layer_of = {name: k for k, name in enumerate(LAYERS)}
-    fam_layer = np.asarray([layer_of.get(str(f).split(" ", 1)[0], len(LAYERS)) for f in inp.families], np.int64)
-    lut = {f: k for k, f in enumerate(ref.family_names)}
-    fam_row = np.asarray([lut.get(str(f), -1) for f in inp.families], np.float64)
+    fam_layer = np.asarray([layer_of.get(x, len(LAYERS)) for x in inp._family_layer.tolist()], np.int64)
     fam = sl.family.astype(np.int64)
-    cols.append(np.eye(len(LAYERS) + 1)[fam_layer[fam]] if len(fam) else np.zeros((0, len(LAYERS) + 1)))
-    cols.append(fam_row[fam][:, None] if len(fam) else np.zeros((0, 1)))
+    cols.append(np.eye(len(LAYERS) + 1)[fam_layer[fam]])
+    cols.append(ref.family_rows(inp.families)[fam][:, None].astype(np.float64))
     cols.append(nslot[su][:, None].astype(np.float64))
     cols.append(np.asarray(prep.unit_feat, np.float64)[su])
     return np.hstack(cols).astype(np.float32)

@@ -480,6 +480,26 @@ def pick_threshold(rows: list[dict[str, float]], tolerance: float = OP_TOLERANCE
     return min((r for r in rows if r["macro_plus_f1"] >= top - tolerance), key=lambda r: (abs(r["threshold"]), r["threshold"]))
 
 
+def operator_row(model: RCA, prep: Prepared, heads: list[tuple[str, Any]], truth: list[set[str]], threshold: float,
+                 op_weight: float | None = None) -> dict[str, float]:
+    """Operator Macro₊ F1, precision and recall of the families ``model`` names for the units of
+    ``prep`` (``heads``: :meth:`RCA.operator_logits`) at logit ``threshold`` and operator-expert
+    weight ``op_weight`` (None: the model's), against ``truth``: one row of a calibration grid."""
+    from teller.rca.metrics import operator_metrics
+
+    pred = [set(model.evidence_families(prep, i, ft, sc, threshold, op_weight=op_weight)) if ft else set()
+            for i, (ft, sc) in enumerate(heads)]
+    m = operator_metrics(truth, pred)
+    return {k: round(float(m[k]), 6) for k in ("macro_plus_f1", "macro_plus_precision", "macro_plus_recall")}
+
+
+def pick_weight(rows: list[dict[str, float]], key: str) -> float:
+    """An expert's weight: of ``rows`` ({weight, ``key``}) the best ``key``, ties to the weight
+    nearest 0.5, then the lower."""
+    top = max(r[key] for r in rows)
+    return min((r["weight"] for r in rows if r[key] == top), key=lambda w: (abs(w - 0.5), w))
+
+
 def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", batch_size: int = 64,
                         grid: tuple[float, ...] = OP_THRESHOLDS) -> dict[str, Any]:
     """The operator head's logit threshold (:attr:`RCA.op_threshold`): of the thresholds whose
@@ -488,7 +508,7 @@ def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", 
     ``op_pos_weight`` times, so its 0.5 point names more operators than the labels hold; the
     threshold moves no step flag and no fault type, only which operators a flagged step names.
     Returns the metadata :meth:`RCA.save_config` stores as ``calibration``."""
-    from teller.rca.metrics import operator_metrics, operator_truth
+    from teller.rca.metrics import operator_truth
 
     if model.cfg.variant != "mot" or not model.cfg.reads_trace:
         raise TellerError("only a MoT model that reads the trace has an operator head to calibrate")
@@ -499,13 +519,7 @@ def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", 
     heads = model.operator_logits(prep, batch_size)
     u = ds.units.select(idx)
     truth = operator_truth(u.operator_labels, u.is_anomaly)
-    rows = []
-    for t in grid:
-        pred = [set(model.evidence_families(prep, i, ft, sc, t)) if ft else set() for i, (ft, sc) in enumerate(heads)]
-        m = operator_metrics(truth, pred)
-        rows.append({"threshold": float(t), "macro_plus_f1": round(float(m["macro_plus_f1"]), 6),
-                     "macro_plus_precision": round(float(m["macro_plus_precision"]), 6),
-                     "macro_plus_recall": round(float(m["macro_plus_recall"]), 6)})
+    rows = [{"threshold": float(t), **operator_row(model, prep, heads, truth, t)} for t in grid]
     top = max(r["macro_plus_f1"] for r in rows)
     best = pick_threshold(rows)
     at0 = next((r["macro_plus_f1"] for r in rows if r["threshold"] == 0.0), float("nan"))
@@ -571,11 +585,7 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
             pred = fuse(head, ex, w)[:, 1:].argmax(1)
             f1 = macro_f1([TYPES[k] for k in yva.tolist()], [TYPES[k] for k in pred.tolist()], TYPES)["macro_f1"]
             rows.append({"weight": w, "macro_f1": round(f1, 6)})
-    if rows:
-        top = max(r["macro_f1"] for r in rows)
-        weight = min((r["weight"] for r in rows if r["macro_f1"] == top), key=lambda w: (abs(w - 0.5), w))
-    else:
-        weight = 0.5
+    weight = pick_weight(rows, "macro_f1") if rows else 0.5
     model.type_expert, model.meta.setdefault("calibration", {})["type_weight"] = expert, weight
     block = {"split": split, "train_units": int(len(ytr)), "val_units": int(len(yva)), "classes": expert.classes,
              "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
@@ -594,7 +604,7 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
     the model's operator threshold and abnormal cut, as :func:`calibrate_operators` scores; ties
     to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``, save
     the expert there. Returns the ``op_expert`` block of the calibration (with ``op_weight``)."""
-    from teller.rca.metrics import operator_metrics, operator_truth
+    from teller.rca.metrics import operator_truth
     from teller.rca.opexpert import OP_WEIGHTS, TREES, OperatorExpert, slot_features
 
     if not (model.cfg.variant == "mot" and model.cfg.reads_trace and model.cfg.reads_family_slots
@@ -616,17 +626,8 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
     heads = model.operator_logits(prep, batch_size)
     sel = u.select(va)
     truth = operator_truth(sel.operator_labels, sel.is_anomaly)
-    t = model.op_threshold
-    rows = []
-    for w in OP_WEIGHTS:
-        pred = [set(model.evidence_families(prep, i, ft, sc, t, op_weight=w)) if ft else set()
-                for i, (ft, sc) in enumerate(heads)]
-        m = operator_metrics(truth, pred)
-        rows.append({"weight": w, "macro_plus_f1": round(float(m["macro_plus_f1"]), 6),
-                     "macro_plus_precision": round(float(m["macro_plus_precision"]), 6),
-                     "macro_plus_recall": round(float(m["macro_plus_recall"]), 6)})
-    top = max(r["macro_plus_f1"] for r in rows)
-    weight = min((r["weight"] for r in rows if r["macro_plus_f1"] == top), key=lambda w: (abs(w - 0.5), w))
+    rows = [{"weight": w, **operator_row(model, prep, heads, truth, model.op_threshold, w)} for w in OP_WEIGHTS]
+    weight = pick_weight(rows, "macro_plus_f1")
     model.meta.setdefault("calibration", {})["op_weight"] = weight
     block = {"split": split, "train_units": int(len(tr)), "train_slots": n_slots, "labelled_slots": n_pos,
              "val_units": int(len(va)), "op_threshold": model.op_threshold, "trees": TREES, "seed": seed,
