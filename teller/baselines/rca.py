@@ -184,6 +184,66 @@ for _name, _label, _variant, _inputs, _unit, _features, _kind in MODEL_ROWS:
                                                            "op_unit": "family" if _name.endswith("_family") else "token"}))
 
 
+@register("teller_mot_family_ensemble")
+class RCAEnsembleRow(RCAModel):
+    """The family-head MoT as an ensemble (:class:`teller.rca.ensemble.Ensemble`) of every
+    training of it under ``--models`` for the split evaluated, whatever their seeds (the row's
+    seed draws nothing here); at least two. ``describe`` lists the members and their seeds."""
+
+    label = "TELLER MoT, family operator head, ensemble of its trainings"
+    features = "engine iteration tree (TPE) + log lines; operators scored per family; heads averaged over trainings"
+    fit_on = "trained beforehand on the split's train steps, one model per seed"
+    op_unit = "family"
+
+    def _members(self, folder: Path, split: str | None) -> list[Path]:
+        found = []
+        for cfg in sorted(Path(folder).glob("*/config.json")):
+            try:
+                meta = json.loads(cfg.read_text())
+            except (OSError, ValueError):
+                continue
+            c, tr = meta.get("config", {}), meta.get("training", {})
+            if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
+                    and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit
+                    and tr.get("split") == split):
+                found.append(cfg.parent)
+        return found
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAEnsembleRow":
+        try:
+            from teller.rca.api import load
+            from teller.rca.ensemble import Ensemble
+        except ImportError as e:  # torch / transformers not installed
+            raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
+        split = steps.extra.get("split")
+        where = steps.extra.get("rca_models")
+        paths = self._members(Path(where), split) if where else []
+        if len(paths) < 2:
+            raise ValueError(f"{len(paths)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, operator head "
+                             f"{self.op_unit}, split {split}) " + (f"under {where}" if where else "given: pass `--models DIR`")
+                             + f"; an ensemble needs two or more: train them with `teller rca train {steps.dataset} --split {split} "
+                             f"--op-unit family --unit iteration --seed N`, one seed each")
+        members = []
+        for path in paths:
+            m = load(path, device=steps.extra.get("rca_device", "cpu"))
+            tr = m.meta.get("training", {})
+            if _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
+                raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
+            members.append(m)
+        self.model_ = Ensemble(members, [p.name for p in paths])
+        self.model_path_ = [str(p) for p in paths]
+        self.seeds_ = [m.meta.get("training", {}).get("seed") for m in members]
+        self.fitted_steps_ = int(members[0].meta.get("training", {}).get("steps", 0))
+        return self
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        if hasattr(self, "seeds_"):
+            d["seeds"] = self.seeds_
+            d["abnormal_cut"] = round(self.model_.abnormal_cut, 6)
+        return d
+
+
 @register("teller")
 class TellerPipeline(Method):
     """TELLER whole: the numeric stage and the root-cause model side by side on every step.

@@ -7,7 +7,9 @@ types, which operators are the evidence, and why, in a sentence.
 - :mod:`.model`: the trace encoder, variant A ``mot`` (shared attention, two feed-forward
   streams, dual head) and variant B ``single`` (one backbone input, generated target);
 - :mod:`.schema`: projection onto valid outputs; :mod:`.metrics`: evaluation;
-- :mod:`.train`: fitting, checkpoints, evaluation; :mod:`.api`: :class:`RCA` and :func:`load`.
+- :mod:`.train`: fitting, checkpoints, evaluation; :mod:`.api`: :class:`RCA`;
+- :mod:`.ensemble`: several trainings of one recipe answering as one (:class:`Ensemble`) and
+  :func:`load`, which reads a model or an ensemble folder.
 
     model = teller.rca.load("models/rca")
     inputs = model.inputs(forest_table, [[step_id], ...], log_text=[...])
@@ -22,7 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "SCREEN_FLOOR", "StepInputs", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "SCREEN_FLOOR", "StepInputs", "load"]
 
 #: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
@@ -35,10 +37,14 @@ SCREEN_FLOOR = 0.1
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("RCA", "load"):
+    if name == "RCA":
         from teller.rca import api
 
-        return getattr(api, name)
+        return api.RCA
+    if name in ("Ensemble", "load"):
+        from teller.rca import ensemble
+
+        return getattr(ensemble, name)
     if name in ("FAULT_TYPES", "StepInputs"):
         from teller.rca import data
 

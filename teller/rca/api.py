@@ -471,34 +471,63 @@ class RCA:
         per unit, (abnormal p, type or "" under ``floor``, type p, best type, operator logits of
         its trace tokens); ``floor`` None: :attr:`abnormal_cut`."""
         floor = self.abnormal_cut if floor is None else floor
+        res, probs, scores = self.head_scores(prep, idx, cache)
+        out = []
+        for k, sc in enumerate(scores):
+            p_ab, ftype, tp = project_fault(probs[k], floor)
+            out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
+        return res, out
+
+    @torch.no_grad()
+    def head_scores(self, prep: Prepared, idx: np.ndarray, cache=None) -> tuple[dict, np.ndarray, list]:
+        """The MoT's heads over units ``idx`` in one forward pass: its outputs, the six class
+        probabilities (normal first; the type expert's share in them) and, per unit, its operator
+        scores (the token logits, or :class:`FamilyScores` of a family head)."""
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
         probs = self._with_expert(prep, idx, torch.softmax(res["fault"], -1).float().cpu().numpy())
         ops = res["ops"].float().cpu().numpy()
         fam = res["fam"].float().cpu().numpy() if "fam" in res else None
         pex = self._slot_expert(prep) if fam is not None else None
-        out = []
+        scores: list = []
         for k, i in enumerate(idx.tolist()):
-            p_ab, ftype, tp = project_fault(probs[k], floor)
             s = prep.inputs.tokens(i)
             sc = ops[k, :s.stop - s.start]
             if fam is not None:
                 fs = prep.slots.slots(i)
                 sc = FamilyScores(sc, fam[k, :fs.stop - fs.start], pex[fs] if pex is not None else None)
-            out.append((p_ab, ftype, tp, FAULT_TYPES[1 + int(np.argmax(probs[k][1:]))], sc))
-        return res, out
+            scores.append(sc)
+        return res, probs, scores
+
+    def operator_probs(self, scores: "np.ndarray | FamilyScores") -> np.ndarray:
+        """A unit's operator scores as the probabilities the model names them by: per family slot
+        (family head) or trace token, σ(score − threshold), with the operator expert's share at
+        :attr:`op_weight` (:func:`teller.rca.opexpert.fuse_logits`); above 0.5 is named."""
+        t = self.op_threshold
+        if isinstance(scores, FamilyScores):
+            z = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
+            if self.op_weight > 0 and scores.expert is not None and len(z):
+                from teller.rca.opexpert import fuse_logits
+
+                z = fuse_logits(z, scores.expert, self.op_weight, t)
+        else:
+            z = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
+        with np.errstate(over="ignore"):
+            return 1.0 / (1.0 + np.exp(-(z - t)))
 
     def _slot_expert(self, prep: Prepared) -> np.ndarray | None:
         """The operator expert's probability of every family slot of ``prep`` (computed once per
         ``prep`` and expert), or None without an expert."""
         if self.op_expert is None or prep.slots is None or prep.unit_feat is None:
             return None
-        hit = prep.cache.get("op_expert")
-        if hit is None or hit[0] is not self.op_expert:
-            from teller.rca.opexpert import slot_features
+        seen = prep.cache.setdefault("op_expert", [])  # (expert, its probabilities): several models may share ``prep``
+        for expert, p in seen:
+            if expert is self.op_expert:
+                return p
+        from teller.rca.opexpert import slot_features
 
-            hit = (self.op_expert, self.op_expert.proba(slot_features(prep, self.ref)))
-            prep.cache["op_expert"] = hit
-        return hit[1]
+        p = self.op_expert.proba(slot_features(prep, self.ref))
+        seen.append((self.op_expert, p))
+        return p
 
     def _with_expert(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
         """The fault head's six class probabilities with the type expert's share of the five types

@@ -43,12 +43,19 @@ def print_metrics(res: dict, con) -> None:
 
 
 def model_and_data(model: Path, dataset: Path, split: str | None, device: str, max_units: int | None = None,
-                   seed: int = 0):
+                   seed: int = 0, ensemble: bool = False):
     """A saved model, the dataset read as its units (a sample of ``max_units`` drawn with ``seed``)
-    and the split to use (``split``, else the one it was trained on)."""
+    and the split to use (``split``, else the one it was trained on). ``ensemble``: an ensemble
+    folder (`teller rca ensemble`) is read too; otherwise it is refused (it is fitted and calibrated
+    through its members)."""
+    from teller.errors import TellerError
     from teller.rca import load
     from teller.rca.data import load_dataset
+    from teller.rca.ensemble import ENSEMBLE_FILE
 
+    if not ensemble and (Path(model) / ENSEMBLE_FILE).is_file():
+        raise TellerError(f"{model} is an ensemble (`teller rca ensemble`): fit and calibrate each of its members, "
+                          "whose directories its ensemble.json names")
     m = load(model, device=device)
     ds = load_dataset(dataset, max_units=max_units, seed=seed, unit=m.cfg.unit)
     return m, ds, split or m.meta.get("training", {}).get("split", "request")
@@ -107,7 +114,7 @@ def register(app: typer.Typer) -> None:
 
     @rca.command("predict")
     def predict_cmd(
-        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`)."),
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`) or ensemble (`teller rca ensemble -o`)."),
         dataset: Path = typer.Argument(..., help="Dataset folder."),
         out: Path = typer.Option(..., "-o", "--out", help="Parquet file of predictions, one row per unit."),
         split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
@@ -128,7 +135,7 @@ def register(app: typer.Typer) -> None:
         from teller.rca.train import evaluate
 
         con = console(stderr=True)
-        m, ds, sp = model_and_data(model, dataset, split, device, max_units, seed)
+        m, ds, sp = model_and_data(model, dataset, split, device, max_units, seed, ensemble=True)
         pred, res, idx = evaluate(m, ds, sp, split_part, batch_size=batch_size)
         out.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(predictions_table(pred, ds.units, idx), out, compression="zstd")
@@ -136,6 +143,26 @@ def register(app: typer.Typer) -> None:
         if metrics:
             metrics.write_text(json.dumps(res, indent=1))
         con.print(f"[green]predicted[/] {len(pred):,} units into {escape(str(out))}")
+
+    @rca.command("ensemble")
+    def ensemble_cmd(
+        models: list[Path] = typer.Argument(..., help="Two or more model directories: trainings of one MoT recipe on the same split (e.g. one per --seed)."),
+        out: Path = typer.Option(..., "-o", "--out", help="Ensemble directory to write (its ensemble.json names the members)."),
+        device: str = typer.Option("cpu", "--device"),
+    ) -> None:
+        """Read several trainings of one recipe as one model: their abnormal log-odds, type and operator probabilities averaged (`teller rca predict`, `teller diagnose --model` and `teller evaluate` read the folder as a model)."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca.api import load
+        from teller.rca.ensemble import Ensemble
+
+        con = console(stderr=True)
+        e = Ensemble([load(m, device=device) for m in models], [str(m) for m in models])
+        e.save(out, models)
+        seeds = ", ".join(str(s) for s in e.meta["training"]["seeds"])
+        con.print(f"[green]ensemble[/] {escape(str(out))}: {len(models)} models (seeds {seeds}), abnormal cut {e.abnormal_cut:.3f} "
+                  f"(theirs: {', '.join(f'{c:.2f}' for c in e.meta['ensemble']['abnormal_cuts'])})")
 
     @rca.command("typer")
     def typer_cmd(

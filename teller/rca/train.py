@@ -535,6 +535,9 @@ def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size
     from teller.rca.metrics import evaluate_predictions
 
     idx = ds.units.part(split, part)
+    if not len(idx):
+        raise TellerError(f"the {part} part of the {split} split holds none of the {len(ds.units):,} units read; "
+                          "read more of the dataset (a larger --max-units) or another part")
     prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
     pred = model.predict(prep, batch_size=batch_size, explain=explain)
     u = ds.units.select(idx)
