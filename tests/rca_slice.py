@@ -104,3 +104,26 @@ def refused_without(model_dir: Path, name: str, tmp_path: Path) -> None:
     (broken / name).unlink()
     with pytest.raises(InputError, match=f"{name}.*missing"):
         load(broken)
+
+
+def tiny_family_model(ds, out: Path) -> Path:
+    """A tiny family-head iteration MoT reading the unit statistics, trained a few steps on
+    ``ds``'s request split into ``out`` (with its abnormal cut, threshold and experts)."""
+    from teller.rca.train import train
+
+    train(ds, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=4, seed=0, progress=False,
+          log=lambda m: None, unit="iteration", op_unit="family", fam_span=True, unit_stats=True)
+    return out
+
+
+def prepared_units(ds, m, n: int = 40):
+    """The first ``n`` units of ``ds`` as model ``m`` reads them (encoded and prepared)."""
+    import numpy as np
+
+    from teller.rca.data import encode_units
+
+    u = ds.units
+    idx = np.arange(min(n, len(u)))
+    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
+                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
+    return m.prepare(inp)

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca
+from rca_slice import iteration_units, need_rca, prepared_units, tiny_family_model
 
 torch = need_rca()
 pytest.importorskip("xgboost")
@@ -34,24 +34,12 @@ def ds():
 
 @pytest.fixture(scope="module")
 def trained(ds, tmp_path_factory):
-    from teller.rca.train import train
-
-    out = tmp_path_factory.mktemp("ens") / "m"
-    train(ds, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=4, seed=0, progress=False,
-          log=lambda m: None, unit="iteration", op_unit="family", fam_span=True, unit_stats=True)
-    return out
+    return tiny_family_model(ds, tmp_path_factory.mktemp("ens") / "m")
 
 
 @pytest.fixture(scope="module")
 def prep(ds, trained):
-    from teller.rca.data import encode_units
-
-    m = load(trained)
-    u = ds.units
-    idx = np.arange(min(40, len(u)))
-    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
-                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
-    return m.prepare(inp)
+    return prepared_units(ds, load(trained))
 
 
 def _member(trained, cut: float, threshold: float | None = None, noise: float = 0.0, seed: int = 0):
@@ -209,8 +197,8 @@ def test_the_evaluate_row_takes_every_seed_of_its_split(tmp_path):
         cfg = {"variant": "mot", "inputs": "trace+log", "unit": "iteration", "op_unit": op}
         (d / "config.json").write_text(json.dumps({"config": cfg, "training": {"split": split, "seed": seed}}))
     row = make("teller_mot_family_ensemble", 5)
-    assert [p.name for p in row._members(tmp_path, "run")] == ["f0", "f1"]
-    assert [p.name for p in row._members(tmp_path, "request")] == ["r0"]
+    assert [(p.name, seed) for p, seed in row._models(tmp_path, "run")] == [("f0", 0), ("f1", 1)]
+    assert [p.name for p, _ in row._models(tmp_path, "request")] == ["r0"]
 
     class Steps:
         extra = {"split": "request", "rca_models": str(tmp_path)}

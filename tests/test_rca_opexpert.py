@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca, refused_without
+from rca_slice import iteration_units, need_rca, prepared_units, refused_without, tiny_family_model
 
 torch = need_rca()
 pytest.importorskip("xgboost")
@@ -52,22 +52,10 @@ def ds():
 
 @pytest.fixture(scope="module")
 def trained(ds, tmp_path_factory):
-    from teller.rca.train import train
-
-    out = tmp_path_factory.mktemp("opx") / "m"
-    train(ds, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=4, seed=0, progress=False,
-          log=lambda m: None, unit="iteration", op_unit="family", fam_span=True, unit_stats=True)
-    return out
+    return tiny_family_model(ds, tmp_path_factory.mktemp("opx") / "m")
 
 
-def _prep(ds, m, n=40):
-    from teller.rca.data import encode_units
-
-    u = ds.units
-    idx = np.arange(min(n, len(u)))
-    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
-                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
-    return m.prepare(inp)
+_prep = prepared_units
 
 
 def test_slot_features_column_by_column(ds, trained):

@@ -61,10 +61,9 @@ class RCAModel(Method):
         self.model = model
         self.batch_size = batch_size
 
-    def _find(self, folder: Path, split: str | None) -> Path | None:
-        """The model under ``folder`` (``config.json`` one level down) of this row's variant and
-        inputs, trained on ``split`` with this seed; several that fit are an error (which one
-        the row scores must not depend on folder names)."""
+    def _models(self, folder: Path, split: str | None) -> list[tuple[Path, int]]:
+        """The models under ``folder`` (``config.json`` one level down) of this row's variant,
+        inputs, unit and operator head trained on ``split``, each with its seed, in name order."""
         found = []
         for cfg in sorted(Path(folder).glob("*/config.json")):
             try:
@@ -74,8 +73,14 @@ class RCAModel(Method):
             c, tr = meta.get("config", {}), meta.get("training", {})
             if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
                     and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit
-                    and tr.get("split") == split and int(tr.get("seed", -1)) == self.seed):
-                found.append(cfg.parent)
+                    and tr.get("split") == split):
+                found.append((cfg.parent, int(tr.get("seed", -1))))
+        return found
+
+    def _find(self, folder: Path, split: str | None) -> Path | None:
+        """The model under ``folder`` of this row (:meth:`_models`) trained with this seed;
+        several that fit are an error (which one the row scores must not depend on folder names)."""
+        found = [p for p, seed in self._models(folder, split) if seed == self.seed]
         if len(found) > 1:
             raise ValueError(f"{len(found)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, operator head "
                              f"{self.op_unit}, split {split}, "
@@ -195,20 +200,6 @@ class RCAEnsembleRow(RCAModel):
     fit_on = "trained beforehand on the split's train steps, one model per seed"
     op_unit = "family"
 
-    def _members(self, folder: Path, split: str | None) -> list[Path]:
-        found = []
-        for cfg in sorted(Path(folder).glob("*/config.json")):
-            try:
-                meta = json.loads(cfg.read_text())
-            except (OSError, ValueError):
-                continue
-            c, tr = meta.get("config", {}), meta.get("training", {})
-            if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
-                    and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit
-                    and tr.get("split") == split):
-                found.append(cfg.parent)
-        return found
-
     def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAEnsembleRow":
         try:
             from teller.rca.api import load
@@ -217,7 +208,7 @@ class RCAEnsembleRow(RCAModel):
             raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
         split = steps.extra.get("split")
         where = steps.extra.get("rca_models")
-        paths = self._members(Path(where), split) if where else []
+        paths = [p for p, _ in self._models(Path(where), split)] if where else []
         if len(paths) < 2:
             raise ValueError(f"{len(paths)} {self.variant} models (inputs {self.inputs}, unit {self.unit}, operator head "
                              f"{self.op_unit}, split {split}) " + (f"under {where}" if where else "given: pass `--models DIR`")

@@ -305,11 +305,7 @@ class RCA:
         :attr:`abnormal_cut` by default (None),
         lower where another detector already flagged the unit and the model only screens it
         (`teller diagnose`)."""
-        cut = self.abnormal_cut
-        if abnormal_floor is None:
-            abnormal_floor = cut
-        if not 0.0 < abnormal_floor <= cut:
-            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, {cut}]")
+        abnormal_floor = floor_below(abnormal_floor, self.abnormal_cut)
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         self.net.eval()
         stop = self._explain_stop(explain_done, explain_tokens)
@@ -741,6 +737,16 @@ class RCA:
                 nodes = [int(inp.anchor[s][0])]
             out.append(self._finish(prep, i, f["p_ab"], f["ftype"], f["tp"], f["best"], nodes, f["expl"] if f["ftype"] else None))
         return out
+
+
+def floor_below(floor: float | None, cut: float) -> float:
+    """The abnormal probability from which a unit is abnormal: ``floor``, or the cut when None; a
+    floor above the cut (or not a probability) is an error."""
+    if floor is None:
+        return cut
+    if not 0.0 < floor <= cut:
+        raise ValueError(f"abnormal_floor {floor}: expected a probability in (0, {cut}]")
+    return floor
 
 
 def load(path: str | Path, device: str = "cpu") -> RCA:

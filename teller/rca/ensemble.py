@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from teller.errors import InputError, TellerError
-from teller.rca.api import RCA, FamilyScores
+from teller.rca.api import RCA, FamilyScores, floor_below
 from teller.rca.api import load as load_model
 from teller.rca.batch import Prepared
 from teller.rca.data import FAULT_TYPES, StepInputs
@@ -159,11 +159,7 @@ class Ensemble:
                 explain_done: Callable[[str, str], bool] | None = None,
                 explain_tokens: int | None = None, abnormal_floor: float | None = None) -> list[dict[str, Any]]:
         """One dict per unit, as :meth:`RCA.predict` (the same keys and arguments)."""
-        cut = self.abnormal_cut
-        if abnormal_floor is None:
-            abnormal_floor = cut
-        if not 0.0 < abnormal_floor <= cut:
-            raise ValueError(f"abnormal_floor {abnormal_floor}: expected a probability in (0, {cut}]")
+        abnormal_floor = floor_below(abnormal_floor, self.abnormal_cut)
         prep = step_inputs if isinstance(step_inputs, Prepared) else self.prepare(step_inputs)
         lead = self.members[0]
         for m in self.members:
