@@ -663,6 +663,10 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert row["step"]["tp"] == sum(t["flag"] and t["is_anomaly"] for t in tel.values())
     assert row["step"]["fp"] == sum(t["flag"] and not t["is_anomaly"] for t in tel.values())
     assert "| TELLER (numeric stage + MoT root-cause model) |" in (out / "results.md").read_text()
+    # the row says which trained model it scored (read after its fit)
+    from teller.rca import DEFAULT_MODEL
+
+    assert Path({r["method"]: r for r in blk["methods"]}["teller_mot"]["model"]) == DEFAULT_MODEL
     # alone: it fits and predicts both parts itself
     out2 = tmp_path / "alone"
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller", "-o", str(out2)]) == 0

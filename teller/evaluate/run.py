@@ -142,6 +142,8 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                         predictions.append(prediction_table(steps, te, pred, s, name))
                     row.update(score_method(steps, te, pred, seed=seed))
                     row["seconds"] = {"fit": round(b - a, 2), "predict": round(c - b, 2)}
+                    if got is None:  # what the fit read (a trained model's path, an ensemble's seeds)
+                        row.update({k: v for k, v in m.describe().items() if k not in row})
                     for k in ("fitted_steps_", "threshold_", "eps_", "n_clusters_", "reference_"):
                         if hasattr(m, k):
                             v = getattr(m, k)
