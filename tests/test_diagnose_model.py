@@ -185,3 +185,22 @@ def test_grounded_explanations_end_with_a_next_step_of_their_cause():
     for k in ("anomaly_correct", "type_correct", "causal_consistent", "actionable", "complete"):
         ok = res["per_step"][k][:len(reg)] if k == "causal_consistent" else res["per_step"][k]  # a cause needs a mechanism
         assert all(ok), (k, [t for t, o in zip(texts, ok, strict=False) if not o])
+
+
+def test_an_ensemble_folder_is_read_as_the_model(diag, tmp_path):
+    """`--model` may name an ensemble (`teller rca ensemble`): two copies of the shipped model
+    give the model's own verdicts, and the report says which seeds answered."""
+    from teller.rca.api import load
+    from teller.rca.ensemble import Ensemble
+
+    res, d = diag
+    ens = tmp_path / "ens"
+    Ensemble([load(DEFAULT_MODEL), load(DEFAULT_MODEL)]).save(ens, [DEFAULT_MODEL, DEFAULT_MODEL])
+    other = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"], model=ens,
+                     out=tmp_path / "o")
+    assert other["model"]["path"] == str(ens) and other["model"]["variant"] == "mot"
+    read = [(a, b) for a, b in zip(res["steps"], other["steps"], strict=True) if "abnormal_probability" in a]
+    assert read and all("abnormal_probability" in b for _, b in read)
+    for a, b in read:
+        assert b["abnormal_probability"] == pytest.approx(a["abnormal_probability"], abs=1e-4)
+        assert (b["fault_type"], b["evidence_families"]) == (a["fault_type"], a["evidence_families"])
