@@ -365,7 +365,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
-        extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior)
+        _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the operator expert read it
+        extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
         if model.cfg.reads_unit_stats and type_expert:
             try:
                 te = fit_type_expert(model, ds, split, seed=seed)
@@ -376,7 +377,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                 say(f"type expert skipped: {e}")
         if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
             try:
-                ox = fit_op_expert(model, ds, split, seed=seed)
+                ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep)
                 extra["calibration"] = model.meta["calibration"]
                 say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
                     + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
@@ -413,21 +414,34 @@ def f1_at_prior(recall: float, false_rate: float, prior: float) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def part_units(model: RCA, ds: Dataset, split: str, part: str, prep: Prepared | None = None) -> tuple[np.ndarray, Prepared]:
+    """The units of ``split``'s ``part`` and their inputs as ``model`` reads them, without labels:
+    ``prep`` where the caller prepared them already (``teller rca train`` prepares the val part
+    once for its calibration and experts), else prepared here."""
+    idx = ds.units.part(split, part)
+    if not len(idx):
+        raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
+    if prep is None:
+        prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    elif len(prep) != len(idx):
+        raise TellerError(f"{len(prep)} prepared units for the {len(idx)} of the {part} part of the {split} split")
+    return idx, prep
+
+
 def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", prior: float = ABNORMAL_PRIOR,
-                       batch_size: int = 64, grid: tuple[float, ...] = ABNORMAL_CUTS) -> dict[str, Any]:
+                       batch_size: int = 64, grid: tuple[float, ...] = ABNORMAL_CUTS,
+                       prep: Prepared | None = None) -> dict[str, Any]:
     """The abnormal cut (:attr:`RCA.abnormal_cut`) with the best step F1 expected at fault prior
     ``prior`` on ``split``'s ``part`` (held-out units, never the test part): the units' recall and
     false-positive rate at each cut of ``grid``, weighted to the prior (:func:`f1_at_prior`); ties
     to the lowest cut. A part without both normal and abnormal units keeps
-    :data:`teller.rca.schema.ABNORMAL_CUT`. Returns the ``abnormal`` block of the calibration."""
+    :data:`teller.rca.schema.ABNORMAL_CUT`. ``prep``: the part's units as :func:`part_units`
+    prepared them, where the caller has them. Returns the ``abnormal`` block of the calibration."""
     if model.cfg.variant != "mot" or not model.cfg.reads_trace:
         raise TellerError("only a MoT model that reads the trace has its abnormal cut chosen")
     if not 0.0 < prior < 1.0:
         raise TellerError(f"fault prior {prior}: expected a share in (0, 1)")
-    idx = ds.units.part(split, part)
-    if not len(idx):
-        raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
-    prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    idx, prep = part_units(model, ds, split, part, prep)
     p_ab = model.abnormal_probs(prep, batch_size)
     truth = ds.units.select(idx).is_anomaly.astype(bool)
 
@@ -448,19 +462,21 @@ def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", p
 
 
 def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: float | None = None,
-              batch_size: int = 64) -> dict[str, Any]:
+              batch_size: int = 64, prep: Prepared | None = None) -> dict[str, Any]:
     """A MoT's calibration on held-out units: its abnormal cut for fault prior ``prior`` (None:
     :data:`ABNORMAL_PRIOR`; 0: none chosen), then its operator threshold, which reads the flags of
-    that cut. Returns what :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
+    that cut (``prep``: the part's units, :func:`part_units`). Returns what
+    :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
+    _, prep = part_units(model, ds, split, part, prep)
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
     # the experts' weights were chosen apart (fit_type_expert, fit_op_expert) and stay
     cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items()
                            if k in ("type_weight", "type_expert", "op_weight", "op_expert")}
     if prior > 0:
-        cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size)
+        cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size, prep=prep)
         cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
     model.meta["calibration"] = dict(cal)
-    cal.update(calibrate_operators(model, ds, split, part, batch_size))
+    cal.update(calibrate_operators(model, ds, split, part, batch_size, prep=prep))
     model.meta["calibration"] = cal
     return cal
 
@@ -501,21 +517,19 @@ def pick_weight(rows: list[dict[str, float]], key: str) -> float:
 
 
 def calibrate_operators(model: RCA, ds: Dataset, split: str, part: str = "val", batch_size: int = 64,
-                        grid: tuple[float, ...] = OP_THRESHOLDS) -> dict[str, Any]:
+                        grid: tuple[float, ...] = OP_THRESHOLDS, prep: Prepared | None = None) -> dict[str, Any]:
     """The operator head's logit threshold (:attr:`RCA.op_threshold`): of the thresholds whose
     operator Macro₊ F1 on ``split``'s ``part`` (held-out units, never the test part a model is
     scored on) is within :data:`OP_TOLERANCE` of the best, the one nearest 0. The head is trained with positives weighted
     ``op_pos_weight`` times, so its 0.5 point names more operators than the labels hold; the
     threshold moves no step flag and no fault type, only which operators a flagged step names.
-    Returns the metadata :meth:`RCA.save_config` stores as ``calibration``."""
+    ``prep``: the part's units (:func:`part_units`). Returns the metadata :meth:`RCA.save_config`
+    stores as ``calibration``."""
     from teller.rca.metrics import operator_truth
 
     if model.cfg.variant != "mot" or not model.cfg.reads_trace:
         raise TellerError("only a MoT model that reads the trace has an operator head to calibrate")
-    idx = ds.units.part(split, part)
-    if not len(idx):
-        raise TellerError(f"{ds.path}: no units in the {part} part of the {split} split")
-    prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    idx, prep = part_units(model, ds, split, part, prep)
     heads = model.operator_logits(prep, batch_size)
     u = ds.units.select(idx)
     truth = operator_truth(u.operator_labels, u.is_anomaly)
@@ -600,13 +614,14 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
 
 # ---- the operator expert (teller.rca.opexpert), fitted after the network ----
 def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size: int = 64,
-                  out: str | Path | None = None) -> dict[str, Any]:
+                  out: str | Path | None = None, prep: Prepared | None = None) -> dict[str, Any]:
     """Fit the operator expert on the family slots of ``split``'s abnormal training units (target:
     the slot's family is one of the unit's operator labels), choose its weight on the val part
     (the best operator Macro₊ F1 of :data:`teller.rca.opexpert.OP_WEIGHTS` over every val unit, at
     the model's operator threshold and abnormal cut, as :func:`calibrate_operators` scores; ties
     to the weight nearest 0.5, then the lower), attach both to ``model`` and, with ``out``, save
-    the expert there. Returns the ``op_expert`` block of the calibration (with ``op_weight``)."""
+    the expert there (``prep``: the val part's units, :func:`part_units`). Returns the
+    ``op_expert`` block of the calibration (with ``op_weight``)."""
     from teller.rca.metrics import operator_truth
     from teller.rca.opexpert import OP_WEIGHTS, TREES, OperatorExpert, slot_features
 
@@ -620,12 +635,12 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
     if not len(tr) or not len(va):
         raise TellerError(f"{ds.path}: the operator expert needs abnormal units in the train part and units in the val part "
                           f"of the {split} split (got {len(tr)} and {len(va)})")
-    prep, _ = prepare_units(ds, tr, model.cfg, model.text_tok, model.trace_tok, model.ref)
-    expert = OperatorExpert.fit(slot_features(prep, model.ref), prep.slot_target, seed=seed)
-    n_slots, n_pos = int(len(prep.slot_target)), int(np.asarray(prep.slot_target).sum())
-    del prep
+    trp, _ = prepare_units(ds, tr, model.cfg, model.text_tok, model.trace_tok, model.ref)
+    expert = OperatorExpert.fit(slot_features(trp, model.ref), trp.slot_target, seed=seed)
+    n_slots, n_pos = int(len(trp.slot_target)), int(np.asarray(trp.slot_target).sum())
+    del trp
     model.op_expert = expert
-    prep, _ = prepare_units(ds, va, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
+    _, prep = part_units(model, ds, split, "val", prep)
     heads = model.operator_logits(prep, batch_size)
     sel = u.select(va)
     truth = operator_truth(sel.operator_labels, sel.is_anomaly)
