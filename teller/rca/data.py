@@ -445,13 +445,13 @@ class StepInputs:
         out = {self.families[j] for j in np.unique(self.family[s]).tolist()}
         if len(self.span):
             no = int(self.node_offsets[i])
-            label_layer = np.isin(self._family_layer, COVER_LAYERS)[self.family[s]]
+            label_layer = np.isin(self.family_layer, COVER_LAYERS)[self.family[s]]
             for t in np.flatnonzero(label_layer & (self.span[s] > 1)).tolist():
                 out.update(self.families[int(self.node_family[no + n])] for n in self.covered(i, t))
         return sorted(out)
 
     @cached_property
-    def _family_layer(self) -> np.ndarray:
+    def family_layer(self) -> np.ndarray:
         """Per family, its layer (the name's first word), computed once."""
         return np.asarray([f.split(" ", 1)[0] for f in self.families], dtype=object)
 
@@ -488,12 +488,12 @@ class StepInputs:
         if not len(self.span):
             return [a]
         no = int(self.node_offsets[i])
-        layer = self._family_layer[int(self.node_family[no + a])]
+        layer = self.family_layer[int(self.node_family[no + a])]
         if layer not in COVER_LAYERS:
             return [a]
         f0 = int(self.first_node[t])
         n = np.arange(f0, f0 + int(self.span[t]))
-        return [a] + n[(self._family_layer[self.node_family[no + n]] == layer) & (n != a)].tolist()
+        return [a] + n[(self.family_layer[self.node_family[no + n]] == layer) & (n != a)].tolist()
 
 
 def truncate_order(depth: np.ndarray, duration: np.ndarray, limit: int, outside: np.ndarray | None = None) -> np.ndarray:
@@ -632,7 +632,7 @@ def family_slots(inp: StepInputs) -> FamilySlots:
     from teller.tpe.serialize import ranges
 
     n, F = len(inp), max(1, len(inp.families))
-    label = np.isin(inp._family_layer, LABEL_LAYERS) if len(inp.families) else np.zeros(0, bool)
+    label = np.isin(inp.family_layer, LABEL_LAYERS) if len(inp.families) else np.zeros(0, bool)
     n_nodes = np.diff(inp.node_offsets)
     node_unit = np.repeat(np.arange(n, dtype=np.int64), n_nodes)
     nf = inp.node_family.astype(np.int64)
@@ -692,7 +692,7 @@ def unit_statistics(inp: StepInputs) -> np.ndarray:
         raise TellerError("the units carry no node times (a forest without node spans); rebuild the inputs with "
                           "teller.rca.data.encode_units")
     lut = {lay: k for k, lay in enumerate(UNIT_STAT_LAYERS)}
-    fam_layer = np.asarray([lut.get(str(x), -1) for x in inp._family_layer.tolist()], np.int64)
+    fam_layer = np.asarray([lut.get(str(x), -1) for x in inp.family_layer.tolist()], np.int64)
     node_unit = np.repeat(np.arange(n, dtype=np.int64), np.diff(inp.node_offsets))
     layer = fam_layer[inp.node_family.astype(np.int64)] if len(inp.node_family) else np.zeros(0, np.int64)
     ok = layer >= 0

@@ -67,7 +67,7 @@ def slot_features(prep: "Prepared", ref: "ReferenceStats") -> np.ndarray:
         rank[np.lexsort((-z, su))] = pos
         cols += [(z - top[su])[:, None], rank[:, None]]
     layer_of = {name: k for k, name in enumerate(LAYERS)}
-    fam_layer = np.asarray([layer_of.get(x, len(LAYERS)) for x in inp._family_layer.tolist()], np.int64)
+    fam_layer = np.asarray([layer_of.get(x, len(LAYERS)) for x in inp.family_layer.tolist()], np.int64)
     fam = sl.family.astype(np.int64)
     cols.append(np.eye(len(LAYERS) + 1)[fam_layer[fam]])
     cols.append(ref.family_rows(inp.families)[fam][:, None].astype(np.float64))
