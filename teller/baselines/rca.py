@@ -88,13 +88,31 @@ class RCAModel(Method):
                              f"under {folder}: {', '.join(p.name for p in found)}; pass a folder that holds one")
         return found[0] if found else None
 
-    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
-        from teller.rca import DEFAULT_MODEL
-
+    def _load(self, path: Path, steps: StepSet) -> Any:
+        """The model at ``path``, checked to be one this row may score on ``steps``: its unit and
+        operator head are the row's, its split the one evaluated, its dataset this one (otherwise
+        the test steps could be steps it learnt from)."""
         try:
             from teller.rca import load
         except ImportError as e:  # torch / transformers not installed
             raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
+        split = steps.extra.get("split")
+        m = load(path, device=steps.extra.get("rca_device", "cpu"))
+        tr = m.meta.get("training", {})
+        if m.cfg.unit != self.unit:
+            raise ValueError(f"the model at {path} reads {m.cfg.unit} units, the row {self.name!r} scores {self.unit} units")
+        if m.cfg.op_unit != self.op_unit:
+            raise ValueError(f"the model at {path} scores operators per {m.cfg.op_unit}, the row {self.name!r} per {self.op_unit}")
+        if tr.get("split") != split:
+            raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
+                             f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
+        if _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
+            raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
+        return m
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
+        from teller.rca import DEFAULT_MODEL
+
         split = steps.extra.get("split")
         path = Path(self.model) if self.model is not None else None
         if path is None and steps.extra.get("rca_models"):
@@ -107,17 +125,8 @@ class RCAModel(Method):
                                  + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} "
                                  f"--inputs {self.inputs} --unit {self.unit} --op-unit {self.op_unit} --split {split}`")
             path = DEFAULT_MODEL
-        m = load(path, device=steps.extra.get("rca_device", "cpu"))
+        m = self._load(path, steps)
         tr = m.meta.get("training", {})
-        if m.cfg.unit != self.unit:
-            raise ValueError(f"the model at {path} reads {m.cfg.unit} units, the row {self.name!r} scores {self.unit} units")
-        if m.cfg.op_unit != self.op_unit:
-            raise ValueError(f"the model at {path} scores operators per {m.cfg.op_unit}, the row {self.name!r} per {self.op_unit}")
-        if tr.get("split") != split:
-            raise ValueError(f"the model at {path} was trained on the {tr.get('split')!r} split, not {split!r}: "
-                             f"train one with `teller rca train {steps.dataset} --split {split}` and pass it")
-        if _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
-            raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
         if int(tr.get("seed", self.seed)) != self.seed:
             raise ValueError(f"the model at {path} was trained with seed {tr.get('seed')}, not {self.seed}")
         self.model_ = m
@@ -201,11 +210,6 @@ class RCAEnsembleRow(RCAModel):
     op_unit = "family"
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAEnsembleRow":
-        try:
-            from teller.rca.api import load
-            from teller.rca.ensemble import Ensemble
-        except ImportError as e:  # torch / transformers not installed
-            raise ValueError(f"the root-cause model needs `pip install 'teller[rca]'` ({e})") from None
         split = steps.extra.get("split")
         where = steps.extra.get("rca_models")
         paths = [p for p, _ in self._models(Path(where), split)] if where else []
@@ -214,13 +218,9 @@ class RCAEnsembleRow(RCAModel):
                              f"{self.op_unit}, split {split}) " + (f"under {where}" if where else "given: pass `--models DIR`")
                              + f"; an ensemble needs two or more: train them with `teller rca train {steps.dataset} --split {split} "
                              f"--op-unit family --unit iteration --seed N`, one seed each")
-        members = []
-        for path in paths:
-            m = load(path, device=steps.extra.get("rca_device", "cpu"))
-            tr = m.meta.get("training", {})
-            if _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
-                raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
-            members.append(m)
+        members = [self._load(path, steps) for path in paths]
+        from teller.rca.ensemble import Ensemble
+
         self.model_ = Ensemble(members, [p.name for p in paths])
         self.model_path_ = [str(p) for p in paths]
         self.seeds_ = [m.meta.get("training", {}).get("seed") for m in members]

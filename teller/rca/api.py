@@ -444,23 +444,29 @@ class RCA:
         res, raw = self._mot_heads(prep, idx, cache, floor)
         heads = [(p_ab, ftype, tp, best, self._evidence_nodes(prep, i, ftype, scores, self.op_threshold))
                  for i, (p_ab, ftype, tp, best, scores) in zip(idx.tolist(), raw, strict=True)]
-        targets = [[EXPL] for _ in idx]
-        if explain:
-            rows = [k for k, h in enumerate(heads) if h[1]]
-            if rows:
-                sub_t = [[EXPL] for _ in rows]
-
-                def choose(r: int, logits: np.ndarray):
-                    if stop is not None and stop(sub_t[r][1:], heads[rows[r]][1]):
-                        return None
-                    t = self._free_token(logits, sub_t[r][1:])
-                    return None if t == EOS else [t]
-
-                self._decode_cached(prep, idx[rows], sub_t, choose, (cache, res["lm"], rows))
-                for k, t in zip(rows, sub_t, strict=True):
-                    targets[k] = t
-        return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], targets[k][1:] if heads[k][1] else None)
+        texts = self.explain_units(prep, idx, [h[1] for h in heads], stop, (cache, res["lm"])) if explain else {}
+        return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], texts.get(k) if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
+
+    def explain_units(self, prep: Prepared, idx: np.ndarray, ftypes: Sequence[str],
+                      stop: Callable[[list[int], str], bool] | None = None,
+                      start: tuple[Any, torch.Tensor] | None = None) -> dict[int, list[int]]:
+        """Greedy explanation tokens of the units ``idx`` typed abnormal (``ftypes[k]`` not ""),
+        by position ``k`` in ``idx``. ``stop``: :meth:`_explain_stop`'s; ``start``: (cache, lm
+        logits) of a heads' pass over all of ``idx`` that decoding goes on from."""
+        rows = [k for k, f in enumerate(ftypes) if f]
+        if not rows:
+            return {}
+        sub_t = [[EXPL] for _ in rows]
+
+        def choose(r: int, logits: np.ndarray):
+            if stop is not None and stop(sub_t[r][1:], ftypes[rows[r]]):
+                return None
+            t = self._free_token(logits, sub_t[r][1:])
+            return None if t == EOS else [t]
+
+        self._decode_cached(prep, idx[rows], sub_t, choose, None if start is None else (*start, rows))
+        return {k: t[1:] for k, t in zip(rows, sub_t, strict=True)}
 
     def _mot_heads(self, prep: Prepared, idx: np.ndarray, cache=None, floor: float | None = None) -> tuple[dict, list[tuple]]:
         """The MoT's fault and operator heads over units ``idx``: the forward pass's outputs and,
@@ -500,15 +506,22 @@ class RCA:
         :attr:`op_weight` (:func:`teller.rca.opexpert.fuse_logits`); above 0.5 is named."""
         t = self.op_threshold
         if isinstance(scores, FamilyScores):
-            z = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
-            if self.op_weight > 0 and scores.expert is not None and len(z):
-                from teller.rca.opexpert import fuse_logits
-
-                z = fuse_logits(z, scores.expert, self.op_weight, t)
+            z = self._family_logits(scores, t)
         else:
             z = np.nan_to_num(np.asarray(scores, np.float64), nan=-np.inf)
         with np.errstate(over="ignore"):
             return 1.0 / (1.0 + np.exp(-(z - t)))
+
+    def _family_logits(self, scores: "FamilyScores", threshold: float, op_weight: float | None = None) -> np.ndarray:
+        """A family head's slot logits, mixed with the operator expert at ``op_weight`` (None:
+        :attr:`op_weight`) around ``threshold`` (:func:`teller.rca.opexpert.fuse_logits`)."""
+        z = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
+        w = self.op_weight if op_weight is None else float(op_weight)
+        if w > 0 and scores.expert is not None and len(z):
+            from teller.rca.opexpert import fuse_logits
+
+            z = fuse_logits(z, scores.expert, w, threshold)
+        return z
 
     def _slot_expert(self, prep: Prepared) -> np.ndarray | None:
         """The operator expert's probability of every family slot of ``prep`` (computed once per
@@ -593,12 +606,7 @@ class RCA:
         stands for it. With an operator expert at weight ``op_weight`` (None: :attr:`op_weight`)
         the slot scores are the mix of :func:`teller.rca.opexpert.fuse_logits`."""
         inp, sl = prep.inputs, prep.slots
-        fam_logit = np.nan_to_num(np.asarray(scores.families, np.float64), nan=-np.inf)
-        w = self.op_weight if op_weight is None else float(op_weight)
-        if w > 0 and scores.expert is not None and len(fam_logit):
-            from teller.rca.opexpert import fuse_logits
-
-            fam_logit = fuse_logits(fam_logit, scores.expert, w, threshold)
+        fam_logit = self._family_logits(scores, threshold, op_weight)
         if not ftype or not len(fam_logit) or self.cfg.max_ops <= 0:
             return []
         order = np.argsort(-fam_logit, kind="stable")

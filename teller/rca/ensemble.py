@@ -37,7 +37,7 @@ from teller.rca.api import load as load_model
 from teller.rca.batch import Prepared
 from teller.rca.data import FAULT_TYPES, StepInputs
 from teller.rca.schema import project_fault
-from teller.rca.text import EOS, EXPL
+from teller.rca.typer import type_shares
 
 ENSEMBLE_FILE = "ensemble.json"
 FORMAT = "teller-rca-ensemble"
@@ -144,9 +144,7 @@ class Ensemble:
         for m in self.members:
             _, probs, scores = m.head_scores(prep, idx)
             z += _logit(1.0 - probs[:, 0])
-            ab = np.clip(probs[:, 1:], 0.0, None)
-            s = ab.sum(1, keepdims=True)
-            types += np.divide(ab, s, out=np.full_like(ab, 1.0 / ab.shape[1]), where=s > 0)
+            types += type_shares(probs)[1]
             p = [m.operator_probs(sc) for sc in scores]
             t = [np.asarray(sc.tokens if isinstance(sc, FamilyScores) else sc, np.float64) - m.op_threshold for sc in scores]
             ops = p if ops is None else [a + b for a, b in zip(ops, p, strict=True)]
@@ -175,21 +173,8 @@ class Ensemble:
                 _, ftype, tp = project_fault(six, abnormal_floor)
                 best = FAULT_TYPES[1 + int(np.argmax(types[k]))]
                 heads.append((float(p_ab[k]), ftype, tp, best, self._nodes(prep, i, ftype, ops[k], toks[k])))
-            texts: list[list[int] | None] = [None] * len(idx)
-            rows = [k for k, h in enumerate(heads) if h[1]]
-            if explain and rows:
-                sub_t = [[EXPL] for _ in rows]
-
-                def choose(r: int, logits: np.ndarray, sub_t=sub_t, rows=rows, heads=heads):
-                    if stop is not None and stop(sub_t[r][1:], heads[rows[r]][1]):
-                        return None
-                    t = lead._free_token(logits, sub_t[r][1:])
-                    return None if t == EOS else [t]
-
-                lead._decode_cached(prep, idx[rows], sub_t, choose)
-                for k, t in zip(rows, sub_t, strict=True):
-                    texts[k] = t[1:]
-            out += [lead._finish(prep, i, *heads[k][:5], texts[k]) for k, i in enumerate(idx.tolist())]
+            texts = lead.explain_units(prep, idx, [h[1] for h in heads], stop) if explain else {}
+            out += [lead._finish(prep, i, *heads[k][:5], texts.get(k)) for k, i in enumerate(idx.tolist())]
         return out
 
     def _nodes(self, prep: Prepared, i: int, ftype: str, probs: np.ndarray, toks: np.ndarray) -> list[int]:

@@ -111,13 +111,19 @@ class TypeExpert:
         return cls(b, classes)
 
 
+def type_shares(probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of six class probabilities per row (normal first): the abnormal mass (rows × 1) and the five
+    types' shares of it (uniform where the mass is 0)."""
+    ab = np.clip(np.asarray(probs, np.float64)[:, 1:], 0.0, None)
+    mass = ab.sum(1, keepdims=True)
+    return mass, np.divide(ab, mass, out=np.full_like(ab, 1.0 / ab.shape[1]), where=mass > 0)
+
+
 def fuse(probs: np.ndarray, expert: np.ndarray, weight: float) -> np.ndarray:
     """The six class probabilities (normal first) with the abnormal mass shared among the five
     types as ``(1 − weight) · head + weight · expert`` (each normalised over the types)."""
     probs = np.asarray(probs, np.float64)
-    ab = probs[:, 1:]
-    mass = ab.sum(1, keepdims=True)
-    head = np.divide(ab, mass, out=np.full_like(ab, 1.0 / ab.shape[1]), where=mass > 0)
+    mass, head = type_shares(probs)
     ex = np.asarray(expert, np.float64)
     s = ex.sum(1, keepdims=True)
     ex = np.divide(ex, s, out=np.full_like(ex, 1.0 / ex.shape[1]), where=s > 0)
