@@ -65,6 +65,15 @@ def test_bundled_example_against_itself(example, example_diagnosis):
     # the step with lazy module loading: driver time is the evidence
     s0 = next(s for s in flagged if s["step_num"] == 0)
     assert any(i["feature"] == "drv_ns" and i["z"] > 10 for x in s0["suspects"] for i in x["evidence"])
+    # ... which points to a runtime/driver fault, with no model (teller.localize.faulttype)
+    et = s0["evidence_type"]
+    assert et["fault_type"] == "runtime" and et["family"] == s0["candidates"][0]["family"]
+    assert et["reason"].startswith(f"runtime: {et['family']}")
+    from teller.report.diagnose import verdict_line
+
+    assert f"runtime fault by the evidence ({et['family']}, {et['feature']})" in verdict_line(s0)
+    assert all(s.get("evidence_type", {}).get("fault_type", "runtime") in
+               ("communication", "kernel", "memory", "runtime", "scheduling") for s in flagged)
     assert all(s["score"] < 0.5 for s in on_disk["steps"] if not s["flag"])
     assert Path(d["paths"]["html"]).is_file()
 

@@ -312,6 +312,10 @@ def test_every_method_fits_and_predicts(vertical, name):
         # a supervised model ranks the steps it was fitted on far better than chance
         q = m.predict(vertical, tr)
         assert auroc(vertical.is_anomaly[tr], q.score) > 0.75, (name, auroc(vertical.is_anomaly[tr], q.score))
+    elif name.startswith("teller_numeric"):  # the type its evidence points to (teller.localize.faulttype)
+        from teller.baselines.steps import CATEGORIES
+
+        assert p.fault_type is not None and set(p.fault_type.tolist()) <= {"", *CATEGORIES}
     else:
         assert p.fault_type is None
     r = score_method(vertical, te, p)
@@ -939,3 +943,25 @@ def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
     assert ((p.score >= 0.5) == p.flag).all() or not kept.any()
     if k == 1:
         assert kept.any()  # the stage flags steps of the fault-free run's deployment that the model rules out
+
+
+
+def test_numeric_stage_types_steps_by_the_layer_of_their_evidence(vertical):
+    """teller_numeric_deploy names the fault type its evidence points to: the slice's delayed-MLP
+    steps (targeted_op_delay: the module's GPU work grows) are typed kernel, and communication is
+    answered for the straggler's steps (their all_reduce waits), not for the others."""
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+    from teller.evaluate.run import score_method
+
+    train, _, _ = split_masks(vertical, "request")
+    m = make("teller_numeric_deploy").fit(vertical, np.flatnonzero(train))
+    ab = np.flatnonzero(vertical.is_anomaly)
+    p = m.predict(vertical, ab)
+    mech = vertical.mechanism[ab]
+    delay = mech == "targeted_op_delay"
+    assert delay.sum() >= 5 and (p.fault_type[delay] == "kernel").all()
+    comm = p.fault_type == "communication"
+    assert comm[mech == "straggler_rank"].sum() >= 3 and not comm[mech != "straggler_rank"].any()
+    r = score_method(vertical, ab, p)["fault_type"]
+    assert r["steps"] == len(ab) and r["accuracy"] > 0.4

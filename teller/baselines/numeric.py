@@ -34,6 +34,7 @@ from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet, _str
 from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
 from teller.localize import GMMLocalizer, localize
+from teller.localize.faulttype import step_fault_types
 from teller.localize.features import (
     FEATURES,
     ITER_FEATURES,
@@ -311,7 +312,8 @@ class TellerNumeric(Method):
         inst = self._inst(steps)
         um = _unit_mask(steps, idx)
         sel = np.flatnonzero(um[inst.step] & (inst.step >= 0))
-        loc = localize(model, inst.subset(sel))
+        sub = inst.subset(sel)
+        loc = localize(model, sub)
         nu = len(steps.unit_key)
         uflag = np.zeros(nu, bool)
         uflag[loc.steps.steps[loc.steps.flag]] = True
@@ -320,18 +322,22 @@ class TellerNumeric(Method):
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units
             uops[int(s)] = {c["family"] for c in res.candidates}
+        utype = {u: c.fault_type for u, c in step_fault_types(model, sub, loc).items()}
         n = len(idx)
         flag = np.zeros(n, bool)
         score = np.full(n, -np.inf)
         ops: list[list[str]] = []
+        ftype = np.full(n, "", dtype=object)
         for i, s in enumerate(idx.tolist()):  # test steps
             units = steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]
             flag[i] = bool(uflag[units].any())
             score[i] = float(uscore[units].max()) if len(units) else -np.inf
             ops.append(sorted(set().union(*(uops.get(int(u), set()) for u in units.tolist()))) if flag[i] else [])
+            if len(units):  # the type of the step's most suspicious unit (a horizontal step: its ranks')
+                ftype[i] = utype.get(int(units[np.argmax(uscore[units])])) or ""
         finite = np.isfinite(score)
         score[~finite] = (score[finite].min() - 1.0) if finite.any() else 0.0
-        return Prediction(score=score, flag=flag, operators=ops)
+        return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
 
 
 @register("teller_numeric_ff")
@@ -405,13 +411,14 @@ class TellerNumericDeployment(TellerNumeric):
         n = len(idx)
         flag, score = np.zeros(n, bool), np.zeros(n)
         ops: list[list[str]] = [[] for _ in range(n)]
+        ftype = np.full(n, "", dtype=object)
         for d in np.unique(dep).tolist():
             at = np.flatnonzero(dep == d)
             p = self._predict_with(self.models_.get(int(d), self.model_), steps, idx[at])
-            flag[at], score[at] = p.flag, p.score
+            flag[at], score[at], ftype[at] = p.flag, p.score, p.fault_type
             for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
                 ops[i] = o
-        return Prediction(score=score, flag=flag, operators=ops)
+        return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

@@ -25,7 +25,9 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
          "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
          flagged steps past warm-up: "episode" (index into "episodes"), "episode_length",
-         flagged steps also: "requests", "candidates": [{family, suspiciousness, instances, max_a, unseen}],
+         flagged steps also: "requests", "evidence_type": {fault_type, family, feature, reason} (the
+         type the stage's evidence points to, teller.localize.faulttype; absent when none does),
+         "candidates": [{family, suspiciousness, instances, max_a, unseen}],
          "suspects": [{node_id, family, layer, name, start_ns, dur_ns, a, distance, evidence:
                        [{feature, value, reference, ratio, z}],
                        module: {node_id, family} | null (the nearest enclosing FE module; the
@@ -78,6 +80,7 @@ from teller.localize import (
     localize,
     no_reference_error,
 )
+from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
 from teller.reconstruct.ensure import ensure_reconstructed
@@ -148,6 +151,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
     top = np.full(n_steps, -1, np.int64)
     score[ss.steps], flag[ss.steps], top[ss.steps] = ss.score, ss.flag, ss.top_family
     n_inst = np.bincount(inst.step[inst.step >= 0], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
+    types = step_fault_types(est, inst, loc, flagged_only=True)
     reqs = _requests_by_step(rf.path, [int(st.node_id[i]) for i in loc.flagged]) if st.rule == "STEP ranges" else {}
     # per-row anomaly score for the slice builder
     row_a = np.zeros(fa.n)
@@ -177,6 +181,10 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
         if res is not None:
             if reqs:
                 d["requests"] = reqs.get(int(st.node_id[i]), [])
+            call = types.get(i)
+            if call is not None and call.fault_type is not None:  # what the evidence points to, no model needed
+                d["evidence_type"] = {"fault_type": call.fault_type, "family": call.family, "feature": call.feature,
+                                      "reason": call.reason()}
             d["candidates"] = [{"family": c["family"], "suspiciousness": _f(c["suspiciousness"]), "shift": _f(c["shift"]),
                                 "instances": c["instances"], "max_a": _f(c["max_a"]), "unseen": c["unseen"]}
                                for c in res.candidates]
@@ -732,6 +740,9 @@ def verdict_line(x: dict[str, Any]) -> str:
     head = f"step {x['step_num']} (rank {x['rank']}, {fmt_ns(x['end_ns'] - x['start_ns'])})"
     sus = x.get("suspects") or []
     ev = f"{suspect_name(sus[0])}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
+    et = x.get("evidence_type")  # the type the numeric evidence points to (teller.localize.faulttype)
+    typed = f"{et['fault_type']} fault by the evidence ({et['family']}, {et['feature']})" if et else ""
+    num = " — ".join(p for p in (typed, ev) if p) or x.get("top_family") or ""
     if x.get("model_off_distribution"):  # a verdict either way, typed or normal
         head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
                  "never saw in training]")
@@ -751,11 +762,11 @@ def verdict_line(x: dict[str, Any]) -> str:
     if x.get("unknown_fault"):
         return (f"{head}: fault of a kind the model was not trained on: a sustained departure from the reference "
                 f"({x['episode_length']} flagged steps in a row) it does not recognise "
-                f"(p_abnormal={x['abnormal_probability']:.2f}); {ev or x.get('top_family') or ''}")
+                f"(p_abnormal={x['abnormal_probability']:.2f}); {num}")
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}: "
-                f"none of the faults it was trained on; the numeric evidence stands) {ev or x.get('top_family') or ''}")
-    return f"{head}: {ev or x.get('top_family') or 'abnormal'}"
+                f"none of the faults it was trained on; the numeric evidence stands) {num}")
+    return f"{head}: {num or 'abnormal'}"
 
 
 def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
