@@ -750,6 +750,13 @@ def test_fuse_rules_hand_case():
     a = fuse(num, mot, "and")
     assert a.flag.tolist() == [True, False, False, False] and a.score.tolist() == [0.8, 0.2, 0.3, 0.1]
     assert a.operators == [["X"], [], [], []]
+    # with the stage's evidence types: the stage's where it flags and the model does not (step 2),
+    # the model's elsewhere: where it flags (0, 1) and where neither does (3)
+    num.fault_type = np.array(["communication", "communication", "communication", "communication"], dtype=object)
+    assert fuse(num, mot).fault_type.tolist() == ["kernel", "memory", "communication", "scheduling"]
+    assert fuse(num, mot, "and").fault_type.tolist() == ["kernel", "memory", "communication", "scheduling"]
+    num.fault_type = np.array(["communication", "", "", ""], dtype=object)  # no evidence type: the model's
+    assert fuse(num, mot).fault_type.tolist() == mot.fault_type.tolist()
 
 
 def test_model_rows_take_the_model_of_their_variant_and_split_from_models(slice_ds, tmp_path):

@@ -243,9 +243,9 @@ class TellerPipeline(Method):
     known fault or not; the model (trained on the split's labelled train steps) flags the faults
     it learnt and names their type and evidence. A step is flagged when either flags it; both
     scores are on one scale (the model's abnormal probability and the stage's step
-    suspiciousness, each flagging at 0.5), so the step score is the larger. The fault type is the
-    model's (its type given abnormal); the operators are the model's evidence where the model
-    flags the step, else the stage's candidate families. When ``teller evaluate`` has already run
+    suspiciousness, each flagging at 0.5), so the step score is the larger. The fault type and
+    the operators are the model's where the model flags the step, else, where the stage flags
+    it, the stage's (the type its evidence points to, its candidate families). When ``teller evaluate`` has already run
     ``teller_mot`` and ``teller_numeric`` on the same test steps, their predictions are reused."""
 
     label = "TELLER (numeric stage + MoT root-cause model)"
@@ -315,7 +315,8 @@ def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -
     flags, or as ``and``; score ``max(model, min(stage, model / tau / 2))``. Both scores cross 0.5
     exactly where the step is flagged and rise with either input. Operators, every rule: the
     model's where the model flags the step (its own 0.5), else the stage's (a model row's answers
-    carry no evidence under 0.5, where `teller diagnose` asks the model for it)."""
+    carry no evidence under 0.5, where `teller diagnose` asks the model for it); the fault type
+    likewise (:func:`fused_types`)."""
     nf, mf = np.asarray(num.flag, bool), np.asarray(mot.flag, bool)
     ns, ms = np.asarray(num.score, float), np.asarray(mot.score, float)
     if rule in ("and", "screen") and not 0.0 < tau <= 0.5:
@@ -329,7 +330,19 @@ def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -
     ops = [list(mo) if m else (list(no) if f else [])
            for f, m, mo, no in zip(flag.tolist(), (mf & flag).tolist(), mot.operators or [[]] * len(flag),
                                    num.operators or [[]] * len(flag), strict=True)]
-    return Prediction(score=score, flag=flag, fault_type=mot.fault_type, operators=ops)
+    return Prediction(score=score, flag=flag, fault_type=fused_types(num, mot), operators=ops)
+
+
+def fused_types(num: Prediction, mot: Prediction) -> np.ndarray | None:
+    """The fault type of each step, from the part whose flag stands: the stage's evidence type
+    (:mod:`teller.localize.faulttype`) where the stage flags the step and the model does not (a
+    fault the model does not recognise, typed by where its time went), else the model's type given
+    abnormal (the model's where neither flags: the model's is the one trained to answer it)."""
+    if mot.fault_type is None or num.fault_type is None:
+        return mot.fault_type
+    nt = np.asarray(num.fault_type, dtype=object)
+    stage = np.asarray(num.flag, bool) & ~np.asarray(mot.flag, bool) & (nt != "")
+    return np.where(stage, nt, np.asarray(mot.fault_type, dtype=object))
 
 
 @register("teller_confirm")
@@ -337,7 +350,8 @@ class TellerConfirm(TellerPipeline):
     """TELLER as `teller diagnose` runs it: the numeric stage flags, the model reads the flagged
     steps and a step stays abnormal only when the model does not rule it out (abnormal probability
     of at least :data:`teller.rca.SCREEN_FLOOR`; below it diagnose shows the step as one the model
-    reads as normal, ``model_says_normal``); type and evidence are the model's."""
+    reads as normal, ``model_says_normal``); type and evidence are the model's where it flags the
+    step, else the stage's (:func:`fuse`)."""
 
     label = "TELLER, the model screening the stage's flags (as `teller diagnose`)"
     rule = "and"
