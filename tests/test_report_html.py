@@ -275,3 +275,19 @@ def test_a_step_the_model_is_unsure_of_keeps_its_type_and_says_so():
     assert page.count("(the model is unsure)") == 1  # its one-line verdict, without the type's probability
     assert "the model reads this step as normal" in page  # the sample's step under the floor
     assert "(1 with an abnormal probability under 0.5, kept because the model does not rule them out" in page  # the verdict
+
+
+def test_numeric_stage_only_shows_the_type_its_evidence_points_to():
+    d = sample_diagnosis(model=False, ranks=1)
+    flagged = [x for x in d["steps"] if x["flag"]]
+    et = {"fault_type": "runtime", "family": "BE aten::item", "feature": "family",
+          "reason": "runtime: BE aten::item (a family not in the reference): the time went to CUDA runtime/driver calls"}
+    flagged[0]["evidence_type"] = et
+    dom = parse(render_html(d))
+    step = dom.by_id(f"step-{flagged[0]['index']}")
+    summary = next(e for e in dom.inside(f"step-{flagged[0]['index']}", "summary"))
+    assert "runtime by the evidence" in summary["text"]
+    text = " ".join(step["text"].split())
+    assert "Fault type by the evidence" in text and "a family not in the reference" in text
+    other = dom.by_id(f"step-{flagged[1]['index']}")  # a step without one says nothing of a type
+    assert "by the evidence" not in other["text"]

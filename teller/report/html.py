@@ -611,12 +611,15 @@ class _Page:
             unsure = model_unsure(x)
             return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None and not unsure else "")
                       + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else ""))
+        et = x.get("evidence_type")  # the type the numeric evidence points to (teller.localize.faulttype)
+        typed = f"; the evidence points to {et['fault_type']}" if et else ""
         if x.get("unknown_fault"):
             return _e(f"fault of a kind the model was not trained on ({x.get('episode_length')} flagged steps in a row)"
-                      + (f"; suspects {ops}" if ops else ""))
+                      + typed + (f"; suspects {ops}" if ops else ""))
         if x.get("model_says_normal"):
-            return _e("read as normal by the root-cause model" + (f"; suspects {ops}" if ops else ""))
-        return _e(f"suspects {ops}" if ops else "abnormal")
+            return _e("read as normal by the root-cause model" + typed + (f"; suspects {ops}" if ops else ""))
+        return _e((f"{et['fault_type']} by the evidence" + (f"; suspects {ops}" if ops else "")) if et
+                  else f"suspects {ops}" if ops else "abnormal")
 
     def _step_section(self, x: dict[str, Any], open_: bool) -> str:
         head = (f"Step {int(x['step_num'])}" + (f" · rank {int(x['rank'])}" if self._multi_rank() else "")
@@ -629,6 +632,10 @@ class _Page:
             p = x.get("fault_probability")
             dl.append(f"<dt>Fault type</dt><dd><b>{_e(_fault_title(x['fault_type']))}</b>"
                       + (f", {self.term('fault probability')} {p:.2f}" if p is not None else "") + "</dd>")
+        elif x.get("evidence_type"):
+            et = x["evidence_type"]
+            dl.append(f"<dt>Fault type by the evidence</dt><dd><b>{_e(_fault_title(et['fault_type']))}</b>: "
+                      f"{_e(et['reason'])}</dd>")
         if x.get("abnormal_probability") is not None:
             dl.append(f"<dt>{self.term('abnormal probability', 'Abnormal probability')}</dt>"
                       f"<dd>{x['abnormal_probability']:.2f}" + (" — the model reads this step as normal: it "
