@@ -632,8 +632,8 @@ def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp
 
 def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_ds, tmp_path):
     """``teller``: a step is flagged when the numeric stage or the model flags it, its score is the
-    larger, its type the model's, its operators the model's where the model flags it and the
-    stage's otherwise; predictions.parquet holds every row's per-step answer, and the row alone
+    larger, its type and operators the model's where the model flags it and the stage's where
+    only the stage does (the type its evidence points to); predictions.parquet holds every row's per-step answer, and the row alone
     (nothing to reuse) gives what it gives beside its two parts."""
     pytest.importorskip("torch")
     from teller.cli import main
@@ -660,7 +660,9 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     for k, t in tel.items():
         m, n = mot[k], num[k]
         assert t["flag"] == (m["flag"] or n["flag"]) and t["score"] == pytest.approx(max(m["score"], n["score"]))
-        assert t["fault_type"] == m["fault_type"] and t["is_anomaly"] == m["is_anomaly"]
+        # the type of the part whose flag stands: the stage's evidence type where only it flags
+        assert t["fault_type"] == (n["fault_type"] if n["flag"] and not m["flag"] and n["fault_type"] else m["fault_type"])
+        assert t["is_anomaly"] == m["is_anomaly"]
         assert t["operators"] == (m["operators"] if m["flag"] else n["operators"] if n["flag"] else [])
     assert any(n["flag"] and not mot[k]["flag"] for k, n in num.items()) or any(m["flag"] for m in mot.values())
     row = {r["method"]: r for r in blk["methods"]}["teller"]
