@@ -54,6 +54,9 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     outside = [s for s in typed if s not in in_window]
     # the steps the delay slowed are typed kernel; few typed steps lie outside the window
     assert len(inside) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
+    # the stage's evidence points there too with no model: the MLP's GPU work grew
+    ev_types = [s.get("evidence_type", {}).get("fault_type") for s in inside]
+    assert ev_types.count("kernel") >= 0.8 * len(inside), ev_types
     assert 2 * len(outside) < len(in_window)
     forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id", "step_idx"])
     step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
@@ -68,6 +71,9 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     for s in typed:
         # the console line says whether the model is sure of a fault, or kept the stage's flag under 0.5
         assert ("the model is unsure" in verdict_line(s)) == (s["abnormal_probability"] < 0.5)
+        # the evidence's type is said beside the model's only where the two differ
+        et = s.get("evidence_type")
+        assert ("the numeric evidence points to" in verdict_line(s)) == bool(et and et["fault_type"] != s["fault_type"])
         assert s["evidence_families"]
         assert 0.2 <= s["fault_probability"] <= 1 and s["abnormal_probability"] >= SCREEN_FLOOR
         e = s["explanation"]

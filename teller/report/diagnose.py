@@ -751,10 +751,13 @@ def verdict_line(x: dict[str, Any]) -> str:
         # likely a fault is at all instead (it keeps its flag from SCREEN_FLOOR up)
         p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {SCREEN_FLOOR})" if model_unsure(x)
              else f"p={x['fault_probability']:.2f}")
+        # the numeric evidence pointing elsewhere is worth a look: said beside the model's answer
+        other = (f" [the numeric evidence points to {et['fault_type']}: {et['family']}, {et['feature']}]"
+                 if et and et["fault_type"] != x["fault_type"] else "")
         if x.get("explanation"):
-            return f"{head}, {p}: {x['explanation']}"
+            return f"{head}, {p}: {x['explanation']}{other}"
         ops = ", ".join(x.get("evidence_families") or [o["name"] for o in x.get("evidence_operators", [])[:3]]) or "?"
-        return f"{head}: {x['fault_type']} fault ({p}) at {ops} — {ev}"
+        return f"{head}: {x['fault_type']} fault ({p}) at {ops} — {ev}{other}"
     if x.get("model_not_read"):
         head += " [not read by the model: numeric stage only]"
     if x.get("model_no_detail"):
