@@ -286,6 +286,8 @@ def test_save_load_roundtrip(tmp_path):
     Xt[::7, F["dur_ns"]] *= 6
     np.testing.assert_allclose(back.score_samples(Xt, ft), est.score_samples(Xt, ft))
     np.testing.assert_allclose(back.shift_radius_, est.shift_radius_)
+    np.testing.assert_array_equal(back.count_p99_, est.count_p99_)  # the families' instances per step
+    assert np.isfinite(est.count_p99_).all()
     # no pickled objects inside
     with np.load(p, allow_pickle=False) as z:
         assert all(z[k].dtype != object for k in z.files)

@@ -65,3 +65,62 @@ def test_type_call_reason_names_the_evidence():
     assert "CUDA runtime" in TypeCall("runtime", "BE aten::item", "family").reason()
     assert TypeCall("kernel", "FE LlamaMLP", "k_ns").reason().startswith("kernel: FE LlamaMLP (k_ns)")
     assert TypeCall(None).reason() == "no candidate's evidence points to a fault type"
+
+
+def test_step_count_p99_hand_case():
+    from teller.localize.gmm import step_count_p99
+
+    # family 0: 2 instances in each of steps 0-2 and 5 in step 3; family 1: once in step 0; family 2: none
+    fam = np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1])
+    step = np.array([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 0])
+    got = step_count_p99(fam, step, 3)
+    # the lower 99th-percentile order statistic of (2, 2, 2, 5) is the third: 2
+    assert got[0] == 2 and got[1] == 1 and np.isnan(got[2])
+    # 99 steps of 2 instances and one of 50: one odd step in a hundred does not raise it
+    step100 = np.r_[np.repeat(np.arange(99), 2), np.full(50, 99)]
+    assert step_count_p99(np.zeros(len(step100), np.int64), step100, 1)[0] == 2
+    assert np.isnan(step_count_p99(fam, None, 3)).all()  # no steps: unknown
+    steps_out = np.full(len(fam), -1)
+    assert np.isnan(step_count_p99(fam, steps_out, 3)).all()
+
+
+class _Est:
+    """The two things comm_count_steps reads of a fitted localizer."""
+
+    def __init__(self, families, p99):
+        self.families_ = np.asarray(families)
+        self.count_p99_ = np.asarray(p99, float)
+
+    def family_codes(self, names):
+        pos = {f: i for i, f in enumerate(self.families_.tolist())}
+        return np.asarray([pos.get(str(n), -1) for n in names])
+
+
+def _instances(families, family, step):
+    from teller.localize.features import Instances
+
+    n = len(family)
+    return Instances(rows=np.arange(n), family=np.asarray(family, np.int32), families=list(families),
+                     step=np.asarray(step), X=np.zeros((n, len(FEATURES))), parent=np.full(n, -1), layers=("FE", "BE", "COMM"))
+
+
+def test_a_step_running_a_collective_many_more_times_is_a_communication_fault():
+    from teller.localize.faulttype import COUNT_SLACK, comm_count_steps
+
+    fams = ["COMM all_reduce", "FE LlamaMLP", "COMM send"]
+    est = _Est(["COMM all_reduce", "FE LlamaMLP"], [8, 2])  # the reference: 8 all_reduce, 2 MLP a step
+    bound = 8 * COUNT_SLACK + 0.5
+    n_over = int(bound) + 1
+    family = [0] * 8 + [0] * n_over + [1] * 40 + [2] * 50
+    step = [0] * 8 + [1] * n_over + [2] * 40 + [3] * 50
+    inst = _instances(fams, family, step)
+    got = comm_count_steps(est, inst)
+    # step 0 runs as many as the reference; step 1 more than the bound; an FE module run 20 times
+    # more (step 2) is no collective; a collective the reference never had (step 3) has no count
+    assert got == {1: "COMM all_reduce"}
+    assert comm_count_steps(est, inst, np.array([0, 2])) == {}
+    fewer = _instances(fams, [0] * int(bound), [5] * int(bound))  # at the bound: not over
+    assert comm_count_steps(est, fewer) == {}
+    assert comm_count_steps(_Est(["COMM all_reduce"], [np.nan]), inst) == {}  # an artefact without counts
+    assert TypeCall("communication", "COMM all_reduce", "count").reason().startswith(
+        "communication: COMM all_reduce (more instances in the step than the reference's steps had)")

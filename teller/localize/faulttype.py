@@ -32,6 +32,12 @@ of STEP/OTHER/GAP,       scheduler, admission
 ``batch.waiting``
 =======================  ==================================================================  ===============
 
+Before any candidate: a collective that a step runs many more times than the reference's
+steps ever did (more than ``COUNT_SLACK`` × its 99th percentile of instances per step, plus
+half an instance: a collective split in chunks) is a communication fault, whatever else stands
+out. The number of times a step runs a collective is fixed by the deployment (its layers and
+ranks), so a step running more of them says the collective path changed.
+
 A family the reference never saw has no deviation to read; its own time decides: CUDA
 runtime/driver calls and synchronisation (``rt_ns + drv_ns + sync_ns``), kernels (``k_ns``),
 collectives (``comm_ns``). A new family that is host work only (``aten::split`` before chunked
@@ -76,6 +82,9 @@ WHY = {"communication": "the time went to collectives",
        "scheduling": "the engine's own host time around the operators grew"}
 #: Candidates read per step at most.
 MAX_CANDIDATES = 3
+#: A step's instances of a COMM family beyond this factor of the reference's 99th percentile
+#: per step (plus half an instance) decide communication.
+COUNT_SLACK = 1.5
 
 
 @dataclass(frozen=True)
@@ -90,7 +99,8 @@ class TypeCall:
         """One line: which evidence decided the type and what it means."""
         if self.fault_type is None:
             return "no candidate's evidence points to a fault type"
-        what = "a family not in the reference" if self.feature == "family" else self.feature
+        what = {"family": "a family not in the reference",
+                "count": "more instances in the step than the reference's steps had"}.get(self.feature, self.feature)
         return f"{self.fault_type}: {self.family} ({what}): {WHY[self.fault_type]}"
 
 
@@ -161,6 +171,37 @@ def _pairs(loc: Localization, inst: Instances, k: int) -> tuple[np.ndarray, np.n
     return st[found], fam[found], best[pos[found]]
 
 
+def comm_count_steps(est: GMMLocalizer, inst: Instances, steps: np.ndarray | None = None) -> dict[int, str]:
+    """Steps (among ``steps``, default all) that run a COMM family more than ``COUNT_SLACK`` × the
+    reference's 99th percentile of its instances per step, plus half an instance: step → family
+    (the one furthest over). Empty for an estimator without per-step counts."""
+    p99 = getattr(est, "count_p99_", None)
+    if p99 is None or not np.isfinite(p99).any():
+        return {}
+    fams = np.asarray(inst.families, dtype=object)
+    comm = np.flatnonzero(np.char.startswith(fams.astype(str), "COMM ")) if len(fams) else np.zeros(0, np.int64)
+    if not len(comm):
+        return {}
+    codes = est.family_codes(fams[comm])
+    bound = np.full(len(fams), np.inf)
+    known = codes >= 0
+    bound[comm[known]] = p99[codes[known]] * COUNT_SLACK + 0.5
+    sel = (inst.step >= 0) & np.isfinite(bound[inst.family])
+    if steps is not None:
+        sel &= np.isin(inst.step, steps)
+    nf = len(fams) + 1
+    keys, counts = np.unique(inst.step[sel].astype(np.int64) * nf + inst.family[sel], return_counts=True)
+    st, fam = keys // nf, keys % nf
+    over = counts / np.maximum(bound[fam], 1.0)
+    hit = counts > bound[fam]
+    out: dict[int, str] = {}
+    best: dict[int, float] = {}
+    for s, f, o in zip(st[hit].tolist(), fam[hit].tolist(), over[hit].tolist(), strict=True):
+        if o > best.get(s, 0.0):
+            best[s], out[s] = o, str(fams[f])
+    return out
+
+
 def step_fault_types(est: GMMLocalizer, inst: Instances, loc: Localization, k: int = MAX_CANDIDATES,
                      flagged_only: bool = False) -> dict[int, TypeCall]:
     """For every step :func:`teller.localize.localize` scored (``flagged_only``: every flagged
@@ -185,10 +226,16 @@ def step_fault_types(est: GMMLocalizer, inst: Instances, loc: Localization, k: i
                 rows.append((int(c["code"]), mine[0]))
         if rows or flagged_only:
             plan[int(s)] = rows
+    counted = comm_count_steps(est, inst, np.asarray(list(plan), np.int64))
+    for s in counted:  # decided before any candidate: no evidence to read for them
+        plan[s] = []
     want = np.asarray(sorted({r for rows in plan.values() for _, r in rows}), np.int64)
     ev = dict(zip(want.tolist(), evidence(est, inst, loc, want), strict=True)) if len(want) else {}
     out: dict[int, TypeCall] = {}
     for s, rows in plan.items():
+        if s in counted:
+            out[s] = TypeCall("communication", counted[s], "count")
+            continue
         call = TypeCall(None)
         for f, r in rows:
             family = str(inst.families[f])

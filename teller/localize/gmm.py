@@ -354,6 +354,29 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
+
+def step_count_p99(family: np.ndarray, step: np.ndarray | None, n_families: int) -> np.ndarray:
+    """Per family: the 99th percentile of its instances per step, over the steps (``step`` ≥ 0)
+    that hold it; NaN without steps. How many times a step runs a collective or a module is fixed
+    by the deployment: many more (a collective split in chunks) says where a fault acts
+    (:mod:`teller.localize.faulttype`)."""
+    out = np.full(n_families, np.nan)
+    if step is None or not len(step):
+        return out
+    ok = step >= 0
+    span = int(step.max(initial=0)) + 1
+    keys, counts = np.unique(family[ok].astype(np.int64) * span + step[ok], return_counts=True)
+    fam = keys // span
+    o = np.lexsort((counts, fam))
+    fam, counts = fam[o], counts[o]
+    lo = np.searchsorted(fam, np.arange(n_families))
+    hi = np.searchsorted(fam, np.arange(n_families), side="right")
+    has = hi > lo
+    pos = lo + np.floor(0.99 * (hi - lo - 1)).astype(np.int64)  # the lower 99th-percentile order statistic
+    out[has] = counts[pos[has]]
+    return out
+
+
 class GMMLocalizer(_Params):
     """Per-family Gaussian-mixture anomaly scores a(x) = 1 − ρ(x) (module docstring)."""
 
@@ -473,6 +496,7 @@ class GMMLocalizer(_Params):
         u_all = self._log_batch(batch, len(X))
         rng = np.random.default_rng(self.random_state)
         g = None if groups is None else np.asarray(groups).astype(np.int64)
+        self.count_p99_ = step_count_p99(inv, g, F)
         fold = (np.abs(g) % 2) if g is not None else rng.integers(0, 2, len(X))
         order = np.argsort(inv, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(self.n_samples_)])
@@ -1017,6 +1041,7 @@ class GMMLocalizer(_Params):
             "n_samples": self.n_samples_, "radius": self.radius_, "feature_radius": self.feature_radius_,
             "shift_radius": self.shift_radius_, "varying": self.varying_,
             "slope": self.slope_, "batch_center": self.batch_center_,
+            "count_p99": getattr(self, "count_p99_", np.full(len(self.families_), np.nan)),
         }
         path = os.fspath(path)
         tmp = path + ".tmp.npz"
@@ -1063,6 +1088,8 @@ class GMMLocalizer(_Params):
         est.batch_center_ = data["batch_center"] if "batch_center" in data else np.zeros(F)
         # artefacts before the feature test: no per-feature radii (the test never fires)
         est.feature_radius_ = data["feature_radius"] if "feature_radius" in data else np.full((F, d), np.inf)
+        # artefacts before per-step counts were kept: unknown (no count rule)
+        est.count_p99_ = data["count_p99"] if "count_p99" in data else np.full(F, np.nan)
         est.nan_values_ = int(header.get("nan_values", 0))
         est.extra_ = header.get("extra", {})
         return est
