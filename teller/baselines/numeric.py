@@ -308,7 +308,10 @@ class TellerNumeric(Method):
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         return self._predict_with(self.model_, steps, np.asarray(idx))
 
-    def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray) -> Prediction:
+    def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> Prediction:
+        """The stage's answers on the steps ``idx``; ``counts``: the model's reference is of these
+        steps' deployment, so the evidence's type may read the collectives' counts per step
+        (:func:`teller.localize.faulttype.step_fault_types`; a reference mixing deployments may not)."""
         inst = self._inst(steps)
         um = _unit_mask(steps, idx)
         sel = np.flatnonzero(um[inst.step] & (inst.step >= 0))
@@ -322,7 +325,7 @@ class TellerNumeric(Method):
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units
             uops[int(s)] = {c["family"] for c in res.candidates}
-        utype = {u: c.fault_type for u, c in step_fault_types(model, sub, loc).items()}
+        utype = {u: c.fault_type for u, c in step_fault_types(model, sub, loc, counts=counts).items()}
         n = len(idx)
         flag = np.zeros(n, bool)
         score = np.full(n, -np.inf)
@@ -414,7 +417,8 @@ class TellerNumericDeployment(TellerNumeric):
         ftype = np.full(n, "", dtype=object)
         for d in np.unique(dep).tolist():
             at = np.flatnonzero(dep == d)
-            p = self._predict_with(self.models_.get(int(d), self.model_), steps, idx[at])
+            own = int(d) in self.models_  # a reference of this deployment (else every normal train step)
+            p = self._predict_with(self.models_[int(d)] if own else self.model_, steps, idx[at], counts=own)
             flag[at], score[at], ftype[at] = p.flag, p.score, p.fault_type
             for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
                 ops[i] = o

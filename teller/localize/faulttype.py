@@ -203,9 +203,12 @@ def comm_count_steps(est: GMMLocalizer, inst: Instances, steps: np.ndarray | Non
 
 
 def step_fault_types(est: GMMLocalizer, inst: Instances, loc: Localization, k: int = MAX_CANDIDATES,
-                     flagged_only: bool = False) -> dict[int, TypeCall]:
+                     flagged_only: bool = False, counts: bool = True) -> dict[int, TypeCall]:
     """For every step :func:`teller.localize.localize` scored (``flagged_only``: every flagged
-    one): the type its evidence points to.
+    one): the type its evidence points to. ``counts``: whether a step running a collective many
+    more times than the reference decides communication (:func:`comm_count_steps`); only with a
+    reference of the steps' own deployment (another model shape runs another number of
+    collectives a step).
 
     A flagged step reads its candidate families in order, each through its first suspect; any
     other step its ``k`` most suspicious families, each through its most deviating instance. The
@@ -226,7 +229,7 @@ def step_fault_types(est: GMMLocalizer, inst: Instances, loc: Localization, k: i
                 rows.append((int(c["code"]), mine[0]))
         if rows or flagged_only:
             plan[int(s)] = rows
-    counted = comm_count_steps(est, inst, np.asarray(list(plan), np.int64))
+    counted = comm_count_steps(est, inst, np.asarray(list(plan), np.int64)) if counts else {}
     for s in counted:  # decided before any candidate: no evidence to read for them
         plan[s] = []
     want = np.asarray(sorted({r for rows in plan.values() for _, r in rows}), np.int64)

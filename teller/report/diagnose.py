@@ -139,8 +139,10 @@ def _reference_durations(est: GMMLocalizer, inst: Any, loc: Localization, inst_o
 
 
 def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, source: str,
-                    slice_config: SliceConfig | None = None) -> dict[str, Any]:
-    """The diagnosis dict of one run (slices built for flagged steps only)."""
+                    slice_config: SliceConfig | None = None, counts: bool = True) -> dict[str, Any]:
+    """The diagnosis dict of one run (slices built for flagged steps only); ``counts``: whether
+    the evidence's type may read the collectives' counts per step (a reference of the run's
+    deployment, :func:`teller.localize.faulttype.step_fault_types`)."""
     t0 = time.perf_counter()
     fa, st, inst = rf.forest, rf.steps, rf.instances
     cfg = slice_config or SliceConfig()
@@ -151,7 +153,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
     top = np.full(n_steps, -1, np.int64)
     score[ss.steps], flag[ss.steps], top[ss.steps] = ss.score, ss.flag, ss.top_family
     n_inst = np.bincount(inst.step[inst.step >= 0], minlength=n_steps) if n_steps else np.zeros(0, np.int64)
-    types = step_fault_types(est, inst, loc, flagged_only=True)
+    types = step_fault_types(est, inst, loc, flagged_only=True, counts=counts)
     reqs = _requests_by_step(rf.path, [int(st.node_id[i]) for i in loc.flagged]) if st.rule == "STEP ranges" else {}
     # per-row anomaly score for the slice builder
     row_a = np.zeros(fa.n)
@@ -298,9 +300,11 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     t_feat = time.perf_counter() - t0 - t_fit
     loc = localize(est, rf.instances)
     t_loc = time.perf_counter() - t0 - t_fit - t_feat
-    diag = build_diagnosis(rf, est, loc, source, slice_config)
+    match = reference_match(est, rf, keep_warmup)
+    # the count rule of the evidence's type needs a reference of the run's deployment
+    diag = build_diagnosis(rf, est, loc, source, slice_config, counts=match["same_deployment"] is not False)
     diag["health"] = input_health(run, reference or [])
-    diag["reference_match"] = reference_match(est, rf, keep_warmup)
+    diag["reference_match"] = match
     diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
     mark_episodes(diag)
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
