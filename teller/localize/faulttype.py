@@ -36,7 +36,9 @@ Before any candidate: a collective that a step runs many more times than the ref
 steps ever did (more than ``COUNT_SLACK`` × its 99th percentile of instances per step, plus
 half an instance: a collective split in chunks) is a communication fault, whatever else stands
 out. The number of times a step runs a collective is fixed by the deployment (its layers and
-ranks), so a step running more of them says the collective path changed.
+ranks), so a step running more of them says the collective path changed; for the same reason
+the rule reads only a reference of the step's own deployment (``counts`` of
+:func:`step_fault_types`).
 
 A family the reference never saw has no deviation to read; its own time decides: CUDA
 runtime/driver calls and synchronisation (``rt_ns + drv_ns + sync_ns``), kernels (``k_ns``),
