@@ -351,7 +351,7 @@ def test_numeric_stage_reference_every_normal_step_or_the_fault_free_runs(vertic
     assert a.reference_ == "normal" and a.fitted_steps_ == int((~s.is_anomaly[tr]).sum())
 
 
-def test_numeric_stage_per_deployment_reference(vertical):
+def test_numeric_stage_per_deployment_reference(vertical, monkeypatch):
     """teller_numeric_deploy scores a step with the stage fitted on the fault-free normal train steps
     of its own deployment (workload shape and ranks); a deployment without a fault-free run falls
     back to every normal train step (teller_numeric)."""
@@ -392,6 +392,21 @@ def test_numeric_stage_per_deployment_reference(vertical):
     assert (p.flag[~at] == every.flag).all() and np.allclose(p.score[~at], every.score)
     assert p.operators[np.flatnonzero(~at)[0]] == every.operators[0]
     assert m.describe()["reference_steps"] == {names[d]: len(mine)}
+    # the evidence's count rule reads a reference of the step's own deployment only: the stage of
+    # deployment d, not the fallback of every normal train step (nor the plain row's)
+    seen = []
+    plain = TellerNumeric._predict_with
+
+    def spy(self, model, steps, idx, counts=False):
+        seen.append((model is m.models_.get(d), counts))
+        return plain(self, model, steps, idx, counts)
+
+    monkeypatch.setattr(TellerNumeric, "_predict_with", spy)
+    m.predict(s, te)
+    assert sorted(set(seen)) == [(False, False), (True, True)]
+    seen.clear()
+    make("teller_numeric").fit(s, tr).predict(s, te)
+    assert {c for _, c in seen} == {False}
 
 
 def test_unsupervised_flags_follow_the_reference(vertical):
