@@ -291,3 +291,20 @@ def test_numeric_stage_only_shows_the_type_its_evidence_points_to():
     assert "Fault type by the evidence" in text and "a family not in the reference" in text
     other = dom.by_id(f"step-{flagged[1]['index']}")  # a step without one says nothing of a type
     assert "by the evidence" not in other["text"]
+
+
+def test_numeric_verdicts_are_carded_by_the_type_their_evidence_points_to():
+    d = sample_diagnosis(model=False, ranks=1)
+    flagged = [x for x in d["steps"] if x["flag"]]
+    et = {"fault_type": "runtime", "family": "BE aten::item", "feature": "family",
+          "reason": "runtime: BE aten::item (a family not in the reference): the time went to CUDA runtime/driver calls"}
+    for x in flagged:
+        x["evidence_type"] = dict(et)
+    cards = parse(render_html(d)).by_class("card", "div")
+    assert len(cards) == 1 and cards[0]["attrs"]["data-steps"] == str(len(flagged))
+    text = " ".join(cards[0]["text"].split())
+    assert "named by the numeric evidence, no model" in text and "fault type not named" not in text
+    assert H._fault_title("runtime") in text
+    flagged[0]["evidence_type"]["fault_type"] = "kernel"  # another type: a card of its own
+    cards = parse(render_html(d)).by_class("card", "div")
+    assert sorted(c["attrs"]["data-steps"] for c in cards) == sorted(["1", str(len(flagged) - 1)])

@@ -337,8 +337,10 @@ class _Page:
                     else "unknown" if x.get("unknown_fault")
                     else "normal" if x.get("model_says_normal") else "numeric")
             ops = _evidence_ops(x)
-            key = (kind, x.get("fault_type") if kind == "fault" else None, ops[0] if ops and kind != "normal" else None)
-            groups.setdefault(key, {"kind": kind, "fault_type": key[1], "steps": []})["steps"].append(x)
+            # the numeric stage's verdicts by the type their evidence points to (none: not named)
+            ev = (x.get("evidence_type") or {}).get("fault_type") if kind == "numeric" else None
+            key = (kind, x.get("fault_type") if kind == "fault" else None, ops[0] if ops and kind != "normal" else None, ev)
+            groups.setdefault(key, {"kind": kind, "fault_type": key[1], "evidence_type": ev, "steps": []})["steps"].append(x)
         order = {"fault": 0, "unknown": 1, "numeric": 2, "rest": 3, "normal": 4}
         out = sorted(groups.values(), key=lambda g: (order[g["kind"]], -len(g["steps"]), _worst_first(g["steps"][0])))
         # the numeric stage's verdicts beyond the largest few groups share one card, a line per step
@@ -379,6 +381,10 @@ class _Page:
         elif g["kind"] == "rest":
             title = (f'<span class="fault">{len(steps):,} other abnormal steps</span> '
                      '<span class="prob">fault type not named; each with its own evidence</span>')
+            cls = "card numeric-card"
+        elif g.get("evidence_type"):
+            title = (f'<span class="fault">{_e(_fault_title(g["evidence_type"]))}</span> '
+                     f'<span class="prob">named by the numeric evidence, no model: {_e(rep["evidence_type"]["reason"])}</span>')
             cls = "card numeric-card"
         else:
             title = '<span class="fault">Abnormal step</span> <span class="prob">fault type not named</span>'
