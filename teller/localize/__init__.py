@@ -27,6 +27,7 @@ from teller.localize.features import (
     RunFeatures,
     run_features,
 )
+from teller.reconstruct._np import cumcount
 from teller.reconstruct.ensure import ensure_reconstructed
 
 if TYPE_CHECKING:
@@ -273,10 +274,7 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     collective = np.zeros(inst.n, bool)
     if len(coll):
         o = np.lexsort((-np.nan_to_num(det["m2"][coll], nan=-np.inf), inst_key[coll]))
-        k = inst_key[coll][o]
-        first = np.r_[True, k[1:] != k[:-1]]
-        rank = np.arange(len(k)) - np.maximum.accumulate(np.where(first, np.arange(len(k)), 0))
-        collective[coll[o][rank < COLLECTIVE_SUSPECTS]] = True
+        collective[coll[o][cumcount(inst_key[coll][o]) < COLLECTIVE_SUSPECTS]] = True
     S = s0 | collective
     # explain-away: walk up the instance-ancestor chains from every instance of S
     has_desc = np.zeros(inst.n, bool)

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from teller.localize.features import FEATURES, MIX_FEATURES, Instances
+from teller.reconstruct._np import cumcount, segment_starts
 
 if TYPE_CHECKING:
     from teller.localize import Localization
@@ -154,9 +155,7 @@ def _pairs(loc: Localization, inst: Instances, k: int) -> tuple[np.ndarray, np.n
     ss = loc.steps
     o = np.lexsort((-np.nan_to_num(ss.sf_susp, nan=-np.inf), ss.sf_step))
     st, fam = ss.sf_step[o], ss.sf_family[o]
-    first = np.r_[True, st[1:] != st[:-1]]
-    start = np.maximum.accumulate(np.where(first, np.arange(len(st)), 0))
-    keep = (np.arange(len(st)) - start) < k
+    keep = cumcount(st) < k
     st, fam = st[keep], fam[keep]
     # the most deviating instance of each (step, family)
     nf = len(inst.families) + 1
@@ -164,9 +163,8 @@ def _pairs(loc: Localization, inst: Instances, k: int) -> tuple[np.ndarray, np.n
     ok = inst.step >= 0
     io = np.flatnonzero(ok)
     io = io[np.lexsort((-np.nan_to_num(loc.a[io], nan=-np.inf), ikey[io]))]
-    ik = ikey[io]
-    head = np.r_[True, ik[1:] != ik[:-1]]
-    ik, best = ik[head], io[head]
+    head = segment_starts(ikey[io])
+    ik, best = ikey[io][head], io[head]
     pos = np.searchsorted(ik, st.astype(np.int64) * nf + fam)
     pos = np.minimum(pos, max(len(ik) - 1, 0))
     found = (len(ik) > 0) & (ik[pos] == st.astype(np.int64) * nf + fam)
@@ -232,9 +230,8 @@ def step_fault_types(est: GMMLocalizer, inst: Instances, loc: Localization, k: i
         if rows or flagged_only:
             plan[int(s)] = rows
     counted = comm_count_steps(est, inst, np.asarray(list(plan), np.int64)) if counts else {}
-    for s in counted:  # decided before any candidate: no evidence to read for them
-        plan[s] = []
-    want = np.asarray(sorted({r for rows in plan.values() for _, r in rows}), np.int64)
+    # steps the count rule decides need no evidence read
+    want = np.asarray(sorted({r for s, rows in plan.items() if s not in counted for _, r in rows}), np.int64)
     ev = dict(zip(want.tolist(), evidence(est, inst, loc, want), strict=True)) if len(want) else {}
     out: dict[int, TypeCall] = {}
     for s, rows in plan.items():

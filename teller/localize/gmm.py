@@ -354,7 +354,6 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
-
 def step_count_p99(family: np.ndarray, step: np.ndarray | None, n_families: int) -> np.ndarray:
     """Per family: the 99th percentile of its instances per step, over the steps (``step`` ≥ 0)
     that hold it; NaN without steps. How many times a step runs a collective or a module is fixed
