@@ -103,6 +103,40 @@ def test_episodes_and_the_steps_the_model_rules_out():
     assert warm.get("model_says_normal") and not warm.get("unknown_fault")
 
 
+def test_an_episode_takes_the_type_most_of_its_steps_are_given():
+    """type_episodes: an episode's type is its steps' majority: the model's type where it keeps the
+    step, the evidence's where the model did not read it or takes it for an unknown kind of fault,
+    nothing from a step it rules out; ties to the larger summed score."""
+    from teller.report.diagnose import mark_episodes, step_type, type_episodes
+
+    ev = {"fault_type": "memory", "family": "FE:x", "feature": "mem_ns", "reason": "r"}
+
+    def step(i, num, rank, **kw):
+        return {"index": i, "step_num": num, "rank": rank, "flag": True, "start_ns": num * 10 + rank,
+                "end_ns": num * 10 + rank + 5, "score": 0.9, **kw}
+
+    steps = [step(0, 1, 0, fault_type="kernel", evidence_type=ev),
+             step(1, 2, 0, fault_type="kernel"),
+             step(2, 3, 0, evidence_type=ev),  # not read by the model: the evidence's type
+             step(3, 4, 0, fault_type=None, unknown_fault=True, fault_type_guess="kernel", evidence_type=ev),
+             step(4, 5, 0, fault_type="kernel", model_says_normal=True, evidence_type=ev),  # no vote
+             step(5, 1, 1, fault_type="runtime", score=0.6),
+             step(6, 2, 1, evidence_type=dict(ev, fault_type="scheduling"), score=0.7),
+             step(7, 9, 1)]  # names no type
+    assert [step_type(d) for d in steps] == ["kernel", "kernel", "memory", "memory", None, "runtime", "scheduling", None]
+    diag = {"steps": steps}
+    mark_episodes(diag)
+    type_episodes(diag)
+    got = {(e["rank"], e["first_step"]): (e["fault_type"], e["type_votes"]) for e in diag["episodes"]}
+    # rank 0: kernel 2 and memory 2 tie, the same score each: the smaller name; rank 1: scheduling outweighs runtime
+    assert got == {(0, 1): ("kernel", {"kernel": 2, "memory": 2}), (1, 1): ("scheduling", {"runtime": 1, "scheduling": 1}),
+                   (1, 9): (None, {})}
+    steps[2]["score"] = steps[3]["score"] = 0.95
+    type_episodes(diag)
+    assert diag["episodes"][0]["fault_type"] == "memory"
+    type_episodes({"steps": [], "episodes": []})  # nothing flagged: nothing to do
+
+
 def test_report_names_faults_of_an_unknown_kind():
     from report_sample import sample_diagnosis
 

@@ -922,6 +922,68 @@ def test_episode_lengths_hand_case():
     assert episode_lengths(lane, num, np.zeros(9, bool))[1].tolist() == [0] * 9
 
 
+def test_sustain_and_episode_majority_hand_case():
+    from teller.localize.episodes import episode_lengths, episode_majority, sustain
+
+    lane = np.array([0] * 12 + [1, 1])
+    num = np.r_[np.arange(12), [3, 4]]
+    flag = np.array([0, 1, 1, 1, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0], bool)
+    weak = np.array([1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 1, 1, 1], bool)
+    # lane 0: 0..8 is one episode of flag | weak holding 5 flagged steps; 11 lies 3 past 8; lane 1 has no flag
+    assert sustain(lane, num, flag, weak).tolist() == [1, 0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+    assert not sustain(lane, num, flag, weak, min_flagged=6).any()
+    assert sustain(lane, num, flag, weak | flag).tolist() == sustain(lane, num, flag, weak).tolist()  # flagged never join
+    assert not sustain(lane, num, np.zeros(14, bool), weak).any()
+    eid = np.array([0, 0, 0, 0, 1, 1, 1, 1, -1, 2, 2])
+    code = np.array([3, 1, 1, 3, 2, 0, 2, -1, 4, -1, -1])
+    w = np.array([0.9, 0.2, 0.2, 0.1, 0, 0, 0, 0, 0, 0, 0])
+    # episode 0: codes 3 and 1 tie at two votes, 3 weighs 1.0 against 0.4; episode 1: 2 twice; episode 2: no vote
+    assert episode_majority(eid, code, w).tolist() == [3, 3, 3, 3, 2, 2, 2, 2, -1, -1, -1]
+    assert episode_majority(eid, code).tolist()[:4] == [1, 1, 1, 1]  # no weight: the smaller code
+    assert episode_majority(eid, np.full(11, -1)).tolist() == [-1] * 11
+    e2, _ = episode_lengths(lane, num, flag | sustain(lane, num, flag, weak))
+    assert len(set(e2[:9].tolist())) == 1 and (e2[9:] == -1).all()
+
+
+def test_sustained_row_reads_the_models_answers_over_time(vertical):
+    """teller_mot_family_sustained: the model row's answers, a step at even odds next to an episode
+    of 5+ of its flags joined to it with the families most of the episode names, and the
+    episode's majority type on all its steps; a step of another rank at the same step numbers is
+    not part of it."""
+    from teller.baselines import make
+    from teller.baselines.base import Prediction
+    from teller.baselines.numeric import step_lanes
+
+    s = copy.copy(vertical)
+    lanes = step_lanes(s)
+    codes, counts = np.unique(lanes, return_counts=True)
+    a, b = codes[np.argsort(-counts)[:2]]
+    ia, ib = np.flatnonzero(lanes == a)[:12], np.flatnonzero(lanes == b)[:3]
+    assert len(ia) == 12 and len(ib) == 3
+    s.step_num = vertical.step_num.copy()
+    s.step_num[ia], s.step_num[ib] = np.arange(12), np.arange(1, 4)
+    idx = np.r_[ia, ib]
+    score = np.array([0.4, 0.6, 0.97, 0.97, 0.97, 0.97, 0.97, 0.6, 0.6, 0.3, 0.2, 0.6, 0.6, 0.6, 0.6])
+    flag = score > 0.9
+    ft = np.array(["memory", "memory", "kernel", "kernel", "memory", "kernel", "memory", "memory", "memory",
+                   "kernel", "kernel", "scheduling", "runtime", "runtime", "kernel"], dtype=object)
+    ops = [[], [], ["FE:a"], ["FE:a", "FE:b"], ["FE:a"], ["FE:b"], ["FE:a"], [], [], [], [], [], [], [], []]
+    s.extra = dict(vertical.extra, split="request",
+                   predictions={("request", "teller_mot_family"): (idx, Prediction(score, flag, ft, ops))})
+    m = make("teller_mot_family_sustained").fit(s, idx)
+    p = m.predict(s, idx)
+    joined = [1, 7, 8]
+    assert np.flatnonzero(p.flag & ~flag).tolist() == joined
+    assert [p.operators[i] for i in joined] == [["FE:a"]] * 3 and p.operators[:1] + p.operators[9:] == [[]] * 7
+    assert p.operators[2:7] == ops[2:7]
+    # episode 1..8: five memory votes against three kernel; outside it every type stays
+    assert p.fault_type[1:9].tolist() == ["memory"] * 8 and p.fault_type[[0, 9, 10, 11, 12, 13, 14]].tolist() == ft[
+        [0, 9, 10, 11, 12, 13, 14]].tolist()
+    assert p.score.tolist() == score.tolist()
+    d = m.describe()
+    assert d["joined"] == 3 and d["retyped"] == 3 and d["base"] == "teller_mot_family" and d["min_flagged"] == 5
+
+
 @pytest.mark.parametrize("k", [1, 5])
 def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
     """teller_episodes: the screen, plus every stage flag the screen drops that lies in an episode of

@@ -37,6 +37,7 @@ import numpy as np
 
 from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
+from teller.localize.episodes import MIN_EPISODE
 from teller.rca import SCREEN_FLOOR
 
 
@@ -418,7 +419,7 @@ class TellerEpisodes(TellerScreened):
     label = "TELLER, the model's flags, the stage's it does not rule out and its episodes (deployment reference)"
     stage = "teller_numeric_deploy"
     fit_on = _DEPLOY_FIT
-    min_episode = 5
+    min_episode = MIN_EPISODE
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
         super().fit(steps, idx)
@@ -464,3 +465,104 @@ for _name, _row in FAMILY_ROWS:
     _cls = REGISTRY[_row]
     register(_name)(type(f"{_cls.__name__}Family", (_cls,), {"mot": "teller_mot_family",
                                                              "label": f"{_cls.label}; the MoT with the family operator head"}))
+
+
+#: the model's abnormal probability from which a step next to a lasting episode of its flags joins
+#: it (:class:`RCASustained`): even odds, below the abnormal cut each model chose for a 10% prior
+SUSTAIN_FLOOR = 0.5
+
+
+def sustained(steps: StepSet, idx: np.ndarray, pred: Prediction, floor: float = SUSTAIN_FLOOR,
+              min_flagged: int = MIN_EPISODE) -> tuple[Prediction, dict[str, int]]:
+    """A model's answers on the steps ``idx`` read over time (:mod:`teller.localize.episodes`, one
+    lane per run and rank): a step the model gives at least ``floor`` joins an episode of
+    ``min_flagged`` or more of its flags (:func:`~teller.localize.episodes.sustain`), with the
+    families at least half of that episode's flagged steps name; every step of an episode takes
+    the fault type most of its steps are given (ties: the larger summed probability). Steps
+    outside episodes keep their answers. Returns the prediction and how many steps joined and
+    changed type."""
+    from teller.baselines.numeric import step_lanes
+    from teller.localize.episodes import episode_lengths, episode_majority, sustain
+
+    idx = np.asarray(idx)
+    lane, num = step_lanes(steps)[idx], steps.step_num[idx]
+    flag, score = np.asarray(pred.flag, bool), np.asarray(pred.score, float)
+    joined = sustain(lane, num, flag, score >= floor, min_flagged)
+    now = flag | joined
+    eid, _ = episode_lengths(lane, num, now)
+    ops = None
+    if pred.operators is not None:
+        ops = [list(o) for o in pred.operators]
+        by_ep: dict[int, list[int]] = {}
+        for i in np.flatnonzero(flag & np.isin(eid, eid[joined])).tolist():
+            by_ep.setdefault(int(eid[i]), []).append(i)
+        for i in np.flatnonzero(joined).tolist():
+            members = by_ep[int(eid[i])]
+            fams: dict[str, int] = {}
+            for j in members:
+                for f in set(ops[j]):
+                    fams[f] = fams.get(f, 0) + 1
+            ops[i] = sorted(f for f, c in fams.items() if 2 * c >= len(members))
+    ft, changed = pred.fault_type, 0
+    if ft is not None:
+        ft = np.asarray(ft, dtype=object)
+        names, code = np.unique(ft.astype(str), return_inverse=True)
+        code = np.where(ft.astype(str) == "", -1, code)
+        win = episode_majority(eid, code, score)
+        new = np.where(win >= 0, names[np.maximum(win, 0)], ft).astype(object)
+        changed = int((new != ft).sum())
+        ft = new
+    return (Prediction(score=score, flag=now, fault_type=ft, operators=ops),
+            {"joined": int(joined.sum()), "retyped": changed})
+
+
+class RCASustained(Method):
+    """A root-cause model row read over time, as a fault lasts: its answers on the test steps, then
+    :func:`sustained` (hysteresis on its episodes, the episode's type). The model's own row's
+    answers are reused when ``teller evaluate`` has them for the same test steps."""
+
+    kind = "teller"
+    #: the model row whose answers are read over time
+    base = "teller_mot_family"
+    floor = SUSTAIN_FLOOR
+    min_flagged = MIN_EPISODE
+
+    def __init__(self, seed: int = 0, model: str | Path | None = None):
+        self.seed = seed
+        self.model = model
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCASustained":
+        m = REGISTRY[self.base](seed=self.seed, model=self.model)
+        m.name = self.base
+        if _cached(steps, self.base, None) is None:
+            m.fit(steps, idx)
+        self.part_ = m
+        return self
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        got = _cached(steps, self.base, idx)
+        if got is None:
+            if not hasattr(self.part_, "model_"):
+                raise ValueError(f"{self.base} was not fitted here (its row's predictions were reused at fit time) and has "
+                                 "none for these steps: fit this row again")
+            got = self.part_.predict(steps, idx)
+        pred, self.counts_ = sustained(steps, idx, got, self.floor, self.min_flagged)
+        return pred
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update({"base": self.base, "floor": self.floor, "min_flagged": self.min_flagged})
+        if hasattr(getattr(self, "part_", None), "model_path_"):
+            d["model"] = self.part_.model_path_
+        d.update(getattr(self, "counts_", {}))
+        return d
+
+
+#: the model rows read over time: name, model row
+SUSTAINED_ROWS = (("teller_mot_family_sustained", "teller_mot_family"),
+                  ("teller_mot_family_ensemble_sustained", "teller_mot_family_ensemble"))
+for _name, _row in SUSTAINED_ROWS:
+    _cls = REGISTRY[_row]
+    register(_name)(type(f"RCASustained_{_name}", (RCASustained,), {
+        "base": _row, "label": f"{_cls.label}; read over time (a step at even odds next to 5+ flags joins them; the episode's type)",
+        "features": _cls.features, "fit_on": _cls.fit_on}))

@@ -4,6 +4,11 @@ A fault lasts: the injected faults of dataset v2 hold for tens of steps, and a s
 operation mostly stands alone. An *episode* is a maximal run of flagged steps of one rank (one
 lane: a process, a run's horizontal steps) whose step numbers lie at most ``gap`` apart (``gap``
 2 lets one unflagged step sit inside). Its length is the number of flagged steps it holds.
+
+Two readings follow from a fault lasting. A step next to a long episode needs less evidence to
+belong to it (:func:`sustain`: hysteresis, as an edge detector keeps a weak edge pixel joined to
+a strong one), and the steps of one episode share one cause, so the episode's type is the one
+most of its steps are given (:func:`episode_majority`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import numpy as np
 
 #: largest step-number distance between two flagged steps of one episode
 EPISODE_GAP = 2
+#: flagged steps an episode holds from which it is taken as a lasting fault (``teller_episodes``,
+#: `teller diagnose`'s unknown faults, :func:`sustain`)
+MIN_EPISODE = 5
 
 
 def episode_lengths(lane: np.ndarray, step_num: np.ndarray, flag: np.ndarray, gap: int = EPISODE_GAP) -> tuple[np.ndarray, np.ndarray]:
@@ -32,3 +40,43 @@ def episode_lengths(lane: np.ndarray, step_num: np.ndarray, flag: np.ndarray, ga
     eid[o] = ids
     length[o] = np.bincount(ids)[ids]
     return eid, length
+
+
+def sustain(lane: np.ndarray, step_num: np.ndarray, flag: np.ndarray, weak: np.ndarray,
+            min_flagged: int = MIN_EPISODE, gap: int = EPISODE_GAP) -> np.ndarray:
+    """Hysteresis on episodes: the steps ``weak`` (some evidence, not enough to be flagged alone)
+    that join a lasting fault. The episodes are drawn over ``flag | weak``; a weak step joins when
+    its episode holds at least ``min_flagged`` flagged steps. Returns the joined steps (a mask; a
+    flagged step is never among them)."""
+    flag = np.asarray(flag, bool)
+    weak = np.asarray(weak, bool) & ~flag
+    eid, _ = episode_lengths(lane, step_num, flag | weak, gap)
+    if not (eid >= 0).any():
+        return np.zeros(len(flag), bool)
+    strong = np.bincount(eid[flag], minlength=int(eid.max()) + 1)  # flagged steps are all in some episode
+    return weak & (strong[np.maximum(eid, 0)] >= min_flagged)
+
+
+def episode_majority(eid: np.ndarray, code: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+    """Per step: the code most of its episode's steps have (``eid`` from :func:`episode_lengths`,
+    ``code`` >= 0 a step's answer, -1 none: it does not vote), ties going to the larger summed
+    ``weight`` (then the smaller code); -1 outside episodes and in episodes where no step votes."""
+    eid = np.asarray(eid, np.int64)
+    code = np.asarray(code, np.int64)
+    w = np.zeros(len(eid)) if weight is None else np.asarray(weight, float)
+    out = np.full(len(eid), -1, np.int64)
+    v = np.flatnonzero((eid >= 0) & (code >= 0))
+    if not len(v):
+        return out
+    k = int(code[v].max()) + 1
+    pair, inv = np.unique(eid[v] * k + code[v], return_inverse=True)
+    count = np.bincount(inv)
+    wsum = np.bincount(inv, weights=w[v])
+    pe, pc = pair // k, pair % k
+    order = np.lexsort((pc, -wsum, -count, pe))  # per episode: most votes, then weight, then code
+    head = order[np.r_[True, pe[order][1:] != pe[order][:-1]]]
+    win = np.full(int(eid.max()) + 1, -1, np.int64)
+    win[pe[head]] = pc[head]
+    m = eid >= 0
+    out[m] = win[eid[m]]
+    return out

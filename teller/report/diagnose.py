@@ -15,8 +15,10 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
      "health": {"partial", "runs": [{role, path, status, partial, lost}], "lines": [...]} (what is
                 wrong with the run and its references: killed or cut input, repairs, warnings,
                 and the lines of "reference_match" prefixed "reference: "),
-     "episodes": [{index, rank, first_step, last_step, steps, start_ns, end_ns}] (flagged steps
-                of one rank at most 2 step numbers apart, teller.localize.episodes),
+     "episodes": [{index, rank, first_step, last_step, steps, start_ns, end_ns, fault_type,
+                type_votes}] (flagged steps of one rank at most 2 step numbers apart,
+                teller.localize.episodes; fault_type: the type most of its steps are given, the
+                model's where it keeps a step, else its evidence's; type_votes: {type: steps}),
      "reference_match": {"same_deployment": bool | null, "reference": shape, "run": shape,
                          "lines": [...]} (whether the reference was recorded on the run's
                 deployment: ranks and per-step counts of the FE and COMM families;
@@ -80,6 +82,7 @@ from teller.localize import (
     localize,
     no_reference_error,
 )
+from teller.localize.episodes import MIN_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
@@ -314,6 +317,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
         apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
                     max_steps=MODEL_STEPS if model_steps is None else model_steps, explain=model_explain)
         diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
+    type_episodes(diag)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
         json_path, out_dir = out_dir, out_dir.parent
@@ -336,7 +340,7 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 #: flagged steps in a row (:mod:`teller.localize.episodes`) from which a stage flag the model
 #: rules out stays a fault, of a kind the model was not trained on, when the reference is a
 #: recording of the run's deployment (docs/results.md, "Episodes": `teller_episodes`)
-EPISODE_MIN = 5
+EPISODE_MIN = MIN_EPISODE
 
 
 def ruled_out(d: dict[str, Any], same_deployment: bool) -> None:
@@ -378,6 +382,45 @@ def mark_episodes(diag: dict[str, Any]) -> None:
         diag["episodes"].append({"index": i, "rank": int(m[0]["rank"]), "first_step": min(int(d["step_num"]) for d in m),
                                  "last_step": max(int(d["step_num"]) for d in m), "steps": len(m),
                                  "start_ns": min(int(d["start_ns"]) for d in m), "end_ns": max(int(d["end_ns"]) for d in m)})
+
+
+def step_type(d: dict[str, Any]) -> str | None:
+    """The fault type a flagged step is given: the model's where it keeps the step abnormal, else
+    (the model did not read it, or takes it for a fault it was not trained on) the type the
+    stage's evidence points to; None for a step the model rules out or none names."""
+    if d.get("model_says_normal"):
+        return None
+    if d.get("fault_type") and not d.get("unknown_fault"):
+        return str(d["fault_type"])
+    et = d.get("evidence_type")
+    return str(et["fault_type"]) if et else None
+
+
+def type_episodes(diag: dict[str, Any]) -> None:
+    """Each episode's fault type (after :func:`mark_episodes`, and the model when it ran): the type
+    most of its steps are given (:func:`step_type`; ties: the larger summed step score,
+    :func:`teller.localize.episodes.episode_majority`), as ``fault_type`` (None where no step
+    names one), with ``type_votes`` ({type: steps}). A fault lasts, and its steps share a cause."""
+    from teller.localize.episodes import episode_majority
+
+    eps = diag.get("episodes") or []
+    if not eps:
+        return
+    members = [d for d in diag["steps"] if "episode" in d]
+    types = [step_type(d) for d in members]
+    names = sorted({t for t in types if t})
+    code = np.asarray([names.index(t) if t else -1 for t in types], np.int64)
+    eid = np.asarray([int(d["episode"]) for d in members], np.int64)
+    score = np.asarray([float(d.get("score") or 0.0) for d in members])
+    win = episode_majority(eid, code, score)
+    first = dict(zip(eid.tolist(), win.tolist(), strict=True))  # every step of an episode has its episode's winner
+    for e in eps:
+        e["fault_type"] = names[first[e["index"]]] if first.get(e["index"], -1) >= 0 else None
+        e["type_votes"] = {}
+    for e_i, t in zip(eid.tolist(), types, strict=True):
+        if t:
+            v = eps[e_i]["type_votes"]
+            v[t] = v.get(t, 0) + 1
 
 
 def reference_match(est: Any, rf: Any, keep_warmup: bool = False) -> dict[str, Any]:
@@ -793,8 +836,9 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
                       "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict")
     eps = sorted(diag.get("episodes") or [], key=lambda e: (-e["steps"], e["start_ns"]))
     if eps:
-        longest = ", ".join(f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged)"
-                            for e in eps[:3])
+        longest = ", ".join(f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged"
+                            + (f"; {e['fault_type']}, {e['type_votes'][e['fault_type']]} of them" if e.get("fault_type") else "")
+                            + ")" for e in eps[:3])
         console.print(f"  {len(eps)} episode(s) of flagged steps; the longest: {longest}",
                       soft_wrap=True, markup=False, highlight=False)
     for x in flagged[:top]:
