@@ -308,3 +308,21 @@ def test_numeric_verdicts_are_carded_by_the_type_their_evidence_points_to():
     flagged[0]["evidence_type"]["fault_type"] = "kernel"  # another type: a card of its own
     cards = parse(render_html(d)).by_class("card", "div")
     assert sorted(c["attrs"]["data-steps"] for c in cards) == sorted(["1", str(len(flagged) - 1)])
+
+
+def test_verdict_names_the_longest_episodes_and_their_types():
+    from teller.report.diagnose import mark_episodes, type_episodes
+
+    d = sample_diagnosis(model=False, ranks=1)
+    flagged = [x for x in d["steps"] if x["flag"]]
+    for x in flagged:
+        x["evidence_type"] = {"fault_type": "kernel", "family": "FE x", "feature": "k_ns", "reason": "kernel: FE x"}
+    mark_episodes(d)
+    type_episodes(d)
+    assert d["episodes"] and all(e["fault_type"] == "kernel" for e in d["episodes"])
+    text = " ".join(parse(render_html(d)).by_id("verdict")["text"].split())
+    longest = H.longest_episodes(d)[0]
+    assert f"{len(d['episodes'])} episode(s) of flagged steps" in text
+    assert H.episode_words(longest) in text and f"kernel, {longest['steps']} of them" in text
+    d.pop("episodes")
+    assert "episode(s) of flagged steps" not in parse(render_html(d)).by_id("verdict")["text"]

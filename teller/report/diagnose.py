@@ -88,7 +88,7 @@ from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
-from teller.report.html import fmt_value, model_unsure, write_html
+from teller.report.html import episode_words, fmt_value, longest_episodes, model_unsure, write_html
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
@@ -834,13 +834,9 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
     if m and m.get("steps_read", 0) < m.get("steps_eligible", 0):
         console.print(f"  the model read the {m['steps_read']} highest-scored of {m['steps_eligible']} flagged steps "
                       "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict")
-    eps = sorted(diag.get("episodes") or [], key=lambda e: (-e["steps"], e["start_ns"]))
-    if eps:
-        longest = ", ".join(f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged"
-                            + (f"; {e['fault_type']}, {e['type_votes'][e['fault_type']]} of them" if e.get("fault_type") else "")
-                            + ")" for e in eps[:3])
-        console.print(f"  {len(eps)} episode(s) of flagged steps; the longest: {longest}",
-                      soft_wrap=True, markup=False, highlight=False)
+    if eps := longest_episodes(diag):
+        console.print(f"  {len(diag['episodes'])} episode(s) of flagged steps; the longest: "
+                      + ", ".join(map(episode_words, eps)), soft_wrap=True, markup=False, highlight=False)
     for x in flagged[:top]:
         console.print("  " + verdict_line(x), soft_wrap=True, markup=False, highlight=False)
     if len(flagged) > top:

@@ -229,6 +229,18 @@ def _dur(step: dict[str, Any]) -> int:
 
 
 
+def longest_episodes(diag: dict[str, Any], top: int = 3) -> list[dict[str, Any]]:
+    """The ``top`` longest episodes of a diagnosis (ties: the earlier first)."""
+    return sorted(diag.get("episodes") or [], key=lambda e: (-e["steps"], e["start_ns"]))[:top]
+
+
+def episode_words(e: dict[str, Any]) -> str:
+    """One episode in words: its steps, rank, length and the type most of its steps are given."""
+    t = e.get("fault_type")
+    return (f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged"
+            + (f"; {t}, {e['type_votes'][t]} of them" if t else "") + ")")
+
+
 def model_unsure(x: dict[str, Any]) -> bool:
     """Whether the root-cause model typed flagged step ``x`` while giving it less than its own cut
     (:attr:`teller.rca.api.RCA.abnormal_cut`; ``model_unsure``, or before it was written
@@ -307,6 +319,10 @@ class _Page:
                 why = f" ({_e(skipped)})" if skipped else ""
                 out.append(f'<p class="sub">No root-cause model was applied{why}: the fault types are not named; '
                            "the evidence is the numeric stage's.</p>")
+        eps = longest_episodes(self.d)
+        if nf and eps:
+            out.append(f'<p class="sub">{len(self.d["episodes"]):,} episode(s) of flagged steps (a rank\'s flagged steps '
+                       f"at most 2 step numbers apart); the longest: {_e('; '.join(map(episode_words, eps)))}.</p>")
         if s.get("warning"):
             out.append(f'<p class="warning">Warning: {_e(s["warning"])}</p>')
         health = self.d.get("health") or {}
