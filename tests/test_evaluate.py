@@ -982,6 +982,11 @@ def test_sustained_row_reads_the_models_answers_over_time(vertical):
     assert p.score.tolist() == score.tolist()
     d = m.describe()
     assert d["joined"] == 3 and d["retyped"] == 3 and d["base"] == "teller_mot_family" and d["min_flagged"] == 5
+    with pytest.raises(ValueError, match="was not fitted here"):  # answers kept for other steps only
+        m.predict(s, idx[:-1])
+    s.extra = dict(vertical.extra, split="request")  # no answers kept, no models: the model row's own error
+    with pytest.raises(ValueError, match="pass `--models DIR`"):
+        make("teller_mot_family_sustained").fit(s, idx)
 
 
 @pytest.mark.parametrize("k", [1, 5])
