@@ -131,6 +131,11 @@ def test_an_episode_takes_the_type_most_of_its_steps_are_given():
     # rank 0: kernel 2 and memory 2 tie, the same score each: the smaller name; rank 1: scheduling outweighs runtime
     assert got == {(0, 1): ("kernel", {"kernel": 2, "memory": 2}), (1, 1): ("scheduling", {"runtime": 1, "scheduling": 1}),
                    (1, 9): (None, {})}
+    from teller.report.html import episode_words
+
+    assert [episode_words(e) for e in diag["episodes"]] == [
+        "steps 1–5 on rank 0 (5 flagged; kernel, 2 of them)", "steps 1–2 on rank 1 (2 flagged; scheduling, 1 of them)",
+        "step 9 on rank 1 (1 flagged)"]
     steps[2]["score"] = steps[3]["score"] = 0.95
     type_episodes(diag)
     assert diag["episodes"][0]["fault_type"] == "memory"

@@ -237,7 +237,8 @@ def longest_episodes(diag: dict[str, Any], top: int = 3) -> list[dict[str, Any]]
 def episode_words(e: dict[str, Any]) -> str:
     """One episode in words: its steps, rank, length and the type most of its steps are given."""
     t = e.get("fault_type")
-    return (f"steps {e['first_step']}–{e['last_step']} on rank {e['rank']} ({e['steps']} flagged"
+    where = f"step {e['first_step']}" if e["first_step"] == e["last_step"] else f"steps {e['first_step']}–{e['last_step']}"
+    return (f"{where} on rank {e['rank']} ({e['steps']} flagged"
             + (f"; {t}, {e['type_votes'][t]} of them" if t else "") + ")")
 
 
