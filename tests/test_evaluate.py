@@ -1037,6 +1037,61 @@ def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
 
 
 
+@pytest.mark.parametrize("k", [1, 5])
+def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_stage_missed(vertical, k):
+    """teller_diagnose (what `teller diagnose --reference` reports): the stage's flags the model
+    keeps, and ruled-out stage flags in episodes of 5+ against the step's deployment; a step only
+    the model flags is not flagged (diagnose's model reads the stage's flags alone), where
+    teller_episodes flags it."""
+    from teller.baselines import make
+    from teller.baselines.base import REGISTRY, Prediction
+    from teller.baselines.numeric import deployments, step_lanes
+    from teller.baselines.steps import split_masks
+    from teller.localize.episodes import episode_lengths
+
+    s = copy.copy(vertical)
+    train, test, _ = split_masks(s, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    codes, counts = np.unique(s.run_code[tr[~s.is_anomaly[tr]]], return_counts=True)
+    r = codes[np.argmax(counts)]
+    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
+    s.in_window[s.run_code == r] = False
+    s.is_anomaly[s.run_code == r] = False
+    def answers(score):
+        return Prediction(score=score, flag=score > 0.9, fault_type=np.array(["memory"] * len(te), dtype=object),
+                          operators=[["FE:m"] if f else [] for f in score > 0.9])
+
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot"): (te, answers(np.zeros(len(te))))})
+    from teller.baselines import register
+    from teller.baselines.rca import TellerDiagnose
+
+    name = f"teller_diagnose_test_{k}"
+    if name not in REGISTRY:
+        register(name)(type(f"TD{k}", (TellerDiagnose,), {"min_episode": k}))
+    d = make(name).fit(s, tr)
+    st = d.parts_["teller_numeric_deploy"]
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    whole = st.predict(s, every)
+    sflag = whole.flag[np.searchsorted(every, te)]
+    # the stage's flags alternately ruled out and kept by the model; the others alternately flagged by it alone
+    alt = np.cumsum(sflag) % 2 == 0
+    score = np.where(sflag, np.where(alt, 0.01, 0.3), np.where(np.arange(len(te)) % 2 == 0, 0.99, 0.01))
+    s.extra["predictions"] = {("request", "teller_mot"): (te, answers(score))}
+    p = d.predict(s, te)
+    warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
+    pos = np.searchsorted(every, te)
+    own = np.isin(deployments(s)[te], list(st.models_))
+    confirm = sflag & (score >= 0.1)
+    kept = sflag & ~confirm & (length[pos] >= k) & own
+    assert p.flag.tolist() == (confirm | kept).tolist() and not (p.flag & ~sflag).any()
+    e = make("teller_episodes").fit(s, tr).predict(s, te)
+    only_model = (score > 0.9) & ~sflag
+    assert only_model.any() and e.flag[only_model].all() and not p.flag[only_model].any()
+    assert confirm.any() and (kept.any() or k > 1) and d.describe()["kept_by_episode"] == int(kept.sum())
+    assert REGISTRY["teller_diagnose_family"]().mot == "teller_mot_family"
+
+
 def test_numeric_stage_types_steps_by_the_layer_of_their_evidence(vertical):
     """teller_numeric_deploy names the fault type its evidence points to: the slice's delayed-MLP
     steps (targeted_op_delay: the module's GPU work grows) are typed kernel, and communication is

@@ -348,13 +348,14 @@ def fused_types(num: Prediction, mot: Prediction) -> np.ndarray | None:
 
 @register("teller_confirm")
 class TellerConfirm(TellerPipeline):
-    """TELLER as `teller diagnose` runs it: the numeric stage flags, the model reads the flagged
-    steps and a step stays abnormal only when the model does not rule it out (abnormal probability
-    of at least :data:`teller.rca.SCREEN_FLOOR`; below it diagnose shows the step as one the model
-    reads as normal, ``model_says_normal``); type and evidence are the model's where it flags the
-    step, else the stage's (:func:`fuse`)."""
+    """TELLER with the model screening the numeric stage's flags, the screen of `teller diagnose`:
+    the stage flags, the model reads the flagged steps and a step stays abnormal only when the
+    model does not rule it out (abnormal probability of at least :data:`teller.rca.SCREEN_FLOOR`;
+    below it diagnose shows the step as one the model reads as normal, ``model_says_normal``);
+    type and evidence are the model's where it flags the step, else the stage's (:func:`fuse`).
+    With the episodes `teller diagnose` keeps past the screen it is :class:`TellerDiagnose`."""
 
-    label = "TELLER, the model screening the stage's flags (as `teller diagnose`)"
+    label = "TELLER, the model screening the stage's flags (the screen of `teller diagnose`)"
     rule = "and"
     tau = SCREEN_FLOOR
 
@@ -457,10 +458,25 @@ class TellerEpisodes(TellerScreened):
         return d
 
 
+@register("teller_diagnose")
+class TellerDiagnose(TellerEpisodes):
+    """TELLER as `teller diagnose --reference` reports, with the deployment's fault-free runs as
+    the stage's reference: the stage flags; the model reads the flagged steps (no other); a step
+    stays abnormal when the model does not rule it out (``teller_confirm_deploy``) or, ruled out,
+    when it lies in an episode of at least :attr:`min_episode` flagged steps of its rank and the
+    reference is of its deployment (diagnose's ``unknown_fault``, typed by the stage's evidence).
+    Unlike :class:`TellerEpisodes` a step the stage does not flag is never flagged: the model
+    does not read it."""
+
+    label = "TELLER as `teller diagnose --reference` reports (the stage's flags the model keeps, and those in episodes of 5+)"
+    rule = "and"
+
+
 #: the fused rows on the family-head model's answers (``teller_mot_family``): name, row
 FAMILY_ROWS = (("teller_confirm_deploy_family", "teller_confirm_deploy"),
                ("teller_screened_deploy_family", "teller_screened_deploy"),
-               ("teller_episodes_family", "teller_episodes"))
+               ("teller_episodes_family", "teller_episodes"),
+               ("teller_diagnose_family", "teller_diagnose"))
 for _name, _row in FAMILY_ROWS:
     _cls = REGISTRY[_row]
     register(_name)(type(f"{_cls.__name__}Family", (_cls,), {"mot": "teller_mot_family",
