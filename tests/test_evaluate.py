@@ -1092,6 +1092,62 @@ def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_st
     assert REGISTRY["teller_diagnose_family"]().mot == "teller_mot_family"
 
 
+@pytest.mark.parametrize("k", [1, 5])
+def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(vertical, k):
+    """teller_sustained_family: the model row read over time, plus the deployment stage's flags in
+    episodes of k+ on a deployment with a fault-free reference where the model flags nothing (typed
+    by the stage's evidence); the stage's other flags are dropped."""
+    from teller.baselines import make, register
+    from teller.baselines.base import REGISTRY, Prediction
+    from teller.baselines.numeric import deployments, step_lanes
+    from teller.baselines.rca import TellerSustained, sustained
+    from teller.baselines.steps import split_masks
+    from teller.localize.episodes import episode_lengths
+
+    name = f"teller_sustained_test_{k}"
+    if name not in REGISTRY:
+        register(name)(type(f"TS{k}", (TellerSustained,), {"min_episode": k}))
+    s = copy.copy(vertical)
+    train, test, _ = split_masks(s, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    codes, counts = np.unique(s.run_code[tr[~s.is_anomaly[tr]]], return_counts=True)
+    r = codes[np.argmax(counts)]
+    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
+    s.in_window[s.run_code == r] = False
+    s.is_anomaly[s.run_code == r] = False
+    def answers(score):
+        return Prediction(score=score, flag=score > 0.9, fault_type=np.array(["memory"] * len(te), dtype=object),
+                          operators=[["FE:m"] if f else [] for f in score > 0.9])
+
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, answers(np.zeros(len(te))))})
+    m = make(name).fit(s, tr)
+    st = m.parts_["teller_numeric_deploy"]
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    whole = st.predict(s, every)
+    # the model flags every other step the stage does not flag, and one the stage flags
+    sf = whole.flag[np.searchsorted(every, te)]
+    score = np.where(~sf & (np.arange(len(te)) % 2 == 0), 0.99, 0.02)
+    score[np.flatnonzero(sf)[:1]] = 0.99
+    mot = answers(score)
+    s.extra["predictions"] = {("request", "teller_mot_family"): (te, mot)}
+    p = m.predict(s, te)
+    over_time, _ = sustained(s, te, mot)
+    warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
+    pos = np.searchsorted(every, te)
+    own = np.isin(deployments(s)[te], list(st.models_))
+    sflag = whole.flag[pos]
+    kept = sflag & ~over_time.flag & (length[pos] >= k) & own
+    assert p.flag.tolist() == (over_time.flag | kept).tolist()
+    assert (sflag & ~over_time.flag & ~kept).any()  # stage flags outside lasting episodes are dropped
+    assert kept.any() or k > 1
+    sft = np.asarray(whole.fault_type, dtype=object)[pos]
+    want = np.where(kept & (sft != ""), sft, over_time.fault_type)
+    assert p.fault_type.tolist() == want.tolist()
+    assert all(p.operators[i] == whole.operators[pos[i]] for i in np.flatnonzero(kept))
+    assert all(p.operators[i] == over_time.operators[i] for i in np.flatnonzero(~kept))
+
+
 def test_numeric_stage_types_steps_by_the_layer_of_their_evidence(vertical):
     """teller_numeric_deploy names the fault type its evidence points to: the slice's delayed-MLP
     steps (targeted_op_delay: the module's GPU work grows) are typed kernel, and communication is

@@ -269,10 +269,12 @@ class TellerPipeline(Method):
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerPipeline":
         self.parts_: dict[str, Method] = {}
+        self.fitted_parts_: set[str] = set()
         for name, m in ((self.stage, make(self.stage, self.seed)), (self.mot, REGISTRY[self.mot](seed=self.seed, model=self.model))):
             m.name = name
             if _cached(steps, name, None) is None:  # fitted and scored already by its own row: nothing to fit
                 m.fit(steps, idx)
+                self.fitted_parts_.add(name)
             self.parts_[name] = m
         return self
 
@@ -281,7 +283,7 @@ class TellerPipeline(Method):
         for name, m in self.parts_.items():
             got[name] = _cached(steps, name, idx)
             if got[name] is None:
-                if not hasattr(m, "model_"):
+                if name not in self.fitted_parts_:
                     raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
                                      "has none for these steps: fit this row again")
                 got[name] = m.predict(steps, idx)
@@ -314,7 +316,8 @@ def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -
     stage flags and the model gives the step at least ``tau`` (0.5: when both flag), score
     ``min(stage, model / tau / 2)``. ``screen`` (:class:`TellerScreened`): flagged when the model
     flags, or as ``and``; score ``max(model, min(stage, model / tau / 2))``. Both scores cross 0.5
-    exactly where the step is flagged and rise with either input. Operators, every rule: the
+    exactly where the step is flagged and rise with either input. ``model``
+    (:class:`TellerSustained`): the model's flags and scores alone, its type. Operators, every rule: the
     model's where the model flags the step (its own 0.5), else the stage's (a model row's answers
     carry no evidence under 0.5, where `teller diagnose` asks the model for it); the fault type
     likewise (:func:`fused_types`)."""
@@ -326,12 +329,15 @@ def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -
         flag, score = nf & (ms >= tau), np.minimum(ns, ms / (2.0 * tau))
     elif rule == "screen":
         flag, score = mf | (nf & (ms >= tau)), np.maximum(ms, np.minimum(ns, ms / (2.0 * tau)))
+    elif rule == "model":  # the model's answers alone (the stage's lasting departures are added by TellerEpisodes)
+        flag, score = mf.copy(), ms.copy()
     else:
         flag, score = nf | mf, np.maximum(ns, ms)
     ops = [list(mo) if m else (list(no) if f else [])
            for f, m, mo, no in zip(flag.tolist(), (mf & flag).tolist(), mot.operators or [[]] * len(flag),
                                    num.operators or [[]] * len(flag), strict=True)]
-    return Prediction(score=score, flag=flag, fault_type=fused_types(num, mot), operators=ops)
+    return Prediction(score=score, flag=flag, fault_type=mot.fault_type if rule == "model" else fused_types(num, mot),
+                      operators=ops)
 
 
 def fused_types(num: Prediction, mot: Prediction) -> np.ndarray | None:
@@ -427,6 +433,7 @@ class TellerEpisodes(TellerScreened):
         st = self.parts_[self.stage]
         if not hasattr(st, "models_"):  # its answers were reused: the episodes need every step of the test runs
             st.fit(steps, idx)
+            self.fitted_parts_.add(self.stage)
         return self
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
@@ -447,8 +454,12 @@ class TellerEpisodes(TellerScreened):
         sops = whole.operators or [[]] * len(every)
         ops = [list(sops[p]) if k else o for k, p, o in zip(keep.tolist(), pos.tolist(), base.operators, strict=True)]
         self.kept_by_episode_ = int(keep.sum())
+        ft = base.fault_type
+        if ft is not None and whole.fault_type is not None:  # a kept step: the type the stage's evidence points to
+            sft = np.asarray(whole.fault_type, dtype=object)[pos]
+            ft = np.where(keep & (sft != ""), sft, np.asarray(ft, dtype=object))
         return Prediction(score=np.where(keep, np.maximum(base.score, sscore), base.score), flag=base.flag | keep,
-                          fault_type=base.fault_type, operators=ops)
+                          fault_type=ft, operators=ops)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -582,3 +593,23 @@ for _name, _row in SUSTAINED_ROWS:
     register(_name)(type(f"RCASustained_{_name}", (RCASustained,), {
         "base": _row, "label": f"{_cls.label}; read over time (a step at even odds next to 5+ flags joins them; the episode's type)",
         "features": _cls.features, "fit_on": _cls.fit_on}))
+
+
+@register("teller_sustained_family")
+class TellerSustained(TellerEpisodes):
+    """TELLER read over time: the family-head model's answers read over time
+    (``teller_mot_family_sustained``: its flags, the steps at even odds next to an episode of 5+
+    of them, each episode's majority type) and, where the model flags nothing, the deployment
+    stage's lasting departures (a stage flag in an episode of :attr:`min_episode` or more flagged
+    steps of its rank, against a reference of the step's deployment; typed by the stage's
+    evidence). The stage's other flags are dropped: a step the stage flags alone, outside a
+    lasting episode, is mostly a normal step unlike the reference (docs/results.md, "Episodes")."""
+
+    label = "TELLER, the model read over time and the stage's lasting departures it does not flag (deployment reference)"
+    mot = "teller_mot_family_sustained"
+    rule = "model"
+
+
+register("teller_sustained_ensemble")(type("TellerSustainedEnsemble", (TellerSustained,), {
+    "mot": "teller_mot_family_ensemble_sustained",
+    "label": f"{TellerSustained.label}; the model: the ensemble of the recipe's trainings"}))
