@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         dataset: Path = typer.Argument(..., help="Dataset folder (from `teller dataset build`)."),
         split: str = typer.Option("request", "--split", help="request | run | mechanism | workload (or several, comma-separated)."),
         view: str = typer.Option("vertical", "--view", help="vertical | horizontal (or both, comma-separated)."),
-        methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated method names (default: the TELLER rows (root-cause model, numeric stage, and the two together: either, the stage screened by the model as `teller diagnose` runs it, the model's flags and the stage's it does not rule out; the stage on each deployment's fault-free runs, and with it the model's flags, the stage's it does not rule out and its episodes) and the classical baselines)."),
+        methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated method names (default: the TELLER rows (root-cause model, numeric stage, and the two together: either, the stage screened by the model, the model's flags and the stage's it does not rule out; the stage on each deployment's fault-free runs, and with it the model's flags, the stage's it does not rule out and its episodes, and the rule `teller diagnose --reference` reports) and the classical baselines)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the methods, the step sample and the low-prior repeats."),
         limit_steps: Optional[int] = typer.Option(None, "--limit-steps", help="Evaluate a random sample of this many steps per view."),
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),

@@ -30,7 +30,7 @@ from teller.evaluate.scores import (
 
 #: the methods ``teller evaluate`` runs by default, in table order
 DEFAULT_METHODS = ("teller_mot", "teller_numeric", "teller", "teller_confirm", "teller_screened", "teller_numeric_deploy",
-                   "teller_episodes", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
+                   "teller_episodes", "teller_diagnose", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
                    "xgb", "xgb_names")
 
 
