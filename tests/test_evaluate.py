@@ -998,20 +998,12 @@ def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
     from teller.baselines.base import REGISTRY, Prediction
     from teller.baselines.numeric import deployments, step_lanes
     from teller.baselines.rca import TellerEpisodes, fuse
-    from teller.baselines.steps import split_masks
     from teller.localize.episodes import episode_lengths
 
     name = f"teller_episodes_test_{k}"
     if name not in REGISTRY:
         register(name)(type(f"TE{k}", (TellerEpisodes,), {"min_episode": k}))
-    s = copy.copy(vertical)
-    train, test, _ = split_masks(s, "request")
-    tr, te = np.flatnonzero(train), np.flatnonzero(test)
-    codes, counts = np.unique(s.run_code[tr[~s.is_anomaly[tr]]], return_counts=True)
-    r = codes[np.argmax(counts)]
-    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
-    s.in_window[s.run_code == r] = False
-    s.is_anomaly[s.run_code == r] = False
+    s, tr, te = _fault_free_run_split(vertical)
     score = np.full(len(te), 0.01)  # the model rules every step out: only episodes keep the stage's flags
     mot = Prediction(score=score, flag=np.zeros(len(te), bool), fault_type=np.array(["kernel"] * len(te), dtype=object),
                      operators=[[] for _ in te])
@@ -1037,17 +1029,10 @@ def test_episode_row_keeps_the_deployment_stages_sustained_flags(vertical, k):
 
 
 
-@pytest.mark.parametrize("k", [1, 5])
-def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_stage_missed(vertical, k):
-    """teller_diagnose (what `teller diagnose --reference` reports): the stage's flags the model
-    keeps, and ruled-out stage flags in episodes of 5+ against the step's deployment; a step only
-    the model flags is not flagged (diagnose's model reads the stage's flags alone), where
-    teller_episodes flags it."""
-    from teller.baselines import make
-    from teller.baselines.base import REGISTRY, Prediction
-    from teller.baselines.numeric import deployments, step_lanes
+def _fault_free_run_split(vertical):
+    """The slice's request split with its largest normal train run made a fault-free run (no
+    window, no abnormal step), so its deployment has a reference of its own: (steps, train, test)."""
     from teller.baselines.steps import split_masks
-    from teller.localize.episodes import episode_lengths
 
     s = copy.copy(vertical)
     train, test, _ = split_masks(s, "request")
@@ -1057,11 +1042,31 @@ def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_st
     s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
     s.in_window[s.run_code == r] = False
     s.is_anomaly[s.run_code == r] = False
-    def answers(score):
-        return Prediction(score=score, flag=score > 0.9, fault_type=np.array(["memory"] * len(te), dtype=object),
-                          operators=[["FE:m"] if f else [] for f in score > 0.9])
+    return s, tr, te
 
-    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot"): (te, answers(np.zeros(len(te))))})
+
+def _memory_answers(score):
+    """A model row's answers: flagged above 0.9, typed memory, naming FE:m where flagged."""
+    from teller.baselines.base import Prediction
+
+    score = np.asarray(score, float)
+    return Prediction(score=score, flag=score > 0.9, fault_type=np.array(["memory"] * len(score), dtype=object),
+                      operators=[["FE:m"] if f else [] for f in score > 0.9])
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_stage_missed(vertical, k):
+    """teller_diagnose (what `teller diagnose --reference` reports): the stage's flags the model
+    keeps, and ruled-out stage flags in episodes of 5+ against the step's deployment; a step only
+    the model flags is not flagged (diagnose's model reads the stage's flags alone), where
+    teller_episodes flags it."""
+    from teller.baselines import make
+    from teller.baselines.base import REGISTRY
+    from teller.baselines.numeric import deployments, step_lanes
+    from teller.localize.episodes import episode_lengths
+
+    s, tr, te = _fault_free_run_split(vertical)
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot"): (te, _memory_answers(np.zeros(len(te))))})
     from teller.baselines import register
     from teller.baselines.rca import TellerDiagnose
 
@@ -1076,7 +1081,7 @@ def test_diagnose_row_is_the_confirm_screen_and_the_episodes_never_a_step_the_st
     # the stage's flags alternately ruled out and kept by the model; the others alternately flagged by it alone
     alt = np.cumsum(sflag) % 2 == 0
     score = np.where(sflag, np.where(alt, 0.01, 0.3), np.where(np.arange(len(te)) % 2 == 0, 0.99, 0.01))
-    s.extra["predictions"] = {("request", "teller_mot"): (te, answers(score))}
+    s.extra["predictions"] = {("request", "teller_mot"): (te, _memory_answers(score))}
     p = d.predict(s, te)
     warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]
     _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
@@ -1098,28 +1103,16 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     episodes of k+ on a deployment with a fault-free reference where the model flags nothing (typed
     by the stage's evidence); the stage's other flags are dropped."""
     from teller.baselines import make, register
-    from teller.baselines.base import REGISTRY, Prediction
+    from teller.baselines.base import REGISTRY
     from teller.baselines.numeric import deployments, step_lanes
     from teller.baselines.rca import TellerSustained, sustained
-    from teller.baselines.steps import split_masks
     from teller.localize.episodes import episode_lengths
 
     name = f"teller_sustained_test_{k}"
     if name not in REGISTRY:
         register(name)(type(f"TS{k}", (TellerSustained,), {"min_episode": k}))
-    s = copy.copy(vertical)
-    train, test, _ = split_masks(s, "request")
-    tr, te = np.flatnonzero(train), np.flatnonzero(test)
-    codes, counts = np.unique(s.run_code[tr[~s.is_anomaly[tr]]], return_counts=True)
-    r = codes[np.argmax(counts)]
-    s.in_window, s.is_anomaly = vertical.in_window.copy(), vertical.is_anomaly.copy()
-    s.in_window[s.run_code == r] = False
-    s.is_anomaly[s.run_code == r] = False
-    def answers(score):
-        return Prediction(score=score, flag=score > 0.9, fault_type=np.array(["memory"] * len(te), dtype=object),
-                          operators=[["FE:m"] if f else [] for f in score > 0.9])
-
-    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, answers(np.zeros(len(te))))})
+    s, tr, te = _fault_free_run_split(vertical)
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, _memory_answers(np.zeros(len(te))))})
     m = make(name).fit(s, tr)
     st = m.parts_["teller_numeric_deploy"]
     every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
@@ -1128,7 +1121,7 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     sf = whole.flag[np.searchsorted(every, te)]
     score = np.where(~sf & (np.arange(len(te)) % 2 == 0), 0.99, 0.02)
     score[np.flatnonzero(sf)[:1]] = 0.99
-    mot = answers(score)
+    mot = _memory_answers(score)
     s.extra["predictions"] = {("request", "teller_mot_family"): (te, mot)}
     p = m.predict(s, te)
     over_time, _ = sustained(s, te, mot)
