@@ -279,14 +279,7 @@ class TellerPipeline(Method):
         return self
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
-        got = {}
-        for name, m in self.parts_.items():
-            got[name] = _cached(steps, name, idx)
-            if got[name] is None:
-                if name not in self.fitted_parts_:
-                    raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
-                                     "has none for these steps: fit this row again")
-                got[name] = m.predict(steps, idx)
+        got = {name: _answers(steps, name, m, name in self.fitted_parts_, idx) for name, m in self.parts_.items()}
         return fuse(got[self.stage], got[self.mot], self.rule, self.tau)
 
     def describe(self) -> dict[str, Any]:
@@ -307,6 +300,19 @@ def _cached(steps: StepSet, name: str, idx: np.ndarray | None) -> Prediction | N
     if idx is not None and not np.array_equal(te, np.asarray(idx)):
         return None
     return pred
+
+
+def _answers(steps: StepSet, name: str, part: Method, fitted: bool, idx: np.ndarray) -> Prediction:
+    """Row ``name``'s answers on the steps ``idx``: those ``teller evaluate`` kept, else ``part``'s
+    own, which it can give only when it was fitted here (``fitted``; not when its row's answers
+    were reused at fit time)."""
+    got = _cached(steps, name, idx)
+    if got is None:
+        if not fitted:
+            raise ValueError(f"{name} was not fitted here (its row's predictions were reused at fit time) and "
+                             "has none for these steps: fit this row again")
+        got = part.predict(steps, idx)
+    return got
 
 
 def fuse(num: Prediction, mot: Prediction, rule: str = "or", tau: float = 0.5) -> Prediction:
@@ -430,9 +436,8 @@ class TellerEpisodes(TellerScreened):
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
         super().fit(steps, idx)
-        st = self.parts_[self.stage]
-        if not hasattr(st, "models_"):  # its answers were reused: the episodes need every step of the test runs
-            st.fit(steps, idx)
+        if self.stage not in self.fitted_parts_:  # its answers were reused: the episodes need every step of the test runs
+            self.parts_[self.stage].fit(steps, idx)
             self.fitted_parts_.add(self.stage)
         return self
 
@@ -561,18 +566,14 @@ class RCASustained(Method):
     def fit(self, steps: StepSet, idx: np.ndarray) -> "RCASustained":
         m = REGISTRY[self.base](seed=self.seed, model=self.model)
         m.name = self.base
-        if _cached(steps, self.base, None) is None:
+        self.fitted_ = _cached(steps, self.base, None) is None  # else its row's answers are reused
+        if self.fitted_:
             m.fit(steps, idx)
         self.part_ = m
         return self
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
-        got = _cached(steps, self.base, idx)
-        if got is None:
-            if not hasattr(self.part_, "model_"):
-                raise ValueError(f"{self.base} was not fitted here (its row's predictions were reused at fit time) and has "
-                                 "none for these steps: fit this row again")
-            got = self.part_.predict(steps, idx)
+        got = _answers(steps, self.base, self.part_, self.fitted_, idx)
         pred, self.counts_ = sustained(steps, idx, got, self.floor, self.min_flagged)
         return pred
 

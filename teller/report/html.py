@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from teller.inspect.tree import fmt_ns
+from teller.localize.episodes import EPISODE_GAP
 from teller.localize.features import ITER_FEATURES
 from teller.rca import SCREEN_FLOOR
 from teller.rca.schema import ABNORMAL_CUT
@@ -323,7 +324,7 @@ class _Page:
         eps = longest_episodes(self.d)
         if nf and eps:
             out.append(f'<p class="sub">{len(self.d["episodes"]):,} episode(s) of flagged steps (a rank\'s flagged steps '
-                       f"at most 2 step numbers apart); the longest: {_e('; '.join(map(episode_words, eps)))}.</p>")
+                       f"at most {EPISODE_GAP} step numbers apart); the longest: {_e('; '.join(map(episode_words, eps)))}.</p>")
         if s.get("warning"):
             out.append(f'<p class="warning">Warning: {_e(s["warning"])}</p>')
         health = self.d.get("health") or {}
