@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -27,18 +28,106 @@ EX = ROOT / "examples"
 
 @pytest.fixture(scope="module")
 def diag(tmp_path_factory):
+    """The bundled op-delay run diagnosed as `teller diagnose` does by default: the model reads every step."""
     d = tmp_path_factory.mktemp("dm")
     for n in ("h200_faulty_op_delay", "h200_normal_a", "h200_normal_b"):
         shutil.copytree(EX / n, d / n)
     return diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"]), d
 
 
-def test_the_shipped_model_names_kernel_and_the_mlp(diag):
+@pytest.fixture(scope="module")
+def flagged_diag(diag, tmp_path_factory):
+    """The same run with ``--model-reads flagged``: the model screens the stage's flags."""
+    _, d = diag
+    return diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"],
+                    out=tmp_path_factory.mktemp("flagged"), model_reads="flagged"), d
+
+
+def _in_window(steps, d):
+    """(the steps overlapping the run's op-delay window, those inside it) (labels.json)."""
+    labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
+    (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
+    over = [s for s in steps if s["start_ns"] < win["end_tau_ns"] and s["end_ns"] > win["start_tau_ns"]]
+    return over, [s for s in over if s["start_ns"] >= win["start_tau_ns"] and s["end_ns"] <= win["end_tau_ns"]]
+
+
+def _own_nodes(res, d):
+    """Every evidence node is a node of its step's own iteration (its tree, schedule, gap)."""
+    forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id", "step_idx"])
+    step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
+    idx_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_idx").to_pylist(), strict=True))
+    for s in res["steps"]:
+        assert s.get("fault_type") in (*FAULT_TYPES, None)
+        for op in s.get("evidence_operators", []):
+            n = op["node_id"]
+            assert step_of[n] == s["node_id"] or (idx_of[n] is not None and idx_of[n] == idx_of[s["node_id"]])
+
+
+def test_the_model_reads_every_step_over_time(diag):
+    """By default the model reads every step and is read over time: a step is abnormal when the
+    model flags it (its cut), when it sits at even odds next to an episode of 5+ of its flags,
+    or when the stage flags it inside an episode of 5+ stage flags (a lasting departure the model
+    does not recognise); the stage's other flags are read as normal. The op-delay window's steps
+    are typed kernel at the MLP, with explanations; steps only the model flags get suspects."""
+    from teller.localize.episodes import MIN_EPISODE, SUSTAIN_FLOOR, over_time
+    from teller.report.diagnose import verdict_line
+
     res, d = diag
+    m = res["model"]
+    assert m["reads"] == "every" and m["split"] == "request"
+    steps = res["steps"]
+    assert m["steps_read"] == len(steps) and all(s["abnormal_probability"] is not None for s in steps)
+    cut = m["abnormal_cut"]
+    p = np.array([s["abnormal_probability"] for s in steps])
+    rank = np.array([s["rank"] for s in steps])
+    num = np.array([s["step_num"] for s in steps])
+    again = over_time(rank, num, p >= cut, p)["flag"]  # the same reading from what diagnosis.json holds
+    by_model = np.array(["model" in (s.get("flagged_by") or ()) for s in steps])
+    assert np.array_equal(again, by_model) and by_model.any()
+    verdicts = [s for s in steps if s["flag"] and not s.get("model_says_normal")]
+    for s in verdicts:
+        if "model" in s["flagged_by"]:
+            assert s["abnormal_probability"] >= cut or (s.get("sustained") and s["abnormal_probability"] >= SUSTAIN_FLOOR)
+            assert s["fault_type"] and s["evidence_families"]
+        else:  # the stage's lasting departure
+            assert s["unknown_fault"] and s["stage_episode_length"] >= MIN_EPISODE and s["fault_type"] is None
+    for s in steps:
+        if s.get("model_says_normal"):
+            assert s["stage_flag"] and s["flagged_by"] == ["stage"] and s["abnormal_probability"] < cut
+            assert int(s.get("stage_episode_length") or 0) < MIN_EPISODE
+    # the stage's flags are those of the stage alone: the model's flags only add steps
+    alone = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"], model=False,
+                     out=d / "alone")
+    assert [s["flag"] for s in alone["steps"]] == [bool(s.get("stage_flag")) for s in steps]
+    assert res["summary"]["stage_flagged"] == alone["summary"]["steps_flagged"]
+    assert res["summary"]["steps_flagged"] == sum(s["flag"] for s in steps)
+    for s in steps:  # a step only the model flags is localized like the stage's: candidates, suspects, slice
+        if s.get("flagged_by") == ["model"] and s["instances"]:
+            assert "candidates" in s and "suspects" in s and "slice" in s
+    typed = [s for s in verdicts if s.get("fault_type")]
+    over, inside = _in_window(typed, d)
+    assert len(inside) >= 5 and {s["fault_type"] for s in over} == {"kernel"}
+    assert 2 * len([s for s in typed if s not in over]) < len(over)
+    _own_nodes(res, d)
+    explained = [s for s in typed if s.get("explanation")]
+    assert len(explained) == m["explained"] == len(typed)  # fewer than the bound: every one explained
+    for s in explained:
+        e = s["explanation"]
+        assert e.endswith(".") and len(e) < 600 and e.startswith(f"{CATEGORY_TITLES[s['fault_type']]} fault")
+        assert f"in step {s['step_num']} on rank {s['rank']}: evidence" in e
+        line = verdict_line(s)
+        assert "the model is unsure" not in line and e in line
+    for s in inside:
+        assert "LlamaMLP" in " ".join(s["evidence_families"]) and s["explanation"].startswith("CUDA/kernel fault")
+    json.dumps(res)
+
+
+def test_the_shipped_model_names_kernel_and_the_mlp(flagged_diag):
+    res, d = flagged_diag
     parts = weight_files(DEFAULT_MODEL / "model.safetensors")
     assert parts and all(f.stat().st_size <= SHARD_BYTES + (1 << 20) for f in parts)  # no file over the repo's bound
-    assert res["model"]["variant"] in ("mot", "single")
-    assert res["model"]["dataset"] == "data/h200_v2" and res["model"]["split"] == "request"  # what it learnt from
+    assert res["model"]["variant"] in ("mot", "single") and res["model"]["reads"] == "flagged"
+    assert res["model"]["split"] == "request"  # what it learnt from
     flagged = [s for s in res["steps"] if s["flag"]]
     assert flagged
     typed = [s for s in flagged if s.get("fault_type") and not s.get("model_says_normal")]
@@ -47,10 +136,7 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     read = [s for s in flagged if "abnormal_probability" in s]
     assert read and all((s in typed) == (s["abnormal_probability"] >= SCREEN_FLOOR) for s in read)
     # the fault window of this run is a targeted op delay on the MLP (labels.json)
-    labels = json.loads((d / "h200_faulty_op_delay" / "labels.json").read_text())
-    (win,) = [w for w in labels["windows"] if w["mechanism"] == "targeted_op_delay"]
-    in_window = [s for s in typed if s["start_ns"] < win["end_tau_ns"] and s["end_ns"] > win["start_tau_ns"]]
-    inside = [s for s in in_window if s["start_ns"] >= win["start_tau_ns"] and s["end_ns"] <= win["end_tau_ns"]]
+    in_window, inside = _in_window(typed, d)
     outside = [s for s in typed if s not in in_window]
     # the steps the delay slowed are typed kernel; few typed steps lie outside the window
     assert len(inside) >= 5 and {s["fault_type"] for s in in_window} == {"kernel"}
@@ -58,14 +144,7 @@ def test_the_shipped_model_names_kernel_and_the_mlp(diag):
     ev_types = [s.get("evidence_type", {}).get("fault_type") for s in inside]
     assert ev_types.count("kernel") >= 0.8 * len(inside), ev_types
     assert 2 * len(outside) < len(in_window)
-    forest = pq.read_table(d / "h200_faulty_op_delay" / "forest.parquet", columns=["node_id", "step_id", "step_idx"])
-    step_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_id").to_pylist(), strict=True))
-    idx_of = dict(zip(forest.column("node_id").to_pylist(), forest.column("step_idx").to_pylist(), strict=True))
-    for s in flagged:
-        assert s.get("fault_type") in (*FAULT_TYPES, None)
-        for op in s.get("evidence_operators", []):  # a node of the step's own iteration (its tree, schedule, gap)
-            n = op["node_id"]
-            assert step_of[n] == s["node_id"] or (idx_of[n] is not None and idx_of[n] == idx_of[s["node_id"]])
+    _own_nodes(res, d)
     from teller.report.diagnose import verdict_line
 
     for s in typed:
@@ -209,4 +288,4 @@ def test_an_ensemble_folder_is_read_as_the_model(diag, tmp_path):
     assert read and all("abnormal_probability" in b for _, b in read)
     for a, b in read:
         assert b["abnormal_probability"] == pytest.approx(a["abnormal_probability"], abs=1e-4)
-        assert (b["fault_type"], b["evidence_families"]) == (a["fault_type"], a["evidence_families"])
+        assert (b.get("fault_type"), b.get("evidence_families")) == (a.get("fault_type"), a.get("evidence_families"))

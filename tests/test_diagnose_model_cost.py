@@ -134,18 +134,34 @@ def test_cli_model_steps(numeric, tmp_path):
 
     _, d = numeric
     runs = {}
-    for name, extra in (("default", []), ("two", ["--model-steps", "2", "--full-explanation", "--html"])):
+    for name, extra in (("default", []), ("two", ["--model-steps", "2", "--full-explanation", "--html"]),
+                        ("flagged", ["--model-reads", "flagged"]),
+                        ("flagged_two", ["--model-reads", "flagged", "--model-steps", "2", "--full-explanation", "--html"])):
         out = tmp_path / name
         assert main(["diagnose", str(d / RUN), "-r", str(d / "h200_normal_a"), "-o", str(out), "-q", *extra]) == 0
         runs[name] = json.loads((out / "diagnosis.json").read_text())
+    # by default the model reads every step; the bound is on the explanations, the most probable first
     a, b = runs["default"]["model"], runs["two"]["model"]
-    assert (a["max_steps"], a["explanations"]) == (MODEL_STEPS, "mechanism")
-    assert a["steps_read"] == a["steps_eligible"] < MODEL_STEPS  # the example's flagged steps are all read
-    assert (b["steps_read"], b["max_steps"], b["explanations"]) == (2, 2, "full")
+    assert (a["reads"], a["max_steps"], a["explanations"]) == ("every", MODEL_STEPS, "mechanism")
+    n_steps = len(runs["default"]["steps"])
+    assert a["steps_read"] == a["steps_eligible"] == n_steps and a["explained"] < MODEL_STEPS
+    assert (b["steps_read"], b["explained"], b["max_steps"], b["explanations"]) == (n_steps, 2, 2, "full")
     res = runs["two"]
+    mine = [s for s in res["steps"] if "model" in (s.get("flagged_by") or ())]
+    assert len(mine) > 2 and sum(bool(s.get("explanation")) for s in mine) == 2
+    told = sorted(s["abnormal_probability"] for s in mine if s.get("explanation"))
+    assert told[0] >= max(s["abnormal_probability"] for s in mine if s.get("model_not_explained"))
+    assert sum(bool(s.get("model_not_explained")) for s in res["steps"]) == len(mine) - 2
+    page = (tmp_path / "two" / "report.html").read_text()
+    assert "the 2 most probable have an explanation" in page
+    # --model-reads flagged: the model reads the stage's flags, the highest-scored up to the bound
+    a, b = runs["flagged"]["model"], runs["flagged_two"]["model"]
+    assert a["reads"] == "flagged" and a["steps_read"] == a["steps_eligible"] < MODEL_STEPS
+    assert (b["steps_read"], b["max_steps"], b["explanations"]) == (2, 2, "full")
+    res = runs["flagged_two"]
     assert sum("model_unknown_share" in s for s in res["steps"]) == 2
     assert sum(bool(s.get("model_not_read")) for s in res["steps"]) == b["steps_eligible"] - 2
-    page = (tmp_path / "two" / "report.html").read_text()  # the report says what the model did not read
+    page = (tmp_path / "flagged_two" / "report.html").read_text()  # the report says what the model did not read
     assert f"it read the 2 highest-scored of {b['steps_eligible']} flagged steps" in page
 
 

@@ -630,3 +630,29 @@ def test_kmeans_pp_picks_scikit_learns_centres_and_the_estimator_clones():
     assert est.set_params(tail=1e-2).tail == 1e-2 and "tail=0.01" in repr(est)
     with pytest.raises(ValueError, match="invalid parameter 'nope'"):
         est.set_params(nope=1)
+
+
+def test_steps_another_reader_flags_get_suspects_and_the_stage_keeps_its_flags():
+    """``localize(also=...)``: a step the stage leaves unflagged but another reader (diagnose's
+    root-cause model) flags gets candidates and suspects by the same rules; the stage's own flags
+    and counts do not move, and a step without instances is passed over."""
+    rng = np.random.default_rng(3)
+    n = 300
+    X = np.zeros((n, len(FEATURES)))
+    X[:, F["dur_ns"]] = 1000 * rng.lognormal(0, 0.1, n)
+    X[:, F["self_ns"]] = X[:, F["dur_ns"]]
+    est = GMMLocalizer().fit(X, families=np.array(["BE op"] * n))
+    T = np.zeros((3, len(FEATURES)))
+    T[:, F["dur_ns"]] = T[:, F["self_ns"]] = [30000, 1000, 1100]  # step 0 far off, steps 1 and 2 normal
+    inst = Instances(np.arange(3), np.zeros(3, np.int32), ["BE op"], np.array([0, 1, 2]), T, np.full(3, -1),
+                     ("FE", "BE", "COMM"))
+    alone = localize(est, inst)
+    both = localize(est, inst, also=np.array([2, 7]))  # 7: no instances, no scores
+    assert list(alone.flagged) == [0] and sorted(both.flagged) == [0, 2]
+    assert both.steps.flag.tolist() == alone.steps.flag.tolist()
+    assert both.summary["steps_flagged"] == alone.summary["steps_flagged"] == 1
+    assert np.array_equal(both.a, alone.a)
+    r0, r2 = both.flagged[0], both.flagged[2]
+    assert list(r0.suspects) == list(alone.flagged[0].suspects) == [0]
+    assert [c["family"] for c in r0.candidates] == ["BE op"]
+    assert len(r2.suspects) == 0 and r2.candidates == []  # nothing of it departs: the same rules name nothing

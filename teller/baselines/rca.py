@@ -37,7 +37,7 @@ import numpy as np
 
 from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
-from teller.localize.episodes import MIN_EPISODE
+from teller.localize.episodes import MIN_EPISODE, SUSTAIN_FLOOR
 from teller.rca import SCREEN_FLOOR
 
 
@@ -499,53 +499,23 @@ for _name, _row in FAMILY_ROWS:
                                                              "label": f"{_cls.label}; the MoT with the family operator head"}))
 
 
-#: the model's abnormal probability from which a step next to a lasting episode of its flags joins
-#: it (:class:`RCASustained`): even odds, below the abnormal cut each model chose for a 10% prior
-SUSTAIN_FLOOR = 0.5
-
-
 def sustained(steps: StepSet, idx: np.ndarray, pred: Prediction, floor: float = SUSTAIN_FLOOR,
               min_flagged: int = MIN_EPISODE) -> tuple[Prediction, dict[str, int]]:
-    """A model's answers on the steps ``idx`` read over time (:mod:`teller.localize.episodes`, one
-    lane per run and rank): a step the model gives at least ``floor`` joins an episode of
-    ``min_flagged`` or more of its flags (:func:`~teller.localize.episodes.sustain`), with the
+    """A model's answers on the steps ``idx`` read over time (one lane per run and rank;
+    :func:`teller.localize.episodes.over_time`, as `teller diagnose` reads them): a step the model
+    gives at least ``floor`` joins an episode of ``min_flagged`` or more of its flags, with the
     families at least half of that episode's flagged steps name; every step of an episode takes
     the fault type most of its steps are given (ties: the larger summed probability). Steps
     outside episodes keep their answers. Returns the prediction and how many steps joined and
     changed type."""
     from teller.baselines.numeric import step_lanes
-    from teller.localize.episodes import episode_lengths, episode_majority, sustain
+    from teller.localize.episodes import over_time
 
     idx = np.asarray(idx)
-    lane, num = step_lanes(steps)[idx], steps.step_num[idx]
-    flag, score = np.asarray(pred.flag, bool), np.asarray(pred.score, float)
-    joined = sustain(lane, num, flag, score >= floor, min_flagged)
-    now = flag | joined
-    eid, _ = episode_lengths(lane, num, now)
-    ops = None
-    if pred.operators is not None:
-        ops = [list(o) for o in pred.operators]
-        by_ep: dict[int, list[int]] = {}
-        for i in np.flatnonzero(flag & np.isin(eid, eid[joined])).tolist():
-            by_ep.setdefault(int(eid[i]), []).append(i)
-        for i in np.flatnonzero(joined).tolist():
-            members = by_ep[int(eid[i])]
-            fams: dict[str, int] = {}
-            for j in members:
-                for f in set(ops[j]):
-                    fams[f] = fams.get(f, 0) + 1
-            ops[i] = sorted(f for f, c in fams.items() if 2 * c >= len(members))
-    ft, changed = pred.fault_type, 0
-    if ft is not None:
-        ft = np.asarray(ft, dtype=object)
-        names, code = np.unique(ft.astype(str), return_inverse=True)
-        code = np.where(ft.astype(str) == "", -1, code)
-        win = episode_majority(eid, code, score)
-        new = np.where(win >= 0, names[np.maximum(win, 0)], ft).astype(object)
-        changed = int((new != ft).sum())
-        ft = new
-    return (Prediction(score=score, flag=now, fault_type=ft, operators=ops),
-            {"joined": int(joined.sum()), "retyped": changed})
+    r = over_time(step_lanes(steps)[idx], steps.step_num[idx], pred.flag, pred.score, pred.fault_type,
+                  pred.operators, floor, min_flagged)
+    return (Prediction(score=np.asarray(pred.score, float), flag=r["flag"], fault_type=r["types"], operators=r["operators"]),
+            {"joined": int(r["joined"].sum()), "retyped": r["retyped"]})
 
 
 class RCASustained(Method):

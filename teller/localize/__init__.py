@@ -249,8 +249,11 @@ def _z_rows(est: GMMLocalizer, X: np.ndarray, inst: Instances, rows: np.ndarray)
                        family_names=inst.families, with_z_ref=False)["z"]
 
 
-def localize(est: GMMLocalizer, inst: Instances) -> Localization:
-    """Score ``inst`` and, for every flagged step, name candidate families and suspects."""
+def localize(est: GMMLocalizer, inst: Instances, also: np.ndarray | None = None) -> Localization:
+    """Score ``inst`` and, for every flagged step, name candidate families and suspects. ``also``:
+    steps (indices, as ``inst.step``) another reader flagged (`teller diagnose`'s root-cause model
+    reading every step) that get candidates and suspects as well, found by the same rules; the
+    stage's own flags (``steps.flag``, the summary's ``steps_flagged``) are unchanged."""
     X = feature_matrix(est, inst)
     # no (instances × features) deviation matrix: the shift statistic comes family by family, and
     # the deviations of the few suspicious instances are computed for them alone (below)
@@ -259,6 +262,9 @@ def localize(est: GMMLocalizer, inst: Instances) -> Localization:
     a = det["a"]
     ss = est.score_steps(a, inst.family, inst.step, codes=det["family"], shift_groups=det["shift"])
     flagged_steps = ss.steps[ss.flag]
+    if also is not None and len(also):  # steps with instances only (the others have nothing to name)
+        extra = np.asarray(also, np.int64)
+        flagged_steps = np.union1d(flagged_steps, extra[np.isin(extra, ss.steps)])
     # candidate (step, family) pairs
     is_flag_step = np.zeros(int(inst.step.max(initial=-1)) + 2, bool)
     is_flag_step[flagged_steps] = True

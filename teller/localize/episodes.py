@@ -13,6 +13,8 @@ most of its steps are given (:func:`episode_majority`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 #: largest step-number distance between two flagged steps of one episode
@@ -20,6 +22,9 @@ EPISODE_GAP = 2
 #: flagged steps an episode holds from which it is taken as a lasting fault (``teller_episodes``,
 #: `teller diagnose`'s unknown faults, :func:`sustain`)
 MIN_EPISODE = 5
+#: the model's abnormal probability from which a step next to a lasting episode of its flags joins
+#: it (:func:`over_time`): even odds, below the abnormal cut each trained model chose for a 10% prior
+SUSTAIN_FLOOR = 0.5
 
 
 def episode_lengths(lane: np.ndarray, step_num: np.ndarray, flag: np.ndarray, gap: int = EPISODE_GAP) -> tuple[np.ndarray, np.ndarray]:
@@ -80,3 +85,48 @@ def episode_majority(eid: np.ndarray, code: np.ndarray, weight: np.ndarray | Non
     m = eid >= 0
     out[m] = win[eid[m]]
     return out
+
+
+def over_time(lane: np.ndarray, step_num: np.ndarray, flag: np.ndarray, score: np.ndarray,
+              types: np.ndarray | None = None, operators: list[list[str]] | None = None,
+              floor: float = SUSTAIN_FLOOR, min_flagged: int = MIN_EPISODE) -> dict[str, Any]:
+    """A model's answers on consecutive steps read over time, as a fault lasts (the rows
+    ``teller_mot_family_sustained`` and `teller diagnose` share it). Per step: ``lane`` (its rank's
+    or run's code), ``step_num``, the model's ``flag`` and abnormal probability ``score``, its best
+    fault type ``types`` ("" none) and the operators it names ``operators`` (those of a flagged step
+    count). A step the model gives at least ``floor`` joins an episode holding ``min_flagged`` or
+    more of its flags (:func:`sustain`) and takes the operators at least half of that episode's
+    flagged steps name; every step of an episode takes the type most of its steps are given (ties:
+    the larger summed probability, :func:`episode_majority`); steps outside episodes keep theirs.
+
+    Returns ``flag`` (flagged or joined), ``joined``, ``episode`` (the episode ids over the new
+    flags), ``types`` and ``operators`` (None where not given) and ``retyped`` (steps whose type
+    changed)."""
+    flag = np.asarray(flag, bool)
+    score = np.asarray(score, float)
+    joined = sustain(lane, step_num, flag, score >= floor, min_flagged)
+    now = flag | joined
+    eid, _ = episode_lengths(lane, step_num, now)
+    ops = None
+    if operators is not None:
+        ops = [list(o) for o in operators]
+        by_ep: dict[int, list[int]] = {}
+        for i in np.flatnonzero(flag & np.isin(eid, eid[joined])).tolist():
+            by_ep.setdefault(int(eid[i]), []).append(i)
+        for i in np.flatnonzero(joined).tolist():
+            members = by_ep[int(eid[i])]
+            count: dict[str, int] = {}
+            for j in members:
+                for f in set(ops[j]):
+                    count[f] = count.get(f, 0) + 1
+            ops[i] = sorted(f for f, c in count.items() if 2 * c >= len(members))
+    ft, retyped = types, 0
+    if types is not None:
+        ft = np.asarray(types, dtype=object)
+        names, code = np.unique(ft.astype(str), return_inverse=True)
+        code = np.where(ft.astype(str) == "", -1, code)
+        win = episode_majority(eid, code, score)
+        new = np.where(win >= 0, names[np.maximum(win, 0)], ft).astype(object)
+        retyped = int((new != ft).sum())
+        ft = new
+    return {"flag": now, "joined": joined, "episode": eid, "types": ft, "operators": ops, "retyped": retyped}

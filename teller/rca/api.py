@@ -428,7 +428,7 @@ class RCA:
                 text_ids: list[int] | None) -> dict[str, Any]:
         inp = prep.inputs
         no = inp.node_offsets
-        fams = self._node_families(prep, i, nodes)
+        fams = self.node_families(prep, i, nodes)
         ids = [int(inp.node_id[no[i] + n]) for n in nodes]
         text = self.text_tok.decode([t for t in (text_ids or []) if t >= len(SPECIALS)]) if text_ids else ""
         return {"abnormal_prob": p_ab, "abnormal": bool(ftype), "fault_type": ftype, "fault_type_prob": tp if ftype else 0.0,
@@ -447,6 +447,25 @@ class RCA:
         texts = self.explain_units(prep, idx, [h[1] for h in heads], stop, (cache, res["lm"])) if explain else {}
         return [self._finish(prep, int(i), *heads[k][:4], heads[k][4], texts.get(k) if heads[k][1] else None)
                 for k, i in enumerate(idx.tolist())]
+
+    def explain(self, prep: Prepared, idx: Sequence[int], ftypes: Sequence[str], batch_size: int = 64,
+                explain_done: Callable[[str, str], bool] | None = None,
+                explain_tokens: int | None = None) -> list[str]:
+        """The explanation text of each unit ``idx[k]`` given its fault type ``ftypes[k]`` ("" for
+        none: no text), after the heads already answered (:meth:`predict` with ``explain=False``):
+        a caller that decides which units to explain from the answers of many. ``explain_done``,
+        ``explain_tokens``: as in :meth:`predict`."""
+        stop = self._explain_stop(explain_done, explain_tokens)
+        idx = np.asarray(idx, np.int64)
+        out = [""] * len(idx)
+        self.net.eval()
+        with torch.no_grad():
+            for a in range(0, len(idx), batch_size):
+                part = np.arange(a, min(a + batch_size, len(idx)))
+                got = self.explain_units(prep, idx[part], [ftypes[k] for k in part.tolist()], stop)
+                for k, ids in got.items():
+                    out[int(part[k])] = self.text_tok.decode([t for t in ids if t >= len(SPECIALS)])
+        return out
 
     def explain_units(self, prep: Prepared, idx: np.ndarray, ftypes: Sequence[str],
                       stop: Callable[[list[int], str], bool] | None = None,
@@ -585,7 +604,7 @@ class RCA:
                           op_weight: float | None = None) -> list[str]:
         """The families :meth:`predict` names for unit ``i`` with the operator logits ``scores``
         at logit ``threshold`` (and the operator expert at ``op_weight``; None: :attr:`op_weight`)."""
-        return self._node_families(prep, i, self._evidence_nodes(prep, i, ftype, scores, threshold, op_weight))
+        return self.node_families(prep, i, self._evidence_nodes(prep, i, ftype, scores, threshold, op_weight))
 
     def _evidence_nodes(self, prep: Prepared, i: int, ftype: str, scores: np.ndarray, threshold: float,
                         op_weight: float | None = None) -> list[int]:
@@ -641,8 +660,9 @@ class RCA:
         return out
 
     @staticmethod
-    def _node_families(prep: Prepared, i: int, nodes: list[int]) -> list[str]:
-        """The distinct families of unit ``i``'s nodes ``nodes``, in their order."""
+    def node_families(prep: Prepared, i: int, nodes: list[int]) -> list[str]:
+        """The distinct families of unit ``i``'s nodes ``nodes`` (indices into the unit's nodes, as
+        ``evidence_nodes``), in their order."""
         inp = prep.inputs
         no = inp.node_offsets
         return list(dict.fromkeys(inp.families[int(inp.node_family[no[i] + n])] for n in nodes))

@@ -177,6 +177,14 @@ class Ensemble:
             out += [lead._finish(prep, i, *heads[k][:5], texts.get(k)) for k, i in enumerate(idx.tolist())]
         return out
 
+    def explain(self, prep: Prepared, idx: Sequence[int], ftypes: Sequence[str], batch_size: int = 64,
+                explain_done: Callable[[str, str], bool] | None = None,
+                explain_tokens: int | None = None) -> list[str]:
+        """:meth:`RCA.explain`, by the lead member (who writes the explanations :meth:`predict` gives)."""
+        return self.members[0].explain(prep, idx, ftypes, batch_size, explain_done, explain_tokens)
+
+    node_families = staticmethod(RCA.node_families)
+
     def _nodes(self, prep: Prepared, i: int, ftype: str, probs: np.ndarray, toks: np.ndarray) -> list[int]:
         """Unit ``i``'s evidence nodes from the averaged operator probabilities (their log-odds at
         threshold 0, the lead member's rules for picking nodes)."""

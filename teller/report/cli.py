@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the paths written."),
         model: Optional[Path] = typer.Option(None, "--model", help="Root-cause model directory (`teller rca train -o DIR`); default: the one shipped with teller."),
         no_model: bool = typer.Option(False, "--no-model", help="The numeric stage alone: no fault type or explanation."),
-        model_steps: Optional[int] = typer.Option(None, "--model-steps", min=0, help="The root-cause model reads at most this many flagged steps, the highest-scored (default 48; 0: all); the others keep the numeric stage's verdict."),
+        model_reads: str = typer.Option("every", "--model-reads", help="every: the root-cause model reads every step and is read over time (a fault lasts), the numeric stage's lasting departures kept where it flags nothing; flagged: it reads only the steps the numeric stage flags and screens them."),
+        model_steps: Optional[int] = typer.Option(None, "--model-steps", min=0, help="At most this many steps get the model's explanation, the most probable (default 48; 0: all); with --model-reads flagged, the model reads at most this many flagged steps, the highest-scored, and the others keep the numeric stage's verdict."),
         full_explanation: bool = typer.Option(False, "--full-explanation", help="Decode the model's explanations to their end (kept in explanation_model), not only until the mechanism the diagnosis uses is written."),
         keep_warmup: bool = typer.Option(False, "--keep-warmup", help="Keep the reference runs' warm-up steps (warm-up requests only, or a process's first 2 steps) in the reference; by default they are left out."),
     ) -> None:
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
             diag = diagnose(run, reference=list(reference or []), localizer=localizer, out=out, html=html,
                             window_ns=window_ns(window_ms), note=lambda m: err.print(f"[yellow]note[/]: {escape(str(m))}"),
                             model=False if no_model else model, keep_warmup=keep_warmup, model_steps=model_steps,
-                            model_explain="full" if full_explanation else "mechanism")
+                            model_explain="full" if full_explanation else "mechanism", model_reads=model_reads)
         if not quiet:
             print_summary(diag, console(), top=top)
         for kind, p in diag["paths"].items():

@@ -88,7 +88,14 @@ from teller.localize.features import RunFeatures, run_features
 from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
-from teller.report.html import episode_words, fmt_value, longest_episodes, model_unsure, write_html
+from teller.report.html import (
+    episode_words,
+    fmt_value,
+    longest_episodes,
+    model_unsure,
+    reading_words,
+    write_html,
+)
 from teller.rundir import LAYERS, RunDir
 from teller.slicing import SliceConfig, StepIndex, build_slice, comm_pairs_rows
 
@@ -272,16 +279,21 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
              html: bool = False, window_ns: int | None = None, slice_config: SliceConfig | None = None,
              params: dict[str, Any] | None = None, note: Any = None,
              model: str | os.PathLike | bool | None = None, keep_warmup: bool = False,
-             model_steps: int | None = None, model_explain: str = "mechanism") -> dict[str, Any]:
+             model_steps: int | None = None, model_explain: str = "mechanism",
+             model_reads: str = "every") -> dict[str, Any]:
     """Diagnose ``run``; writes ``diagnosis.json`` (and ``report.html``) into ``out`` (default: RUN).
 
     ``model``: the root-cause model that names the fault type, the evidence operators and the
     explanation of every flagged step (:func:`apply_model`): None or True for the model shipped
     with the package, a path for another (``teller rca train -o PATH``), False for the numeric
-    stage alone. ``model_steps``: the model reads at most this many flagged steps, the
-    highest-scored (None: :data:`MODEL_STEPS`; 0: every flagged step); ``model_explain``:
+    stage alone. ``model_reads``: ``"every"`` (the model reads every step and is read over time,
+    the stage's lasting departures kept where it flags nothing: :func:`read_every`,
+    :func:`write_reading`) or ``"flagged"`` (it reads the steps the stage flags and screens them:
+    :func:`apply_model`). ``model_steps``: at most this many steps get the model's explanation
+    (``"every"``: the most probable of its verdicts) or are read at all (``"flagged"``: the
+    highest-scored flagged steps) (None: :data:`MODEL_STEPS`; 0: all); ``model_explain``:
     ``"mechanism"`` (each explanation is decoded until the mechanism diagnose keeps is written)
-    or ``"full"`` (to its end). See :func:`apply_model`.
+    or ``"full"`` (to its end).
 
     ``run`` and the ``reference`` runs are read as ``teller reconstruct`` left them; one that was
     not reconstructed yet is reconstructed here, once, through the same public call
@@ -299,24 +311,40 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
                               **(params or {}))
     t_fit = time.perf_counter() - t0
     layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
+    if model_reads not in MODEL_READS:
+        raise TellerError(f"--model-reads {model_reads!r}: one of {', '.join(MODEL_READS)}")
     rf = run_features(run, layers=layers)
     t_feat = time.perf_counter() - t0 - t_fit
-    loc = localize(est, rf.instances)
-    t_loc = time.perf_counter() - t0 - t_fit - t_feat
+    bound = MODEL_STEPS if model_steps is None else model_steps
+    reading = None
+    t_read = 0.0
+    if model is not False and model_reads == "every":  # the model first: the steps it flags get suspects too
+        t_m = time.perf_counter()
+        reading = read_every(run, rf, None if model is True else model, note, max_steps=bound, explain=model_explain)
+        t_read = time.perf_counter() - t_m
+    t_l = time.perf_counter()
+    loc = localize(est, rf.instances, also=reading_flags(reading))
+    t_loc = time.perf_counter() - t_l
     match = reference_match(est, rf, keep_warmup)
     # the count rule of the evidence's type needs a reference of the run's deployment
     diag = build_diagnosis(rf, est, loc, source, slice_config, counts=match["same_deployment"] is not False)
     diag["health"] = input_health(run, reference or [])
     diag["reference_match"] = match
     diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
-    mark_episodes(diag)
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
-    if model is not False:
+    if reading is not None:
         t_m = time.perf_counter()
-        apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
-                    max_steps=MODEL_STEPS if model_steps is None else model_steps, explain=model_explain)
-        diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
+        write_reading(diag, reading, note)
+        diag["summary"]["seconds"]["model"] = round(t_read + time.perf_counter() - t_m, 3)
+        mark_episodes(diag, verdicts=True)
+    else:
+        mark_episodes(diag)
+        if model is not False and model_reads == "flagged":
+            t_m = time.perf_counter()
+            apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
+                        max_steps=bound, explain=model_explain)
+            diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
     type_episodes(diag)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
@@ -356,18 +384,20 @@ def ruled_out(d: dict[str, Any], same_deployment: bool) -> None:
         d["model_says_normal"] = True
 
 
-def mark_episodes(diag: dict[str, Any]) -> None:
+def mark_episodes(diag: dict[str, Any], verdicts: bool = False) -> None:
     """Group the flagged steps, warm-up steps left out, into episodes (per rank, step numbers at most
     :data:`teller.localize.episodes.EPISODE_GAP` apart): ``diag["episodes"]`` ({index, rank,
     first_step, last_step, steps, start_ns, end_ns}, in time order) and each flagged step's
-    ``episode`` (its index) and ``episode_length``."""
+    ``episode`` (its index) and ``episode_length``. ``verdicts``: the flagged steps the model does
+    not read as normal only (after :func:`write_reading`)."""
     from teller.localize.episodes import episode_lengths
 
     steps = diag["steps"]
     lane = np.asarray([int(d["rank"]) for d in steps], np.int64)
     num = np.asarray([int(d["step_num"]) for d in steps], np.int64)
     # warm-up steps (left out of references) depart from normal operation by design: no episode
-    flag = np.asarray([bool(d.get("flag")) and not d.get("warmup") for d in steps], bool)
+    flag = np.asarray([bool(d.get("flag")) and not d.get("warmup") and not (verdicts and d.get("model_says_normal"))
+                       for d in steps], bool)
     eid, length = episode_lengths(lane, num, flag)
     members: dict[int, list[dict[str, Any]]] = {}
     for d, e, n in zip(steps, eid.tolist(), length.tolist(), strict=True):
@@ -531,6 +561,10 @@ def _step_logs(run: Path, step_ids: list[int], note: Any) -> dict[int, str]:
 #: bench_diagnose_model.py), and this bound keeps it a few seconds of one core
 MODEL_STEPS = 48
 
+#: how the root-cause model reads a run (``teller diagnose --model-reads``): every step, read over
+#: time (the default), or the steps the numeric stage flags
+MODEL_READS = ("every", "flagged")
+
 #: steps per forward pass of the model (in the order of their trees' sizes, so a batch pads little)
 MODEL_BATCH = 16
 
@@ -622,6 +656,92 @@ def unknown_share(inp: Any, trace_tok: Any) -> np.ndarray:
     return (c[inp.offsets[1:]] - c[inp.offsets[:-1]]) / np.maximum(n, 1)
 
 
+def _load_model(model: str | os.PathLike | None, note: Any) -> tuple[Any, Path] | None:
+    """The root-cause model at ``model`` (None: the one shipped with the package) and its path, or
+    None, with a note, when torch / transformers are missing or the package has no default model."""
+    path = Path(model) if model is not None else DEFAULT_MODEL
+    try:
+        from teller.rca import load
+    except ImportError as e:  # torch / transformers not installed: the numeric stage alone
+        if note is not None:
+            note(f"root-cause model skipped ({e}); install it with `pip install 'teller[rca]'`")
+        return None
+    from teller.rca.api import weight_files
+
+    if model is None and not weight_files(path / "model.safetensors"):
+        if note is not None:
+            note(f"root-cause model skipped: the package has no default model at {path}")
+        return None
+    return load(path), path
+
+
+def _model_info(m: Any, path: Path, reads: str, max_steps: int | None, explain: str) -> dict[str, Any]:
+    """``diag["model"]``: what the model is and how it read the run."""
+    tr = m.meta.get("training", {})
+    info = {"path": str(path), "variant": m.cfg.variant,
+            **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
+    info.update(reads=reads, steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None,
+                explanations=explain, abnormal_floor=SCREEN_FLOOR, abnormal_cut=m.abnormal_cut)
+    return info
+
+
+def _step_node_ids(forest: Any) -> set[int]:
+    """Node ids of the forest's STEP rows (rows that are their own step): the subtrees the model reads."""
+    import pyarrow.compute as pc
+
+    return set(forest.filter(pc.equal(forest.column("node_id"), forest.column("step_id"))).column("node_id").to_pylist())
+
+
+def _bare_steps(dicts: list[dict[str, Any]], info: dict[str, Any], note: Any, what: str) -> list[dict[str, Any]]:
+    """``dicts`` less the steps recorded without detail (no aten ops, no GPU activity: the model,
+    which learnt from call trees that hold them, does not read them; they are marked
+    ``model_no_detail``)."""
+    bare = without_detail([str(d.get("name") or "") for d in dicts])
+    if not bare.any():
+        return dicts
+    for d in (d for d, b in zip(dicts, bare.tolist(), strict=True) if b):
+        d["model_no_detail"] = True
+    info["steps_without_detail"] = int(bare.sum())
+    if note is not None:
+        note(f"{int(bare.sum())} {what} were recorded without detail (`teller record --detail-every`): "
+             "the root-cause model does not read them; they have the numeric stage's verdict only")
+    return [d for d, b in zip(dicts, bare.tolist(), strict=True) if not b]
+
+
+def _model_inputs(m: Any, forest: Any, run: Path, dicts: list[dict[str, Any]], note: Any,
+                  info: dict[str, Any]) -> tuple[list[dict[str, Any]], Any] | None:
+    """The steps ``dicts`` in the order the model reads them (their trees' sizes: batches of steps
+    of similar length pad little) and their inputs (trees, TPE, aligned log lines), or None, with
+    ``info["skipped"]`` and a note, when the forest is one the model cannot read."""
+    block, sub = _step_blocks(forest, [int(d["node_id"]) for d in dicts], iteration=m.cfg.unit == "iteration")
+    dicts = [dicts[k] for k in np.argsort(block, kind="stable").tolist()]
+    ids = [int(d["node_id"]) for d in dicts]
+    logs = _step_logs(run, ids, note)
+    try:
+        return dicts, m.inputs(sub, [[i] for i in ids], [logs.get(i, "") for i in ids])
+    except TellerError as e:  # a forest the model cannot read: the numeric stage's verdict stands
+        info["skipped"] = f"the model could not read the steps' trees: {e}"
+        if note is not None:
+            note(f"root-cause model skipped: {info['skipped']}")
+        return None
+
+
+def _node_labels(forest: Any, ids: set[int]) -> dict[int, str]:
+    """``LAYER name`` of the forest rows ``ids`` (the evidence nodes)."""
+    if not ids:
+        return {}
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sel = forest.filter(pc.is_in(forest.column("node_id"), value_set=pa.array(sorted(ids), pa.int64())))
+    label: dict[int, str] = {}
+    for n, lay, nm in zip(sel.column("node_id").to_pylist(), sel.column("layer").to_pylist(),
+                          sel.column("name").to_pylist(), strict=True):
+        nm = str(nm or "")
+        label[int(n)] = nm if nm.startswith(f"{lay} ") else f"{lay} {nm}"
+    return label
+
+
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
                 note: Any = None, forest: Any = None, max_steps: int | None = None,
                 explain: str = "mechanism") -> dict[str, Any] | None:
@@ -630,6 +750,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     abnormal, also when it finds the step normal: ``model_says_normal``, an abnormal probability
     under :data:`SCREEN_FLOOR`; from the floor up the step keeps its flag), ``evidence_operators``
     (``[{node_id, name}]``, nodes of the step's own tree) and ``explanation`` (one sentence).
+    This is ``--model-reads flagged``; :func:`read_every` is the model reading every step.
 
     The model reads each flagged step's call tree (TPE-encoded) and its aligned log lines. Schema
     projection: the type is one of the five, the operators are nodes of the step, and the
@@ -651,30 +772,15 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
     if explain not in ("mechanism", "full"):
         raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
-    path = Path(model) if model is not None else DEFAULT_MODEL
     # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
     # are left to the numeric stage
     by_step_ranges = diag.get("steps_rule", {}).get("rule", "STEP ranges") == "STEP ranges"
     flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0 and by_step_ranges]
-    try:
-        from teller.rca import load
-    except ImportError as e:  # torch / transformers not installed: the numeric stage alone
-        if note is not None:
-            note(f"root-cause model skipped ({e}); install it with `pip install 'teller[rca]'`")
+    got = _load_model(model, note)
+    if got is None:
         return None
-    from teller.rca.api import weight_files
-
-    if model is None and not weight_files(path / "model.safetensors"):
-        if note is not None:
-            note(f"root-cause model skipped: the package has no default model at {path}")
-        return None
-    m = load(path)
-    tr = m.meta.get("training", {})
-    info = {"path": str(path), "variant": m.cfg.variant,
-            **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
-    info.update(steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None, explanations=explain,
-                abnormal_floor=SCREEN_FLOOR, abnormal_cut=m.abnormal_cut)
-    diag["model"] = info
+    m, path = got
+    info = diag["model"] = _model_info(m, path, "flagged", max_steps, explain)
     if not flagged:
         return info
     rd = RunDir(run)
@@ -682,22 +788,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         from teller.forest import Forest
 
         forest = Forest.read(rd.path).table
-    import pyarrow.compute as pc
-
-    # only STEP nodes (rows that are their own step) have subtrees the model can read
-    step_ids = set(forest.filter(pc.equal(forest.column("node_id"), forest.column("step_id"))).column("node_id").to_pylist())
-    flagged = [d for d in flagged if int(d["node_id"]) in step_ids]
-    # a step recorded without detail has no aten ops and no GPU activity: the model, which learnt
-    # from call trees that hold them, does not read it; the numeric verdict stands
-    bare = without_detail([str(d.get("name") or "") for d in flagged])
-    if bare.any():
-        for d in (d for d, b in zip(flagged, bare.tolist(), strict=True) if b):
-            d["model_no_detail"] = True
-        info["steps_without_detail"] = int(bare.sum())
-        if note is not None:
-            note(f"{int(bare.sum())} flagged steps were recorded without detail (`teller record --detail-every`): "
-                 "the root-cause model does not read them; they have the numeric stage's verdict only")
-        flagged = [d for d, b in zip(flagged, bare.tolist(), strict=True) if not b]
+    step_ids = _step_node_ids(forest)
+    flagged = _bare_steps([d for d in flagged if int(d["node_id"]) in step_ids], info, note, "flagged steps")
     if not flagged:
         return info
     # the highest-scored first; past ``max_steps`` the numeric verdict stands
@@ -710,53 +802,214 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         if note is not None:
             note(f"the root-cause model read the {len(keep)} highest-scored of {len(flagged)} flagged steps "
                  "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict only")
-    # in the order of their trees' sizes: batches of steps of similar length pad little
-    block, sub = _step_blocks(forest, [int(d["node_id"]) for d in keep], iteration=m.cfg.unit == "iteration")
-    flagged = [keep[k] for k in np.argsort(block, kind="stable").tolist()]
-    ids = [int(d["node_id"]) for d in flagged]
-    logs = _step_logs(rd.path, ids, note)
-    try:
-        inp = m.inputs(sub, [[i] for i in ids], [logs.get(i, "") for i in ids])
-    except TellerError as e:  # a forest the model cannot read: the numeric stage's verdict stands
-        info["skipped"] = f"the model could not read the flagged steps' trees: {e}"
-        if note is not None:
-            note(f"root-cause model skipped: {info['skipped']}")
+    read = _model_inputs(m, forest, rd.path, keep, note, info)
+    if read is None:
         return info
+    flagged, inp = read
     mech = explain == "mechanism"
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
     preds = m.predict(inp, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
-    # names of the evidence nodes, from the forest rows they are
-    ev_ids = sorted({int(n) for p in preds for n in p["evidence_node_ids"]})
-    label: dict[int, str] = {}
-    if ev_ids:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        sel = forest.filter(pc.is_in(forest.column("node_id"), value_set=pa.array(ev_ids, pa.int64())))
-        for n, lay, nm in zip(sel.column("node_id").to_pylist(), sel.column("layer").to_pylist(),
-                              sel.column("name").to_pylist(), strict=True):
-            nm = str(nm or "")
-            label[int(n)] = nm if nm.startswith(f"{lay} ") else f"{lay} {nm}"
+    label = _node_labels(forest, {int(n) for p in preds for n in p["evidence_node_ids"]})
     for d, p, unk in zip(flagged, preds, unknown.tolist(), strict=True):
-        d["model_unknown_share"] = round(float(unk), 3)
-        if unk > OFF_DISTRIBUTION:
-            d["model_off_distribution"] = True
         ft = p["fault_type"] or p.get("fault_type_best", "")
+        _answer(d, p, unk, label)
         d["abnormal_probability"] = _f(p["abnormal_prob"])
         d["fault_type"] = ft or None
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
         d["model_unsure"] = bool(p["fault_type"]) and p["abnormal_prob"] < m.abnormal_cut
         if not p["fault_type"]:
             ruled_out(d, same_deployment)
-        d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]
-        d["evidence_families"] = list(p["evidence_operators"])
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
     diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
     diag["summary"]["unknown_fault_steps"] = sum(1 for d in flagged if d.get("unknown_fault"))
     return info
+
+
+def _answer(d: dict[str, Any], p: dict[str, Any], unk: float, label: dict[int, str]) -> None:
+    """The fields of the model's answer every read step it reports on gets: how much of its trace
+    the model knows, its evidence nodes and their families."""
+    d["model_unknown_share"] = round(float(unk), 3)
+    if unk > OFF_DISTRIBUTION:
+        d["model_off_distribution"] = True
+    d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in p["evidence_node_ids"]]
+    d["evidence_families"] = list(p["evidence_operators"])
+
+
+def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike | None = None,
+               note: Any = None, max_steps: int | None = None,
+               explain: str = "mechanism") -> dict[str, Any] | None:
+    """The root-cause model reading every step of the run (``--model-reads every``, the default),
+    its heads only (no explanation yet), then over time as a fault lasts
+    (:func:`teller.localize.episodes.over_time`, per rank): its flags (abnormal probability from
+    its cut), the steps at even odds or more next to an episode of :data:`MIN_EPISODE` or more of
+    its flags (``sustained``), each episode's majority type. Returns the reading, which
+    :func:`localize` (``also``: the steps it flags get candidates and suspects) and
+    :func:`write_reading` take; None when there is no model to read with or no step it can read
+    (the numeric stage's verdicts stand)."""
+    from teller.localize.episodes import SUSTAIN_FLOOR, over_time
+
+    if explain not in ("mechanism", "full"):
+        raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
+    got = _load_model(model, note)
+    if got is None:
+        return None
+    m, path = got
+    info = _model_info(m, path, "every", max_steps, explain)
+    st = rf.steps
+    reading: dict[str, Any] = {"model": m, "info": info, "index": np.zeros(0, np.int64)}
+    if st.rule != "STEP ranges" or not st.n:  # profiler steps, fixed windows: the numeric stage's
+        return reading
+    forest = rf.forest.table
+    ids = _step_node_ids(forest)
+    dicts = [{"index": i, "node_id": int(st.node_id[i]), "name": st.names[i]} for i in range(st.n)
+             if int(st.node_id[i]) in ids]
+    dicts = _bare_steps(dicts, info, note, "steps")
+    reading["no_detail"] = np.asarray(sorted(set(range(st.n)) - {d["index"] for d in dicts}), np.int64)
+    if not dicts:
+        return reading
+    got_inputs = _model_inputs(m, forest, rf.path, dicts, note, info)
+    if got_inputs is None:
+        return reading
+    dicts, inp = got_inputs
+    idx = np.asarray([d["index"] for d in dicts], np.int64)
+    prep = m.prepare(inp)
+    floor = min(SUSTAIN_FLOOR, m.abnormal_cut)  # the steps that may join an episode get evidence too
+    preds = m.predict(prep, batch_size=MODEL_BATCH, explain=False, abnormal_floor=floor)
+    p = np.asarray([float(x["abnormal_prob"]) for x in preds])
+    flag = p >= m.abnormal_cut
+    best = np.asarray([x.get("fault_type_best") or "" for x in preds], dtype=object)
+    ops = [list(x["evidence_operators"]) if f else [] for x, f in zip(preds, flag.tolist(), strict=True)]
+    over = over_time(st.rank[idx], st.step_num[idx], flag, p, best, ops, floor=SUSTAIN_FLOOR)
+    info.update(steps_eligible=len(idx), steps_read=len(idx), model_flagged=int(flag.sum()),
+                sustained=int(over["joined"].sum()), retyped=int(over["retyped"]))
+    reading.update(index=idx, preds=preds, prep=prep, unknown=unknown_share(inp, m.trace_tok), flag=flag,
+                   over=over, node_labels=_node_labels(forest, {int(n) for x in preds for n in x["evidence_node_ids"]}))
+    return reading
+
+
+def reading_flags(reading: dict[str, Any] | None) -> np.ndarray | None:
+    """The steps (indices) the model's reading over time flags, for :func:`localize`'s ``also``."""
+    if not reading or not len(reading["index"]):
+        return None
+    return reading["index"][reading["over"]["flag"]]
+
+
+def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = None) -> dict[str, Any]:
+    """The model's reading of every step (:func:`read_every`) written into ``diag`` (built with
+    its flags in ``also``): every read step gets ``abnormal_probability``; a step it flags over
+    time gets ``flag``, ``flagged_by`` (``"model"``, with ``"stage"`` where the numeric stage flags
+    it too), its episode's ``fault_type``, the evidence (``evidence_operators``,
+    ``evidence_families``; a step that joined an episode at even odds, ``sustained``, the families
+    at least half of the episode's flagged steps name) and an explanation (at most
+    ``max_steps``, the most probable first; the others ``model_not_explained``). A step only the
+    stage flags keeps its flag as a lasting departure (``unknown_fault``, typed by its evidence)
+    when it lies in an episode of :data:`MIN_EPISODE` or more stage flags against a reference of
+    the run's deployment, else the model reads it as normal (``model_says_normal``): the rule
+    measured as ``teller_sustained_family`` (docs/results.md). Returns ``diag["model"]``."""
+    from teller.localize.episodes import episode_lengths
+    from teller.rca.schema import project_explanation
+
+    m, info = reading["model"], reading["info"]
+    diag["model"] = info
+    steps = diag["steps"]
+    # the stage's own episodes (warm-up steps left out), before the model's flags are added
+    rank = np.asarray([int(d["rank"]) for d in steps], np.int64)
+    num = np.asarray([int(d["step_num"]) for d in steps], np.int64)
+    sflag = np.asarray([bool(d.get("flag")) and not d.get("warmup") for d in steps], bool)
+    _, slen = episode_lengths(rank, num, sflag)
+    for d, n in zip(steps, slen.tolist(), strict=True):
+        d["stage_flag"] = bool(d.get("flag"))
+        if d["stage_flag"]:
+            d["flagged_by"] = ["stage"]
+            if n:
+                d["stage_episode_length"] = int(n)
+    by_index = {int(d["index"]): d for d in steps}
+    for i in reading.get("no_detail", np.zeros(0, np.int64)).tolist():
+        if i in by_index:
+            by_index[i]["model_no_detail"] = True
+    if not len(reading["index"]):
+        _stage_only(diag, same_deployment=False, read=set())
+        return info
+    over, preds, label = reading["over"], reading["preds"], reading["node_labels"]
+    prep = reading["prep"]
+    mine: list[tuple[int, dict[str, Any]]] = []  # (position in the reading, step) of the model's verdicts
+    for k, (i, p, unk) in enumerate(zip(reading["index"].tolist(), preds, reading["unknown"].tolist(), strict=True)):
+        d = by_index[i]
+        d["abnormal_probability"] = _f(p["abnormal_prob"])
+        if not over["flag"][k]:
+            continue
+        mine.append((k, d))
+        d["flag"] = True
+        d["flagged_by"] = ["model"] + (["stage"] if d["stage_flag"] else [])
+        _answer(d, p, unk, label)
+        ft = str(over["types"][k])
+        d["fault_type"] = ft
+        d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] == ft else None
+        d["model_unsure"] = False
+        if over["joined"][k]:  # joined its episode at even odds: the episode's operators
+            d["sustained"] = True
+            fams = list(over["operators"][k])
+            nodes = p["evidence_nodes"]
+            keep = [n for n, nd in zip(p["evidence_node_ids"], nodes, strict=True)
+                    if m.node_families(prep, k, [nd])[0] in fams]
+            d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in keep]
+            d["evidence_families"] = fams
+    same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
+    _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
+        zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
+        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label)
+    # explanations: the model's verdicts, the most probable first, up to the bound
+    bound = info.get("max_steps")
+    order = sorted(mine, key=lambda kd: (-float(kd[1]["abnormal_probability"] or 0), kd[1]["start_ns"]))
+    todo = order[:bound] if bound else order
+    for _, d in order[len(todo):]:
+        d["model_not_explained"] = True
+    if len(todo) < len(order) and note is not None:
+        note(f"the root-cause model explains the {len(todo)} most probable of its {len(order)} abnormal steps "
+             "(`--model-steps N` for more, 0 for all); the others have its type and evidence without a sentence")
+    mech = info.get("explanations", "mechanism") == "mechanism"
+    texts = m.explain(prep, [k for k, _ in todo], [str(d["fault_type"]) for _, d in todo], batch_size=MODEL_BATCH,
+                      explain_done=mechanism_written if mech else None, explain_tokens=MECHANISM_TOKENS if mech else None)
+    for (_, d), text in zip(todo, texts, strict=True):
+        text = project_explanation(text, d["fault_type"], d.get("evidence_families") or [], m.cfg.max_explanation_chars)
+        d["explanation_model"] = text or None
+        d["explanation"] = _ground(text, d) or None
+    info["explained"] = len(todo)
+    diag["summary"]["steps_flagged"] = sum(1 for d in steps if d.get("flag"))
+    diag["summary"]["stage_flagged"] = int(sum(1 for d in steps if d.get("stage_flag")))
+    diag["summary"]["model_abnormal"] = len(mine)
+    diag["summary"]["unknown_fault_steps"] = sum(1 for d in steps if d.get("unknown_fault"))
+    return info
+
+
+def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], preds: dict[int, Any] | None = None,
+                unknown: dict[int, float] | None = None, label: dict[int, str] | None = None) -> None:
+    """The steps only the numeric stage flags, after the model read every step: a lasting
+    departure (an episode of :data:`MIN_EPISODE` or more stage flags, warm-up left out, against a
+    reference of the run's deployment) stays, a fault of a kind the model was not trained on
+    (``unknown_fault``, its closest known type in ``fault_type_guess`` where the model read it);
+    the others the model reads as normal (``model_says_normal``; a step it did not read keeps
+    the stage's verdict)."""
+    for d in diag["steps"]:
+        if not d.get("stage_flag") or d.get("flagged_by") != ["stage"]:
+            continue
+        i = int(d["index"])
+        if i not in read:
+            d["model_not_read"] = True
+            continue
+        p = (preds or {})[i]
+        _answer(d, p, (unknown or {})[i], label or {})
+        d["fault_type"] = p["fault_type"] or p.get("fault_type_best") or None
+        d["fault_probability"] = None
+        if same_deployment and int(d.get("stage_episode_length") or 0) >= EPISODE_MIN:
+            d["unknown_fault"] = True
+            d["fault_type_guess"] = d["fault_type"]
+            d["fault_type"] = None
+        else:
+            d["model_says_normal"] = True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -797,7 +1050,9 @@ def verdict_line(x: dict[str, Any]) -> str:
         # p: the model's probability of the named type, given a fault; an unsure step says how
         # likely a fault is at all instead (it keeps its flag from SCREEN_FLOOR up)
         p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {SCREEN_FLOOR})" if model_unsure(x)
-             else f"p={x['fault_probability']:.2f}")
+             else f"p_abnormal={x['abnormal_probability']:.2f}, joined the episode of its neighbours' flags" if x.get("sustained")
+             else f"p={x['fault_probability']:.2f}" if x.get("fault_probability") is not None
+             else f"p_abnormal={x['abnormal_probability']:.2f}, the type of its episode")
         # the numeric evidence pointing elsewhere is worth a look: said beside the model's answer
         other = (f" [the numeric evidence points to {et['fault_type']}: {et['family']}, {et['feature']}]"
                  if et and et["fault_type"] != x["fault_type"] else "")
@@ -811,7 +1066,7 @@ def verdict_line(x: dict[str, Any]) -> str:
         head += " [recorded without detail (no aten ops, no GPU activity): numeric stage only]"
     if x.get("unknown_fault"):
         return (f"{head}: fault of a kind the model was not trained on: a sustained departure from the reference "
-                f"({x['episode_length']} flagged steps in a row) it does not recognise "
+                f"({x.get('stage_episode_length') or x.get('episode_length')} flagged steps in a row) it does not recognise "
                 f"(p_abnormal={x['abnormal_probability']:.2f}); {num}")
     if x.get("model_says_normal"):
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}: "
@@ -831,7 +1086,9 @@ def print_verdicts(diag: dict[str, Any], console: Any, top: int = 10) -> None:
     m = None if m and m.get("skipped") else m
     console.print(f"[bold]verdict[/] ({'root-cause model ' + m['variant'] if m else 'numeric stage only'}): "
                   f"{len(flagged)} flagged step(s)")
-    if m and m.get("steps_read", 0) < m.get("steps_eligible", 0):
+    if m and m.get("reads") == "every":
+        console.print(f"  {reading_words(diag)}", soft_wrap=True, markup=False, highlight=False)
+    elif m and m.get("steps_read", 0) < m.get("steps_eligible", 0):
         console.print(f"  the model read the {m['steps_read']} highest-scored of {m['steps_eligible']} flagged steps "
                       "(`--model-steps N` to read more, 0 for all); the others have the numeric stage's verdict")
     if eps := longest_episodes(diag):

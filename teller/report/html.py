@@ -129,7 +129,9 @@ FEATURE_WORDS = {
 _TERMS = {
     "score": ("score", "the numeric stage's anomaly score of a step, 0 (like the reference) to 1 "
                        "(far outside it), from how far its operators lie from the reference"),
-    "flagged": ("flagged", "a step whose score passed the numeric stage's threshold: an abnormal step"),
+    "flagged": ("flagged", "an abnormal step: one the root-cause model flags (its abnormal probability from its cut, "
+                           "or at even odds next to an episode of its flags), or whose score passed the numeric stage's "
+                           "threshold"),
     "fault probability": ("fault probability", "the root-cause model's probability of the fault type it "
                                                "names, given that the step is abnormal"),
     "abnormal probability": ("abnormal probability", "the root-cause model's probability that the step is "
@@ -230,6 +232,28 @@ def _dur(step: dict[str, Any]) -> int:
 
 
 
+def reading_words(diag: dict[str, Any]) -> str:
+    """How the flagged steps came about when the model read every step (``--model-reads every``),
+    in one sentence (console and report)."""
+    m = diag.get("model") or {}
+    steps = diag["steps"]
+    model = sum(1 for d in steps if "model" in (d.get("flagged_by") or ()))
+    both = sum(1 for d in steps if "model" in (d.get("flagged_by") or ()) and d.get("stage_flag"))
+    lasting = sum(1 for d in steps if d.get("unknown_fault"))
+    normal = sum(1 for d in steps if d.get("model_says_normal"))
+    out = (f"the root-cause model read {m.get('steps_read', 0):,} steps and flags {model:,} "
+           f"({m.get('sustained', 0):,} of them joined an episode of its flags at even odds; the numeric stage flags "
+           f"{both:,} of them too)")
+    if lasting:
+        out += f"; {lasting:,} more are the numeric stage's lasting departures it does not recognise"
+    if normal:
+        out += f"; it reads {normal:,} of the numeric stage's other flags as normal"
+    if m.get("explained", 0) < model:
+        out += (f"; the {m.get('explained', 0):,} most probable have an explanation (`--model-steps N` for more, "
+                "0 for all)")
+    return out
+
+
 def longest_episodes(diag: dict[str, Any], top: int = 3) -> list[dict[str, Any]]:
     """The ``top`` longest episodes of a diagnosis (ties: the earlier first)."""
     return sorted(diag.get("episodes") or [], key=lambda e: (-e["steps"], e["start_ns"]))[:top]
@@ -293,9 +317,14 @@ class _Page:
             out.append(f'<p class="headline ok">No abnormal step: all {n:,} steps are within the reference\'s '
                        "normal range.</p>")
         else:
+            every = self.has_model and (self.d.get("model") or {}).get("reads") == "every"
+            by = "the root-cause model, read over time, or the numeric stage" if every else "the numeric stage"
             out.append(f'<p class="headline bad"><b>{nf:,}</b> of {n:,} steps {"is" if nf == 1 else "are"} '
-                       f"abnormal ({self.term('flagged')} by the numeric stage)</p>")
-            if self.has_model:
+                       f"abnormal ({self.term('flagged')} by {by})</p>")
+            if every:
+                line = reading_words(self.d)
+                out.append(f'<p class="sub">{_e(line[0].upper() + line[1:])}.</p>')
+            elif self.has_model:
                 named = [x for x in self.flagged if x.get("fault_type") and not x.get("model_says_normal")]
                 normal = [x for x in self.flagged if x.get("model_says_normal")]
                 m = self.d.get("model") or {}
