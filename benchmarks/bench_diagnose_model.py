@@ -3,6 +3,7 @@
     python benchmarks/bench_diagnose_model.py                           # 1M-event synthetic pair, 3 repeats
     python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m        # generate once, reuse
     python benchmarks/bench_diagnose_model.py --example                 # the bundled H200 op-delay run
+    python benchmarks/bench_diagnose_model.py --example --model-reads flagged   # the model reads the stage's flags only
     python benchmarks/bench_diagnose_model.py --example --model-steps 0 --explain full
     python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m --worst-decode --no-baseline
     python benchmarks/bench_diagnose_model.py --pair /tmp/pair1m --plant-every 7   # ~570 flagged steps
@@ -16,7 +17,9 @@ reference (``--localizer``, not timed); the example with ``--reference`` as the 
 
 Each measurement is a fresh subprocess pinned to one core (``sched_setaffinity``, OMP / OpenBLAS /
 MKL threads 1, ``torch.set_num_threads(1)``, Arrow pools 1 thread) running ``diagnose(...)``: the
-numeric stage, then :func:`teller.report.diagnose.apply_model` as ``teller diagnose`` calls it.
+numeric stage, then the model step as ``teller diagnose`` runs it (:func:`teller.report.diagnose.read_every` and
+:func:`~teller.report.diagnose.write_reading` when the model reads every step, the default; :func:`~teller.report.diagnose.apply_model`
+with ``--model-reads flagged``).
 Inside the model step the phases are timed (wall and this process's CPU):
 
 - ``import``: importing torch and :mod:`teller.rca.api` (the numeric stage imports neither);
@@ -94,12 +97,12 @@ def timed(name, fn):
 
 mem = {}
 counts = {"decode_turns": 0, "decoded_rows": 0}
-_apply = D.apply_model
-def apply_model(*a, **k):
+ready = []
+def setup():
+    # once, at the model step's start: the memory mark, torch imported, the model's phases timed
     with open("/proc/self/clear_refs", "w") as fh:  # reset VmHWM: the model's own peak from here
         fh.write("5")
     mem["rss_before_model"] = status("VmRSS:")
-    t_all = clock()
     t0 = clock()
     import torch
     torch.set_num_threads(1)
@@ -116,8 +119,8 @@ def apply_model(*a, **k):
         D.mechanism_written = lambda text, fault_type: False
     if spec.get("all_typed"):  # worst case for decoding: every step the model reads is typed
         _pf = api.project_fault
-        def typed(probs):
-            p_ab, ft, tp = _pf(probs)
+        def typed(probs, *a, **k):
+            p_ab, ft, tp = _pf(probs, *a, **k)
             return max(p_ab, 0.5), ft or api.FAULT_TYPES[1 + int(probs[1:].argmax())], tp
         api.project_fault = typed
     R.load = classmethod(timed("weights", R.load.__func__))
@@ -142,12 +145,22 @@ def apply_model(*a, **k):
         counts["decode_turns"] += 1
         return _free(self, *a, **k)
     R._forward, R._decode_cached, R._free_token = fwd, dec, free
-    try:
-        return _apply(*a, **k)
-    finally:
-        add("model", t_all)
-        mem["model_hwm"] = status("VmHWM:")
-D.apply_model = apply_model
+
+def model_step(fn):
+    # fn (apply_model, or read_every and write_reading when the model reads every step) timed as the model step
+    def wrap(*a, **k):
+        t_all = clock()
+        if not ready:
+            ready.append(True)
+            setup()
+        try:
+            return fn(*a, **k)
+        finally:
+            add("model", t_all)
+            mem["model_hwm"] = status("VmHWM:")
+    return wrap
+
+D.apply_model, D.read_every, D.write_reading = map(model_step, (D.apply_model, D.read_every, D.write_reading))
 
 kw = dict(spec["kw"])
 w0, c0 = clock()
@@ -163,7 +176,7 @@ if kw.get("model") is not False:
                    "cpu": ph["model"]["cpu"] - sum(ph[k]["cpu"] for k in ph if k != "model")}
     out["phases"] = ph
     out["model_info"] = d.get("model")
-    out["model_read"] = sum(1 for x in d["steps"] if "model_unknown_share" in x)
+    out["model_read"] = (d.get("model") or {}).get("steps_read", 0)
     out["model_typed"] = sum(1 for x in d["steps"] if x.get("fault_type") and not x.get("model_says_normal"))
     out["mechanisms"] = {str(x["step_num"]) + "/" + str(x["rank"]): x.get("explanation_model")
                          for x in d["steps"] if "model_unknown_share" in x}
@@ -267,6 +280,8 @@ def model_kw(args: argparse.Namespace) -> dict:
         kw["model_steps"] = args.model_steps
     if args.explain is not None and "model_explain" in params:
         kw["model_explain"] = args.explain
+    if args.model_reads is not None and "model_reads" in params:
+        kw["model_reads"] = args.model_reads
     return kw
 
 
@@ -283,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--model-steps", type=int, default=None,
                     help="diagnose(model_steps=K): the model reads the K highest-scored flagged steps (0: all)")
+    ap.add_argument("--model-reads", default=None, choices=("every", "flagged"),
+                    help="diagnose(model_reads=...): the model reads every step (the default) or the flagged ones")
     ap.add_argument("--explain", default=None, choices=("mechanism", "full"),
                     help="diagnose(model_explain=...): 'mechanism' (stop at what diagnose keeps) or 'full'")
     ap.add_argument("--all-typed", action="store_true",

@@ -35,9 +35,11 @@ def example(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def example_diagnosis(example, tmp_path_factory):
-    """The example judged against itself, with rare modes (under 0.5% of a family) suspicious."""
+    """The example judged against itself by the numeric stage (the root-cause model is
+    tests/test_diagnose_model.py's), with rare modes (under 0.5% of a family) suspicious."""
     out = tmp_path_factory.mktemp("diag")
-    return diagnose(example, reference=[example], out=out, html=True, params={"min_central_weight": 0.005}), out
+    return diagnose(example, reference=[example], out=out, html=True, params={"min_central_weight": 0.005},
+                    model=False), out
 
 
 def test_bundled_example_against_itself(example, example_diagnosis):

@@ -612,13 +612,27 @@ def test_log_methods_find_a_planted_warning_line(vertical, name):
 # the root-cause model as a row
 
 
-def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp_path):
-    """The shipped model scores the test steps of the split it was trained on (the slice's steps
-    are whole steps of data/h200_v2, so a copy named like it is that dataset's subset, split by
-    the same rule); another split is refused, since its test steps may be steps it learnt from."""
+def _tiny_mot(named, out):
+    """A tiny MoT reading engine iterations (``teller_mot``'s recipe) trained a few steps on the
+    request split of the dataset ``named``."""
+    from teller.rca.train import train
+
+    train(named, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=3, progress=False,
+          log=lambda m: None, unit="iteration")
+    return out
+
+
+def test_a_model_row_scores_its_own_test_steps_and_the_shipped_model_only_its_dataset(slice_ds, tmp_path):
+    """A model row scores the test steps of the split its model was trained on (the evaluation's
+    and the model's test steps are one rule's); another split is refused, since its test steps may
+    be steps it learnt from. The shipped model (the recipe of ``teller_mot_family``, the only row
+    that falls back on it) was trained on the union of dataset v2's parts, whose splits are drawn
+    over the whole union: it is refused on this slice of one part, and a row of another recipe
+    without a model says how to train one."""
     pytest.importorskip("torch")
     from teller.baselines import make
     from teller.baselines.steps import load_steps, split_masks
+    from teller.rca import DEFAULT_MODEL
     from teller.rca.data import FAULT_TYPES, read_units
 
     named = tmp_path / "h200_v2"
@@ -632,17 +646,23 @@ def test_teller_mot_row_is_the_shipped_model_on_its_own_test_steps(slice_ds, tmp
                  if v == "vertical" and p == "test"}
     assert {(str(steps.runs[steps.run_code[i]]), int(steps.step_id[i])) for i in te.tolist()} == unit_test
     steps.extra["split"] = "request"
-    m = make("teller_mot").fit(steps, np.flatnonzero(train))
+    shipped = json.loads((DEFAULT_MODEL / "config.json").read_text())["training"]["dataset"]
+    with pytest.raises(ValueError, match=f"trained on '{shipped}', not"):
+        make("teller_mot_family").fit(steps, np.flatnonzero(train))
+    with pytest.raises(ValueError, match="no mot model \\(inputs trace\\+log, unit iteration, operator head token.*--models DIR"):
+        make("teller_mot").fit(steps, np.flatnonzero(train))
+    m = make("teller_mot")
+    m.model = _tiny_mot(named, tmp_path / "tiny")
+    m.fit(steps, np.flatnonzero(train))
     p = m.predict(steps, te)
     assert p.score.shape == (len(te),) and ((p.score >= 0) & (p.score <= 1)).all()
     assert set(p.fault_type.tolist()) <= set(FAULT_TYPES[1:])
-    assert all(bool(ops) == f for ops, f in zip(p.operators, p.flag, strict=True))  # operators exactly for flagged steps
+    assert all(bool(ops) <= f for ops, f in zip(p.operators, p.flag, strict=True))  # operators only for flagged steps
     truth = steps.is_anomaly[te]
     assert truth.any() and (~truth).any()
-    assert auroc(truth, p.score) > 0.8  # the model on steps of its own held-out part
     steps.extra["split"] = "run"
     with pytest.raises(ValueError, match="trained on the 'request' split"):
-        make("teller_mot").fit(steps, np.flatnonzero(train))
+        m.fit(steps, np.flatnonzero(train))
 
 
 def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_ds, tmp_path):
@@ -659,9 +679,12 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
 
     named = tmp_path / "h200_v2"
     shutil.copytree(slice_ds, named)
+    models = tmp_path / "models"
+    _tiny_mot(named, models / "it")
+    mod = ["--models", str(models)]
     out = tmp_path / "res"
     assert main(["evaluate", str(named), "--split", "request", "--methods", "teller_mot,teller_numeric,teller,teller_confirm,teller_screened",
-                 "-o", str(out)]) == 0
+                 "-o", str(out), *mod]) == 0
     blk = json.loads((out / "results.json").read_text())["results"][0]
     mot, num, tel = (rows(out / "predictions.parquet", m) for m in ("teller_mot", "teller_numeric", "teller"))
     conf = rows(out / "predictions.parquet", "teller_confirm")  # as `teller diagnose`: the model confirms the stage's flags
@@ -685,12 +708,10 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     assert row["step"]["fp"] == sum(t["flag"] and not t["is_anomaly"] for t in tel.values())
     assert "| TELLER (numeric stage + MoT root-cause model) |" in (out / "results.md").read_text()
     # the row says which trained model it scored (read after its fit)
-    from teller.rca import DEFAULT_MODEL
-
-    assert Path({r["method"]: r for r in blk["methods"]}["teller_mot"]["model"]) == DEFAULT_MODEL
+    assert Path({r["method"]: r for r in blk["methods"]}["teller_mot"]["model"]) == models / "it"
     # alone: it fits and predicts both parts itself
     out2 = tmp_path / "alone"
-    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller", "-o", str(out2)]) == 0
+    assert main(["evaluate", str(named), "--split", "request", "--methods", "teller", "-o", str(out2), *mod]) == 0
     alone = rows(out2 / "predictions.parquet", "teller")
     assert alone.keys() == tel.keys()
     assert all(alone[k]["flag"] == t["flag"] and alone[k]["score"] == pytest.approx(t["score"], abs=1e-4) for k, t in tel.items())
@@ -985,7 +1006,7 @@ def test_sustained_row_reads_the_models_answers_over_time(vertical):
     with pytest.raises(ValueError, match="was not fitted here"):  # answers kept for other steps only
         m.predict(s, idx[:-1])
     s.extra = dict(vertical.extra, split="request")  # no answers kept, no models: the model row's own error
-    with pytest.raises(ValueError, match="pass `--models DIR`"):
+    with pytest.raises(ValueError, match="was trained on 'runs/h200_v2_all', not"):  # the shipped model: another dataset
         make("teller_mot_family_sustained").fit(s, idx)
 
 

@@ -1,14 +1,15 @@
 """TELLER's root-cause models as rows of ``teller evaluate`` (``teller_mot``, ``teller_single``).
 
 The models are trained beforehand (``teller rca train DATASET --split S``, on the GPU; the package
-ships the MoT model of ``data/h200_v2``'s request split, reading whole engine iterations), so
+ships a MoT with the family operator head trained on the request split of the union of dataset v2's
+four parts, ``runs/h200_v2_all``, reading whole engine iterations), so
 "fit" only finds and loads the one
 for the split evaluated and checks that it may be scored here: the dataset folder it was trained
 on must be this one and its split the one evaluated, otherwise the test steps could be steps it
 learnt from, and the row is an error that says so. ``teller evaluate --models DIR`` names a
 folder of trained models (one sub-folder each, any names): a row takes the one of its variant,
-inputs, unit, split and seed; without it (or when none fits) ``teller_mot`` takes the shipped
-model. ``teller_mot`` reads engine iterations (``RCAConfig.unit`` ``iteration``: the STEP subtree
+inputs, unit, split and seed; without it (or when none fits) the row of the shipped model's
+recipe (``teller_mot_family``) takes the shipped model. ``teller_mot`` reads engine iterations (``RCAConfig.unit`` ``iteration``: the STEP subtree
 with the iteration's schedule/update ranges and untraced gaps), ``teller_mot_step`` is the same
 model on STEP subtrees alone (the unit ablation); ``teller_mot_family`` is the MoT whose operator
 head scores each operator family of the iteration (``RCAConfig.op_unit`` ``family``); the other
@@ -45,6 +46,15 @@ def _dataset_name(path: str | Path) -> str:
     return Path(str(path)).resolve().name
 
 
+def _meta(path: Path) -> dict[str, Any]:
+    """A model's ``config.json``, or {} when it cannot be read."""
+    try:
+        meta = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 @register("teller_mot")
 class RCAModel(Method):
     label = "TELLER MoT (root-cause model)"
@@ -67,16 +77,18 @@ class RCAModel(Method):
         inputs, unit and operator head trained on ``split``, each with its seed, in name order."""
         found = []
         for cfg in sorted(Path(folder).glob("*/config.json")):
-            try:
-                meta = json.loads(cfg.read_text())
-            except (OSError, ValueError):
-                continue
-            c, tr = meta.get("config", {}), meta.get("training", {})
-            if (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
-                    and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit
-                    and tr.get("split") == split):
+            meta = _meta(cfg)
+            tr = meta.get("training", {})
+            if self._recipe(meta) and tr.get("split") == split:
                 found.append((cfg.parent, int(tr.get("seed", -1))))
         return found
+
+    def _recipe(self, meta: dict[str, Any]) -> bool:
+        """Whether a model's ``config.json`` (``meta``) is of this row's variant, inputs, unit and
+        operator head."""
+        c = meta.get("config", {})
+        return (c.get("variant") == self.variant and c.get("inputs", "trace+log") == self.inputs
+                and c.get("unit", "step") == self.unit and c.get("op_unit", "token") == self.op_unit)
 
     def _find(self, folder: Path, split: str | None) -> Path | None:
         """The model under ``folder`` of this row (:meth:`_models`) trained with this seed;
@@ -118,8 +130,11 @@ class RCAModel(Method):
         path = Path(self.model) if self.model is not None else None
         if path is None and steps.extra.get("rca_models"):
             path = self._find(Path(steps.extra["rca_models"]), split)
+        shipped = False
         if path is None:
-            if type(self) is not RCAModel:  # only teller_mot falls back on the shipped model
+            # the row of the shipped model's recipe falls back on it (one training: its seed is its own)
+            shipped = self._recipe(_meta(DEFAULT_MODEL / "config.json"))
+            if not shipped:
                 where = steps.extra.get("rca_models")
                 raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, operator head {self.op_unit}, "
                                  f"split {split}, seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
@@ -128,7 +143,7 @@ class RCAModel(Method):
             path = DEFAULT_MODEL
         m = self._load(path, steps)
         tr = m.meta.get("training", {})
-        if int(tr.get("seed", self.seed)) != self.seed:
+        if not shipped and int(tr.get("seed", self.seed)) != self.seed:
             raise ValueError(f"the model at {path} was trained with seed {tr.get('seed')}, not {self.seed}")
         self.model_ = m
         self.model_path_ = str(path)

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the methods, the step sample and the low-prior repeats."),
         limit_steps: Optional[int] = typer.Option(None, "--limit-steps", help="Evaluate a random sample of this many steps per view."),
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
-        models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): each model row takes the one of its variant, inputs and unit trained on the split evaluated (teller_mot: the MoT reading engine iterations, default the shipped model, request split; teller_mot_step: the MoT reading STEP subtrees)."),
+        models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): each model row takes the one of its variant, inputs and unit trained on the split evaluated (teller_mot_family: the MoT reading engine iterations with the family operator head, default the shipped model, request split of runs/h200_v2_all; teller_mot: the same with the token operator head; teller_mot_step: the MoT reading STEP subtrees)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the root-cause model rows predict (bfloat16 on cuda)."),
         reuse: Optional[list[Path]] = typer.Option(None, "--reuse", help="predictions.parquet of an earlier run on this dataset (repeatable): each method it holds for a split and view is taken from it instead of fitted (e.g. model rows scored on a GPU, the other methods here)."),
     ) -> None:

@@ -28,10 +28,13 @@ from teller.evaluate.scores import (
     step_scores,
 )
 
-#: the methods ``teller evaluate`` runs by default, in table order
-DEFAULT_METHODS = ("teller_mot", "teller_numeric", "teller", "teller_confirm", "teller_screened", "teller_numeric_deploy",
-                   "teller_episodes", "teller_diagnose", "kmeans", "dbscan", "iforest", "gmm", "svm", "svm_names", "rf", "rf_names",
-                   "xgb", "xgb_names")
+#: the rows ``teller evaluate`` runs by default, in table order: the shipped model's recipe (``teller_mot_family``,
+#: and read over time), the numeric stage on both references, the pipelines on them
+#: (``teller_sustained_family`` is what ``teller diagnose`` reports, ``teller_diagnose_family`` what
+#: it reports with ``--model-reads flagged``) and the classical baselines
+DEFAULT_METHODS = ("teller_mot_family", "teller_mot_family_sustained", "teller_numeric", "teller_numeric_deploy",
+                   "teller_episodes_family", "teller_diagnose_family", "teller_sustained_family", "kmeans", "dbscan",
+                   "iforest", "gmm", "svm", "svm_names", "rf", "rf_names", "xgb", "xgb_names")
 
 
 def _peak_mib() -> float:

@@ -47,6 +47,7 @@ from teller.rca.data import (
     family_slots,
     load_dataset,
     require_unit,
+    training_workloads,
     unit_statistics,
 )
 from teller.rca.model import RCAConfig, build_model, token_ce
@@ -266,7 +267,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     model = RCA(cfg, net, text_tok, trace_tok, ref, device=dev)
     extra = {"training": {"dataset": str(ds.path), "split": split, "seed": seed, "config": config,
                           "train_units": int(len(trp)), "val_units": int(len(va_idx)), "batch_size": bs,
-                          "lr": base_lr, "parameters": int(n_params)}}
+                          "lr": base_lr, "parameters": int(n_params), "workloads": training_workloads(ds, tr_idx)}}
     if state is not None:
         load_weights(net, ck / "model.safetensors")
         load_optimizer(opt, ck / "optimizer.safetensors", state["optimizer"], dev)

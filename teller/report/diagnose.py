@@ -333,18 +333,22 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
-    if reading is not None:
+    if reading is not None and not reading.get("refused"):
         t_m = time.perf_counter()
         write_reading(diag, reading, note)
         diag["summary"]["seconds"]["model"] = round(t_read + time.perf_counter() - t_m, 3)
         mark_episodes(diag, verdicts=True)
     else:
         mark_episodes(diag)
-        if model is not False and model_reads == "flagged":
+        if model is not False and (model_reads == "flagged" or reading is not None):
+            if reading is not None and note is not None:
+                note(reading["refused"])
             t_m = time.perf_counter()
-            apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
-                        max_steps=bound, explain=model_explain)
-            diag["summary"]["seconds"]["model"] = round(time.perf_counter() - t_m, 3)
+            info = apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
+                               max_steps=bound, explain=model_explain)
+            if info is not None and reading is not None:
+                info["every_refused"] = reading["refused"]
+            diag["summary"]["seconds"]["model"] = round(t_read + time.perf_counter() - t_m, 3)
     type_episodes(diag)
     out_dir = Path(out) if out is not None else Path(run)
     if out_dir.suffix == ".json":
@@ -858,8 +862,14 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
         return None
     m, path = got
     info = _model_info(m, path, "every", max_steps, explain)
-    st = rf.steps
     reading: dict[str, Any] = {"model": m, "info": info, "index": np.zeros(0, np.int64)}
+    known = m.meta.get("training", {}).get("workloads") or []
+    shape = run_workload(run)
+    if known and shape not in known:  # a deployment the model never saw: its reading of every step is untested
+        reading["refused"] = (f"the run's workload shape ({shape or 'not recorded'}) is not one the model was trained "
+                              f"on ({'; '.join(known)}): it reads only the steps the numeric stage flags")
+        return reading
+    st = rf.steps
     if st.rule != "STEP ranges" or not st.n:  # profiler steps, fixed windows: the numeric stage's
         return reading
     forest = rf.forest.table
@@ -879,20 +889,43 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     floor = min(SUSTAIN_FLOOR, m.abnormal_cut)  # the steps that may join an episode get evidence too
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain=False, abnormal_floor=floor)
     p = np.asarray([float(x["abnormal_prob"]) for x in preds])
-    flag = p >= m.abnormal_cut
+    unknown = unknown_share(inp, m.trace_tok)
+    # a step whose operators the model mostly never saw is not its to flag: its verdict there is a
+    # guess (the stage's flag stands, marked low confidence: write_reading)
+    known = unknown <= OFF_DISTRIBUTION
+    flag = (p >= m.abnormal_cut) & known
     best = np.asarray([x.get("fault_type_best") or "" for x in preds], dtype=object)
     ops = [list(x["evidence_operators"]) if f else [] for x, f in zip(preds, flag.tolist(), strict=True)]
-    over = over_time(st.rank[idx], st.step_num[idx], flag, p, best, ops, floor=SUSTAIN_FLOOR)
+    over = over_time(st.rank[idx], st.step_num[idx], flag, np.where(known, p, 0.0), best, ops, floor=SUSTAIN_FLOOR)
     info.update(steps_eligible=len(idx), steps_read=len(idx), model_flagged=int(flag.sum()),
-                sustained=int(over["joined"].sum()), retyped=int(over["retyped"]))
-    reading.update(index=idx, preds=preds, prep=prep, unknown=unknown_share(inp, m.trace_tok), flag=flag,
+                sustained=int(over["joined"].sum()), retyped=int(over["retyped"]),
+                off_distribution=int((~known).sum()))
+    reading.update(index=idx, preds=preds, prep=prep, unknown=unknown, flag=flag,
                    over=over, node_labels=_node_labels(forest, {int(n) for x in preds for n in x["evidence_node_ids"]}))
     return reading
 
 
+def run_workload(run: str | os.PathLike) -> str:
+    """The served model's shape of ``run`` as the dataset's ``workload`` column names it (run.json's
+    model config, else a campaign's labels.json; "" when neither says)."""
+    from teller.dataset.build import workload_shape
+
+    rd = RunDir(run)
+    labels = None
+    if (rd.path / "labels.json").is_file():
+        try:
+            labels = json.loads((rd.path / "labels.json").read_text())
+        except (OSError, ValueError):
+            labels = None
+    try:
+        return workload_shape(rd, labels if isinstance(labels, dict) else None)
+    except (OSError, ValueError, TypeError):
+        return ""
+
+
 def reading_flags(reading: dict[str, Any] | None) -> np.ndarray | None:
     """The steps (indices) the model's reading over time flags, for :func:`localize`'s ``also``."""
-    if not reading or not len(reading["index"]):
+    if not reading or reading.get("refused") or not len(reading["index"]):
         return None
     return reading["index"][reading["over"]["flag"]]
 
@@ -948,6 +981,8 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
         ft = str(over["types"][k])
         d["fault_type"] = ft
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] == ft else None
+        if (p["fault_type"] or p.get("fault_type_best")) != ft:
+            d["episode_type"] = True  # its own best type differs: it takes its episode's
         d["model_unsure"] = False
         if over["joined"][k]:  # joined its episode at even odds: the episode's operators
             d["sustained"] = True
@@ -991,8 +1026,9 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
     departure (an episode of :data:`MIN_EPISODE` or more stage flags, warm-up left out, against a
     reference of the run's deployment) stays, a fault of a kind the model was not trained on
     (``unknown_fault``, its closest known type in ``fault_type_guess`` where the model read it);
-    the others the model reads as normal (``model_says_normal``; a step it did not read keeps
-    the stage's verdict)."""
+    the others the model reads as normal (``model_says_normal``). A step it did not read keeps the
+    stage's verdict, and so does a step off its training distribution (``model_off_distribution``:
+    the stage's flag with the model's closest type, marked unsure)."""
     for d in diag["steps"]:
         if not d.get("stage_flag") or d.get("flagged_by") != ["stage"]:
             continue
@@ -1004,7 +1040,11 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
         _answer(d, p, (unknown or {})[i], label or {})
         d["fault_type"] = p["fault_type"] or p.get("fault_type_best") or None
         d["fault_probability"] = None
-        if same_deployment and int(d.get("stage_episode_length") or 0) >= EPISODE_MIN:
+        if d.get("model_off_distribution"):  # the model's verdict is a guess here: the stage's flag stands
+            d["model_unsure"] = False
+            if d["fault_type"] and p["fault_type"] == d["fault_type"]:
+                d["fault_probability"] = _f(p["fault_type_prob"])
+        elif same_deployment and int(d.get("stage_episode_length") or 0) >= EPISODE_MIN:
             d["unknown_fault"] = True
             d["fault_type_guess"] = d["fault_type"]
             d["fault_type"] = None
@@ -1052,7 +1092,8 @@ def verdict_line(x: dict[str, Any]) -> str:
         p = (f"p_abnormal={x['abnormal_probability']:.2f}, the model is unsure (kept from {SCREEN_FLOOR})" if model_unsure(x)
              else f"p_abnormal={x['abnormal_probability']:.2f}, joined the episode of its neighbours' flags" if x.get("sustained")
              else f"p={x['fault_probability']:.2f}" if x.get("fault_probability") is not None
-             else f"p_abnormal={x['abnormal_probability']:.2f}, the type of its episode")
+             else f"p_abnormal={x['abnormal_probability']:.2f}, the type of its episode" if x.get("episode_type")
+             else f"p_abnormal={x['abnormal_probability']:.2f}")
         # the numeric evidence pointing elsewhere is worth a look: said beside the model's answer
         other = (f" [the numeric evidence points to {et['fault_type']}: {et['family']}, {et['feature']}]"
                  if et and et["fault_type"] != x["fault_type"] else "")

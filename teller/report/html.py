@@ -241,9 +241,13 @@ def reading_words(diag: dict[str, Any]) -> str:
     both = sum(1 for d in steps if "model" in (d.get("flagged_by") or ()) and d.get("stage_flag"))
     lasting = sum(1 for d in steps if d.get("unknown_fault"))
     normal = sum(1 for d in steps if d.get("model_says_normal"))
-    out = (f"the root-cause model read {m.get('steps_read', 0):,} steps and flags {model:,} "
-           f"({m.get('sustained', 0):,} of them joined an episode of its flags at even odds; the numeric stage flags "
-           f"{both:,} of them too)")
+    out = f"the root-cause model read {m.get('steps_read', 0):,} steps and flags {model:,}"
+    if model:
+        out += (f" ({m.get('sustained', 0):,} of them joined an episode of its flags at even odds; the numeric stage "
+                f"flags {both:,} of them too)")
+    if m.get("off_distribution"):
+        out += (f"; {m['off_distribution']:,} steps are mostly operators it never saw in training, where the numeric "
+                "stage's flags stand")
     if lasting:
         out += f"; {lasting:,} more are the numeric stage's lasting departures it does not recognise"
     if normal:
