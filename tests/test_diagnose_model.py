@@ -294,3 +294,51 @@ def test_an_ensemble_folder_is_read_as_the_model(diag, tmp_path):
     for a, b in read:
         assert b["abnormal_probability"] == pytest.approx(a["abnormal_probability"], abs=1e-4)
         assert (b.get("fault_type"), b.get("evidence_families")) == (a.get("fault_type"), a.get("evidence_families"))
+
+
+def _shipped_copy(tmp_path, workloads):
+    """A copy of the shipped model whose config.json names ``workloads`` as those it was trained on
+    (None: names none, as a model trained before they were recorded)."""
+    m = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL, m)
+    cfg = json.loads((m / "config.json").read_text())
+    if workloads is None:
+        cfg["training"].pop("workloads", None)
+    else:
+        cfg["training"]["workloads"] = workloads
+    (m / "config.json").write_text(json.dumps(cfg))
+    return m
+
+
+def test_a_workload_shape_the_model_was_not_trained_on_is_screened(diag, flagged_diag, tmp_path):
+    """The model reads every step only of runs of a workload shape it was trained on (config.json's
+    training.workloads); on another it screens the stage's flags, as ``--model-reads flagged``,
+    and the diagnosis and the console say why."""
+    res, d = diag
+    shipped = json.loads((DEFAULT_MODEL / "config.json").read_text())["training"]["workloads"]
+    assert "2 layers, hidden 1024" in shipped and res["model"]["reads"] == "every"  # the bundled run's shape
+    notes = []
+    other = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"],
+                     model=_shipped_copy(tmp_path, ["4 layers, hidden 1024"]), out=tmp_path / "o", note=notes.append)
+    m = other["model"]
+    assert m["reads"] == "flagged" and "2 layers, hidden 1024" in m["every_refused"]
+    assert any("not one the model was trained on" in n for n in notes)
+    want = flagged_diag[0]["steps"]
+    assert [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in other["steps"]] == \
+        [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in want]
+
+
+def test_steps_off_the_models_distribution_keep_the_stages_verdict(tmp_path):
+    """Reading every step of a training trace (a foreign Kineto file: operators the model's
+    vocabulary does not know), the model flags none of them: off its training distribution its
+    verdict is a guess, so the stage's flags stand, each marked low confidence, none read as normal."""
+    from teller.ingest import ingest
+
+    run = tmp_path / "train"
+    ingest(Path(__file__).parent / "data" / "external" / "kineto" / "hta_nccl_data_rank0.json.gz", run)
+    res = diagnose(run, reference=[run], model=_shipped_copy(tmp_path, None), out=tmp_path / "o")
+    m = res["model"]
+    assert m["reads"] == "every" and m["steps_read"] > 0 and m["off_distribution"] == m["steps_read"]
+    assert m["model_flagged"] == 0 and not any("model" in (s.get("flagged_by") or ()) for s in res["steps"])
+    stage = [s for s in res["steps"] if s.get("stage_flag")]
+    assert stage and all(s["flag"] and s["model_off_distribution"] and not s.get("model_says_normal") for s in stage)
