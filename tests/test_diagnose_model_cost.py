@@ -154,6 +154,10 @@ def test_cli_model_steps(numeric, tmp_path):
     assert sum(bool(s.get("model_not_explained")) for s in res["steps"]) == len(mine) - 2
     page = (tmp_path / "two" / "report.html").read_text()
     assert "the 2 most probable have an explanation" in page
+    # the headline counts the abnormal verdicts: the stage's flags the model reads as normal are not among them
+    verdicts = sum(1 for s in res["steps"] if s["flag"] and not s.get("model_says_normal"))
+    assert any(s.get("model_says_normal") for s in res["steps"])
+    assert f"<b>{verdicts:,}</b> of {n_steps:,} steps are abnormal" in page
     # --model-reads flagged: the model reads the stage's flags, the highest-scored up to the bound
     a, b = runs["flagged"]["model"], runs["flagged_two"]["model"]
     assert a["reads"] == "flagged" and a["steps_read"] == a["steps_eligible"] < MODEL_STEPS

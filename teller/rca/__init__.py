@@ -26,11 +26,13 @@ from typing import Any
 
 __all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "SCREEN_FLOOR", "StepInputs", "load"]
 
-#: the model shipped with the package (trained on data/h200_v2's request split; docs/results.md)
+#: the model shipped with the package (the family-head MoT trained on the request split of the
+#: union of dataset v2's four parts, ``runs/h200_v2_all``; docs/results.md)
 DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 
 #: the model's abnormal probability from which it keeps a step the numeric stage flagged (its own
-#: flags start at :data:`teller.rca.schema.ABNORMAL_CUT`): chosen among 0.001-0.1 on the shipped model's answers on data/h200_v2's
+#: flags start at :data:`teller.rca.schema.ABNORMAL_CUT`): chosen among 0.001-0.1 on the answers of the model shipped until
+#: 2026-12-03 on data/h200_v2's
 #: request split, then measured on the union of dataset v2 (docs/results.md, `teller_screened`);
 #: `teller diagnose` and the `teller_confirm` / `teller_screened` rows of `teller evaluate` use it
 SCREEN_FLOOR = 0.1

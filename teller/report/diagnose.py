@@ -636,9 +636,10 @@ def mechanism_written(text: str, fault_type: str) -> bool:
 
 #: explanation tokens decoded at most while looking for the mechanism (``explain="mechanism"``): the
 #: reference sentences name it in their first words ("TYPE fault (MECHANISM)": 9 to 12 tokens
-#: of the shipped model's text tokenizer), so an explanation that has none by then gets none. On
-#: data/h200_v2's request test part the mechanism kept is that of full decoding for all 269
-#: typed units, with this bound and with 16 and 32 (benchmarks/README.md)
+#: of the text tokenizer of the model shipped until 2026-12-03, 9 to 11 of the one shipped since),
+#: so an explanation that has none by then gets none. On data/h200_v2's request test part the
+#: mechanism kept was that of full decoding for all 269 typed units of the model shipped until
+#: 2026-12-03, with this bound and with 16 and 32 (benchmarks/README.md)
 MECHANISM_TOKENS = 24
 
 #: the mechanism must end within this many characters for decoding to stop at it (the explanation

@@ -249,7 +249,8 @@ def reading_words(diag: dict[str, Any]) -> str:
         out += (f"; {m['off_distribution']:,} steps are mostly operators it never saw in training, where the numeric "
                 "stage's flags stand")
     if lasting:
-        out += f"; {lasting:,} more are the numeric stage's lasting departures it does not recognise"
+        out += (f"; {lasting:,} more {'is a lasting departure' if lasting == 1 else 'are lasting departures'} of the "
+                "numeric stage it does not recognise")
     if normal:
         out += f"; it reads {normal:,} of the numeric stage's other flags as normal"
     if m.get("explained", 0) < model:
@@ -323,7 +324,8 @@ class _Page:
         else:
             every = self.has_model and (self.d.get("model") or {}).get("reads") == "every"
             by = "the root-cause model, read over time, or the numeric stage" if every else "the numeric stage"
-            out.append(f'<p class="headline bad"><b>{nf:,}</b> of {n:,} steps {"is" if nf == 1 else "are"} '
+            na = sum(1 for x in self.flagged if not x.get("model_says_normal")) if every else nf  # the others: read as normal
+            out.append(f'<p class="headline bad"><b>{na:,}</b> of {n:,} steps {"is" if na == 1 else "are"} '
                        f"abnormal ({self.term('flagged')} by {by})</p>")
             if every:
                 line = reading_words(self.d)
