@@ -342,3 +342,5 @@ def test_steps_off_the_models_distribution_keep_the_stages_verdict(tmp_path):
     assert m["model_flagged"] == 0 and not any("model" in (s.get("flagged_by") or ()) for s in res["steps"])
     stage = [s for s in res["steps"] if s.get("stage_flag")]
     assert stage and all(s["flag"] and s["model_off_distribution"] and not s.get("model_says_normal") for s in stage)
+    # their type is the one the stage's evidence points to where it points to one; the model's guess is kept apart
+    assert all(s.get("fault_type") is None and "fault_type_guess" in s for s in stage)

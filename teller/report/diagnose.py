@@ -1029,7 +1029,7 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
     (``unknown_fault``, its closest known type in ``fault_type_guess`` where the model read it);
     the others the model reads as normal (``model_says_normal``). A step it did not read keeps the
     stage's verdict, and so does a step off its training distribution (``model_off_distribution``:
-    the stage's flag with the model's closest type, marked unsure)."""
+    the stage's flag and the type of its evidence, the model's guess kept in ``fault_type_guess``)."""
     for d in diag["steps"]:
         if not d.get("stage_flag") or d.get("flagged_by") != ["stage"]:
             continue
@@ -1041,10 +1041,9 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
         _answer(d, p, (unknown or {})[i], label or {})
         d["fault_type"] = p["fault_type"] or p.get("fault_type_best") or None
         d["fault_probability"] = None
-        if d.get("model_off_distribution"):  # the model's verdict is a guess here: the stage's flag stands
-            d["model_unsure"] = False
-            if d["fault_type"] and p["fault_type"] == d["fault_type"]:
-                d["fault_probability"] = _f(p["fault_type_prob"])
+        if d.get("model_off_distribution"):  # the model's answer is a guess here: the stage's verdict stands
+            d["fault_type_guess"] = d["fault_type"]
+            d["fault_type"] = None
         elif same_deployment and int(d.get("stage_episode_length") or 0) >= EPISODE_MIN:
             d["unknown_fault"] = True
             d["fault_type_guess"] = d["fault_type"]

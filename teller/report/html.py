@@ -247,7 +247,7 @@ def reading_words(diag: dict[str, Any]) -> str:
                 f"flags {both:,} of them too)")
     if m.get("off_distribution"):
         out += (f"; {m['off_distribution']:,} steps are mostly operators it never saw in training, where the numeric "
-                "stage's flags stand")
+                "stage's verdicts stand")
     if lasting:
         out += (f"; {lasting:,} more {'is a lasting departure' if lasting == 1 else 'are lasting departures'} of the "
                 "numeric stage it does not recognise")
