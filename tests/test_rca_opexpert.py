@@ -175,3 +175,16 @@ def test_no_op_expert_and_a_token_head_fit_none(ds, tmp_path):
     assert not (tok / OP_EXPERT_FILE).exists()
     with pytest.raises(TellerError, match="--op-unit family"):
         fit_op_expert(load(tok), ds, "request")
+
+
+def test_training_records_the_workload_shapes_it_learnt_from(trained, ds):
+    """config.json names the workload shapes of the training part's runs (`teller diagnose` lets the
+    model read every step of runs of these shapes only); the slice's two runs are both 2-layer."""
+    import json
+
+    from teller.rca.data import training_workloads
+
+    tr = json.loads((trained / "config.json").read_text())["training"]
+    assert tr["workloads"] == ["2 layers, hidden 1024"]
+    assert training_workloads(ds, ds.units.part("request", "train")) == tr["workloads"]
+    assert training_workloads(ds, np.zeros(0, np.int64)) == []
