@@ -296,3 +296,20 @@ def test_steps_recorded_without_detail_are_left_to_the_numeric_stage(numeric):
     print_verdicts(x, con, top=100)
     lines = [ln for ln in con.export_text().splitlines() if ln.strip().startswith("step ")]
     assert sum("recorded without detail" in ln for ln in lines) == len(bare)
+
+
+def test_reading_every_step_leaves_steps_without_detail_to_the_stage(numeric):
+    """Reading every step, the model skips those whose STEP message says ``detail=0`` as it does
+    reading the flagged ones: it reads the rest, counts the skipped, and only they are marked."""
+    from teller.localize.features import run_features
+    from teller.report.diagnose import read_every
+
+    _, d = numeric
+    rf = run_features(d / RUN)
+    names = list(rf.steps.names)
+    bare = set(range(0, len(names), 3))
+    rf.steps.names = [n + " detail=0" if i in bare else n for i, n in enumerate(names)]
+    r = read_every(d / RUN, rf)
+    assert set(r["no_detail"].tolist()) == bare and not (set(r["index"].tolist()) & bare)
+    assert r["info"]["steps_without_detail"] == len(bare) and r["info"]["steps_read"] == len(names) - len(bare)
+    assert len(r["preds"]) == len(r["index"]) == len(r["over"]["flag"])

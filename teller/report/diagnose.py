@@ -877,8 +877,9 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     ids = _step_node_ids(forest)
     dicts = [{"index": i, "node_id": int(st.node_id[i]), "name": st.names[i]} for i in range(st.n)
              if int(st.node_id[i]) in ids]
+    every = dicts
     dicts = _bare_steps(dicts, info, note, "steps")
-    reading["no_detail"] = np.asarray(sorted(set(range(st.n)) - {d["index"] for d in dicts}), np.int64)
+    reading["no_detail"] = np.asarray([d["index"] for d in every if d.get("model_no_detail")], np.int64)
     if not dicts:
         return reading
     got_inputs = _model_inputs(m, forest, rf.path, dicts, note, info)
