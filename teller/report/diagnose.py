@@ -289,7 +289,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     stage alone. ``model_reads``: ``"every"`` (the model reads every step and is read over time,
     the stage's lasting departures kept where it flags nothing: :func:`read_every`,
     :func:`write_reading`) or ``"flagged"`` (it reads the steps the stage flags and screens them:
-    :func:`apply_model`). ``model_steps``: at most this many steps get the model's explanation
+    :func:`apply_model`; also what ``"every"`` does on a run of a workload shape the model was not
+    trained on). ``model_steps``: at most this many steps get the model's explanation
     (``"every"``: the most probable of its verdicts) or are read at all (``"flagged"``: the
     highest-scored flagged steps) (None: :data:`MODEL_STEPS`; 0: all); ``model_explain``:
     ``"mechanism"`` (each explanation is decoded until the mechanism diagnose keeps is written)
@@ -852,8 +853,12 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     its cut), the steps at even odds or more next to an episode of :data:`MIN_EPISODE` or more of
     its flags (``sustained``), each episode's majority type. Returns the reading, which
     :func:`localize` (``also``: the steps it flags get candidates and suspects) and
-    :func:`write_reading` take; None when there is no model to read with or no step it can read
-    (the numeric stage's verdicts stand)."""
+    :func:`write_reading` take; None when there is no model to read with. A step off the model's
+    training distribution (more than :data:`OFF_DISTRIBUTION` of its trace tokens unknown) is never
+    the model's flag. The reading is ``refused`` (with the reason; `teller diagnose` then screens
+    the stage's flags, :func:`apply_model`) for a run whose workload shape (:func:`run_workload`)
+    is not among those the model was trained on (``training.workloads`` in its config.json; a model
+    that records none reads every run)."""
     from teller.localize.episodes import SUSTAIN_FLOOR, over_time
 
     if explain not in ("mechanism", "full"):
