@@ -346,7 +346,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
                 note(reading["refused"])
             t_m = time.perf_counter()
             info = apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
-                               max_steps=bound, explain=model_explain)
+                               max_steps=bound, explain=model_explain,
+                               loaded=(reading["model"], reading["path"]) if reading is not None else None)
             if info is not None and reading is not None:
                 info["every_refused"] = reading["refused"]
             diag["summary"]["seconds"]["model"] = round(t_read + time.perf_counter() - t_m, 3)
@@ -376,17 +377,24 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 EPISODE_MIN = MIN_EPISODE
 
 
-def ruled_out(d: dict[str, Any], same_deployment: bool) -> None:
+def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length") -> None:
     """A flagged step the model rules out (abnormal probability under its floor): a fault of a kind
     the model was not trained on (``unknown_fault``, its closest known type kept in
     ``fault_type_guess``) when the step lies in an episode of :data:`EPISODE_MIN` or more flagged
-    steps and the reference is a recording of the run's deployment; else ``model_says_normal``."""
-    if same_deployment and not d.get("warmup") and int(d.get("episode_length") or 0) >= EPISODE_MIN:
+    steps (``d[length]``: the episode's length) and the reference is a recording of the run's
+    deployment; else ``model_says_normal``."""
+    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= EPISODE_MIN:
         d["unknown_fault"] = True
         d["fault_type_guess"] = d.get("fault_type")
         d["fault_type"] = None
     else:
         d["model_says_normal"] = True
+
+
+def _lanes(steps: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The episodes' lane (the rank) and step number of each step dict."""
+    return (np.asarray([int(d["rank"]) for d in steps], np.int64),
+            np.asarray([int(d["step_num"]) for d in steps], np.int64))
 
 
 def mark_episodes(diag: dict[str, Any], verdicts: bool = False) -> None:
@@ -398,8 +406,7 @@ def mark_episodes(diag: dict[str, Any], verdicts: bool = False) -> None:
     from teller.localize.episodes import episode_lengths
 
     steps = diag["steps"]
-    lane = np.asarray([int(d["rank"]) for d in steps], np.int64)
-    num = np.asarray([int(d["step_num"]) for d in steps], np.int64)
+    lane, num = _lanes(steps)
     # warm-up steps (left out of references) depart from normal operation by design: no episode
     flag = np.asarray([bool(d.get("flag")) and not d.get("warmup") and not (verdicts and d.get("model_says_normal"))
                        for d in steps], bool)
@@ -662,6 +669,12 @@ def unknown_share(inp: Any, trace_tok: Any) -> np.ndarray:
     return (c[inp.offsets[1:]] - c[inp.offsets[:-1]]) / np.maximum(n, 1)
 
 
+def _check_explain(explain: str) -> None:
+    """Refuse an explanation mode other than ``"mechanism"`` or ``"full"``."""
+    if explain not in ("mechanism", "full"):
+        raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
+
+
 def _load_model(model: str | os.PathLike | None, note: Any) -> tuple[Any, Path] | None:
     """The root-cause model at ``model`` (None: the one shipped with the package) and its path, or
     None, with a note, when torch / transformers are missing or the package has no default model."""
@@ -750,7 +763,7 @@ def _node_labels(forest: Any, ids: set[int]) -> dict[int, str]:
 
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
                 note: Any = None, forest: Any = None, max_steps: int | None = None,
-                explain: str = "mechanism") -> dict[str, Any] | None:
+                explain: str = "mechanism", loaded: tuple[Any, Path] | None = None) -> dict[str, Any] | None:
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``, an abnormal probability
@@ -775,14 +788,14 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     :func:`_ground` keeps (:func:`mechanism_written`), or after :data:`MECHANISM_TOKENS` tokens
     without it (``explanation_model`` is then the text up to there); ``"full"`` decodes it to
     its end.
-    ``forest``: the run's forest table when the caller has read it. Returns the model's description, also stored as ``diag["model"]``."""
-    if explain not in ("mechanism", "full"):
-        raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
+    ``forest``: the run's forest table when the caller has read it; ``loaded``: (model, path) when
+    the caller has loaded it (:func:`read_every`'s refused reading). Returns the model's description, also stored as ``diag["model"]``."""
+    _check_explain(explain)
     # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
     # are left to the numeric stage
     by_step_ranges = diag.get("steps_rule", {}).get("rule", "STEP ranges") == "STEP ranges"
     flagged = [d for d in diag["steps"] if d.get("flag") and d.get("node_id", -1) >= 0 and by_step_ranges]
-    got = _load_model(model, note)
+    got = loaded or _load_model(model, note)
     if got is None:
         return None
     m, path = got
@@ -861,14 +874,13 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     that records none reads every run)."""
     from teller.localize.episodes import SUSTAIN_FLOOR, over_time
 
-    if explain not in ("mechanism", "full"):
-        raise TellerError(f"model explanation {explain!r}: 'mechanism' or 'full'")
+    _check_explain(explain)
     got = _load_model(model, note)
     if got is None:
         return None
     m, path = got
     info = _model_info(m, path, "every", max_steps, explain)
-    reading: dict[str, Any] = {"model": m, "info": info, "index": np.zeros(0, np.int64)}
+    reading: dict[str, Any] = {"model": m, "path": path, "info": info, "index": np.zeros(0, np.int64)}
     known = m.meta.get("training", {}).get("workloads") or []
     shape = run_workload(run)
     if known and shape not in known:  # a deployment the model never saw: its reading of every step is untested
@@ -956,10 +968,8 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     diag["model"] = info
     steps = diag["steps"]
     # the stage's own episodes (warm-up steps left out), before the model's flags are added
-    rank = np.asarray([int(d["rank"]) for d in steps], np.int64)
-    num = np.asarray([int(d["step_num"]) for d in steps], np.int64)
     sflag = np.asarray([bool(d.get("flag")) and not d.get("warmup") for d in steps], bool)
-    _, slen = episode_lengths(rank, num, sflag)
+    _, slen = episode_lengths(*_lanes(steps), sflag)
     for d, n in zip(steps, slen.tolist(), strict=True):
         d["stage_flag"] = bool(d.get("flag"))
         if d["stage_flag"]:
@@ -1050,12 +1060,8 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
         if d.get("model_off_distribution"):  # the model's answer is a guess here: the stage's verdict stands
             d["fault_type_guess"] = d["fault_type"]
             d["fault_type"] = None
-        elif same_deployment and int(d.get("stage_episode_length") or 0) >= EPISODE_MIN:
-            d["unknown_fault"] = True
-            d["fault_type_guess"] = d["fault_type"]
-            d["fault_type"] = None
         else:
-            d["model_says_normal"] = True
+            ruled_out(d, same_deployment, "stage_episode_length")
 
 
 # ------------------------------------------------------------------------------------------------
