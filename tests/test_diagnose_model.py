@@ -150,8 +150,8 @@ def test_the_shipped_model_names_kernel_and_the_mlp(flagged_diag):
     from teller.report.diagnose import verdict_line
 
     for s in typed:
-        # the console line says whether the model is sure of a fault, or kept the stage's flag under 0.5
-        assert ("the model is unsure" in verdict_line(s)) == (s["abnormal_probability"] < 0.5)
+        # the console line says whether the model is sure of a fault, or kept the stage's flag under its cut
+        assert ("the model is unsure" in verdict_line(s)) == (s["abnormal_probability"] < res["model"]["abnormal_cut"])
         # the evidence's type is said beside the model's only where the two differ
         et = s.get("evidence_type")
         assert ("the numeric evidence points to" in verdict_line(s)) == bool(et and et["fault_type"] != s["fault_type"])

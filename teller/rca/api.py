@@ -158,6 +158,8 @@ class RCA:
         self.type_expert = None
         #: the operator expert (:mod:`teller.rca.opexpert`), where one was fitted
         self.op_expert = None
+        #: the abnormal-step expert (:mod:`teller.rca.flagexpert`), where one was fitted
+        self.flag_expert = None
 
     # ---- files --------------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
@@ -169,6 +171,8 @@ class RCA:
             self.type_expert.save(d)
         if self.op_expert is not None:
             self.op_expert.save(d)
+        if self.flag_expert is not None:
+            self.flag_expert.save(d)
         return self.save_config(d, extra)
 
     def save_config(self, directory: str | Path, extra: dict | None = None) -> Path:
@@ -204,6 +208,14 @@ class RCA:
         if self.op_expert is None:
             return 0.0
         return float((self.meta.get("calibration") or {}).get("op_weight", 0.0))
+
+    @property
+    def flag_weight(self) -> float:
+        """The flag expert's weight in a unit's abnormal probability (0 without an expert):
+        :func:`teller.rca.train.fit_flag_expert` chose it with the abnormal cut on held-out units."""
+        if self.flag_expert is None:
+            return 0.0
+        return float((self.meta.get("calibration") or {}).get("flag_weight", 0.0))
 
     @property
     def abnormal_cut(self) -> float:
@@ -264,6 +276,13 @@ class RCA:
                 raise InputError(p, "its calibration gives an operator expert a weight, but the model has no family head "
                                  "reading unit statistics", "retrain the model with `teller rca train --op-unit family --unit-stats`")
             m.op_expert = OperatorExpert.load(d)
+        if "flag_weight" in (rest.get("calibration") or {}):
+            from teller.rca.flagexpert import FlagExpert
+
+            if not cfg.reads_unit_stats:
+                raise InputError(p, "its calibration gives a flag expert a weight, but the model reads no unit statistics",
+                                 "retrain the model with `teller rca train --unit-stats`")
+            m.flag_expert = FlagExpert.load(d)
         return m
 
     # ---- inputs -------------------------------------------------------------------------------
@@ -505,7 +524,7 @@ class RCA:
         probabilities (normal first; the type expert's share in them) and, per unit, its operator
         scores (the token logits, or :class:`FamilyScores` of a family head)."""
         res = self._forward(prep, idx, [[EXPL] for _ in idx], cache)
-        probs = self._with_expert(prep, idx, torch.softmax(res["fault"], -1).float().cpu().numpy())
+        probs = self._with_expert(prep, idx, self._with_flag(prep, idx, torch.softmax(res["fault"], -1).float().cpu().numpy()))
         ops = res["ops"].float().cpu().numpy()
         fam = res["fam"].float().cpu().numpy() if "fam" in res else None
         pex = self._slot_expert(prep) if fam is not None else None
@@ -557,6 +576,30 @@ class RCA:
         seen.append((self.op_expert, p))
         return p
 
+    def flag_expert_probs(self, prep: Prepared) -> np.ndarray | None:
+        """The flag expert's abnormal probability of every unit of ``prep`` (computed once per
+        ``prep`` and expert), or None without an expert or unit statistics."""
+        if self.flag_expert is None or prep.unit_feat is None:
+            return None
+        seen = prep.cache.setdefault("flag_expert", [])  # (expert, its probabilities): several models may share ``prep``
+        for expert, p in seen:
+            if expert is self.flag_expert:
+                return p
+        p = self.flag_expert.proba(prep.unit_feat)
+        seen.append((self.flag_expert, p))
+        return p
+
+    def _with_flag(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        """The fault head's six class probabilities with the flag expert's share of the abnormal
+        mass (:func:`teller.rca.flagexpert.fuse`), or as they are without an expert."""
+        w = self.flag_weight
+        px = self.flag_expert_probs(prep) if w else None
+        if px is None:
+            return probs
+        from teller.rca.flagexpert import fuse
+
+        return fuse(probs, px[idx], w)
+
     def _with_expert(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
         """The fault head's six class probabilities with the type expert's share of the five types
         (:func:`teller.rca.typer.fuse`), or as they are without an expert."""
@@ -568,9 +611,10 @@ class RCA:
         return fuse(probs, self.type_expert.proba(prep.unit_feat[idx]), w)
 
     @torch.no_grad()
-    def fault_probs(self, prep: Prepared, batch_size: int = 64, expert: bool = False) -> np.ndarray:
+    def fault_probs(self, prep: Prepared, batch_size: int = 64, expert: bool = False, flag: bool = True) -> np.ndarray:
         """The fault head's six class probabilities (normal first) of every unit of ``prep``, in
-        batches (MoT only); with ``expert`` the type expert's share in them."""
+        batches (MoT only), with the flag expert's share in the abnormal mass (``flag``, where one
+        is fitted; False: the head's alone); with ``expert`` the type expert's share in the types."""
         if self.cfg.variant != "mot":
             raise ValueError("class probabilities are the MoT's fault head's")
         self.net.eval()
@@ -578,13 +622,16 @@ class RCA:
         for a in range(0, len(prep), batch_size):
             idx = np.arange(a, min(a + batch_size, len(prep)))
             probs = torch.softmax(self._forward(prep, idx, [[EXPL] for _ in idx])["fault"], -1).float().cpu().numpy()
+            if flag:
+                probs = self._with_flag(prep, idx, probs)
             parts.append(self._with_expert(prep, idx, probs) if expert else probs)
         return np.concatenate(parts) if parts else np.zeros((0, len(FAULT_TYPES)))
 
-    def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> np.ndarray:
+    def abnormal_probs(self, prep: Prepared, batch_size: int = 64, flag: bool = True) -> np.ndarray:
         """Per unit of ``prep`` (MoT only): its abnormal probability (1 − the normal class's), for
-        choosing :attr:`abnormal_cut`."""
-        return 1.0 - self.fault_probs(prep, batch_size)[:, 0]
+        choosing :attr:`abnormal_cut`; with the flag expert's share where one is fitted (``flag``
+        False: the head's alone)."""
+        return 1.0 - self.fault_probs(prep, batch_size, flag=flag)[:, 0]
 
     @torch.no_grad()
     def operator_logits(self, prep: Prepared, batch_size: int = 64) -> list[tuple[str, np.ndarray]]:

@@ -81,6 +81,7 @@ def register(app: typer.Typer) -> None:
         abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The MoT's abnormal cut is chosen on the val part for this fault prior (the best step F1 expected there; faults are rare where the model runs); 0: the cut stays 0.5."),
         type_expert: bool = typer.Option(True, "--type-expert/--no-type-expert", help="With --unit-stats: also fit the fault-type expert (gradient-boosted trees on the unit's layer mix) and choose its weight on the val part; --no-type-expert: the fault head alone names the type."),
         op_expert: bool = typer.Option(True, "--op-expert/--no-op-expert", help="With --op-unit family and --unit-stats: also fit the operator expert (gradient-boosted trees on each family's times against the reference, set beside the unit's other families and its layer mix) and choose its weight on the val part; --no-op-expert: the family head alone names the operators."),
+        flag_expert: bool = typer.Option(True, "--flag-expert/--no-flag-expert", help="With --unit-stats and --abnormal-prior above 0: also fit the flag expert (gradient-boosted trees on the unit's layer mix saying whether it is abnormal) and choose its weight in the abnormal probability with the abnormal cut on the val part; --no-flag-expert: the fault head alone."),
         pool_drop: Optional[float] = typer.Option(None, "--pool-drop", help="With --unit-stats: the share of training units whose fault head reads the layer mix alone, without the pooled trace state (default 0)."),
         trace_vocab: Optional[int] = typer.Option(None, "--trace-vocab", help="TPE vocabulary size (0: no merges; default of the config)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda"),
@@ -108,7 +109,7 @@ def register(app: typer.Typer) -> None:
                   inputs=inputs, trace_vocab=trace_vocab, unit=unit, op_unit=op_unit,
                   fam_span=fam_span if op_unit == "family" else None, unit_stats=unit_stats if variant == "mot" and inputs in ("trace+log", "trace") else None,
                   pool_drop=pool_drop, abnormal_prior=abnormal_prior, type_expert=type_expert,
-                  op_expert=op_expert)
+                  op_expert=op_expert, flag_expert=flag_expert)
         con.print(f"[green]trained[/] {escape(str(out))}: {s['steps']:,} optimizer steps, loss {s['first_loss']:.4f} → {s['last_loss']:.4f}; "
                   f"{s['parameters']:,} parameters, {s['checkpoint_bytes'] / 2**20:.1f} MiB")
 
@@ -212,6 +213,33 @@ def register(app: typer.Typer) -> None:
         b = ox["op_expert"]
         con.print(f"[green]operator expert[/] {escape(str(model))}: weight {ox['op_weight']:.2f}, fitted on "
                   f"{b['train_slots']:,} family slots ({b['labelled_slots']:,} labelled) of {b['train_units']:,} abnormal units of {sp}'s training part")
+
+    @rca.command("flagexpert")
+    def flagexpert_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`, a MoT with --unit-stats); the expert and config.json are written there."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The weight and the abnormal cut are chosen for the best step F1 expected at this fault prior."),
+        seed: int = typer.Option(0, "--seed"),
+        device: str = typer.Option("cpu", "--device"),
+        batch_size: int = typer.Option(64, "--batch-size"),
+    ) -> None:
+        """Fit the flag expert on the split's training part and choose its weight with the abnormal cut on the val part (`teller rca train` does this itself; the operator threshold and the other experts stay)."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca.train import fit_flag_expert
+
+        con = console(stderr=True)
+        m, ds, sp = model_and_data(model, dataset, split, device)
+        fx = fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model)
+        for r in fx["flag_expert"]["grid"]:
+            con.print(f"  weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
+                      f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part", markup=False)
+        m.save_config(model, {"calibration": m.meta["calibration"]})
+        b = fx["flag_expert"]
+        con.print(f"[green]flag expert[/] {escape(str(model))}: weight {fx['flag_weight']:.2f}, abnormal cut {m.abnormal_cut:.2f}, fitted on "
+                  f"{b['train_units']:,} units ({b['train_abnormal']:,} abnormal) of {sp}'s training part")
 
     @rca.command("calibrate")
     def calibrate_cmd(

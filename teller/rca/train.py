@@ -197,7 +197,7 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
           batch_size: int | None = None, lr: float | None = None, max_units: int | None = None,
           progress: bool | None = None, log: Callable[[str], None] | None = None, checkpoint_every_s: float = 60.0,
           replan: bool = True, abnormal_prior: float | None = None, type_expert: bool = True,
-          op_expert: bool = True, **overrides: Any) -> dict[str, Any]:
+          op_expert: bool = True, flag_expert: bool = True, **overrides: Any) -> dict[str, Any]:
     """Train one model on ``split``'s training part and save it to ``out``; returns a summary
     (loss curve, sizes, time). ``overrides`` set :class:`RCAConfig` fields (``inputs``,
     ``trace_vocab``, ``unit``, ...; a given :class:`Dataset` must be serialized with that
@@ -210,7 +210,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     operator threshold (:func:`calibrate_abnormal`, :func:`calibrate_operators`); one that reads
     the unit statistics then fits its fault-type expert (``type_expert``,
     :func:`fit_type_expert`) and, with a family head, its operator expert (``op_expert``,
-    :func:`fit_op_expert`). A checkpoint is
+    :func:`fit_op_expert`); before the calibration it fits its flag expert (``flag_expert``,
+    :func:`fit_flag_expert`), which chooses the abnormal cut with its weight. A checkpoint is
     written at the end of an epoch when ``checkpoint_every_s`` have passed since the last one,
     and at the end."""
     t_start = time.perf_counter()
@@ -366,7 +367,14 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
-        _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the operator expert read it
+        _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
+        if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
+            try:
+                fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep)
+                say(f"flag expert: weight {fx['flag_weight']} (step F1 on the val part at a fault prior, with its cut: "
+                    + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
+            except TellerError as e:  # one kind of unit only: the head alone
+                say(f"flag expert skipped: {e}")
         extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
         if model.cfg.reads_unit_stats and type_expert:
             try:
@@ -445,6 +453,14 @@ def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", p
     idx, prep = part_units(model, ds, split, part, prep)
     p_ab = model.abnormal_probs(prep, batch_size)
     truth = ds.units.select(idx).is_anomaly.astype(bool)
+    return {**abnormal_block(p_ab, truth, prior, grid), "split": split, "part": part}
+
+
+def abnormal_block(p_ab: np.ndarray, truth: np.ndarray, prior: float, grid: tuple[float, ...] = ABNORMAL_CUTS) -> dict[str, Any]:
+    """The cut of ``grid`` with the best step F1 expected at fault prior ``prior`` for abnormal
+    probabilities ``p_ab`` of units whose truth is ``truth`` (ties to the lowest cut; without both
+    kinds of unit :data:`teller.rca.schema.ABNORMAL_CUT`), with every cut's row."""
+    truth = np.asarray(truth, bool)
 
     def row(c: float) -> dict[str, float]:
         flag = p_ab >= c
@@ -457,8 +473,8 @@ def calibrate_abnormal(model: RCA, ds: Dataset, split: str, part: str = "val", p
     both = bool(truth.any() and (~truth).any())
     best = max(rows, key=lambda r: (r["f1_at_prior"], -r["cut"])) if both else row(ABNORMAL_CUT)
     at = row(ABNORMAL_CUT)["f1_at_prior"]
-    return {"abnormal_cut": best["cut"] if both else ABNORMAL_CUT, "prior": float(prior), "split": split, "part": part,
-            "units": int(len(idx)), "abnormal_units": int(truth.sum()), "f1_at_prior": best["f1_at_prior"],
+    return {"abnormal_cut": best["cut"] if both else ABNORMAL_CUT, "prior": float(prior),
+            "units": int(len(truth)), "abnormal_units": int(truth.sum()), "f1_at_prior": best["f1_at_prior"],
             "f1_at_0_5": at, "grid": rows}
 
 
@@ -470,9 +486,9 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     :meth:`RCA.save_config` stores as ``calibration``; ``model`` uses it."""
     _, prep = part_units(model, ds, split, part, prep)
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
-    # the experts' weights were chosen apart (fit_type_expert, fit_op_expert) and stay
+    # the experts' weights were chosen apart (fit_type_expert, fit_op_expert, fit_flag_expert) and stay
     cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items()
-                           if k in ("type_weight", "type_expert", "op_weight", "op_expert")}
+                           if k in ("type_weight", "type_expert", "op_weight", "op_expert", "flag_weight", "flag_expert")}
     if prior > 0:
         cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size, prep=prep)
         cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
@@ -655,3 +671,62 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
     if out is not None:
         expert.save(out)
     return {"op_weight": weight, "op_expert": block}
+
+
+# ---- the flag expert (teller.rca.flagexpert), fitted after the network ----
+def unit_features(model: RCA, ds: Dataset, idx: np.ndarray) -> np.ndarray:
+    """The unit statistics features (:meth:`ReferenceStats.unit_features`) of units ``idx`` as
+    ``model`` reads them, without the rest of their inputs."""
+    require_unit(ds, model.cfg.unit)
+    u = ds.units.select(idx)
+    inp = encode_units(ds.forest, model.trace_tok, u.run_id.tolist(), u.step_ids, [""] * len(idx), model.cfg.max_trace_tokens,
+                       u.view.tolist())
+    return model.ref.unit_features(unit_statistics(inp))
+
+
+def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
+                    out: str | Path | None = None, prep: Prepared | None = None) -> dict[str, Any]:
+    """Fit the flag expert on every unit of ``split``'s training part (target: abnormal), then
+    choose its weight and the abnormal cut together on the val part: for each weight of
+    :data:`teller.rca.flagexpert.FLAG_WEIGHTS` the cut :func:`calibrate_abnormal` would choose on
+    the mixed probability (fault prior ``prior``, None: :data:`ABNORMAL_PRIOR`), and of those the
+    best step F1 expected at the prior, ties to the lower weight (the head's). Attaches both to
+    ``model`` (``flag_weight``, ``abnormal_cut`` and the ``abnormal`` block of the calibration)
+    and, with ``out``, saves the expert there (``prep``: the val part's units,
+    :func:`part_units`). The operator threshold and the other experts' weights stay as they were
+    chosen. Returns the ``flag_expert`` block of the calibration (with ``flag_weight``)."""
+    from teller.rca.flagexpert import FLAG_WEIGHTS, TREES, FlagExpert, mix
+
+    if not (model.cfg.variant == "mot" and model.cfg.reads_unit_stats):
+        raise TellerError("the flag expert reads the unit statistics: only a MoT trained with --unit-stats has them")
+    prior = ABNORMAL_PRIOR if prior is None else float(prior)
+    if not 0.0 < prior < 1.0:
+        raise TellerError(f"fault prior {prior}: expected a share in (0, 1)")
+    u = ds.units
+    tr = u.part(split, "train")
+    y = u.is_anomaly[tr].astype(bool)
+    expert = FlagExpert.fit(unit_features(model, ds, tr), y, seed=seed)
+    idx, prep = part_units(model, ds, split, "val", prep)
+    truth = u.is_anomaly[idx].astype(bool)
+    if not (truth.any() and (~truth).any()):
+        raise TellerError(f"{ds.path}: the flag expert's weight is chosen on normal and abnormal val units of the {split} split "
+                          f"(got {int(truth.sum())} abnormal of {len(truth)})")
+    head = model.abnormal_probs(prep, batch_size, flag=False)
+    px = expert.proba(prep.unit_feat)
+    blocks = {w: abnormal_block(mix(head, px, w), truth, prior) for w in FLAG_WEIGHTS}
+    rows = [{"weight": w, "cut": b["abnormal_cut"], "f1_at_prior": b["f1_at_prior"],
+             **{k: r[k] for r in b["grid"] if r["cut"] == b["abnormal_cut"] for k in ("recall", "false_positive_rate")}}
+            for w, b in blocks.items()]
+    top = max(r["f1_at_prior"] for r in rows)
+    weight = min(r["weight"] for r in rows if r["f1_at_prior"] == top)
+    cal = model.meta.setdefault("calibration", {})
+    model.flag_expert = expert
+    cal["flag_weight"] = weight
+    cal["abnormal"] = {**blocks[weight], "split": split, "part": "val"}
+    cal["abnormal_cut"] = blocks[weight]["abnormal_cut"]
+    block = {"split": split, "train_units": int(len(tr)), "train_abnormal": int(y.sum()), "val_units": int(len(idx)),
+             "prior": prior, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
+    cal["flag_expert"] = block
+    if out is not None:
+        expert.save(out)
+    return {"flag_weight": weight, "flag_expert": block}

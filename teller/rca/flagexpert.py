@@ -1,0 +1,95 @@
+"""The abnormal-step expert of a MoT that reads the unit statistics (docs/design.md §9, "Flag expert").
+
+The fault head's normal class says whether a unit is abnormal, from the trace states plus an MLP
+of the unit's layer mix. Gradient-boosted trees on the same layer mix (the numbers the MLP reads,
+:meth:`teller.rca.data.ReferenceStats.unit_features`), fitted on every unit of the training part,
+rank held-out steps differently from the network: on the val part of the union's request split
+the mix of the two had fewer false positives at the same recall than either alone
+(docs/results.md, "The flag expert"). A unit's abnormal probability is then
+
+    p = (1 − w) · p_head + w · p_expert
+
+and its five types keep the head's shares of that mass (the type expert's where one is fitted).
+The weight ``w`` and the abnormal cut are chosen together on the val part, as the cut alone was:
+the best step F1 expected at the deployment's fault prior
+(:func:`teller.rca.train.fit_flag_expert`). With ``w = 0`` this is the head.
+
+Saved as ``flag_expert.ubj`` (XGBoost's own binary JSON; read without pickle) beside the weights;
+``config.json``'s ``calibration`` holds ``flag_weight`` and the block it was chosen from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from teller.errors import TellerError
+from teller.rca.typer import load_booster, save_booster, xgb_module
+
+#: the expert's file in a model directory
+FLAG_EXPERT_FILE = "flag_expert.ubj"
+#: weights of the expert tried on the val part (0: the head alone, 1: the expert alone)
+FLAG_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: the trees: rounds, depth, learning rate, row and column subsampling (the type expert's)
+TREES = dict(n_estimators=200, max_depth=4, learning_rate=0.1, subsample=0.8, colsample_bytree=0.8, tree_method="hist")
+
+
+class FlagExpert:
+    """Gradient-boosted trees over a unit's statistics features, giving its abnormal probability."""
+
+    def __init__(self, booster: Any):
+        self.booster = booster
+
+    @classmethod
+    def fit(cls, X: np.ndarray, abnormal: np.ndarray, seed: int = 0, threads: int = 2) -> "FlagExpert":
+        """``abnormal``: one boolean per row of ``X`` (both kinds needed)."""
+        xgb = xgb_module()
+        y = np.asarray(abnormal, bool)
+        if len(y) != len(X):
+            raise TellerError(f"the flag expert got {len(X)} feature rows for {len(y)} labels")
+        if y.all() or not y.any():
+            raise TellerError(f"the flag expert needs normal and abnormal units (got {int(y.sum())} abnormal of {len(y)})")
+        clf = xgb.XGBClassifier(**TREES, random_state=seed, n_jobs=threads)
+        clf.fit(np.asarray(X, np.float32), y.astype(np.int64))
+        return cls(clf.get_booster())
+
+    def proba(self, X: np.ndarray) -> np.ndarray:
+        """(n,) abnormal probabilities."""
+        xgb = xgb_module()
+        X = np.asarray(X, np.float32)
+        if not len(X):
+            return np.zeros(0, np.float64)
+        return np.asarray(self.booster.predict(xgb.DMatrix(X)), np.float64).reshape(len(X))
+
+    def save(self, directory: str | Path) -> Path:
+        return save_booster(self.booster, Path(directory) / FLAG_EXPERT_FILE, teller_expert="flag")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "FlagExpert":
+        b, _ = load_booster(Path(directory) / FLAG_EXPERT_FILE, "flag expert", "teller rca flagexpert MODEL DATASET",
+                            "teller_expert")
+        return cls(b)
+
+
+def mix(p_head: np.ndarray, p_expert: np.ndarray, weight: float) -> np.ndarray:
+    """The abnormal probability ``(1 − weight) · p_head + weight · p_expert``."""
+    return (1.0 - float(weight)) * np.asarray(p_head, np.float64) + float(weight) * np.asarray(p_expert, np.float64)
+
+
+def fuse(probs: np.ndarray, p_expert: np.ndarray, weight: float) -> np.ndarray:
+    """The six class probabilities (normal first) with the abnormal mass mixed with the expert's
+    (:func:`mix`) and shared among the five types as the head shares it (uniformly where the
+    head gives them nothing)."""
+    probs = np.asarray(probs, np.float64)
+    if not weight:
+        return probs
+    ab = np.clip(probs[:, 1:], 0.0, None)
+    mass = ab.sum(1, keepdims=True)
+    shares = np.divide(ab, mass, out=np.full_like(ab, 1.0 / ab.shape[1]), where=mass > 0)
+    new = np.clip(mix(mass[:, 0], p_expert, weight), 0.0, 1.0)[:, None]
+    out = np.empty_like(probs)
+    out[:, :1] = 1.0 - new
+    out[:, 1:] = new * shares
+    return out

@@ -1,0 +1,112 @@
+"""The flag expert (:mod:`teller.rca.flagexpert`): trees on the unit's layer mix whose abnormal
+probability is mixed with the fault head's by a weight chosen with the abnormal cut on the val
+part; the types keep the head's shares. Hand-computed mixing, a save/load round trip with its
+refusals, and a tiny model that fits the expert at the end of training and flags by the mix."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from rca_slice import iteration_units, need_rca, refused_without
+
+torch = need_rca()
+pytest.importorskip("xgboost")
+
+from teller.errors import InputError, TellerError  # noqa: E402
+from teller.rca.flagexpert import FLAG_EXPERT_FILE, FLAG_WEIGHTS, FlagExpert, fuse, mix  # noqa: E402
+
+
+def test_fuse_mixes_the_abnormal_mass_and_keeps_the_heads_type_shares():
+    probs = np.array([[0.2, 0.4, 0.4, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]])
+    px = np.array([0.0, 0.6, 1.0])
+    half = fuse(probs, px, 0.5)
+    # row 0: mass 0.8 and 0.0 → 0.4, shared (0.5, 0.5) as the head shares it
+    assert half[0] == pytest.approx([0.6, 0.2, 0.2, 0.0, 0.0, 0.0])
+    # row 1: the head gives the types nothing, the expert 0.6 → 0.3 shared uniformly
+    assert half[1] == pytest.approx([0.7] + [0.06] * 5)
+    assert half[2] == pytest.approx([0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    assert np.allclose(half.sum(1), 1.0)
+    assert np.array_equal(fuse(probs, px, 0.0), probs)
+    assert fuse(probs, px, 1.0)[:, 0] == pytest.approx(1.0 - px)
+    assert mix(np.array([0.2, 1.0]), np.array([0.6, 0.0]), 0.25) == pytest.approx([0.3, 0.75])
+
+
+def test_expert_fits_both_kinds_and_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    X = np.r_[rng.normal(0, 1, (80, 5)), rng.normal(3, 1, (40, 5))]
+    y = np.r_[np.zeros(80, bool), np.ones(40, bool)]
+    ex = FlagExpert.fit(X, y, seed=0)
+    p = ex.proba(np.array([[0.0] * 5, [3.0] * 5]))
+    assert p.shape == (2,) and p[0] < 0.2 and p[1] > 0.8
+    assert ex.proba(np.zeros((0, 5))).shape == (0,)
+    ex.save(tmp_path)
+    assert np.allclose(FlagExpert.load(tmp_path).proba(X), ex.proba(X))
+    with pytest.raises(TellerError, match="normal and abnormal"):
+        FlagExpert.fit(X, np.zeros(120, bool))
+    with pytest.raises(TellerError, match="120 labels"):
+        FlagExpert.fit(X[:10], y)
+    (tmp_path / FLAG_EXPERT_FILE).write_bytes(b"not a model")
+    with pytest.raises(InputError, match=FLAG_EXPERT_FILE):
+        FlagExpert.load(tmp_path)
+    with pytest.raises(InputError, match="missing"):
+        FlagExpert.load(tmp_path / "nowhere")
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return iteration_units()
+
+
+def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
+    from teller.rca import load
+    from teller.rca.data import encode_units
+    from teller.rca.train import abnormal_block, calibrate, part_units, train, unit_features
+
+    u = ds.units
+    va = u.part("request", "val")
+    if u.is_anomaly[va].all() or not u.is_anomaly[va].any():
+        pytest.skip("the slice's val part holds one kind of unit")
+    out = tmp_path / "m"
+    train(ds, out, variant="mot", split="request", config="tiny", epochs=1, max_steps=4, seed=0, progress=False,
+          log=lambda m: None, unit="iteration", unit_stats=True)
+    cal = json.loads((out / "config.json").read_text())["calibration"]
+    assert (out / FLAG_EXPERT_FILE).is_file() and cal["flag_weight"] in FLAG_WEIGHTS
+    block = cal["flag_expert"]
+    assert [r["weight"] for r in block["grid"]] == list(FLAG_WEIGHTS) and block["chosen"] == cal["flag_weight"]
+    assert block["train_units"] == len(u.part("request", "train"))
+    m = load(out)
+    assert m.flag_expert is not None and m.flag_weight == cal["flag_weight"]
+    # the grid, recomputed from the head and the expert on the val part: each weight's cut is the
+    # one calibrate_abnormal picks on the mix, and the chosen weight has the best of them (the
+    # lowest weight on a tie); the model's cut is the chosen weight's
+    _, vprep = part_units(m, ds, "request", "val")
+    head, px = m.abnormal_probs(vprep, flag=False), m.flag_expert.proba(vprep.unit_feat)
+    assert np.allclose(px, m.flag_expert.proba(unit_features(m, ds, va)))
+    truth = u.is_anomaly[va].astype(bool)
+    for r in block["grid"]:
+        b = abnormal_block(mix(head, px, r["weight"]), truth, 0.1)
+        assert (r["cut"], r["f1_at_prior"]) == (b["abnormal_cut"], b["f1_at_prior"])
+    best = max(r["f1_at_prior"] for r in block["grid"])
+    assert cal["flag_weight"] == min(r["weight"] for r in block["grid"] if r["f1_at_prior"] == best)
+    assert m.abnormal_cut == next(r["cut"] for r in block["grid"] if r["weight"] == cal["flag_weight"])
+    # predict() flags by the mix, worked out here from its parts, with the expert alone
+    idx = np.arange(min(32, len(u)))
+    inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
+                       [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
+    prep = m.prepare(inp)
+    raw = m.fault_probs(prep, flag=False)
+    m.meta["calibration"]["flag_weight"] = 1.0
+    pred = m.predict(prep, explain=False)
+    alone = m.flag_expert.proba(prep.unit_feat)
+    assert [p["abnormal_prob"] for p in pred] == pytest.approx(alone.tolist(), abs=1e-6)
+    assert [p["abnormal"] for p in pred] == (alone >= m.abnormal_cut).tolist()
+    assert np.allclose(m.abnormal_probs(prep), alone) and np.allclose(m.abnormal_probs(prep, flag=False), 1.0 - raw[:, 0])
+    # recalibrating keeps the expert's weight; a directory without the expert's file is refused
+    assert calibrate(load(out), ds, "request", "val")["flag_weight"] == cal["flag_weight"]
+    refused_without(out, FLAG_EXPERT_FILE, tmp_path)
+    plain = tmp_path / "plain"
+    train(ds, plain, variant="mot", split="request", config="tiny", epochs=1, max_steps=2, seed=0, progress=False,
+          log=lambda m: None, unit="iteration", unit_stats=True, flag_expert=False)
+    assert not (plain / FLAG_EXPERT_FILE).exists() and load(plain).flag_weight == 0.0
