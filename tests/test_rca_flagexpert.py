@@ -103,6 +103,19 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     assert [p["abnormal_prob"] for p in pred] == pytest.approx(alone.tolist(), abs=1e-6)
     assert [p["abnormal"] for p in pred] == (alone >= m.abnormal_cut).tolist()
     assert np.allclose(m.abnormal_probs(prep), alone) and np.allclose(m.abnormal_probs(prep, flag=False), 1.0 - raw[:, 0])
+    # a run of a workload shape the model was not trained on is read by the head alone, against
+    # the cut chosen for the head alone (the grid's row of weight 0)
+    m.meta["calibration"]["flag_weight"] = cal["flag_weight"]
+    m.meta.setdefault("training", {})["workloads"] = ["2 layers, hidden 1024"]
+    assert m.use_flag_expert("2 layers, hidden 1024") and m.flag_weight == cal["flag_weight"]
+    assert m.abnormal_cut == cal["abnormal_cut"]
+    assert not m.use_flag_expert("8 layers, hidden 4096") and m.flag_weight == 0.0
+    assert m.abnormal_cut == next(r["cut"] for r in block["grid"] if r["weight"] == 0.0)
+    assert np.allclose(m.abnormal_probs(prep), 1.0 - raw[:, 0])
+    assert [p["abnormal"] for p in m.predict(prep, explain=False)] == ((1.0 - raw[:, 0]) >= m.abnormal_cut).tolist()
+    assert not m.use_flag_expert(None)  # a run whose shape is not recorded
+    m.meta["training"]["workloads"] = []  # a model that records no shapes keeps its expert
+    assert m.use_flag_expert("8 layers, hidden 4096") and m.flag_weight == cal["flag_weight"]
     # recalibrating keeps the expert's weight; a directory without the expert's file is refused
     assert calibrate(load(out), ds, "request", "val")["flag_weight"] == cal["flag_weight"]
     refused_without(out, FLAG_EXPERT_FILE, tmp_path)

@@ -173,12 +173,22 @@ class RCAModel(Method):
         return ds, out
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        from teller.rca.data import run_workloads
         from teller.rca.train import prepare_units
 
         m = self.model_
         ds, uidx = self._units(steps, idx)
-        prep, _ = prepare_units(ds, uidx, m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
-        pred = m.predict(prep, batch_size=self.batch_size, explain=False)
+        # the units of each workload shape apart: the flag expert reads only shapes the model was trained on
+        shapes = run_workloads(ds)
+        shape = np.asarray([shapes.get(r, "") for r in ds.units.run_id[uidx].tolist()], dtype=object)
+        pred: list[dict[str, Any]] = [{}] * len(uidx)
+        self.flag_expert_ = {}
+        for w in sorted(set(shape.tolist())):
+            part = np.flatnonzero(shape == w)
+            self.flag_expert_[w or "not recorded"] = bool(m.use_flag_expert(w or None))
+            prep, _ = prepare_units(ds, uidx[part], m.cfg, m.text_tok, m.trace_tok, m.ref, labels=False)
+            for k, p in zip(part.tolist(), m.predict(prep, batch_size=self.batch_size, explain=False), strict=True):
+                pred[k] = p
         flag = np.asarray([bool(p["abnormal"]) for p in pred], bool)
         return Prediction(
             score=np.asarray([float(p["abnormal_prob"]) for p in pred], float),
@@ -192,6 +202,8 @@ class RCAModel(Method):
         d = super().describe()
         if hasattr(self, "model_path_"):
             d["model"] = self.model_path_
+        if getattr(self, "flag_expert_", None):
+            d["flag_expert_used"] = self.flag_expert_  # per workload shape of the scored steps
         return d
 
 

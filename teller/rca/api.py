@@ -160,6 +160,8 @@ class RCA:
         self.op_expert = None
         #: the abnormal-step expert (:mod:`teller.rca.flagexpert`), where one was fitted
         self.flag_expert = None
+        #: True: the flag expert is left out (:meth:`use_flag_expert`)
+        self.flag_off = False
 
     # ---- files --------------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
@@ -213,16 +215,34 @@ class RCA:
     def flag_weight(self) -> float:
         """The flag expert's weight in a unit's abnormal probability (0 without an expert):
         :func:`teller.rca.train.fit_flag_expert` chose it with the abnormal cut on held-out units."""
-        if self.flag_expert is None:
+        if self.flag_expert is None or self.flag_off:
             return 0.0
         return float((self.meta.get("calibration") or {}).get("flag_weight", 0.0))
+
+    def use_flag_expert(self, shape: str | None) -> bool:
+        """Read the units of a run of workload shape ``shape`` (the dataset's ``workload`` column,
+        e.g. ``"2 layers, hidden 1024"``) with the flag expert only where the model was trained on
+        that shape (``training.workloads``; a model that records none keeps it). On another shape
+        the head reads alone, against the cut chosen for it alone (the flag expert's grid row of
+        weight 0): the trees read the layer mix of the shapes they were fitted on, and on a shape
+        held out they cost step F1 where the head did not (docs/results.md, "The flag expert").
+        Returns whether the expert is used."""
+        known = (self.meta.get("training") or {}).get("workloads") or []
+        self.flag_off = bool(known) and shape not in known
+        return self.flag_expert is not None and not self.flag_off
 
     @property
     def abnormal_cut(self) -> float:
         """The abnormal probability from which the model flags a unit: the value
         :func:`teller.rca.train.calibrate_abnormal` chose on held-out units for a deployment's
-        low fault prior, where it ran, else :data:`teller.rca.schema.ABNORMAL_CUT`."""
-        return float((self.meta.get("calibration") or {}).get("abnormal_cut", ABNORMAL_CUT))
+        low fault prior, where it ran, else :data:`teller.rca.schema.ABNORMAL_CUT`; with the flag
+        expert left out (:meth:`use_flag_expert`) the cut chosen for the head alone."""
+        cal = self.meta.get("calibration") or {}
+        if self.flag_off and self.flag_expert is not None:
+            head = [r["cut"] for r in (cal.get("flag_expert") or {}).get("grid", []) if not r.get("weight")]
+            if head:
+                return float(head[0])
+        return float(cal.get("abnormal_cut", ABNORMAL_CUT))
 
     def save_tokenizers(self, d: Path) -> None:
         d.mkdir(parents=True, exist_ok=True)

@@ -999,13 +999,19 @@ def training_workloads(ds: "Dataset", idx: np.ndarray) -> list[str]:
     """The workload shapes (the records' ``workload``, e.g. ``"2 layers, hidden 1024"``) of the runs
     of units ``idx``: what a model trained on them knows (`teller diagnose` lets it read every step
     of runs of these shapes only). Empty when the dataset records none."""
+    by_run = run_workloads(ds)
+    runs = set(np.asarray(ds.units.run_id, dtype=object)[np.asarray(idx, np.int64)].tolist())
+    return sorted({by_run[r] for r in runs if by_run.get(r)})
+
+
+def run_workloads(ds: "Dataset") -> dict[str, str]:
+    """Each run's workload shape as the dataset's records name it (empty where they record none)."""
     path = Path(ds.path) / "records.parquet"
     if not path.is_file() or "workload" not in pq.ParquetFile(path).schema_arrow.names:
-        return []
+        return {}
     t = pq.read_table(path, columns=["run_id", "workload"])
-    by_run = dict(zip(t.column("run_id").cast(pa.string()).to_pylist(), t.column("workload").to_pylist(), strict=True))
-    runs = set(np.asarray(ds.units.run_id, dtype=object)[np.asarray(idx, np.int64)].tolist())
-    return sorted({str(by_run[r]) for r in runs if by_run.get(r)})
+    return {r: str(w) for r, w in zip(t.column("run_id").cast(pa.string()).to_pylist(), t.column("workload").to_pylist(),
+                                       strict=True) if w}
 
 
 def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: int | None = None,

@@ -701,6 +701,9 @@ def _model_info(m: Any, path: Path, reads: str, max_steps: int | None, explain: 
             **{k: tr[k] for k in ("dataset", "split", "seed", "steps") if k in tr}}
     info.update(reads=reads, steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None,
                 explanations=explain, abnormal_floor=SCREEN_FLOOR, abnormal_cut=m.abnormal_cut)
+    if getattr(m, "flag_expert", None) is not None:
+        # the flag expert's share in the abnormal probability (0 on a run of a shape the model was not trained on)
+        info["flag_weight"] = float(m.flag_weight)
     return info
 
 
@@ -799,6 +802,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     if got is None:
         return None
     m, path = got
+    m.use_flag_expert(run_workload(run) or None)
     info = diag["model"] = _model_info(m, path, "flagged", max_steps, explain)
     if not flagged:
         return info
@@ -879,10 +883,11 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     if got is None:
         return None
     m, path = got
+    shape = run_workload(run)
+    m.use_flag_expert(shape or None)
     info = _model_info(m, path, "every", max_steps, explain)
     reading: dict[str, Any] = {"model": m, "path": path, "info": info, "index": np.zeros(0, np.int64)}
     known = m.meta.get("training", {}).get("workloads") or []
-    shape = run_workload(run)
     if known and shape not in known:  # a deployment the model never saw: its reading of every step is untested
         reading["refused"] = (f"the run's workload shape ({shape or 'not recorded'}) is not one the model was trained "
                               f"on ({'; '.join(known)}): it reads only the steps the numeric stage flags")
