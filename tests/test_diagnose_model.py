@@ -323,9 +323,17 @@ def test_a_workload_shape_the_model_was_not_trained_on_is_screened(diag, flagged
     m = other["model"]
     assert m["reads"] == "flagged" and "2 layers, hidden 1024" in m["every_refused"]
     assert any("not one the model was trained on" in n for n in notes)
-    want = flagged_diag[0]["steps"]
+    # the screen reads as --model-reads flagged would with that model: the head alone, the flag
+    # expert's trees left out on a shape they were not fitted on (and its own cut)
+    assert m["flag_weight"] == 0.0 and flagged_diag[0]["model"]["flag_weight"] > 0
+    screened = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"],
+                        model=tmp_path / "model", out=tmp_path / "f", model_reads="flagged")
+    assert screened["model"]["flag_weight"] == 0.0
     assert [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in other["steps"]] == \
-        [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in want]
+        [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in screened["steps"]]
+    # the stage flags the same steps either way; the model's screen alone moves with its expert
+    assert [s["flag"] or bool(s.get("model_says_normal")) for s in other["steps"]] == \
+        [s["flag"] or bool(s.get("model_says_normal")) for s in flagged_diag[0]["steps"]]
 
 
 def test_steps_off_the_models_distribution_keep_the_stages_verdict(tmp_path):
