@@ -123,3 +123,25 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     train(ds, plain, variant="mot", split="request", config="tiny", epochs=1, max_steps=2, seed=0, progress=False,
           log=lambda m: None, unit="iteration", unit_stats=True, flag_expert=False)
     assert not (plain / FLAG_EXPERT_FILE).exists() and load(plain).flag_weight == 0.0
+
+
+def test_the_cli_fits_a_flag_expert_for_a_trained_model(tmp_path):
+    from rca_slice import small_dataset
+
+    from teller.cli import main
+    from teller.rca import load
+
+    small = small_dataset(tmp_path / "ds", 120)
+    model = tmp_path / "m"
+    assert main(["rca", "train", str(small), "-o", str(model), "--variant", "mot", "--split", "request", "--config", "tiny",
+                 "--epochs", "1", "--max-steps", "2", "--no-flag-expert", "--no-type-expert", "--no-op-expert"]) == 0
+    before = json.loads((model / "config.json").read_text())["calibration"]
+    assert "flag_weight" not in before and not (model / FLAG_EXPERT_FILE).exists()
+    if main(["rca", "flagexpert", str(model), str(small), "--seed", "1"]) != 0:
+        pytest.skip("the slice's request split lacks normal or abnormal units in its train or val part")
+    cal = json.loads((model / "config.json").read_text())["calibration"]
+    m = load(model)
+    assert m.flag_expert is not None and cal["flag_weight"] in FLAG_WEIGHTS and cal["flag_expert"]["seed"] == 1
+    assert m.abnormal_cut == next(r["cut"] for r in cal["flag_expert"]["grid"] if r["weight"] == cal["flag_weight"])
+    # the operator threshold chosen in training stays
+    assert cal["op_threshold"] == before["op_threshold"]

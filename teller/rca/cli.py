@@ -61,6 +61,23 @@ def model_and_data(model: Path, dataset: Path, split: str | None, device: str, m
     return m, ds, split or m.meta.get("training", {}).get("split", "request")
 
 
+def _fit_expert(model: Path, dataset: Path, split: str | None, device: str, name: str, fit, row, summary) -> None:
+    """One expert command: ``fit(model, dataset, split)`` on the loaded model and data, each row of
+    its val grid printed by ``row``, config.json rewritten with the calibration, then ``summary``."""
+    from rich.markup import escape
+
+    from teller.cliutil import console
+
+    con = console(stderr=True)
+    m, ds, sp = model_and_data(model, dataset, split, device)
+    res = fit(m, ds, sp)
+    block = next(v for k, v in res.items() if isinstance(v, dict))
+    for r in block["grid"]:
+        con.print("  " + row(r), markup=False)
+    m.save_config(model, {"calibration": m.meta["calibration"]})
+    con.print(f"[green]{name}[/] {escape(str(model))}: " + summary(res, m, sp))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``rca`` command group to the ``teller`` app."""
     from teller.cliutil import new_app
@@ -174,19 +191,13 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", "--device"),
     ) -> None:
         """Fit the fault-type expert on the split's training part and choose its weight on the val part (`teller rca train` does this itself)."""
-        from rich.markup import escape
-
-        from teller.cliutil import console
         from teller.rca.train import fit_type_expert
 
-        con = console(stderr=True)
-        m, ds, sp = model_and_data(model, dataset, split, device)
-        te = fit_type_expert(m, ds, sp, seed=seed, out=model)
-        for r in te["type_expert"]["grid"]:
-            con.print(f"  weight {r['weight']:.2f}: fault-type macro-F1 {r['macro_f1']:.3f} on the val part's abnormal units", markup=False)
-        m.save_config(model, {"calibration": m.meta["calibration"]})
-        con.print(f"[green]type expert[/] {escape(str(model))}: weight {te['type_weight']:.2f}, fitted on "
-                  f"{te['type_expert']['train_units']:,} abnormal units of {sp}'s training part")
+        _fit_expert(model, dataset, split, device, "type expert",
+                    lambda m, ds, sp: fit_type_expert(m, ds, sp, seed=seed, out=model),
+                    lambda r: f"weight {r['weight']:.2f}: fault-type macro-F1 {r['macro_f1']:.3f} on the val part's abnormal units",
+                    lambda res, m, sp: f"weight {res['type_weight']:.2f}, fitted on {res['type_expert']['train_units']:,} "
+                                       f"abnormal units of {sp}'s training part")
 
     @rca.command("opexpert")
     def opexpert_cmd(
@@ -198,21 +209,15 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(64, "--batch-size"),
     ) -> None:
         """Fit the operator expert on the split's training part and choose its weight on the val part (`teller rca train` does this itself)."""
-        from rich.markup import escape
-
-        from teller.cliutil import console
         from teller.rca.train import fit_op_expert
 
-        con = console(stderr=True)
-        m, ds, sp = model_and_data(model, dataset, split, device)
-        ox = fit_op_expert(m, ds, sp, seed=seed, batch_size=batch_size, out=model)
-        for r in ox["op_expert"]["grid"]:
-            con.print(f"  weight {r['weight']:.2f}: Macro+ F1 {r['macro_plus_f1']:.3f} (P {r['macro_plus_precision']:.3f}, "
-                      f"R {r['macro_plus_recall']:.3f}) on the val part", markup=False)
-        m.save_config(model, {"calibration": m.meta["calibration"]})
-        b = ox["op_expert"]
-        con.print(f"[green]operator expert[/] {escape(str(model))}: weight {ox['op_weight']:.2f}, fitted on "
-                  f"{b['train_slots']:,} family slots ({b['labelled_slots']:,} labelled) of {b['train_units']:,} abnormal units of {sp}'s training part")
+        _fit_expert(model, dataset, split, device, "operator expert",
+                    lambda m, ds, sp: fit_op_expert(m, ds, sp, seed=seed, batch_size=batch_size, out=model),
+                    lambda r: (f"weight {r['weight']:.2f}: Macro+ F1 {r['macro_plus_f1']:.3f} (P {r['macro_plus_precision']:.3f}, "
+                               f"R {r['macro_plus_recall']:.3f}) on the val part"),
+                    lambda res, m, sp: (f"weight {res['op_weight']:.2f}, fitted on {res['op_expert']['train_slots']:,} family slots "
+                                        f"({res['op_expert']['labelled_slots']:,} labelled) of {res['op_expert']['train_units']:,} "
+                                        f"abnormal units of {sp}'s training part"))
 
     @rca.command("flagexpert")
     def flagexpert_cmd(
@@ -225,21 +230,15 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(64, "--batch-size"),
     ) -> None:
         """Fit the flag expert on the split's training part and choose its weight with the abnormal cut on the val part (`teller rca train` does this itself; the operator threshold and the other experts stay)."""
-        from rich.markup import escape
-
-        from teller.cliutil import console
         from teller.rca.train import fit_flag_expert
 
-        con = console(stderr=True)
-        m, ds, sp = model_and_data(model, dataset, split, device)
-        fx = fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model)
-        for r in fx["flag_expert"]["grid"]:
-            con.print(f"  weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
-                      f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part", markup=False)
-        m.save_config(model, {"calibration": m.meta["calibration"]})
-        b = fx["flag_expert"]
-        con.print(f"[green]flag expert[/] {escape(str(model))}: weight {fx['flag_weight']:.2f}, abnormal cut {m.abnormal_cut:.2f}, fitted on "
-                  f"{b['train_units']:,} units ({b['train_abnormal']:,} abnormal) of {sp}'s training part")
+        _fit_expert(model, dataset, split, device, "flag expert",
+                    lambda m, ds, sp: fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model),
+                    lambda r: (f"weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
+                               f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part"),
+                    lambda res, m, sp: (f"weight {res['flag_weight']:.2f}, abnormal cut {m.abnormal_cut:.2f}, fitted on "
+                                        f"{res['flag_expert']['train_units']:,} units ({res['flag_expert']['train_abnormal']:,} "
+                                        f"abnormal) of {sp}'s training part"))
 
     @rca.command("calibrate")
     def calibrate_cmd(
