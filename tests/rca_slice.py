@@ -127,3 +127,15 @@ def prepared_units(ds, m, n: int = 40):
     inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
                        [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
     return m.prepare(inp)
+
+
+def broken_expert_files(cls, folder: Path, name: str) -> None:
+    """An expert class's ``load`` refuses a file XGBoost cannot read (naming it) and a folder
+    without the file ("missing")."""
+    from teller.errors import InputError
+
+    (folder / name).write_bytes(b"not a model")
+    with pytest.raises(InputError, match=name):
+        cls.load(folder)
+    with pytest.raises(InputError, match="missing"):
+        cls.load(folder / "nowhere")

@@ -9,12 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca, refused_without
+from rca_slice import broken_expert_files, iteration_units, need_rca, refused_without
 
 torch = need_rca()
 pytest.importorskip("xgboost")
 
-from teller.errors import InputError, TellerError  # noqa: E402
+from teller.errors import TellerError  # noqa: E402
 from teller.rca.flagexpert import FLAG_EXPERT_FILE, FLAG_WEIGHTS, FlagExpert, fuse, mix  # noqa: E402
 
 
@@ -47,11 +47,7 @@ def test_expert_fits_both_kinds_and_round_trips(tmp_path):
         FlagExpert.fit(X, np.zeros(120, bool))
     with pytest.raises(TellerError, match="120 labels"):
         FlagExpert.fit(X[:10], y)
-    (tmp_path / FLAG_EXPERT_FILE).write_bytes(b"not a model")
-    with pytest.raises(InputError, match=FLAG_EXPERT_FILE):
-        FlagExpert.load(tmp_path)
-    with pytest.raises(InputError, match="missing"):
-        FlagExpert.load(tmp_path / "nowhere")
+    broken_expert_files(FlagExpert, tmp_path, FLAG_EXPERT_FILE)
 
 
 @pytest.fixture(scope="module")

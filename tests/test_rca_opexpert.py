@@ -10,12 +10,19 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca, prepared_units, refused_without, tiny_family_model
+from rca_slice import (
+    broken_expert_files,
+    iteration_units,
+    need_rca,
+    prepared_units,
+    refused_without,
+    tiny_family_model,
+)
 
 torch = need_rca()
 pytest.importorskip("xgboost")
 
-from teller.errors import InputError, TellerError  # noqa: E402
+from teller.errors import TellerError  # noqa: E402
 from teller.rca.opexpert import (  # noqa: E402
     LAYERS,
     OP_EXPERT_FILE,
@@ -104,11 +111,7 @@ def test_expert_round_trip_and_refusals(tmp_path):
         again.proba(X[:, :4])
     with pytest.raises(TellerError, match="labelled and unlabelled"):
         OperatorExpert.fit(X, np.zeros(200, int))
-    (tmp_path / OP_EXPERT_FILE).write_bytes(b"not a model")
-    with pytest.raises(InputError, match=OP_EXPERT_FILE):
-        OperatorExpert.load(tmp_path)
-    with pytest.raises(InputError, match="missing"):
-        OperatorExpert.load(tmp_path / "nowhere")
+    broken_expert_files(OperatorExpert, tmp_path, OP_EXPERT_FILE)
 
 
 def test_a_model_fits_its_operator_expert_and_names_by_the_mix(ds, trained, tmp_path):

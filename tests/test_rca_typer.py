@@ -9,12 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from rca_slice import iteration_units, need_rca, refused_without
+from rca_slice import broken_expert_files, iteration_units, need_rca, refused_without
 
 torch = need_rca()
 pytest.importorskip("xgboost")
 
-from teller.errors import InputError, TellerError  # noqa: E402
+from teller.errors import TellerError  # noqa: E402
 from teller.rca.typer import TYPE_EXPERT_FILE, TYPE_WEIGHTS, TypeExpert, fuse  # noqa: E402
 
 
@@ -44,11 +44,7 @@ def test_expert_fits_types_it_saw_and_round_trips(tmp_path):
     assert again.classes == [1, 3] and np.allclose(again.proba(X), ex.proba(X))
     with pytest.raises(TellerError, match="two fault types"):
         TypeExpert.fit(X, np.full(120, 2))
-    (tmp_path / TYPE_EXPERT_FILE).write_bytes(b"not a model")
-    with pytest.raises(InputError, match=TYPE_EXPERT_FILE):
-        TypeExpert.load(tmp_path)
-    with pytest.raises(InputError, match="missing"):
-        TypeExpert.load(tmp_path / "nowhere")
+    broken_expert_files(TypeExpert, tmp_path, TYPE_EXPERT_FILE)
 
 
 @pytest.fixture(scope="module")
