@@ -761,3 +761,29 @@ def test_typed_path_with_a_trailer_of_objects_after_the_array(tmp_path, close, c
     pf = parse_kineto_file(f, chunk_bytes=chunk)
     assert pf.table.num_rows == 60 and not pf.damage
     assert pf.meta["devices"] == [None, None] and pf.clock["baseTimeNanoseconds"] == 5
+
+
+def test_a_float_pid_reads_alike_whatever_rows_share_its_chunk(tmp_path):
+    """A float pid (0.0) is not an int whichever values are read beside it: read alone with ints it
+    used to become pid 0 silently, read in a chunk with a label ("abc") it was kept in args, so
+    its exact copy was dropped in one path and kept in the other (a case the fuzzing above found)."""
+    from teller.ingest.kineto import _int_array
+
+    assert _int_array([1, 0.0])[1].tolist() == [False, True]
+    assert _int_array([1, "abc", 0.0])[1].tolist() == [False, True, True]
+    assert _int_array([1, 0.5])[0].tolist() == [1, -1]  # not truncated to 0
+    assert _int_array([1, None])[1] is None
+
+    def ev(i, pid=100, ts=None):
+        return {"ph": "X", "cat": "cpu_op", "name": f"ev{i}", "pid": pid, "tid": 100,
+                "ts": 1000 + 10 * i if ts is None else ts, "dur": 1, "args": {"correlation": i, "External id": i}}
+
+    evs = [ev(i) for i in range(20)]
+    evs[14]["pid"] = 0.0
+    evs[15].update(pid="abc", ts=None)
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"schemaVersion": 1, "traceEvents": evs + [ev(0), dict(evs[15]), dict(evs[14])]}))
+    for chunk in (64, 400, 1 << 22):
+        _same_reading(f, chunk_bytes=chunk)
+    got = parse_kineto_file(f, fast=False, chunk_bytes=400)
+    assert got.stats.skipped["exact_duplicate"] == 2 and got.table["name"].to_pylist().count("ev14") == 1

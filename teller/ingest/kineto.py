@@ -870,10 +870,17 @@ _INT_STR_NONE = frozenset({int, str, type(None)})
 
 
 def _int_array(vals: list, fill: int = -1) -> tuple[np.ndarray, np.ndarray | None]:
-    """int64 column; ``fill`` where missing. Also the mask of rows whose value was not an int."""
+    """int64 column; ``fill`` where missing. Also the mask of rows whose value was not an int.
+
+    Whether a value is an int is the value's own property, never its neighbours': the first try
+    infers the type instead of converting to int64, which would also take a float (truncated)
+    when every other value is a number, and so read a row one way or the other depending on the
+    rows read beside it (the chunk)."""
     try:
-        arr = pa.array(vals, pa.int64())
-        return arr.fill_null(fill).to_numpy(zero_copy_only=False, writable=True), None
+        arr = pa.array(vals)
+        if pa.types.is_integer(arr.type) or pa.types.is_null(arr.type):
+            arr = arr.cast(pa.int64())
+            return arr.fill_null(fill).to_numpy(zero_copy_only=False, writable=True), None
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
     if set(map(type, vals)) <= _INT_STR_NONE:  # ints with a few labels (pid "Spans"): C loops
