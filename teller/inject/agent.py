@@ -108,6 +108,18 @@ class Agent:
                 return True
         return False
 
+    def arrivals_wanted(self) -> bool:
+        """Whether an open window's mechanism acts on request arrivals (``Mechanism.on_arrivals``)."""
+        return any(self.windows[f["id"]]["state"] == "open" and getattr(self.mechs[f["id"]], "on_arrivals", False)
+                   for f in self.faults)
+
+    def _wants_arrivals(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
+        try:
+            return bool(wrapped(*args, **kwargs)) or self.arrivals_wanted()
+        except Exception as e:  # never into the engine
+            self.rt.hook_failed("fault agent wants_arrivals", e)
+            return False
+
     def _keep_serving(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
         try:
             return bool(wrapped(*args, **kwargs)) or self.windows_pending()
@@ -192,6 +204,7 @@ class Agent:
         self.write()
         if self.faults:
             self.wrap("teller.workload.serve", "keep_serving", self._keep_serving)
+            self.wrap("teller.workload.serve", "wants_arrivals", self._wants_arrivals)
             threading.Thread(target=self._schedule, name="teller-faults", daemon=True).start()
         atexit.register(self.at_exit)
 

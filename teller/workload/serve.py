@@ -28,7 +28,10 @@ A run recorded with a fault plan serves until every fault window has closed: onc
 ``requests`` planned arrivals are in, the arrival process goes on (same seed, same
 distributions; the extra requests are marked ``extension`` in the results) for as long as
 :func:`keep_serving` says so, an extra request admitted at its arrival time or, when the engine
-has fallen behind, once fewer requests are in flight than when the planned arrivals ended.
+has fallen behind, once fewer requests are in flight than when the planned arrivals ended; while
+a window whose mechanism acts on arrivals is open (:func:`wants_arrivals`: delayed admission,
+which injects nothing in a window without admissions) one is admitted at the workload's rate
+even where the engine is behind.
 :func:`keep_serving` says no by itself; the fault agent in the process
 (:mod:`teller.inject.agent`) hooks it to say yes while one of its windows has not reached its
 planned end, so a window anchored at step 60 opens even when a loaded machine batches the planned
@@ -163,6 +166,14 @@ def make_requests(cfg: ServeConfig, vocab: int, extra: int = 0) -> list[dict[str
 def keep_serving() -> bool:
     """Whether the run should admit more requests once the planned ones are in: False here; a
     fault plan recorded into this process hooks it while one of its windows is still to close."""
+    return False
+
+
+def wants_arrivals() -> bool:
+    """Whether the extra requests should arrive on time even where the engine fell behind (the
+    in-flight bound of :func:`keep_serving`'s extension lifted): False here; a fault plan hooks
+    it while a window whose mechanism acts on arrivals is open (delayed admission: a window
+    without admissions injects nothing)."""
     return False
 
 
@@ -352,7 +363,7 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
         t0 = time.perf_counter() if cfg.rate > 0 else t0
         i = 0 if cfg.rate > 0 else len(reqs)
         admitted = len(reqs) if cfg.rate <= 0 else 0
-        extended, inflight_cap = 0, 0
+        extended, inflight_cap, last_paced = 0, 0, -math.inf
         while True:
             now = time.perf_counter() - t0
             if (i == len(reqs) and extended < len(extension) and now < cfg.timeout_s / 2
@@ -365,7 +376,12 @@ def serve(cfg: ServeConfig) -> dict[str, Any]:
                     inflight_cap = max(1, inflight)
                     log.info("serving past --requests %d: a fault window of this process has not closed yet "
                              "(at most %d requests in flight)", cfg.requests, inflight_cap)
-                if inflight < inflight_cap:
+                # a window acting on arrivals (wants_arrivals) gets one at the workload's rate
+                # even where the engine is behind, never a burst of the overdue ones
+                paced = cfg.rate > 0 and now - last_paced >= 1.0 / cfg.rate and wants_arrivals()
+                if inflight < inflight_cap or paced:
+                    if paced:
+                        last_paced = now
                     r = extension[extended]
                     extended += 1
                     reqs.append(r)

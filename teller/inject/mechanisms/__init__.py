@@ -40,6 +40,9 @@ class Mechanism:
     #: campaign records several runs at once (host CPU contention is pinned to the engine's cores)
     machine_wide = False
     needs: tuple[str, ...] = ()  # subset of: gpu, root, tp, transformers_cb
+    #: acts on request arrivals: while its window is open the workload's extra requests arrive
+    #: on time, even where the engine fell behind (teller.workload.serve.wants_arrivals)
+    on_arrivals = False
     #: the rank a fault of a tensor-parallel run targets when its spec names none (None: every rank)
     default_rank: int | None = None
     #: what the CPU run does instead when the GPU original cannot run (None: GPU only)

@@ -51,6 +51,7 @@ class DelayedAdmission(Mechanism):
     targets = ("OTHER schedule",)
     evidence = "admission"
     needs = ("transformers_cb",)
+    on_arrivals = True
     cause = "requests are admitted late (a slow admission path), so their first step comes late and batches shrink"
     action = "check the request admission path (front-end queue, tokenization) for what delays new requests"
 
