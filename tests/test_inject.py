@@ -123,6 +123,29 @@ def test_smoke_dataset_build(smoke, tmp_path):
     assert again["by_split"] == sheet["by_split"]
 
 
+def test_agent_wants_arrivals_while_a_window_acting_on_them_is_open(monkeypatch):
+    """wants_arrivals() holds only while a window of a mechanism that acts on arrivals (delayed
+    admission) is open: not before it opens, not after it closes, not for another mechanism."""
+    from teller.inject.agent import Agent
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("TELLER_RUN_DIR", raising=False)
+    plan = {"faults": [
+        {"id": "f0", "mechanism": "delayed_admission", "magnitude": 10.0, "start_step": 3, "steps": 2},
+        {"id": "f1", "mechanism": "scheduler_stall", "magnitude": 1.0, "start_step": 3, "steps": 2},
+    ]}
+    a = Agent(plan, runtime_mod=None)
+    ask = lambda: a._wants_arrivals(lambda: False, None, (), {})  # noqa: E731
+    assert not ask()
+    a._start(plan["faults"][1])
+    assert not ask()  # a scheduler stall acts on no arrival
+    a._start(plan["faults"][0])
+    assert ask() and a._keep_serving(lambda: False, None, (), {})
+    a._stop(plan["faults"][0])
+    assert not ask()
+    assert a._wants_arrivals(lambda: True, None, (), {})  # the workload's own answer still counts
+
+
 def test_agent_keeps_the_workload_serving_until_every_window_closes(monkeypatch):
     """windows_pending() holds while a window is still to open or to reach its planned length;
     a window without a length (until exit) keeps nothing waiting. The edges record the steps."""

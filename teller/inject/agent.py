@@ -113,19 +113,19 @@ class Agent:
         return any(self.windows[f["id"]]["state"] == "open" and getattr(self.mechs[f["id"]], "on_arrivals", False)
                    for f in self.faults)
 
-    def _wants_arrivals(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
+    def _or_workload(self, what: str, own: Callable[[], bool], wrapped: Callable, args: Any, kwargs: Any) -> bool:
+        """A workload question hooked by the agent: the workload's own answer, or the agent's ``own()``."""
         try:
-            return bool(wrapped(*args, **kwargs)) or self.arrivals_wanted()
+            return bool(wrapped(*args, **kwargs)) or own()
         except Exception as e:  # never into the engine
-            self.rt.hook_failed("fault agent wants_arrivals", e)
+            self.rt.hook_failed(f"fault agent {what}", e)
             return False
 
+    def _wants_arrivals(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
+        return self._or_workload("wants_arrivals", self.arrivals_wanted, wrapped, args, kwargs)
+
     def _keep_serving(self, wrapped: Callable, instance: Any, args: Any, kwargs: Any) -> bool:
-        try:
-            return bool(wrapped(*args, **kwargs)) or self.windows_pending()
-        except Exception as e:  # never into the engine
-            self.rt.hook_failed("fault agent keep_serving", e)
-            return False
+        return self._or_workload("keep_serving", self.windows_pending, wrapped, args, kwargs)
 
     # ---- helpers for mechanisms ------------------------------------------------------------
     def active(self, fault: dict[str, Any]) -> bool:

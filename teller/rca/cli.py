@@ -61,9 +61,10 @@ def model_and_data(model: Path, dataset: Path, split: str | None, device: str, m
     return m, ds, split or m.meta.get("training", {}).get("split", "request")
 
 
-def _fit_expert(model: Path, dataset: Path, split: str | None, device: str, name: str, fit, row, summary) -> None:
+def _fit_expert(model: Path, dataset: Path, split: str | None, device: str, name: str, key: str, fit, row, summary) -> None:
     """One expert command: ``fit(model, dataset, split)`` on the loaded model and data, each row of
-    its val grid printed by ``row``, config.json rewritten with the calibration, then ``summary``."""
+    the val grid of its ``key`` block printed by ``row``, config.json rewritten with the
+    calibration, then ``summary``."""
     from rich.markup import escape
 
     from teller.cliutil import console
@@ -71,8 +72,7 @@ def _fit_expert(model: Path, dataset: Path, split: str | None, device: str, name
     con = console(stderr=True)
     m, ds, sp = model_and_data(model, dataset, split, device)
     res = fit(m, ds, sp)
-    block = next(v for k, v in res.items() if isinstance(v, dict))
-    for r in block["grid"]:
+    for r in res[key]["grid"]:
         con.print("  " + row(r), markup=False)
     m.save_config(model, {"calibration": m.meta["calibration"]})
     con.print(f"[green]{name}[/] {escape(str(model))}: " + summary(res, m, sp))
@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
         """Fit the fault-type expert on the split's training part and choose its weight on the val part (`teller rca train` does this itself)."""
         from teller.rca.train import fit_type_expert
 
-        _fit_expert(model, dataset, split, device, "type expert",
+        _fit_expert(model, dataset, split, device, "type expert", "type_expert",
                     lambda m, ds, sp: fit_type_expert(m, ds, sp, seed=seed, out=model),
                     lambda r: f"weight {r['weight']:.2f}: fault-type macro-F1 {r['macro_f1']:.3f} on the val part's abnormal units",
                     lambda res, m, sp: f"weight {res['type_weight']:.2f}, fitted on {res['type_expert']['train_units']:,} "
@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
         """Fit the operator expert on the split's training part and choose its weight on the val part (`teller rca train` does this itself)."""
         from teller.rca.train import fit_op_expert
 
-        _fit_expert(model, dataset, split, device, "operator expert",
+        _fit_expert(model, dataset, split, device, "operator expert", "op_expert",
                     lambda m, ds, sp: fit_op_expert(m, ds, sp, seed=seed, batch_size=batch_size, out=model),
                     lambda r: (f"weight {r['weight']:.2f}: Macro+ F1 {r['macro_plus_f1']:.3f} (P {r['macro_plus_precision']:.3f}, "
                                f"R {r['macro_plus_recall']:.3f}) on the val part"),
@@ -232,7 +232,7 @@ def register(app: typer.Typer) -> None:
         """Fit the flag expert on the split's training part and choose its weight with the abnormal cut on the val part (`teller rca train` does this itself; the operator threshold and the other experts stay)."""
         from teller.rca.train import fit_flag_expert
 
-        _fit_expert(model, dataset, split, device, "flag expert",
+        _fit_expert(model, dataset, split, device, "flag expert", "flag_expert",
                     lambda m, ds, sp: fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model),
                     lambda r: (f"weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
                                f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part"),

@@ -584,7 +584,18 @@ def evaluate(model: RCA, ds: Dataset, split: str, part: str = "test", batch_size
     return pred, res, idx
 
 
-# ---- the fault-type expert (teller.rca.typer), fitted after the network ----
+# ---- the experts (teller.rca.typer, .opexpert, .flagexpert), fitted after the network ----
+def unit_features(model: RCA, ds: Dataset, idx: np.ndarray) -> np.ndarray:
+    """The unit statistics features (:meth:`ReferenceStats.unit_features`) of units ``idx`` as
+    ``model`` reads them, without the rest of their inputs."""
+    require_unit(ds, model.cfg.unit)
+    u = ds.units.select(idx)
+    inp = encode_units(ds.forest, model.trace_tok, u.run_id.tolist(), u.step_ids, [""] * len(idx), model.cfg.max_trace_tokens,
+                       u.view.tolist())
+    return model.ref.unit_features(unit_statistics(inp))
+
+
+# ---- the fault-type expert (teller.rca.typer) ----
 def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None) -> dict[str, Any]:
     """Fit the expert on ``split``'s training part (its abnormal units), choose its weight on the
@@ -600,28 +611,28 @@ def fit_type_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_si
         raise TellerError("the type expert reads the unit statistics: only a MoT trained with --unit-stats has them")
     u = ds.units
 
-    def features(part: str) -> tuple[np.ndarray, np.ndarray, Any]:
+    def abnormal(part: str) -> np.ndarray:
         idx = u.part(split, part)
-        idx = idx[u.is_anomaly[idx].astype(bool)]
-        if not len(idx):
-            return np.zeros((0, 0)), np.zeros(0, np.int64), None
-        prep, _ = prepare_units(ds, idx, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
-        return prep.unit_feat, np.asarray(u.fault[idx], np.int64) - 1, prep
+        return idx[u.is_anomaly[idx].astype(bool)]
 
-    Xtr, ytr, _ = features("train")
+    tr, va = abnormal("train"), abnormal("val")
+    # the training units' statistics alone: the trees read nothing else of them
+    Xtr = unit_features(model, ds, tr) if len(tr) else np.zeros((0, 0))
+    ytr = np.asarray(u.fault[tr], np.int64) - 1
     expert = TypeExpert.fit(Xtr, ytr, seed=seed)
-    Xva, yva, prep = features("val")
     rows = []
-    if prep is not None:
+    if len(va):  # the val units' whole inputs: the head reads them too
+        prep, _ = prepare_units(ds, va, model.cfg, model.text_tok, model.trace_tok, model.ref, labels=False)
         head = model.fault_probs(prep, batch_size)
-        ex = expert.proba(Xva)
+        ex = expert.proba(prep.unit_feat)
+        yva = np.asarray(u.fault[va], np.int64) - 1
         for w in TYPE_WEIGHTS:
             pred = fuse(head, ex, w)[:, 1:].argmax(1)
             f1 = macro_f1([TYPES[k] for k in yva.tolist()], [TYPES[k] for k in pred.tolist()], TYPES)["macro_f1"]
             rows.append({"weight": w, "macro_f1": round(f1, 6)})
     weight = pick_weight(rows, "macro_f1") if rows else 0.5
     model.type_expert, model.meta.setdefault("calibration", {})["type_weight"] = expert, weight
-    block = {"split": split, "train_units": int(len(ytr)), "val_units": int(len(yva)), "classes": expert.classes,
+    block = {"split": split, "train_units": int(len(tr)), "val_units": int(len(va)), "classes": expert.classes,
              "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
     model.meta["calibration"]["type_expert"] = block
     if out is not None:
@@ -673,17 +684,7 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
     return {"op_weight": weight, "op_expert": block}
 
 
-# ---- the flag expert (teller.rca.flagexpert), fitted after the network ----
-def unit_features(model: RCA, ds: Dataset, idx: np.ndarray) -> np.ndarray:
-    """The unit statistics features (:meth:`ReferenceStats.unit_features`) of units ``idx`` as
-    ``model`` reads them, without the rest of their inputs."""
-    require_unit(ds, model.cfg.unit)
-    u = ds.units.select(idx)
-    inp = encode_units(ds.forest, model.trace_tok, u.run_id.tolist(), u.step_ids, [""] * len(idx), model.cfg.max_trace_tokens,
-                       u.view.tolist())
-    return model.ref.unit_features(unit_statistics(inp))
-
-
+# ---- the flag expert (teller.rca.flagexpert) ----
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None, prep: Prepared | None = None) -> dict[str, Any]:
     """Fit the flag expert on every unit of ``split``'s training part (target: abnormal), then
