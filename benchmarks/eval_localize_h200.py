@@ -82,12 +82,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from teller.baselines.numeric import dataset_context, keyed_instances
+from teller.baselines.numeric import keyed_instances
 from teller.dataset.codec import read_subtrees
 from teller.evaluate.metrics import operator_metrics, step_metrics
 from teller.evaluate.scores import auroc
 from teller.forest import family_names
 from teller.localize import GMMLocalizer, localize
+from teller.localize.context import dataset_context
 from teller.localize.features import (
     INSTANCE_LAYERS,
     ITER_FEATURES,

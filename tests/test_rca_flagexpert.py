@@ -1,7 +1,8 @@
-"""The flag expert (:mod:`teller.rca.flagexpert`): trees on the unit's layer mix whose abnormal
-probability is mixed with the fault head's by a weight chosen with the abnormal cut on the val
-part; the types keep the head's shares. Hand-computed mixing, a save/load round trip with its
-refusals, and a tiny model that fits the expert at the end of training and flags by the mix."""
+"""The flag expert (:mod:`teller.rca.flagexpert`): trees on the unit's shape-free context (or its
+layer mix) whose abnormal probability is mixed with the fault head's by a weight chosen with the
+abnormal cut on the val part; the types keep the head's shares. Hand-computed mixing, a save/load
+round trip with its refusals, and a tiny model that fits the expert at the end of training and
+flags by the mix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rca_slice import broken_expert_files, iteration_units, need_rca, refused_wi
 torch = need_rca()
 pytest.importorskip("xgboost")
 
-from teller.errors import TellerError  # noqa: E402
+from teller.errors import InputError, TellerError  # noqa: E402
 from teller.rca.flagexpert import FLAG_EXPERT_FILE, FLAG_WEIGHTS, FlagExpert, fuse, mix  # noqa: E402
 
 
@@ -42,7 +43,18 @@ def test_expert_fits_both_kinds_and_round_trips(tmp_path):
     assert p.shape == (2,) and p[0] < 0.2 and p[1] > 0.8
     assert ex.proba(np.zeros((0, 5))).shape == (0,)
     ex.save(tmp_path)
-    assert np.allclose(FlagExpert.load(tmp_path).proba(X), ex.proba(X))
+    back = FlagExpert.load(tmp_path)
+    assert np.allclose(back.proba(X), ex.proba(X)) and back.reads == ex.reads == "stats"
+    FlagExpert.fit(X, y, reads="context").save(tmp_path)
+    assert FlagExpert.load(tmp_path).reads == "context"
+    with pytest.raises(TellerError, match="context"):
+        FlagExpert.fit(X, y, reads="layers")
+    ex.booster.set_attr(teller_reads="layers")  # an expert of a later version
+    ex.save(tmp_path)
+    ex.booster.set_attr(teller_reads="layers")
+    ex.booster.save_model(str(tmp_path / FLAG_EXPERT_FILE))
+    with pytest.raises(InputError, match="reads 'layers'"):
+        FlagExpert.load(tmp_path)
     with pytest.raises(TellerError, match="normal and abnormal"):
         FlagExpert.fit(X, np.zeros(120, bool))
     with pytest.raises(TellerError, match="120 labels"):
@@ -58,7 +70,14 @@ def ds():
 def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     from teller.rca import load
     from teller.rca.data import encode_units
-    from teller.rca.train import abnormal_block, calibrate, part_units, train, unit_features
+    from teller.rca.train import (
+        abnormal_block,
+        calibrate,
+        fit_flag_expert,
+        part_units,
+        train,
+        unit_features,
+    )
 
     u = ds.units
     va = u.part("request", "val")
@@ -74,6 +93,18 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     assert block["train_units"] == len(u.part("request", "train"))
     m = load(out)
     assert m.flag_expert is not None and m.flag_weight == cal["flag_weight"]
+    # training fits the expert on the shape-free context; it reads every shape, where the
+    # context is given
+    assert m.flag_expert.reads == block["reads"] == "context"
+    m.meta.setdefault("training", {})["workloads"] = ["2 layers, hidden 1024"]
+    assert m.use_flag_expert("8 layers, hidden 4096") and m.flag_weight == cal["flag_weight"]
+    assert not m.use_flag_expert("2 layers, hidden 1024", context=False) and m.flag_weight == 0.0
+    assert m.abnormal_cut == next(r["cut"] for r in block["grid"] if r["weight"] == 0.0)
+    # the same, with the expert on the layer mix (`--reads stats`), which the checks below follow
+    m.use_flag_expert(None)
+    block = fit_flag_expert(m, ds, "request", seed=0, reads="stats")["flag_expert"]
+    cal = m.meta["calibration"]
+    assert m.flag_expert.reads == block["reads"] == "stats" and cal["flag_expert"] is block
     # the grid, recomputed from the head and the expert on the val part: each weight's cut is the
     # one calibrate_abnormal picks on the mix, and the chosen weight has the best of them (the
     # lowest weight on a tie); the model's cut is the chosen weight's
@@ -112,8 +143,16 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     assert not m.use_flag_expert(None)  # a run whose shape is not recorded
     m.meta["training"]["workloads"] = []  # a model that records no shapes keeps its expert
     assert m.use_flag_expert("8 layers, hidden 4096") and m.flag_weight == cal["flag_weight"]
+    # prepared inputs carry the context a context expert reads: iterations unknown without
+    # them (NaN), the layer mix against the given units of the same run
+    from teller.rca.context import CONTEXT_COLUMNS, CONTEXT_ITER
+
+    assert prep.unit_ctx.shape == (len(idx), len(CONTEXT_COLUMNS)) and np.isnan(prep.unit_ctx[:, :len(CONTEXT_ITER)]).all()
+    given = np.ones((len(idx), 14))
+    assert (m.prepare(inp, iterations=given).unit_ctx[:, 0] == np.float32(np.log1p(1e-3))).all()
     # recalibrating keeps the expert's weight; a directory without the expert's file is refused
-    assert calibrate(load(out), ds, "request", "val")["flag_weight"] == cal["flag_weight"]
+    saved = json.loads((out / "config.json").read_text())["calibration"]
+    assert calibrate(load(out), ds, "request", "val")["flag_weight"] == saved["flag_weight"]
     refused_without(out, FLAG_EXPERT_FILE, tmp_path)
     plain = tmp_path / "plain"
     train(ds, plain, variant="mot", split="request", config="tiny", epochs=1, max_steps=2, seed=0, progress=False,

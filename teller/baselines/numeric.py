@@ -5,7 +5,7 @@ Per run, the dataset's subtree rows become instances as ``teller diagnose`` buil
 (:func:`keyed_instances`: ``teller.forest.Forest`` → steps, one per STEP node holding every row
 with its ``step_idx``, i.e. the engine iteration's schedule/update ranges and GAP rows beside the
 STEP subtree → FE/BE/COMM, OTHER and STEP instances and their features), with each step's
-context from the dataset (:func:`dataset_context`): the iteration columns and batch of
+context from the dataset (:func:`teller.localize.context.dataset_context`): the iteration columns and batch of
 ``iterations.parquet``, the admission delay from ``logs.parquet`` and the records, the warm-up
 flag; pageable copies where the subtrees keep CUPTI memory kinds. A dataset without
 ``iterations.parquet`` (built before engine iterations) leaves those columns NaN and takes the
@@ -34,17 +34,14 @@ from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet, _str
 from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
 from teller.localize import GMMLocalizer, localize
+from teller.localize.context import dataset_context
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import (
     FEATURES,
-    ITER_FEATURES,
     SCORED_LAYERS,
     Instances,
-    first_log_lines,
     instance_features,
-    iteration_matrix,
     pageable_of,
-    request_admission_delay,
 )
 from teller.rundir import LAYER_CODE, dict_codes
 
@@ -63,73 +60,6 @@ def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.nda
     n = np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False), np.float64)
     empty = np.asarray(pc.equal(reqs.fill_null(""), "").to_numpy(zero_copy_only=False), bool)
     return np.where(empty, np.nan, n), warm
-
-
-def _keys_of(runs: np.ndarray, run_names: np.ndarray, step_id: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Index into the sorted ``keys`` (``run_code << 40 | step_id``) of each (run name, step id),
-    -1 where the pair is not a key."""
-    if not len(keys) or not len(runs):
-        return np.full(len(step_id), -1, np.int64)
-    g = np.clip(np.searchsorted(runs, run_names), 0, len(runs) - 1)
-    k = g.astype(np.int64) << 40 | np.asarray(step_id, np.int64)
-    pos = np.clip(np.searchsorted(keys, k), 0, len(keys) - 1)
-    return np.where((runs[g] == run_names) & (keys[pos] == k), pos, -1)
-
-
-def dataset_context(ds: str | Path, runs: np.ndarray, keys: np.ndarray) -> dict[str, Any] | None:
-    """Per step key (sorted ``run_code << 40 | step_id``, ``runs`` sorted names): the iteration
-    columns (``iter``, n × :data:`ITER_FEATURES`, NaN where unknown), the batch (``batch``:
-    requests served, NaN), the warm-up flag (``warmup``) and whether the step has an iteration
-    row (``has``), from the dataset's ``iterations.parquet``; None when the dataset has none.
-
-    ``iter.admit_delay`` (:func:`teller.localize.features.admission_delay`) is computed as
-    ``teller diagnose`` computes it from a run directory: arrivals are each request's first log
-    line (``logs.parquet``), first steps those of the vertical records, the iterations those of
-    ``iterations.parquet``. A dataset keeps a sample of each run's steps, so only the kept
-    iterations between an arrival and a first step count (a lower bound)."""
-    ds = Path(ds)
-    if not (ds / "iterations.parquet").is_file():
-        return None
-    n = len(keys)
-    it = pq.read_table(ds / "iterations.parquet")
-    irun = _str(it.column("run_id"))
-    pos = _keys_of(runs, irun, it.column("step_id").to_numpy(), keys)
-    hit = pos >= 0
-    out = {"iter": np.full((n, len(ITER_FEATURES)), np.nan), "batch": np.full(n, np.nan),
-           "warmup": np.zeros(n, bool), "has": np.zeros(n, bool)}
-    out["iter"][pos[hit]] = iteration_matrix(it)[hit]
-    nreq = it.column("n_requests").to_numpy(zero_copy_only=False).astype(np.float64)
-    out["batch"][pos[hit]] = np.where(nreq > 0, nreq, np.nan)[hit]
-    out["warmup"][pos[hit]] = it.column("warmup").fill_null(False).to_numpy(zero_copy_only=False).astype(bool)[hit]
-    out["has"][pos[hit]] = True
-    out["iter"][:, ITER_FEATURES.index("iter.admit_delay")] = _admission_delays(ds, it, irun, pos)
-    return out
-
-
-def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``iter.admit_delay`` per key (:func:`dataset_context`); ``pos``: each iteration row's key."""
-    n = int(pos.max(initial=-1)) + 1
-    out = np.full(max(n, 0), np.nan)
-    if not (ds / "logs.parquet").is_file() or not n:
-        return out
-    first = first_log_lines(pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"]),
-                            ["run_id", "request_id"])
-    frun = _str(first.column("run_id"))
-    rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
-    rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
-    rrun, rsid = _str(rec.column("run_id")), rec.column("step_id").to_numpy().astype(np.int64)
-    col = {c: it.column(c).to_numpy().astype(np.int64) for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")}
-    for name in np.unique(irun).tolist():  # runs: tens
-        rows = np.flatnonzero(irun == name)
-        m, f = np.flatnonzero(rrun == name), np.flatnonzero(frun == name)
-        d = request_admission_delay(*(col[c][rows] for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")),
-                                    rec.column("request_id").take(pa.array(m)), rsid[m],
-                                    first.column("request_id").take(pa.array(f)),
-                                    first.column("ts_ns_min").to_numpy()[f],
-                                    idle_gaps=False)  # the dataset keeps the sampled steps' iterations only
-        ok = pos[rows] >= 0
-        out[pos[rows][ok]] = d[ok]
-    return out
 
 
 def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +86,7 @@ def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, cont
                     layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
     """Instances of the steps ``keys`` (sorted ``run_code << 40 | step_id`` of the sorted run
     names ``runs``) from the dataset's subtree rows, run by run; ``step`` indexes ``keys`` (-1:
-    a row outside them). ``context`` (:func:`dataset_context`, or None) gives each step its
+    a row outside them). ``context`` (:func:`teller.localize.context.dataset_context`, or None) gives each step its
     iteration columns and batch; without it, or where a step has no iteration row, the batch is
     the STEP name's request list. Also returns counts and the warm-up flag of every key by the
     STEP-name rule (``name_warmup``)."""

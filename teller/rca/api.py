@@ -219,16 +219,23 @@ class RCA:
             return 0.0
         return float((self.meta.get("calibration") or {}).get("flag_weight", 0.0))
 
-    def use_flag_expert(self, shape: str | None) -> bool:
+    def use_flag_expert(self, shape: str | None, context: bool = True) -> bool:
         """Read the units of a run of workload shape ``shape`` (the dataset's ``workload`` column,
         e.g. ``"2 layers, hidden 1024"``) with the flag expert only where the model was trained on
         that shape (``training.workloads``; a model that records none keeps it). On another shape
         the head reads alone, against the cut chosen for it alone (the flag expert's grid row of
         weight 0): the trees read the layer mix of the shapes they were fitted on, and on a shape
         held out they cost step F1 where the head did not (docs/results.md, "The flag expert").
-        Returns whether the expert is used."""
+        An expert that reads the shape-free context (``reads == "context"``, :mod:`teller.rca.context`)
+        is used on every shape, where the caller gives the units' context (``context``: the
+        prepared units carry ``unit_ctx``, which needs every step of the run; `teller diagnose
+        --model-reads flagged` reads the flagged steps only and leaves it out). Returns whether the
+        expert is used."""
         known = (self.meta.get("training") or {}).get("workloads") or []
-        self.flag_off = bool(known) and shape not in known
+        if self.flag_expert is not None and self.flag_expert.reads == "context":
+            self.flag_off = not context
+        else:
+            self.flag_off = bool(known) and shape not in known
         return self.flag_expert is not None and not self.flag_off
 
     @property
@@ -322,8 +329,11 @@ class RCA:
         return encode_units(sf, self.trace_tok, runs, [np.asarray(s, np.int64) for s in steps], logs,
                             self.cfg.max_trace_tokens, views)
 
-    def prepare(self, inp: StepInputs) -> Prepared:
-        return prepare(inp, self.text_tok, self.ref, self.cfg)
+    def prepare(self, inp: StepInputs, iterations: np.ndarray | None = None) -> Prepared:
+        """The inputs of ``inp`` as the model reads them; ``iterations``: the units' iteration rows
+        (:data:`teller.localize.features.ITER_FEATURES`), for the flag expert's context
+        (:func:`teller.rca.batch.prepare`)."""
+        return prepare(inp, self.text_tok, self.ref, self.cfg, iterations=iterations)
 
     # ---- prediction ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -598,14 +608,15 @@ class RCA:
 
     def flag_expert_probs(self, prep: Prepared) -> np.ndarray | None:
         """The flag expert's abnormal probability of every unit of ``prep`` (computed once per
-        ``prep`` and expert), or None without an expert or unit statistics."""
-        if self.flag_expert is None or prep.unit_feat is None:
+        ``prep`` and expert), or None without an expert or the columns it reads."""
+        X = self.flag_expert.features(prep) if self.flag_expert is not None else None
+        if X is None:
             return None
         seen = prep.cache.setdefault("flag_expert", [])  # (expert, its probabilities): several models may share ``prep``
         for expert, p in seen:
             if expert is self.flag_expert:
                 return p
-        p = self.flag_expert.proba(prep.unit_feat)
+        p = self.flag_expert.proba(X)
         seen.append((self.flag_expert, p))
         return p
 

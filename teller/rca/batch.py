@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from teller.localize.features import ITER_FEATURES
+from teller.rca.context import context_features, run_relative
 from teller.rca.data import (
     FamilySlots,
     ReferenceStats,
@@ -60,6 +62,9 @@ class Prepared:
     #: per unit, its statistics against the reference (``cfg.unit_stats``: float32, (units,
     #: 2 × len(UNIT_STAT_COLUMNS)), :meth:`ReferenceStats.unit_features`)
     unit_feat: np.ndarray | None = None
+    #: per unit, its shape-free context (float32, (units, len(CONTEXT_COLUMNS)),
+    #: :mod:`teller.rca.context`), which a flag expert may read; None where not prepared
+    unit_ctx: np.ndarray | None = None
     #: what a model computes once per ``Prepared`` (the operator expert's slot probabilities)
     cache: dict = field(default_factory=dict, repr=False)
 
@@ -102,8 +107,13 @@ def step_summary(inp: StepInputs, i: int, top: int = 8) -> tuple[str, list[str]]
 
 
 def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, fault: np.ndarray | None = None,
-            operator_labels: list[list[str]] | None = None, explanation: list[str] | None = None) -> Prepared:
-    """Model inputs of ``inp``; with labels, also the training targets of ``cfg.variant``."""
+            operator_labels: list[list[str]] | None = None, explanation: list[str] | None = None,
+            iterations: np.ndarray | None = None) -> Prepared:
+    """Model inputs of ``inp``; with labels, also the training targets of ``cfg.variant``. A model
+    that reads unit statistics also gets each unit's shape-free context (:mod:`teller.rca.context`):
+    ``iterations`` (one row of :data:`teller.localize.features.ITER_FEATURES` per unit; None:
+    unknown) and its layer mix against the units of ``inp`` of its run and view, which should
+    then be every step of the run that is read."""
     texts = list(inp.log_text) if cfg.reads_log else [""] * len(inp)
     summary_families = None
     if cfg.inputs == "summary+log":
@@ -123,7 +133,11 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
         prep.slots = family_slots(inp)
         prep.slot_feat = ref.family_features(prep.slots, inp.families)
     if cfg.reads_unit_stats:
-        prep.unit_feat = ref.unit_features(unit_statistics(inp))
+        stats = unit_statistics(inp)
+        prep.unit_feat = ref.unit_features(stats)
+        n = len(inp)
+        it = np.full((n, len(ITER_FEATURES)), np.nan) if iterations is None else iterations
+        prep.unit_ctx = context_features(it, run_relative(stats, list(inp.run_id) or [""] * n, list(inp.view) or [""] * n))
     if fault is None:
         return prep
     prep.fault = np.asarray(fault, np.int64)

@@ -225,6 +225,7 @@ def register(app: typer.Typer) -> None:
         dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
         split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
         abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The weight and the abnormal cut are chosen for the best step F1 expected at this fault prior."),
+        reads: str = typer.Option("context", "--reads", help="What the trees read: context (the engine iteration and the layer mix against the run's own steps; carries across model shapes) or stats (the layer mix against the training reference; left out on shapes the model was not trained on)."),
         seed: int = typer.Option(0, "--seed"),
         device: str = typer.Option("cpu", "--device"),
         batch_size: int = typer.Option(64, "--batch-size"),
@@ -233,7 +234,8 @@ def register(app: typer.Typer) -> None:
         from teller.rca.train import fit_flag_expert
 
         _fit_expert(model, dataset, split, device, "flag expert", "flag_expert",
-                    lambda m, ds, sp: fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model),
+                    lambda m, ds, sp: fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model,
+                                                    reads=reads),
                     lambda r: (f"weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
                                f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part"),
                     lambda res, m, sp: (f"weight {res['flag_weight']:.2f}, abnormal cut {m.abnormal_cut:.2f}, fitted on "

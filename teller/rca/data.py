@@ -954,6 +954,9 @@ class Dataset:
     path: Path
     units: Units
     forest: StepForest
+    #: what is computed once per loaded dataset (the units' shape-free context:
+    #: :func:`teller.rca.context.dataset_context_features`)
+    cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def unit(self) -> str:

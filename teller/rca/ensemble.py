@@ -112,10 +112,10 @@ class Ensemble:
     def device(self) -> torch.device:
         return self.members[0].device
 
-    def use_flag_expert(self, shape: str | None) -> bool:
+    def use_flag_expert(self, shape: str | None, context: bool = True) -> bool:
         """Each member's :meth:`RCA.use_flag_expert` for workload shape ``shape``; whether any
         member uses its flag expert."""
-        return any([m.use_flag_expert(shape) for m in self.members])
+        return any([m.use_flag_expert(shape, context) for m in self.members])
 
     @property
     def abnormal_cut(self) -> float:

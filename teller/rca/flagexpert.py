@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from teller.errors import TellerError
+from teller.errors import InputError, TellerError
 from teller.rca.typer import load_booster, save_booster, xgb_module
 
 #: the expert's file in a model directory
@@ -36,14 +36,22 @@ FLAG_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 TREES = dict(n_estimators=200, max_depth=4, learning_rate=0.1, subsample=0.8, colsample_bytree=0.8, tree_method="hist")
 
 
-class FlagExpert:
-    """Gradient-boosted trees over a unit's statistics features, giving its abnormal probability."""
+#: what an expert reads: the layer mix against the training reference (``prep.unit_feat``), or
+#: the shape-free context (``prep.unit_ctx``, :mod:`teller.rca.context`)
+READS = ("stats", "context")
 
-    def __init__(self, booster: Any):
-        self.booster = booster
+
+class FlagExpert:
+    """Gradient-boosted trees over a unit's statistics features (``reads="stats"``) or its
+    shape-free context (``reads="context"``), giving its abnormal probability."""
+
+    def __init__(self, booster: Any, reads: str = "stats"):
+        if reads not in READS:
+            raise TellerError(f"a flag expert reads {' or '.join(READS)}, not {reads!r}")
+        self.booster, self.reads = booster, reads
 
     @classmethod
-    def fit(cls, X: np.ndarray, abnormal: np.ndarray, seed: int = 0, threads: int = 2) -> "FlagExpert":
+    def fit(cls, X: np.ndarray, abnormal: np.ndarray, seed: int = 0, threads: int = 2, reads: str = "stats") -> "FlagExpert":
         """``abnormal``: one boolean per row of ``X`` (both kinds needed)."""
         xgb = xgb_module()
         y = np.asarray(abnormal, bool)
@@ -53,7 +61,12 @@ class FlagExpert:
             raise TellerError(f"the flag expert needs normal and abnormal units (got {int(y.sum())} abnormal of {len(y)})")
         clf = xgb.XGBClassifier(**TREES, random_state=seed, n_jobs=threads)
         clf.fit(np.asarray(X, np.float32), y.astype(np.int64))
-        return cls(clf.get_booster())
+        return cls(clf.get_booster(), reads)
+
+    def features(self, prep: Any) -> np.ndarray | None:
+        """The columns of ``prep`` (:class:`teller.rca.batch.Prepared`) this expert reads, or None
+        where they were not prepared."""
+        return prep.unit_ctx if self.reads == "context" else prep.unit_feat
 
     def proba(self, X: np.ndarray) -> np.ndarray:
         """(n,) abnormal probabilities."""
@@ -64,13 +77,17 @@ class FlagExpert:
         return np.asarray(self.booster.predict(xgb.DMatrix(X)), np.float64).reshape(len(X))
 
     def save(self, directory: str | Path) -> Path:
-        return save_booster(self.booster, Path(directory) / FLAG_EXPERT_FILE, teller_expert="flag")
+        return save_booster(self.booster, Path(directory) / FLAG_EXPERT_FILE, teller_expert="flag", teller_reads=self.reads)
 
     @classmethod
     def load(cls, directory: str | Path) -> "FlagExpert":
-        b, _ = load_booster(Path(directory) / FLAG_EXPERT_FILE, "flag expert", "teller rca flagexpert MODEL DATASET",
-                            "teller_expert")
-        return cls(b)
+        path = Path(directory) / FLAG_EXPERT_FILE
+        b, _ = load_booster(path, "flag expert", "teller rca flagexpert MODEL DATASET", "teller_expert")
+        reads = b.attr("teller_reads") or "stats"  # an expert saved before the context: the layer mix
+        if reads not in READS:
+            raise InputError(path, f"a flag expert that reads {reads!r} (this version knows {', '.join(READS)})",
+                             "run `teller rca flagexpert MODEL DATASET` again")
+        return cls(b, reads)
 
 
 def mix(p_head: np.ndarray, p_expert: np.ndarray, weight: float) -> np.ndarray:

@@ -91,8 +91,14 @@ def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_
         if cfg.reads_unit_stats:
             ref.fit_units(unit_statistics(sub))
     if not labels:
-        return prepare(inp, text_tok, ref, cfg), ref
-    return prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation), ref
+        prep = prepare(inp, text_tok, ref, cfg)
+    else:
+        prep = prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation)
+    if cfg.reads_unit_stats:
+        from teller.rca.context import dataset_context_features
+
+        prep.unit_ctx = dataset_context_features(ds, idx, trace_tok)
+    return prep, ref
 
 
 def losses(net: torch.nn.Module, cfg: RCAConfig, prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
@@ -686,7 +692,7 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
 
 # ---- the flag expert (teller.rca.flagexpert) ----
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
-                    out: str | Path | None = None, prep: Prepared | None = None) -> dict[str, Any]:
+                    out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context") -> dict[str, Any]:
     """Fit the flag expert on every unit of ``split``'s training part (target: abnormal), then
     choose its weight and the abnormal cut together on the val part: for each weight of
     :data:`teller.rca.flagexpert.FLAG_WEIGHTS` the cut :func:`calibrate_abnormal` would choose on
@@ -695,8 +701,11 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     ``model`` (``flag_weight``, ``abnormal_cut`` and the ``abnormal`` block of the calibration)
     and, with ``out``, saves the expert there (``prep``: the val part's units,
     :func:`part_units`). The operator threshold and the other experts' weights stay as they were
-    chosen. Returns the ``flag_expert`` block of the calibration (with ``flag_weight``)."""
-    from teller.rca.flagexpert import FLAG_WEIGHTS, TREES, FlagExpert, mix
+    chosen. ``reads``: the expert's columns, the shape-free context (``"context"``,
+    :mod:`teller.rca.context`) or the layer mix against the training reference (``"stats"``).
+    Returns the ``flag_expert`` block of the calibration (with ``flag_weight``)."""
+    from teller.rca.context import dataset_context_features
+    from teller.rca.flagexpert import FLAG_WEIGHTS, READS, TREES, FlagExpert, mix
 
     if not (model.cfg.variant == "mot" and model.cfg.reads_unit_stats):
         raise TellerError("the flag expert reads the unit statistics: only a MoT trained with --unit-stats has them")
@@ -706,14 +715,19 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     u = ds.units
     tr = u.part(split, "train")
     y = u.is_anomaly[tr].astype(bool)
-    expert = FlagExpert.fit(unit_features(model, ds, tr), y, seed=seed)
+    if reads not in READS:
+        raise TellerError(f"--reads {reads}: expected one of {', '.join(READS)}")
+    X = dataset_context_features(ds, tr, model.trace_tok) if reads == "context" else unit_features(model, ds, tr)
+    expert = FlagExpert.fit(X, y, seed=seed, reads=reads)
     idx, prep = part_units(model, ds, split, "val", prep)
+    if expert.features(prep) is None:  # val units prepared by a caller without the context
+        prep.unit_ctx = dataset_context_features(ds, idx, model.trace_tok)
     truth = u.is_anomaly[idx].astype(bool)
     if not (truth.any() and (~truth).any()):
         raise TellerError(f"{ds.path}: the flag expert's weight is chosen on normal and abnormal val units of the {split} split "
                           f"(got {int(truth.sum())} abnormal of {len(truth)})")
     head = model.abnormal_probs(prep, batch_size, flag=False)
-    px = expert.proba(prep.unit_feat)
+    px = expert.proba(expert.features(prep))
     blocks = {w: abnormal_block(mix(head, px, w), truth, prior) for w in FLAG_WEIGHTS}
     rows = [{"weight": w, "cut": b["abnormal_cut"], "f1_at_prior": b["f1_at_prior"],
              **{k: r[k] for r in b["grid"] if r["cut"] == b["abnormal_cut"] for k in ("recall", "false_positive_rate")}}
@@ -726,7 +740,7 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     cal["abnormal"] = {**blocks[weight], "split": split, "part": "val"}
     cal["abnormal_cut"] = blocks[weight]["abnormal_cut"]
     block = {"split": split, "train_units": int(len(tr)), "train_abnormal": int(y.sum()), "val_units": int(len(idx)),
-             "prior": prior, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
+             "prior": prior, "reads": reads, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
     cal["flag_expert"] = block
     if out is not None:
         expert.save(out)

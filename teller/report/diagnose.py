@@ -802,7 +802,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     if got is None:
         return None
     m, path = got
-    m.use_flag_expert(run_workload(run) or None)
+    m.use_flag_expert(run_workload(run) or None, context=False)  # it reads the flagged steps only
     info = diag["model"] = _model_info(m, path, "flagged", max_steps, explain)
     if not flagged:
         return info
@@ -909,7 +909,7 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
         return reading
     dicts, inp = got_inputs
     idx = np.asarray([d["index"] for d in dicts], np.int64)
-    prep = m.prepare(inp)
+    prep = m.prepare(inp, iterations=st.iterations[idx] if st.iterations is not None else None)  # every step read: the run's own
     floor = min(SUSTAIN_FLOOR, m.abnormal_cut)  # the steps that may join an episode get evidence too
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain=False, abnormal_floor=floor)
     p = np.asarray([float(x["abnormal_prob"]) for x in preds])
