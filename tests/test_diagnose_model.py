@@ -310,6 +310,18 @@ def _shipped_copy(tmp_path, workloads):
     return m
 
 
+def test_a_step_read_either_way_gets_one_abnormal_probability(diag, flagged_diag):
+    """The shipped model's flag expert reads the shape-free context: a step's iteration and its
+    layer mix against every step of the run. So a step the stage flags gets the same abnormal
+    probability whether the model reads every step or only the flagged ones."""
+    every = {s["index"]: s.get("abnormal_probability") for s in diag[0]["steps"]}
+    read = [(s["index"], s["abnormal_probability"]) for s in flagged_diag[0]["steps"]
+            if s.get("abnormal_probability") is not None]
+    assert read and flagged_diag[0]["model"]["flag_weight"] > 0
+    for i, p in read:
+        assert every[i] == pytest.approx(p, abs=2e-3), i
+
+
 def test_a_workload_shape_the_model_was_not_trained_on_is_screened(diag, flagged_diag, tmp_path):
     """The model reads every step only of runs of a workload shape it was trained on (config.json's
     training.workloads); on another it screens the stage's flags, as ``--model-reads flagged``,
@@ -323,12 +335,13 @@ def test_a_workload_shape_the_model_was_not_trained_on_is_screened(diag, flagged
     m = other["model"]
     assert m["reads"] == "flagged" and "2 layers, hidden 1024" in m["every_refused"]
     assert any("not one the model was trained on" in n for n in notes)
-    # the screen reads as --model-reads flagged would with that model: the head alone, the flag
-    # expert's trees left out on a shape they were not fitted on (and its own cut)
-    assert m["flag_weight"] == 0.0 and flagged_diag[0]["model"]["flag_weight"] > 0
+    # the screen reads as --model-reads flagged would with that model: its flag expert reads the
+    # shape-free context (the run's iterations, the steps' layer mix against the run's own), so
+    # it stays on a shape the model was not trained on
+    assert m["flag_weight"] == flagged_diag[0]["model"]["flag_weight"] > 0
     screened = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"],
                         model=tmp_path / "model", out=tmp_path / "f", model_reads="flagged")
-    assert screened["model"]["flag_weight"] == 0.0
+    assert screened["model"]["flag_weight"] == m["flag_weight"]
     assert [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in other["steps"]] == \
         [(s["flag"], s.get("fault_type"), s.get("model_says_normal")) for s in screened["steps"]]
     # the stage flags the same steps either way; the model's screen alone moves with its expert

@@ -127,8 +127,8 @@ class Ensemble:
         """:meth:`RCA.inputs` (the members encode alike)."""
         return self.members[0].inputs(*args, **kwargs)
 
-    def prepare(self, inp: StepInputs) -> Prepared:
-        return self.members[0].prepare(inp)
+    def prepare(self, inp: StepInputs, iterations: np.ndarray | None = None) -> Prepared:
+        return self.members[0].prepare(inp, iterations)
 
     # ---- prediction -------------------------------------------------------------------------------
     def abnormal_probs(self, prep: Prepared, batch_size: int = 64) -> np.ndarray:

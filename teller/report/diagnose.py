@@ -347,7 +347,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
             t_m = time.perf_counter()
             info = apply_model(diag, run, None if model is True else model, note, forest=rf.forest.table,
                                max_steps=bound, explain=model_explain,
-                               loaded=(reading["model"], reading["path"]) if reading is not None else None)
+                               loaded=(reading["model"], reading["path"]) if reading is not None else None,
+                               steps=rf.steps)
             if info is not None and reading is not None:
                 info["every_refused"] = reading["refused"]
             diag["summary"]["seconds"]["model"] = round(t_read + time.perf_counter() - t_m, 3)
@@ -702,7 +703,8 @@ def _model_info(m: Any, path: Path, reads: str, max_steps: int | None, explain: 
     info.update(reads=reads, steps_eligible=0, steps_read=0, max_steps=int(max_steps) if max_steps else None,
                 explanations=explain, abnormal_floor=SCREEN_FLOOR, abnormal_cut=m.abnormal_cut)
     if getattr(m, "flag_expert", None) is not None:
-        # the flag expert's share in the abnormal probability (0 on a run of a shape the model was not trained on)
+        # the flag expert's share in the abnormal probability (0 where it is left out: an expert on the layer mix
+        # on a run of a shape the model was not trained on, or a context the run cannot give)
         info["flag_weight"] = float(m.flag_weight)
     return info
 
@@ -766,7 +768,8 @@ def _node_labels(forest: Any, ids: set[int]) -> dict[int, str]:
 
 def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.PathLike | None = None,
                 note: Any = None, forest: Any = None, max_steps: int | None = None,
-                explain: str = "mechanism", loaded: tuple[Any, Path] | None = None) -> dict[str, Any] | None:
+                explain: str = "mechanism", loaded: tuple[Any, Path] | None = None,
+                steps: Any = None) -> dict[str, Any] | None:
     """Run the root-cause model (docs/design.md §9) on the flagged steps of ``diag`` and add to each:
     ``abnormal_probability``, ``fault_type`` and ``fault_probability`` (the model's type given
     abnormal, also when it finds the step normal: ``model_says_normal``, an abnormal probability
@@ -792,7 +795,11 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     without it (``explanation_model`` is then the text up to there); ``"full"`` decodes it to
     its end.
     ``forest``: the run's forest table when the caller has read it; ``loaded``: (model, path) when
-    the caller has loaded it (:func:`read_every`'s refused reading). Returns the model's description, also stored as ``diag["model"]``."""
+    the caller has loaded it (:func:`read_every`'s refused reading). ``steps``: the run's
+    :class:`teller.localize.features.StepTable`, for a flag expert that reads the shape-free
+    context (the flagged steps' iterations, their layer mix against every step of the run: the
+    steps are then all serialized, not only the flagged ones); without it such an expert is
+    left out and the head reads alone, against its own cut. Returns the model's description, also stored as ``diag["model"]``."""
     _check_explain(explain)
     # the model reads STEP subtrees: steps decided by another rule (profiler steps, fixed windows)
     # are left to the numeric stage
@@ -802,7 +809,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     if got is None:
         return None
     m, path = got
-    m.use_flag_expert(run_workload(run) or None, context=False)  # it reads the flagged steps only
+    m.use_flag_expert(run_workload(run) or None, context=steps is not None and by_step_ranges)
     info = diag["model"] = _model_info(m, path, "flagged", max_steps, explain)
     if not flagged:
         return info
@@ -829,9 +836,17 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     if read is None:
         return info
     flagged, inp = read
+    prep = m.prepare(inp)
+    if _reads_context(m):
+        ctx = _flagged_context(m, forest, rd.path, steps, flagged)
+        if ctx is None:  # the run's other steps unreadable: the head alone, against its own cut
+            m.use_flag_expert(run_workload(run) or None, context=False)
+            info["flag_weight"] = float(getattr(m, "flag_weight", 0.0))
+        else:
+            prep.unit_ctx = ctx
     mech = explain == "mechanism"
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
-    preds = m.predict(inp, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
+    preds = m.predict(prep, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
     label = _node_labels(forest, {int(n) for p in preds for n in p["evidence_node_ids"]})
@@ -849,6 +864,32 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
     diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
     diag["summary"]["unknown_fault_steps"] = sum(1 for d in flagged if d.get("unknown_fault"))
     return info
+
+
+def _reads_context(m: Any) -> bool:
+    """Whether the model (an ensemble: any member) mixes in a flag expert on the shape-free context."""
+    return any(getattr(x, "flag_weight", 0.0) and x.flag_expert.reads == "context" for x in getattr(m, "members", [m]))
+
+
+def _flagged_context(m: Any, forest: Any, run: Path, st: Any, flagged: list[dict[str, Any]]) -> np.ndarray | None:
+    """The shape-free context (:func:`teller.rca.context.context_features`) of the ``flagged``
+    steps: their iteration rows of ``st`` and their layer mix against every step of the run that
+    has a STEP node (serialized here for their statistics); None where those cannot be read."""
+    from teller.localize.features import ITER_FEATURES
+    from teller.rca.context import context_features, run_relative
+    from teller.rca.data import unit_statistics
+
+    have = _step_node_ids(forest)
+    every = [{"index": i, "node_id": int(st.node_id[i])} for i in range(st.n) if int(st.node_id[i]) in have]
+    got = _model_inputs(m, forest, run, every, None, {})
+    if got is None:
+        return None
+    every, inp = got
+    at = {int(d["index"]): k for k, d in enumerate(every)}
+    rel = run_relative(unit_statistics(inp), inp.run_id, inp.view)[[at[int(d["index"])] for d in flagged]]
+    idx = np.asarray([int(d["index"]) for d in flagged], np.int64)
+    it = st.iterations[idx] if st.iterations is not None else np.full((len(idx), len(ITER_FEATURES)), np.nan)
+    return context_features(it, rel)
 
 
 def _answer(d: dict[str, Any], p: dict[str, Any], unk: float, label: dict[int, str]) -> None:
