@@ -90,7 +90,8 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     assert (out / FLAG_EXPERT_FILE).is_file() and cal["flag_weight"] in FLAG_WEIGHTS
     block = cal["flag_expert"]
     assert [r["weight"] for r in block["grid"]] == list(FLAG_WEIGHTS) and block["chosen"] == cal["flag_weight"]
-    assert block["train_units"] == len(u.part("request", "train"))
+    tr = u.part("request", "train")
+    assert block["train_units"] == int((u.view[tr] == "vertical").sum()) and block["views"] == ["vertical"]
     m = load(out)
     assert m.flag_expert is not None and m.flag_weight == cal["flag_weight"]
     # training fits the expert on the shape-free context; it reads every shape, where the
@@ -112,21 +113,25 @@ def test_a_model_fits_its_flag_expert_and_flags_by_the_mix(ds, tmp_path):
     head, px = m.abnormal_probs(vprep, flag=False), m.flag_expert.proba(vprep.unit_feat)
     assert np.allclose(px, m.flag_expert.proba(unit_features(m, ds, va)))
     truth = u.is_anomaly[va].astype(bool)
+    on = (u.view[va] == "vertical").astype(float)  # the expert reads vertical units; the others keep the head's
     for r in block["grid"]:
-        b = abnormal_block(mix(head, px, r["weight"]), truth, 0.1)
+        b = abnormal_block(mix(head, px, r["weight"] * on), truth, 0.1)
         assert (r["cut"], r["f1_at_prior"]) == (b["abnormal_cut"], b["f1_at_prior"])
     best = max(r["f1_at_prior"] for r in block["grid"])
     assert cal["flag_weight"] == min(r["weight"] for r in block["grid"] if r["f1_at_prior"] == best)
     assert m.abnormal_cut == next(r["cut"] for r in block["grid"] if r["weight"] == cal["flag_weight"])
-    # predict() flags by the mix, worked out here from its parts, with the expert alone
-    idx = np.arange(min(32, len(u)))
+    # predict() flags by the mix, worked out here from its parts, with the expert alone on the
+    # vertical units (the horizontal ones keep the head's probability)
+    idx = np.r_[np.flatnonzero(u.view == "vertical")[:16], np.flatnonzero(u.view == "horizontal")[:16]]
     inp = encode_units(ds.forest, m.trace_tok, u.run_id[idx].tolist(), [u.step_ids[i] for i in idx.tolist()],
                        [u.log_text[i] for i in idx.tolist()], m.cfg.max_trace_tokens, u.view[idx].tolist())
     prep = m.prepare(inp)
     raw = m.fault_probs(prep, flag=False)
     m.meta["calibration"]["flag_weight"] = 1.0
     pred = m.predict(prep, explain=False)
-    alone = m.flag_expert.proba(prep.unit_feat)
+    vertical = u.view[idx] == "vertical"
+    assert vertical.any() and (~vertical).any()
+    alone = np.where(vertical, m.flag_expert.proba(prep.unit_feat), 1.0 - raw[:, 0])
     assert [p["abnormal_prob"] for p in pred] == pytest.approx(alone.tolist(), abs=1e-6)
     assert [p["abnormal"] for p in pred] == (alone >= m.abnormal_cut).tolist()
     assert np.allclose(m.abnormal_probs(prep), alone) and np.allclose(m.abnormal_probs(prep, flag=False), 1.0 - raw[:, 0])

@@ -620,16 +620,26 @@ class RCA:
         seen.append((self.flag_expert, p))
         return p
 
+    @property
+    def flag_views(self) -> list[str] | None:
+        """The views whose units the flag expert reads (its calibration's ``views``); None: every
+        view (an expert fitted before views were chosen)."""
+        views = ((self.meta.get("calibration") or {}).get("flag_expert") or {}).get("views")
+        return None if views is None else [str(v) for v in views]
+
     def _with_flag(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
         """The fault head's six class probabilities with the flag expert's share of the abnormal
-        mass (:func:`teller.rca.flagexpert.fuse`), or as they are without an expert."""
+        mass (:func:`teller.rca.flagexpert.fuse`) on the units of the views it reads, or as they
+        are without an expert."""
         w = self.flag_weight
         px = self.flag_expert_probs(prep) if w else None
         if px is None:
             return probs
         from teller.rca.flagexpert import fuse
 
-        return fuse(probs, px[idx], w)
+        views = self.flag_views
+        weight = w if views is None else w * unit_in_views(prep, idx, views)
+        return fuse(probs, px[idx], weight)
 
     def _with_expert(self, prep: Prepared, idx: np.ndarray, probs: np.ndarray) -> np.ndarray:
         """The fault head's six class probabilities with the type expert's share of the five types
@@ -853,6 +863,14 @@ def floor_below(floor: float | None, cut: float) -> float:
     if not 0.0 < floor <= cut:
         raise ValueError(f"abnormal_floor {floor}: expected a probability in (0, {cut}]")
     return floor
+
+
+def unit_in_views(prep: Prepared, idx: np.ndarray, views: Sequence[str]) -> np.ndarray:
+    """Per unit ``idx`` of ``prep``: 1.0 where its view is one of ``views`` (a unit of unknown view
+    counts as vertical, one rank's step), else 0.0."""
+    known = list(prep.inputs.view) if prep.inputs.view else []
+    got = [str(known[i]) if i < len(known) and known[i] else "vertical" for i in np.asarray(idx, np.int64).tolist()]
+    return np.asarray([v in views for v in got], np.float64)
 
 
 def load(path: str | Path, device: str = "cpu") -> RCA:

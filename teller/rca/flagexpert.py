@@ -30,6 +30,10 @@ from teller.rca.typer import load_booster, save_booster, xgb_module
 
 #: the expert's file in a model directory
 FLAG_EXPERT_FILE = "flag_expert.ubj"
+#: the views whose units the expert reads: on the horizontal view (every rank of a step as one
+#: unit) the trees on the context lowered step F1 where the head alone did not (docs/results.md,
+#: "The flag expert on the shape-free context"); those units keep the head's probability
+FLAG_VIEWS = ("vertical",)
 #: weights of the expert tried on the val part (0: the head alone, 1: the expert alone)
 FLAG_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the trees: rounds, depth, learning rate, row and column subsampling (the type expert's)
@@ -90,17 +94,19 @@ class FlagExpert:
         return cls(b, reads)
 
 
-def mix(p_head: np.ndarray, p_expert: np.ndarray, weight: float) -> np.ndarray:
-    """The abnormal probability ``(1 − weight) · p_head + weight · p_expert``."""
-    return (1.0 - float(weight)) * np.asarray(p_head, np.float64) + float(weight) * np.asarray(p_expert, np.float64)
+def mix(p_head: np.ndarray, p_expert: np.ndarray, weight: float | np.ndarray) -> np.ndarray:
+    """The abnormal probability ``(1 − weight) · p_head + weight · p_expert`` (``weight``: one, or
+    one per unit)."""
+    w = np.asarray(weight, np.float64)
+    return (1.0 - w) * np.asarray(p_head, np.float64) + w * np.asarray(p_expert, np.float64)
 
 
-def fuse(probs: np.ndarray, p_expert: np.ndarray, weight: float) -> np.ndarray:
+def fuse(probs: np.ndarray, p_expert: np.ndarray, weight: float | np.ndarray) -> np.ndarray:
     """The six class probabilities (normal first) with the abnormal mass mixed with the expert's
     (:func:`mix`) and shared among the five types as the head shares it (uniformly where the
     head gives them nothing)."""
     probs = np.asarray(probs, np.float64)
-    if not weight:
+    if not np.any(weight):
         return probs
     ab = np.clip(probs[:, 1:], 0.0, None)
     mass = ab.sum(1, keepdims=True)

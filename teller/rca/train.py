@@ -20,7 +20,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -692,7 +692,8 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
 
 # ---- the flag expert (teller.rca.flagexpert) ----
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
-                    out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context") -> dict[str, Any]:
+                    out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context",
+                    views: Sequence[str] | None = None) -> dict[str, Any]:
     """Fit the flag expert on every unit of ``split``'s training part (target: abnormal), then
     choose its weight and the abnormal cut together on the val part: for each weight of
     :data:`teller.rca.flagexpert.FLAG_WEIGHTS` the cut :func:`calibrate_abnormal` would choose on
@@ -703,9 +704,13 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     :func:`part_units`). The operator threshold and the other experts' weights stay as they were
     chosen. ``reads``: the expert's columns, the shape-free context (``"context"``,
     :mod:`teller.rca.context`) or the layer mix against the training reference (``"stats"``).
-    Returns the ``flag_expert`` block of the calibration (with ``flag_weight``)."""
+    ``views``: the views whose units the expert is fitted on and reads (None:
+    :data:`teller.rca.flagexpert.FLAG_VIEWS`); the other units keep the head's probability, and
+    the cut is chosen on every val unit. Returns the ``flag_expert`` block of the calibration
+    (with ``flag_weight``)."""
+    from teller.rca.api import unit_in_views
     from teller.rca.context import dataset_context_features
-    from teller.rca.flagexpert import FLAG_WEIGHTS, READS, TREES, FlagExpert, mix
+    from teller.rca.flagexpert import FLAG_VIEWS, FLAG_WEIGHTS, READS, TREES, FlagExpert, mix
 
     if not (model.cfg.variant == "mot" and model.cfg.reads_unit_stats):
         raise TellerError("the flag expert reads the unit statistics: only a MoT trained with --unit-stats has them")
@@ -713,7 +718,9 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     if not 0.0 < prior < 1.0:
         raise TellerError(f"fault prior {prior}: expected a share in (0, 1)")
     u = ds.units
+    views = list(FLAG_VIEWS if views is None else views)
     tr = u.part(split, "train")
+    tr = tr[np.isin(u.view[tr].astype(str), views)]
     y = u.is_anomaly[tr].astype(bool)
     if reads not in READS:
         raise TellerError(f"--reads {reads}: expected one of {', '.join(READS)}")
@@ -728,7 +735,8 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
                           f"(got {int(truth.sum())} abnormal of {len(truth)})")
     head = model.abnormal_probs(prep, batch_size, flag=False)
     px = expert.proba(expert.features(prep))
-    blocks = {w: abnormal_block(mix(head, px, w), truth, prior) for w in FLAG_WEIGHTS}
+    on = unit_in_views(prep, np.arange(len(prep)), views)  # the other views' units keep the head's
+    blocks = {w: abnormal_block(mix(head, px, w * on), truth, prior) for w in FLAG_WEIGHTS}
     rows = [{"weight": w, "cut": b["abnormal_cut"], "f1_at_prior": b["f1_at_prior"],
              **{k: r[k] for r in b["grid"] if r["cut"] == b["abnormal_cut"] for k in ("recall", "false_positive_rate")}}
             for w, b in blocks.items()]
@@ -740,7 +748,7 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     cal["abnormal"] = {**blocks[weight], "split": split, "part": "val"}
     cal["abnormal_cut"] = blocks[weight]["abnormal_cut"]
     block = {"split": split, "train_units": int(len(tr)), "train_abnormal": int(y.sum()), "val_units": int(len(idx)),
-             "prior": prior, "reads": reads, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
+             "prior": prior, "reads": reads, "views": views, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
     cal["flag_expert"] = block
     if out is not None:
         expert.save(out)
