@@ -138,7 +138,8 @@ _STATS_BATCH = 4096
 
 def dataset_context_features(ds: Dataset, idx: np.ndarray, trace_tok: Any) -> np.ndarray:
     """:func:`context_features` of units ``idx`` of ``ds``, each against the units of its run and
-    view that ``ds`` holds; computed for every unit once per loaded dataset (``ds.cache``)."""
+    view that ``ds`` holds; computed for every unit once per loaded dataset (``ds.cache``).
+    ``trace_tok``: a model's trace tokenizer (the units are serialized for their statistics)."""
     got = ds.cache.get("unit_context")
     if got is None:
         u = ds.units
