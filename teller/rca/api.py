@@ -226,10 +226,11 @@ class RCA:
         the head reads alone, against the cut chosen for it alone (the flag expert's grid row of
         weight 0): the trees read the layer mix of the shapes they were fitted on, and on a shape
         held out they cost step F1 where the head did not (docs/results.md, "The flag expert").
-        An expert that reads the shape-free context (``reads == "context"``, :mod:`teller.rca.context`)
-        is used on every shape, where the caller gives the units' context (``context``: the
-        prepared units carry ``unit_ctx``, which needs every step of the run; `teller diagnose
-        --model-reads flagged` reads the flagged steps only and leaves it out). Returns whether the
+        A layer-mix expert (``reads == "stats"``) follows that rule. An expert that reads the
+        shape-free context (``reads == "context"``, :mod:`teller.rca.context`) is used on every
+        shape where the caller can give the units' context (``context``; its reference is every
+        step of the run, so `teller diagnose --model-reads flagged` serializes them all for it and
+        leaves the expert out where it cannot). Returns whether the
         expert is used."""
         known = (self.meta.get("training") or {}).get("workloads") or []
         if self.flag_expert is not None and self.flag_expert.reads == "context":

@@ -694,7 +694,7 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context",
                     views: Sequence[str] | None = None) -> dict[str, Any]:
-    """Fit the flag expert on every unit of ``split``'s training part (target: abnormal), then
+    """Fit the flag expert on every unit of ``views`` of ``split``'s training part (target: abnormal), then
     choose its weight and the abnormal cut together on the val part: for each weight of
     :data:`teller.rca.flagexpert.FLAG_WEIGHTS` the cut :func:`calibrate_abnormal` would choose on
     the mixed probability (fault prior ``prior``, None: :data:`ABNORMAL_PRIOR`), and of those the
