@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from teller.localize.features import ITER_FEATURES
-from teller.rca.context import context_features, run_relative
+from teller.rca.context import units_context
 from teller.rca.data import (
     FamilySlots,
     ReferenceStats,
@@ -108,12 +107,12 @@ def step_summary(inp: StepInputs, i: int, top: int = 8) -> tuple[str, list[str]]
 
 def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, fault: np.ndarray | None = None,
             operator_labels: list[list[str]] | None = None, explanation: list[str] | None = None,
-            iterations: np.ndarray | None = None) -> Prepared:
+            iterations: np.ndarray | None = None, context: np.ndarray | None = None) -> Prepared:
     """Model inputs of ``inp``; with labels, also the training targets of ``cfg.variant``. A model
     that reads unit statistics also gets each unit's shape-free context (:mod:`teller.rca.context`):
-    ``iterations`` (one row of :data:`teller.localize.features.ITER_FEATURES` per unit; None:
-    unknown) and its layer mix against the units of ``inp`` of its run and view, which should
-    then be every step of the run that is read."""
+    ``context`` where the caller has it (a dataset's, against its whole runs), else
+    :func:`teller.rca.context.units_context` of ``inp`` and ``iterations`` (one row of
+    :data:`teller.localize.features.ITER_FEATURES` per unit; None: unknown)."""
     texts = list(inp.log_text) if cfg.reads_log else [""] * len(inp)
     summary_families = None
     if cfg.inputs == "summary+log":
@@ -135,9 +134,7 @@ def prepare(inp: StepInputs, text_tok, ref: ReferenceStats, cfg: RCAConfig, faul
     if cfg.reads_unit_stats:
         stats = unit_statistics(inp)
         prep.unit_feat = ref.unit_features(stats)
-        n = len(inp)
-        it = np.full((n, len(ITER_FEATURES)), np.nan) if iterations is None else iterations
-        prep.unit_ctx = context_features(it, run_relative(stats, list(inp.run_id) or [""] * n, list(inp.view) or [""] * n))
+        prep.unit_ctx = units_context(inp, stats, iterations) if context is None else context
     if fault is None:
         return prep
     prep.fault = np.asarray(fault, np.int64)

@@ -88,6 +88,16 @@ def context_features(iterations: np.ndarray, relative: np.ndarray) -> np.ndarray
     return np.hstack([it, rel]).astype(np.float32)
 
 
+def units_context(inp: Any, stats: np.ndarray, iterations: np.ndarray | None = None) -> np.ndarray:
+    """:func:`context_features` of the units of ``inp`` (:class:`teller.rca.data.StepInputs`)
+    whose :func:`teller.rca.data.unit_statistics` are ``stats``, each against the units of ``inp``
+    of its run and view (which should then be every step of the run that is read);
+    ``iterations``: their rows of :data:`ITER_FEATURES` (None: unknown)."""
+    n = len(stats)
+    it = np.full((n, len(ITER_FEATURES)), np.nan) if iterations is None else iterations
+    return context_features(it, run_relative(stats, list(inp.run_id) or [""] * n, list(inp.view) or [""] * n))
+
+
 def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
     """Per unit of ``ds`` (float64, n × :data:`ITER_FEATURES`, NaN unknown): the iteration row of
     its step (:func:`teller.localize.context.dataset_context`: ``iterations.parquet``, the

@@ -90,15 +90,14 @@ def prepare_units(ds: Dataset, idx: np.ndarray, cfg: RCAConfig, text_tok, trace_
             ref.fit_families(family_slots(sub), sub.families, span=cfg.fam_span)
         if cfg.reads_unit_stats:
             ref.fit_units(unit_statistics(sub))
-    if not labels:
-        prep = prepare(inp, text_tok, ref, cfg)
-    else:
-        prep = prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation)
-    if cfg.reads_unit_stats:
+    ctx = None
+    if cfg.reads_unit_stats:  # each unit against every unit of its run the dataset holds
         from teller.rca.context import dataset_context_features
 
-        prep.unit_ctx = dataset_context_features(ds, idx, trace_tok)
-    return prep, ref
+        ctx = dataset_context_features(ds, idx, trace_tok)
+    if not labels:
+        return prepare(inp, text_tok, ref, cfg, context=ctx), ref
+    return prepare(inp, text_tok, ref, cfg, u.fault, u.operator_labels, u.explanation, context=ctx), ref
 
 
 def losses(net: torch.nn.Module, cfg: RCAConfig, prep: Prepared, idx: np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
@@ -727,8 +726,6 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     X = dataset_context_features(ds, tr, model.trace_tok) if reads == "context" else unit_features(model, ds, tr)
     expert = FlagExpert.fit(X, y, seed=seed, reads=reads)
     idx, prep = part_units(model, ds, split, "val", prep)
-    if expert.features(prep) is None:  # val units prepared by a caller without the context
-        prep.unit_ctx = dataset_context_features(ds, idx, model.trace_tok)
     truth = u.is_anomaly[idx].astype(bool)
     if not (truth.any() and (~truth).any()):
         raise TellerError(f"{ds.path}: the flag expert's weight is chosen on normal and abnormal val units of the {split} split "

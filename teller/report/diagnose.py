@@ -875,8 +875,7 @@ def _flagged_context(m: Any, forest: Any, run: Path, st: Any, flagged: list[dict
     """The shape-free context (:func:`teller.rca.context.context_features`) of the ``flagged``
     steps: their iteration rows of ``st`` and their layer mix against every step of the run that
     has a STEP node (serialized here for their statistics); None where those cannot be read."""
-    from teller.localize.features import ITER_FEATURES
-    from teller.rca.context import context_features, run_relative
+    from teller.rca.context import units_context
     from teller.rca.data import unit_statistics
 
     have = _step_node_ids(forest)
@@ -885,11 +884,10 @@ def _flagged_context(m: Any, forest: Any, run: Path, st: Any, flagged: list[dict
     if got is None:
         return None
     every, inp = got
-    at = {int(d["index"]): k for k, d in enumerate(every)}
-    rel = run_relative(unit_statistics(inp), inp.run_id, inp.view)[[at[int(d["index"])] for d in flagged]]
-    idx = np.asarray([int(d["index"]) for d in flagged], np.int64)
-    it = st.iterations[idx] if st.iterations is not None else np.full((len(idx), len(ITER_FEATURES)), np.nan)
-    return context_features(it, rel)
+    idx = np.asarray([int(d["index"]) for d in every], np.int64)
+    ctx = units_context(inp, unit_statistics(inp), st.iterations[idx] if st.iterations is not None else None)
+    at = {int(i): k for k, i in enumerate(idx.tolist())}
+    return ctx[[at[int(d["index"])] for d in flagged]]
 
 
 def _answer(d: dict[str, Any], p: dict[str, Any], unk: float, label: dict[int, str]) -> None:
