@@ -101,6 +101,50 @@ def test_episodes_and_the_steps_the_model_rules_out():
     warm = dict(by[(0, 0)], fault_type="kernel", episode_length=9)  # a warm-up step never is one
     ruled_out(warm, True)
     assert warm.get("model_says_normal") and not warm.get("unknown_fault")
+    # the model's rule-out floor: in a lasting episode, a step it gives under 1% stays normal
+    from teller.rca import EPISODE_FLOOR
+
+    for p, unknown in ((EPISODE_FLOOR / 2, False), (EPISODE_FLOOR, True), (0.05, True), (None, True)):
+        d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=p)
+        ruled_out(d, True)
+        assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown, p
+
+
+def test_lasting_novel_steps_take_the_type_the_evidence_points_to():
+    """A step the model flags with a type, unlike every training fault (novelty above 1), in an
+    episode of 5+ such steps the stage flags with an evidence type, takes the evidence's type (the
+    model's kept beside it); 4 in a row, a warm-up step, a step without evidence type, a step the
+    model reads as normal and a step of known kind keep theirs."""
+    from teller.report.diagnose import novel_types
+
+    def step(i, num, rank, nov, ft="memory", et="runtime", **kw):
+        d = {"index": i, "step_num": num, "rank": rank, "flag": True, "stage_flag": True, "fault_type": ft,
+             "evidence_type": {"fault_type": et, "family": "BE aten::item", "feature": "self_ns"} if et else None, **kw}
+        return d, nov
+
+    rows = [step(k, 10 + k, 0, 2.0) for k in range(6)]  # rank 0: six novel steps, one episode
+    rows += [step(10 + k, 10 + k, 1, 1.5) for k in range(4)]  # rank 1: four, too few
+    rows += [step(20, 40, 0, 0.5)]  # known kind
+    rows += [step(21, 60 + k, 2, 3.0, et=None if k == 2 else "runtime") for k in range(5)]  # rank 2: one without evidence type
+    rows += [step(30 + k, 80 + k, 3, 2.5, model_says_normal=k == 0, warmup=k == 4) for k in range(6)]
+    rows += [step(40, 90, 4, float("nan"))]
+    for k, (d, _) in enumerate(rows):
+        d["index"] = k
+    steps = [d for d, _ in rows]
+    ratio = {d["index"]: r for d, r in rows}
+    changed = novel_types(steps, ratio)
+    got = {(d["rank"], d["step_num"]): (d["fault_type"], d.get("fault_type_model"), bool(d.get("novel_fault"))) for d in steps}
+    assert all(got[(0, 10 + k)] == ("runtime", "memory", True) for k in range(6))
+    assert all(got[(1, 10 + k)] == ("memory", None, False) for k in range(4))
+    assert got[(0, 40)] == ("memory", None, False)
+    assert all(got[(2, 60 + k)][0] == "memory" for k in range(5))  # the step without a type breaks the episode: 2 + 2
+    # rank 3: six novel stage flags, the warm-up one out: five in one episode (one step apart at most);
+    # the one the model reads as normal keeps its answer
+    assert got[(3, 80)] == ("memory", None, False) and all(got[(3, 80 + k)][0] == "runtime" for k in (1, 2, 3, 5))
+    assert got[(3, 84)] == ("memory", None, False)  # warm-up
+    assert changed == 6 + 4
+    assert steps[-1].get("novelty") is None and steps[0]["novelty"] == 2.0
+    assert novel_types(steps, {}) == 0
 
 
 def test_an_episode_takes_the_type_most_of_its_steps_are_given():

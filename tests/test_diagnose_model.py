@@ -17,7 +17,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from teller.inject import CATEGORY_TITLES  # noqa: E402
-from teller.rca import SCREEN_FLOOR  # noqa: E402
+from teller.rca import EPISODE_FLOOR, SCREEN_FLOOR  # noqa: E402
 from teller.rca.api import SHARD_BYTES, weight_files  # noqa: E402
 from teller.rca.data import FAULT_TYPES  # noqa: E402
 from teller.report.diagnose import DEFAULT_MODEL, _ground, diagnose  # noqa: E402
@@ -89,12 +89,17 @@ def test_the_model_reads_every_step_over_time(diag):
         if "model" in s["flagged_by"]:
             assert s["abnormal_probability"] >= cut or (s.get("sustained") and s["abnormal_probability"] >= SUSTAIN_FLOOR)
             assert s["fault_type"] and s["evidence_families"]
-        else:  # the stage's lasting departure
+        else:  # the stage's lasting departure, which the model does not rule out
             assert s["unknown_fault"] and s["stage_episode_length"] >= MIN_EPISODE and s["fault_type"] is None
+            assert s["abnormal_probability"] >= EPISODE_FLOOR
     for s in steps:
         if s.get("model_says_normal"):
             assert s["stage_flag"] and s["flagged_by"] == ["stage"] and s["abnormal_probability"] < cut
-            assert int(s.get("stage_episode_length") or 0) < MIN_EPISODE
+            assert int(s.get("stage_episode_length") or 0) < MIN_EPISODE or s["abnormal_probability"] < EPISODE_FLOOR
+    # the shipped model keeps its training steps' context: every step it read has its novelty; the
+    # delayed operator is a kind it was trained on, so no step takes the evidence's type for it
+    assert all(np.isfinite(s["novelty"]) and s["novelty"] >= 0 for s in steps)
+    assert m["novel_retyped"] == sum(1 for s in steps if s.get("fault_type_model")) == 0
     # the stage's flags are those of the stage alone: the model's flags only add steps
     alone = diagnose(d / "h200_faulty_op_delay", reference=[d / "h200_normal_a", d / "h200_normal_b"], model=False,
                      out=d / "alone")
@@ -311,15 +316,22 @@ def _shipped_copy(tmp_path, workloads):
 
 
 def test_a_step_read_either_way_gets_one_abnormal_probability(diag, flagged_diag):
-    """The shipped model's flag expert reads the shape-free context: a step's iteration and its
-    layer mix against every step of the run. So a step the stage flags gets the same abnormal
-    probability whether the model reads every step or only the flagged ones."""
+    """The shipped model's flag expert and its novelty read the shape-free context: a step's
+    iteration and its layer mix against every step of the run. So a step the stage flags gets the
+    same abnormal probability and novelty whether the model reads every step or only the flagged
+    ones."""
     every = {s["index"]: s.get("abnormal_probability") for s in diag[0]["steps"]}
     read = [(s["index"], s["abnormal_probability"]) for s in flagged_diag[0]["steps"]
             if s.get("abnormal_probability") is not None]
     assert read and flagged_diag[0]["model"]["flag_weight"] > 0
     for i, p in read:
         assert every[i] == pytest.approx(p, abs=2e-3), i
+    # and the same novelty (the context against every step of the run either way)
+    nov = {s["index"]: s.get("novelty") for s in diag[0]["steps"]}
+    got = [(s["index"], s["novelty"]) for s in flagged_diag[0]["steps"] if s.get("abnormal_probability") is not None]
+    assert len(got) == len(read) and "novel_retyped" in flagged_diag[0]["model"]
+    for i, v in got:
+        assert nov[i] == pytest.approx(v, rel=1e-3, abs=1e-3), i
 
 
 def test_a_workload_shape_the_model_was_not_trained_on_is_screened(diag, flagged_diag, tmp_path):

@@ -1128,6 +1128,7 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     from teller.baselines.numeric import deployments, step_lanes
     from teller.baselines.rca import TellerSustained, sustained
     from teller.localize.episodes import episode_lengths
+    from teller.rca import EPISODE_FLOOR
 
     name = f"teller_sustained_test_{k}"
     if name not in REGISTRY:
@@ -1155,9 +1156,30 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     assert p.flag.tolist() == (over_time.flag | kept).tolist()
     assert (sflag & ~over_time.flag & ~kept).any()  # stage flags outside lasting episodes are dropped
     assert kept.any() or k > 1
+    # a lasting departure the model rules out (under the floor) is dropped too
+    low = score.copy()
+    low[kept] = EPISODE_FLOOR / 2
+    s.extra["predictions"] = {("request", "teller_mot_family"): (te, _memory_answers(low))}
+    assert m.predict(s, te).flag.tolist() == over_time.flag.tolist()
+    assert m.describe()["ruled_out_by_floor"] == int(kept.sum())
+    s.extra["predictions"] = {("request", "teller_mot_family"): (te, mot)}
+    p = m.predict(s, te)
     sft = np.asarray(whole.fault_type, dtype=object)[pos]
     want = np.where(kept & (sft != ""), sft, over_time.fault_type)
+    # a step in an episode of k+ stage flags with an evidence type, all unlike every training
+    # step (novelty above 1), takes the evidence's type
+    from teller.baselines.rca import step_units
+    from teller.rca.context import dataset_context_features
+
+    ds, uidx = step_units(s, every)
+    ratio = m.novelty_.ratio(dataset_context_features(ds, uidx, m._trace_tok()), ["vertical"] * len(every))
+    _, nlen = episode_lengths(step_lanes(s)[every], s.step_num[every],
+                              (ratio > 1) & whole.flag & (np.asarray(whole.fault_type, dtype=object) != "") & ~warm[every])
+    novel = (nlen[pos] >= k) & (sft != "")
+    want = np.where(novel, sft, want)
     assert p.fault_type.tolist() == want.tolist()
+    assert m.describe()["retyped_novel"] == int((novel & (sft != np.where(kept & (sft != ""), sft, over_time.fault_type))).sum())
+    assert novel.any() or k > 1  # measured: the slice's lasting departures lie far from its training steps
     assert all(p.operators[i] == whole.operators[pos[i]] for i in np.flatnonzero(kept))
     assert all(p.operators[i] == over_time.operators[i] for i in np.flatnonzero(~kept))
 

@@ -39,7 +39,7 @@ import numpy as np
 from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
 from teller.localize.episodes import MIN_EPISODE, SUSTAIN_FLOOR
-from teller.rca import SCREEN_FLOOR
+from teller.rca import EPISODE_FLOOR, SCREEN_FLOOR
 
 
 def _dataset_name(path: str | Path) -> str:
@@ -53,6 +53,31 @@ def _meta(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
+
+
+def step_units(steps: StepSet, idx: np.ndarray, unit: str = "iteration") -> tuple[Any, np.ndarray]:
+    """The ``teller rca`` dataset of ``steps`` serialized as ``unit`` (read once per StepSet, kept
+    in ``steps.extra``) and the unit of each step ``idx`` (the same run, view and rank steps)."""
+    from teller.rca.data import load_dataset
+
+    cache = steps.extra.setdefault("rca_datasets", {})
+    ds = cache.get(unit)
+    if ds is None:
+        ds = cache[unit] = load_dataset(steps.dataset, unit=unit)
+    where = steps.extra.setdefault("rca_unit_index", {}).get(unit)
+    if where is None:
+        u = ds.units
+        where = steps.extra["rca_unit_index"][unit] = {
+            (r, v, tuple(s.tolist())): i for i, (r, v, s) in enumerate(zip(u.run_id.tolist(), u.view.tolist(), u.step_ids, strict=True))}
+    out = np.empty(len(idx), np.int64)
+    for k, i in enumerate(np.asarray(idx, np.int64).tolist()):
+        units = steps.unit_key[steps.unit_idx[steps.unit_ptr[i]:steps.unit_ptr[i + 1]]]
+        sid = tuple(int(x) for x in (units & ((1 << 40) - 1)).tolist())  # each rank's step, in order
+        key = (str(steps.runs[steps.run_code[i]]), steps.view, sid)
+        if key not in where:
+            raise ValueError(f"step {key} of the evaluation is not a unit of the model's dataset")
+        out[k] = where[key]
+    return ds, out
 
 
 @register("teller_mot")
@@ -152,25 +177,7 @@ class RCAModel(Method):
 
     def _units(self, steps: StepSet, idx: np.ndarray) -> tuple[Any, np.ndarray]:
         """The ``teller rca`` dataset (read once per StepSet) and the unit of each step ``idx``."""
-        from teller.rca.data import load_dataset
-
-        unit = self.model_.cfg.unit  # the dataset serialized as the model reads it (step or iteration), once per unit
-        cache = steps.extra.setdefault("rca_datasets", {})
-        ds = cache.get(unit)
-        if ds is None:
-            ds = cache[unit] = load_dataset(steps.dataset, unit=unit)
-        u = ds.units
-        where = {(r, v, tuple(s.tolist())): i for i, (r, v, s) in enumerate(zip(u.run_id.tolist(), u.view.tolist(),
-                                                                                  u.step_ids, strict=True))}
-        out = np.empty(len(idx), np.int64)
-        for k, i in enumerate(np.asarray(idx, np.int64).tolist()):
-            units = steps.unit_key[steps.unit_idx[steps.unit_ptr[i]:steps.unit_ptr[i + 1]]]
-            sid = tuple(int(x) for x in (units & ((1 << 40) - 1)).tolist())  # each rank's step, in order
-            key = (str(steps.runs[steps.run_code[i]]), steps.view, sid)
-            if key not in where:
-                raise ValueError(f"step {key} of the evaluation is not a unit of the model's dataset")
-            out[k] = where[key]
-        return ds, out
+        return step_units(steps, idx, self.model_.cfg.unit)
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         from teller.rca.data import run_workloads
@@ -307,6 +314,7 @@ class TellerPipeline(Method):
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         got = {name: _answers(steps, name, m, name in self.fitted_parts_, idx) for name, m in self.parts_.items()}
+        self.answers_ = got  # the parts' own answers on these steps (the episodes' floor reads the model's)
         return fuse(got[self.stage], got[self.mot], self.rule, self.tau)
 
     def describe(self) -> dict[str, Any]:
@@ -460,13 +468,62 @@ class TellerEpisodes(TellerScreened):
     stage = "teller_numeric_deploy"
     fit_on = _DEPLOY_FIT
     min_episode = MIN_EPISODE
+    #: a stage flag in a lasting episode stays only where the model gives the step at least this
+    #: (0: always; the rows `teller diagnose` reports: :data:`teller.rca.EPISODE_FLOOR`)
+    episode_floor = 0.0
+    #: where the step is unlike every training step (:mod:`teller.rca.novelty`) in an episode of
+    #: :attr:`min_episode` or more such steps the stage flags, the type its evidence points to
+    #: (the rows `teller diagnose` reports)
+    novel_types = False
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
         super().fit(steps, idx)
         if self.stage not in self.fitted_parts_:  # its answers were reused: the episodes need every step of the test runs
             self.parts_[self.stage].fit(steps, idx)
             self.fitted_parts_.add(self.stage)
+        if self.novel_types:
+            self.novelty_ = self._novelty(steps)
         return self
+
+    def _trace_tok(self) -> Any:
+        """The model row's trace tokenizer, else the shipped model's (the units are serialized
+        for their statistics, which count every node whatever the tokenizer)."""
+        part = getattr(self.parts_.get(self.mot), "part_", self.parts_.get(self.mot))
+        tok = getattr(getattr(part, "model_", None), "trace_tok", None)
+        if tok is None:
+            from teller.rca import DEFAULT_MODEL
+            from teller.tpe.tokenizer import TraceTokenizer
+
+            tok = TraceTokenizer.load(Path(DEFAULT_MODEL) / "trace_tokenizer")
+        return tok
+
+    def _novelty(self, steps: StepSet) -> Any:
+        """The novelty of a model trained on the split evaluated, over the split's training units
+        (:func:`teller.rca.novelty.split_novelty`: what `teller rca novelty` keeps with such a
+        model; it reads no weights, so a row whose answers were reused gets the same)."""
+        from teller.rca.novelty import split_novelty
+
+        split = steps.extra.get("split")
+        if not split:
+            raise ValueError("the novelty needs the split evaluated (steps.extra['split'])")
+        ds, _ = step_units(steps, np.zeros(0, np.int64))
+        return split_novelty(ds, split, self._trace_tok(), views=[steps.view])
+
+    def novel_episodes(self, steps: StepSet, every: np.ndarray, whole: Prediction) -> np.ndarray:
+        """Per step ``every`` (every step of the test runs): whether it lies in an episode of
+        :attr:`min_episode` or more steps the stage flags with an evidence type and the model's
+        training steps are all far from (novelty above 1; warm-up steps out)."""
+        from teller.baselines.numeric import step_lanes
+        from teller.localize.episodes import episode_lengths
+        from teller.rca.context import dataset_context_features
+
+        ds, uidx = step_units(steps, every)
+        ratio = self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
+        typed = np.asarray(whole.fault_type if whole.fault_type is not None else [""] * len(every), dtype=object) != ""
+        mask = (ratio > 1.0) & np.asarray(whole.flag, bool) & typed & ~_warm_steps(steps)[every]
+        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], mask)
+        self.novel_steps_ = int(mask.sum())
+        return length >= self.min_episode
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes
@@ -483,6 +540,10 @@ class TellerEpisodes(TellerScreened):
         own = np.isin(deployments(steps)[idx], np.asarray(list(st.models_), np.int64))
         sflag, sscore = whole.flag[pos], whole.score[pos]
         keep = sflag & ~base.flag & (length[pos] >= self.min_episode) & own
+        if self.episode_floor > 0:  # the model rules the step out: not even a lasting departure stays
+            low = keep & (np.asarray(self.answers_[self.mot].score, float) < self.episode_floor)
+            self.ruled_out_by_floor_ = int(low.sum())
+            keep &= ~low
         sops = whole.operators or [[]] * len(every)
         ops = [list(sops[p]) if k else o for k, p, o in zip(keep.tolist(), pos.tolist(), base.operators, strict=True)]
         self.kept_by_episode_ = int(keep.sum())
@@ -490,14 +551,23 @@ class TellerEpisodes(TellerScreened):
         if ft is not None and whole.fault_type is not None:  # a kept step: the type the stage's evidence points to
             sft = np.asarray(whole.fault_type, dtype=object)[pos]
             ft = np.where(keep & (sft != ""), sft, np.asarray(ft, dtype=object))
+            if self.novel_types:  # unlike every training step, lasting: the evidence's type
+                novel = self.novel_episodes(steps, every, whole)[pos] & (sft != "")
+                self.retyped_novel_ = int((novel & (sft != ft)).sum())
+                ft = np.where(novel, sft, ft)
         return Prediction(score=np.where(keep, np.maximum(base.score, sscore), base.score), flag=base.flag | keep,
                           fault_type=ft, operators=ops)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["min_episode"] = self.min_episode
-        if hasattr(self, "kept_by_episode_"):
-            d["kept_by_episode"] = self.kept_by_episode_
+        d["episode_floor"] = self.episode_floor
+        d["novel_types"] = self.novel_types
+        for k in ("kept_by_episode", "ruled_out_by_floor", "novel_steps", "retyped_novel"):
+            if hasattr(self, k + "_"):
+                d[k] = getattr(self, k + "_")
+        if hasattr(self, "novelty_"):
+            d["novelty"] = self.novelty_.describe()
         return d
 
 
@@ -513,6 +583,8 @@ class TellerDiagnose(TellerEpisodes):
 
     label = "TELLER as `teller diagnose --reference` reports (the stage's flags the model keeps, and those in episodes of 5+)"
     rule = "and"
+    episode_floor = EPISODE_FLOOR
+    novel_types = True
 
 
 #: the fused rows on the family-head model's answers (``teller_mot_family``): name, row
@@ -606,6 +678,8 @@ class TellerSustained(TellerEpisodes):
     label = "TELLER, the model read over time and the stage's lasting departures it does not flag (deployment reference)"
     mot = "teller_mot_family_sustained"
     rule = "model"
+    episode_floor = EPISODE_FLOOR
+    novel_types = True
 
 
 register("teller_sustained_ensemble")(type("TellerSustainedEnsemble", (TellerSustained,), {

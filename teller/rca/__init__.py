@@ -8,6 +8,7 @@ types, which operators are the evidence, and why, in a sentence.
   streams, dual head) and variant B ``single`` (one backbone input, generated target);
 - :mod:`.schema`: projection onto valid outputs; :mod:`.metrics`: evaluation;
 - :mod:`.train`: fitting, checkpoints, evaluation; :mod:`.api`: :class:`RCA`;
+- :mod:`.novelty`: how unlike every training step a unit is (:class:`~teller.rca.novelty.Novelty`);
 - :mod:`.ensemble`: several trainings of one recipe answering as one (:class:`Ensemble`) and
   :func:`load`, which reads a model or an ensemble folder.
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "SCREEN_FLOOR", "StepInputs", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "EPISODE_FLOOR", "SCREEN_FLOOR", "StepInputs", "load"]
 
 #: the model shipped with the package (the family-head MoT trained on the request split of the
 #: union of dataset v2's four parts, ``runs/h200_v2_all``; docs/results.md)
@@ -36,6 +37,13 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 #: request split, then measured on the union of dataset v2 (docs/results.md, `teller_screened`);
 #: `teller diagnose` and the `teller_confirm` / `teller_screened` rows of `teller evaluate` use it
 SCREEN_FLOOR = 0.1
+#: the model's abnormal probability under which it rules out even a lasting departure of the
+#: numeric stage (an episode of 5+ stage flags it does not flag itself): `teller diagnose` and the
+#: `teller_diagnose*` / `teller_sustained*` rows of `teller evaluate`. One hundredth: a fault of a
+#: kind the model never saw mostly got more from it, the normal steps a stage flags against a
+#: reference unlike them mostly less (docs/results.md, "Rule-out floor and novelty", where
+#: the choice and what it was chosen looking at are set out)
+EPISODE_FLOOR = 0.01
 
 
 def __getattr__(name: str) -> Any:

@@ -162,6 +162,8 @@ class RCA:
         self.flag_expert = None
         #: True: the flag expert is left out (:meth:`use_flag_expert`)
         self.flag_off = False
+        #: how unlike the training steps a unit is (:mod:`teller.rca.novelty`), where one was fitted
+        self.novelty = None
 
     # ---- files --------------------------------------------------------------------------------
     def save(self, directory: str | Path, dtype: str | None = None, extra: dict | None = None) -> Path:
@@ -175,6 +177,8 @@ class RCA:
             self.op_expert.save(d)
         if self.flag_expert is not None:
             self.flag_expert.save(d)
+        if self.novelty is not None:
+            self.novelty.save(d)
         return self.save_config(d, extra)
 
     def save_config(self, directory: str | Path, extra: dict | None = None) -> Path:
@@ -238,6 +242,14 @@ class RCA:
         else:
             self.flag_off = bool(known) and shape not in known
         return self.flag_expert is not None and not self.flag_off
+
+    def unit_novelty(self, prep: Prepared) -> np.ndarray | None:
+        """Per unit of ``prep``, its novelty (:mod:`teller.rca.novelty`: above 1, further from every
+        training step than 99 in 100 held-out steps of the kinds trained on); None without a
+        fitted novelty or where the units' context was not prepared."""
+        if self.novelty is None or prep.unit_ctx is None:
+            return None
+        return self.novelty.ratio(prep.unit_ctx, list(prep.inputs.view) if prep.inputs.view else None)
 
     @property
     def abnormal_cut(self) -> float:
@@ -311,6 +323,10 @@ class RCA:
                 raise InputError(p, "its calibration gives a flag expert a weight, but the model reads no unit statistics",
                                  "retrain the model with `teller rca train --unit-stats`")
             m.flag_expert = FlagExpert.load(d)
+        if "novelty" in (rest.get("calibration") or {}):
+            from teller.rca.novelty import Novelty
+
+            m.novelty = Novelty.load(d)
         return m
 
     # ---- inputs -------------------------------------------------------------------------------

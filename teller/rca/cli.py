@@ -242,6 +242,28 @@ def register(app: typer.Typer) -> None:
                                         f"{res['flag_expert']['train_units']:,} units ({res['flag_expert']['train_abnormal']:,} "
                                         f"abnormal) of {sp}'s training part"))
 
+    @rca.command("novelty")
+    def novelty_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`, a MoT with --unit-stats); novelty.safetensors and config.json are written there."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        device: str = typer.Option("cpu", "--device"),
+    ) -> None:
+        """Keep the context of the split's training units with the model, so that it can say when a step is unlike every step it was trained on (the cut: the 99th percentile of the val part's units); `teller diagnose` then takes the type the numeric evidence points to for lasting episodes of such steps."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca.train import fit_novelty
+
+        con = console(stderr=True)
+        m, ds, sp = model_and_data(model, dataset, split, device)
+        block = fit_novelty(m, ds, sp, out=model)
+        for v, r in block["views"].items():
+            con.print(f"  {v}: {r['units']:,} training units, cut {r['cut']:.3f} (the {block['quantile']:.0%} quantile of the "
+                      f"val units' distance to their {block['k']}th nearest)", markup=False)
+        m.save_config(model, {"calibration": m.meta["calibration"]})
+        con.print(f"[green]novelty[/] {escape(str(model))}: {sp}'s training units, {len(block['views'])} view(s)")
+
     @rca.command("calibrate")
     def calibrate_cmd(
         model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`); its config.json is rewritten."),

@@ -123,6 +123,14 @@ class Ensemble:
         ``mean logit cut_k``."""
         return float(_sigmoid(_logit(np.array([m.abnormal_cut for m in self.members])).mean()))
 
+    def unit_novelty(self, prep: Prepared) -> np.ndarray | None:
+        """The first member's with a fitted novelty (:meth:`RCA.unit_novelty`; the members are
+        trained on one split, so their training units are the same), else None."""
+        for m in self.members:
+            if m.novelty is not None:
+                return m.unit_novelty(prep)
+        return None
+
     def inputs(self, *args, **kwargs) -> StepInputs:
         """:meth:`RCA.inputs` (the members encode alike)."""
         return self.members[0].inputs(*args, **kwargs)

@@ -397,6 +397,13 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                     + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
             except TellerError as e:  # no slot of either kind to learn from: the head alone
                 say(f"operator expert skipped: {e}")
+        if model.cfg.reads_unit_stats:
+            try:
+                nv = fit_novelty(model, ds, split)
+                extra["calibration"] = model.meta["calibration"]
+                say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
+            except TellerError as e:  # no training fault to measure against: no novelty
+                say(f"novelty skipped: {e}")
         if "abnormal" in extra["calibration"]:
             ab = extra["calibration"]["abnormal"]
             say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
@@ -690,6 +697,23 @@ def fit_op_expert(model: RCA, ds: Dataset, split: str, seed: int = 0, batch_size
 
 
 # ---- the flag expert (teller.rca.flagexpert) ----
+def fit_novelty(model: RCA, ds: Dataset, split: str, out: str | Path | None = None) -> dict[str, Any]:
+    """Fit the model's novelty (:mod:`teller.rca.novelty`) on the units of ``split``'s training
+    part (each view apart), its cut on the val part's units; attach it to ``model``
+    (``calibration["novelty"]``) and, with ``out``, save it there. Returns the block."""
+    from teller.rca.novelty import split_novelty
+
+    if not (model.cfg.variant == "mot" and model.cfg.reads_unit_stats):
+        raise TellerError("the novelty reads the units' context: only a MoT trained with --unit-stats has one")
+    nov = split_novelty(ds, split, model.trace_tok)
+    model.novelty = nov
+    block = {"split": split, "part": "val", **nov.describe()}
+    model.meta.setdefault("calibration", {})["novelty"] = block
+    if out is not None:
+        nov.save(out)
+    return block
+
+
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context",
                     views: Sequence[str] | None = None) -> dict[str, Any]:

@@ -85,7 +85,7 @@ from teller.localize import (
 from teller.localize.episodes import MIN_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
-from teller.rca import DEFAULT_MODEL, SCREEN_FLOOR
+from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
 from teller.report.html import (
@@ -383,13 +383,53 @@ def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_l
     the model was not trained on (``unknown_fault``, its closest known type kept in
     ``fault_type_guess``) when the step lies in an episode of :data:`EPISODE_MIN` or more flagged
     steps (``d[length]``: the episode's length) and the reference is a recording of the run's
-    deployment; else ``model_says_normal``."""
-    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= EPISODE_MIN:
+    deployment, unless the model gives it less than :data:`teller.rca.EPISODE_FLOOR` (it rules the
+    step out: a normal step unlike the reference, as the stage's lasting departures on steps of
+    known kinds mostly were); else ``model_says_normal``."""
+    p = d.get("abnormal_probability")
+    floor = p is not None and float(p) < EPISODE_FLOOR
+    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= EPISODE_MIN and not floor:
         d["unknown_fault"] = True
         d["fault_type_guess"] = d.get("fault_type")
         d["fault_type"] = None
     else:
         d["model_says_normal"] = True
+
+
+def novel_types(steps: list[dict[str, Any]], ratio: dict[int, float]) -> int:
+    """The fault type of the steps unlike every step the model was trained on
+    (:mod:`teller.rca.novelty`): each read step gets ``novelty`` (``ratio``: per step index,
+    above 1 novel); a step the model flags with a type (its verdict, not a lasting departure it
+    does not recognise) that lies in an episode of :data:`EPISODE_MIN` or more novel steps the
+    stage flags with an evidence type (warm-up out) takes the evidence's type (``fault_type``;
+    ``novel_fault``, the model's in ``fault_type_model``): on faults of kinds it never saw the
+    model's type was mostly wrong and the evidence's mostly right (docs/results.md, "Rule-out
+    floor and novelty"). Returns how many steps changed type."""
+    from teller.localize.episodes import episode_lengths
+
+    if not ratio:
+        return 0
+    nov = np.zeros(len(steps), bool)
+    for k, d in enumerate(steps):
+        r = ratio.get(int(d["index"]))
+        if r is None or not np.isfinite(r):
+            continue
+        d["novelty"] = round(float(r), 3)
+        nov[k] = r > 1.0 and bool(d.get("stage_flag", d.get("flag"))) and bool((d.get("evidence_type") or {}).get("fault_type")) \
+            and not d.get("warmup")
+    _, length = episode_lengths(*_lanes(steps), nov)
+    changed = 0
+    for d, n in zip(steps, length.tolist(), strict=True):
+        if n < EPISODE_MIN or not d.get("flag") or not d.get("fault_type") or d.get("model_says_normal"):
+            continue
+        et = d["evidence_type"]["fault_type"]
+        d["novel_fault"] = True
+        if et != d["fault_type"]:
+            d["fault_type_model"] = d["fault_type"]
+            d["fault_type"] = et
+            d["fault_probability"] = None
+            changed += 1
+    return changed
 
 
 def _lanes(steps: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -837,13 +877,14 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         return info
     flagged, inp = read
     prep = m.prepare(inp)
-    if _reads_context(m):
-        ctx = _flagged_context(m, forest, rd.path, steps, flagged)
+    whole_run = False  # the units' context against every step of the run (what the novelty reads too)
+    if _reads_context(m) or _has_novelty(m):
+        ctx = _flagged_context(m, forest, rd.path, steps, flagged) if steps is not None and by_step_ranges else None
         if ctx is None:  # the run's other steps unreadable: the head alone, against its own cut
             m.use_flag_expert(run_workload(run) or None, context=False)
             info["flag_weight"] = float(getattr(m, "flag_weight", 0.0))
         else:
-            prep.unit_ctx = ctx
+            prep.unit_ctx, whole_run = ctx, True
     mech = explain == "mechanism"
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
@@ -861,6 +902,16 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             ruled_out(d, same_deployment)
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
+    nov = m.unit_novelty(prep) if whole_run else None
+    if nov is not None:
+        info["novel_retyped"] = novel_types(flagged, dict(zip([int(d["index"]) for d in flagged], nov.tolist(), strict=True)))
+        again = [k for k, d in enumerate(flagged) if d.get("fault_type_model")]
+        texts = m.explain(prep, again, [str(flagged[k]["fault_type"]) for k in again], batch_size=MODEL_BATCH,
+                          explain_done=mechanism_written if mech else None, explain_tokens=MECHANISM_TOKENS if mech else None)
+        for k, text in zip(again, texts, strict=True):  # written again for the evidence's type
+            d = flagged[k]
+            d["explanation_model"] = text or None
+            d["explanation"] = _ground(text or "", d) or None
     diag["summary"]["model_abnormal"] = sum(1 for d in flagged if not d.get("model_says_normal"))
     diag["summary"]["unknown_fault_steps"] = sum(1 for d in flagged if d.get("unknown_fault"))
     return info
@@ -869,6 +920,11 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
 def _reads_context(m: Any) -> bool:
     """Whether the model (an ensemble: any member) mixes in a flag expert on the shape-free context."""
     return any(getattr(x, "flag_weight", 0.0) and x.flag_expert.reads == "context" for x in getattr(m, "members", [m]))
+
+
+def _has_novelty(m: Any) -> bool:
+    """Whether the model (an ensemble: any member) keeps its training units' context (:mod:`teller.rca.novelty`)."""
+    return any(getattr(x, "novelty", None) is not None for x in getattr(m, "members", [m]))
 
 
 def _flagged_context(m: Any, forest: Any, run: Path, st: Any, flagged: list[dict[str, Any]]) -> np.ndarray | None:
@@ -951,6 +1007,7 @@ def read_every(run: str | os.PathLike, rf: RunFeatures, model: str | os.PathLike
     prep = m.prepare(inp, iterations=st.iterations[idx] if st.iterations is not None else None)  # every step read: the run's own
     floor = min(SUSTAIN_FLOOR, m.abnormal_cut)  # the steps that may join an episode get evidence too
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain=False, abnormal_floor=floor)
+    reading["novelty"] = m.unit_novelty(prep)
     p = np.asarray([float(x["abnormal_prob"]) for x in preds])
     unknown = unknown_share(inp, m.trace_tok)
     # a step whose operators the model mostly never saw is not its to flag: its verdict there is a
@@ -1057,6 +1114,8 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
         zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label)
+    nov = reading.get("novelty")
+    info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     # explanations: the model's verdicts, the most probable first, up to the bound
     bound = info.get("max_steps")
     order = sorted(mine, key=lambda kd: (-float(kd[1]["abnormal_probability"] or 0), kd[1]["start_ns"]))
@@ -1150,6 +1209,9 @@ def verdict_line(x: dict[str, Any]) -> str:
              else f"p={x['fault_probability']:.2f}" if x.get("fault_probability") is not None
              else f"p_abnormal={x['abnormal_probability']:.2f}, the type of its episode" if x.get("episode_type")
              else f"p_abnormal={x['abnormal_probability']:.2f}")
+        if x.get("fault_type_model"):
+            p += (f"; unlike every step the model was trained on (novelty {x['novelty']:.1f}): the type the numeric "
+                  f"evidence points to, the model's was {x['fault_type_model']}")
         # the numeric evidence pointing elsewhere is worth a look: said beside the model's answer
         other = (f" [the numeric evidence points to {et['fault_type']}: {et['family']}, {et['feature']}]"
                  if et and et["fault_type"] != x["fault_type"] else "")
