@@ -41,7 +41,7 @@ SCREEN_FLOOR = 0.1
 #: numeric stage (an episode of 5+ stage flags it does not flag itself): `teller diagnose` and the
 #: `teller_diagnose*` / `teller_sustained*` rows of `teller evaluate`. One hundredth: a fault of a
 #: kind the model never saw mostly got more from it, the normal steps a stage flags against a
-#: reference unlike them mostly less (docs/results.md, "Rule-out floor and novelty", where
+#: reference unlike them mostly less (docs/results.md, "The rule-out floor and novelty", where
 #: the choice and what it was chosen looking at are set out)
 EPISODE_FLOOR = 0.01
 

@@ -403,8 +403,8 @@ def novel_types(steps: list[dict[str, Any]], ratio: dict[int, float]) -> int:
     does not recognise) that lies in an episode of :data:`EPISODE_MIN` or more novel steps the
     stage flags with an evidence type (warm-up out) takes the evidence's type (``fault_type``;
     ``novel_fault``, the model's in ``fault_type_model``): on faults of kinds it never saw the
-    model's type was mostly wrong and the evidence's mostly right (docs/results.md, "Rule-out
-    floor and novelty"). Returns how many steps changed type."""
+    model's type was mostly wrong and the evidence's mostly right (docs/results.md, "The
+    rule-out floor and novelty"). Returns how many steps changed type."""
     from teller.localize.episodes import episode_lengths
 
     if not ratio:
