@@ -277,6 +277,27 @@ def test_a_step_the_model_is_unsure_of_keeps_its_type_and_says_so():
     assert "(1 with an abnormal probability under 0.5, kept because the model does not rule them out" in page  # the verdict
 
 
+def test_a_step_unlike_the_models_training_says_its_type_is_the_evidences():
+    """A step `teller diagnose` retyped by the numeric evidence (novel_fault: unlike every step
+    the model was trained on) says so in its evidence, its one-line verdict and its group's card,
+    with the model's own type; the legend explains the novelty. Other steps say nothing of it."""
+    d = sample_diagnosis(ranks=1)
+    typed = [s for s in d["steps"] if s.get("flag") and s.get("fault_type") and not s.get("model_says_normal")]
+    x = typed[0]
+    x.update(novel_fault=True, novelty=2.4, fault_type_model="memory", fault_probability=None)
+    dom = parse(render_html(d))
+    text = " ".join(dom.by_id(f"step-{x['index']}")["text"].split())
+    assert "named by the numeric evidence: the step is unlike every step the model was trained on (novelty 2.4" in text
+    assert "the model named memory/resource fault" in text
+    summary = next(e for e in dom.inside(f"step-{x['index']}", "summary"))
+    assert "(by the evidence: unlike the model's training)" in summary["text"]
+    page = " ".join(render_html(d).split())
+    assert "1 of these steps typed by the numeric evidence" in page
+    assert "how unlike every step the root-cause model was trained on" in " ".join(dom.by_id("legend")["text"].split())
+    for other in typed[1:]:
+        assert "unlike every step" not in dom.by_id(f"step-{other['index']}")["text"]
+
+
 def test_numeric_stage_only_shows_the_type_its_evidence_points_to():
     d = sample_diagnosis(model=False, ranks=1)
     flagged = [x for x in d["steps"] if x["flag"]]

@@ -136,6 +136,10 @@ _TERMS = {
                                                "names, given that the step is abnormal"),
     "abnormal probability": ("abnormal probability", "the root-cause model's probability that the step is "
                                                      "abnormal at all"),
+    "novelty": ("novelty", "how unlike every step the root-cause model was trained on a step is: its distance "
+                           "to the 5th nearest training step over what 99 in 100 held-out steps reach (above 1: "
+                           "a kind of step the model never saw, whose fault type is then the numeric evidence's "
+                           "where such steps last)"),
     "evidence operators": ("evidence operators", "the operators of the step the root-cause model names as "
                                                  "the fault's location (else the numeric stage's suspects, "
                                                  "lifted to their framework module)"),
@@ -417,6 +421,11 @@ class _Page:
                 prob = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
                 prob = f' <span class="prob">{self.term("fault probability")} {prob}</span>'
             title = f'<span class="fault">{_e(_fault_title(g["fault_type"]))}</span>{prob}'
+            novel = [x for x in steps if x.get("fault_type_model")]
+            if novel:
+                title += (f' <span class="prob">{len(novel):,} of these steps typed by the numeric evidence: unlike every '
+                          f'step the model was trained on ({self.term("novelty")} above 1), where it named '
+                          f'{_e(", ".join(sorted({_fault_title(x["fault_type_model"]) for x in novel})))}</span>')
             title += _low_confidence(steps)
             cls = "card fault-card"
         elif g["kind"] == "normal":
@@ -669,7 +678,8 @@ class _Page:
             p = x.get("fault_probability")
             unsure = model_unsure(x)
             return _e(_fault_title(x["fault_type"]) + (f" ({p:.2f})" if p is not None and not unsure else "")
-                      + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else ""))
+                      + (f" at {ops}" if ops else "") + (" (the model is unsure)" if unsure else "")
+                      + (" (by the evidence: unlike the model's training)" if x.get("fault_type_model") else ""))
         et = x.get("evidence_type")  # the type the numeric evidence points to (teller.localize.faulttype)
         typed = f"; the evidence points to {et['fault_type']}" if et else ""
         if x.get("unknown_fault"):
@@ -690,7 +700,10 @@ class _Page:
         if x.get("fault_type") and not x.get("model_says_normal"):
             p = x.get("fault_probability")
             dl.append(f"<dt>Fault type</dt><dd><b>{_e(_fault_title(x['fault_type']))}</b>"
-                      + (f", {self.term('fault probability')} {p:.2f}" if p is not None else "") + "</dd>")
+                      + (f", {self.term('fault probability')} {p:.2f}" if p is not None else "")
+                      + (f" — named by the numeric evidence: the step is unlike every step the model was trained on "
+                         f"({self.term('novelty')} {x['novelty']:.1f}, in a lasting run of such steps); the model "
+                         f"named {_e(_fault_title(x['fault_type_model']))}" if x.get("fault_type_model") else "") + "</dd>")
         elif x.get("evidence_type"):
             et = x["evidence_type"]
             dl.append(f"<dt>Fault type by the evidence</dt><dd><b>{_e(_fault_title(et['fault_type']))}</b>: "
