@@ -121,3 +121,52 @@ def test_on_real_units_another_mechanisms_faults_read_as_more_novel():
     for v, ref in got.views.items():
         assert len(ref.refs) == min(40, int((train & (view == v)).sum())) and ref.cut > 0
     assert split_novelty(ds, "request", tok, max_refs=40).describe() == got.describe()  # the sample is seeded
+
+
+def test_training_keeps_the_novelty_and_the_cli_fits_it_again(tmp_path):
+    """`teller rca train` keeps the novelty of the split's training units with a MoT that reads
+    the unit statistics; `teller rca novelty` fits the same one for a trained model; the model
+    loads it, gives each prepared unit its novelty, and is refused without the file."""
+    import json
+
+    from rca_slice import need_rca, refused_without, small_dataset
+
+    need_rca()
+    from teller.cli import main
+    from teller.rca import load
+    from teller.rca.data import load_dataset
+
+    small = small_dataset(tmp_path / "ds", 120, iterations=True)
+    model = tmp_path / "m"
+    assert main(["rca", "train", str(small), "-o", str(model), "--variant", "mot", "--split", "request", "--config", "tiny",
+                 "--unit", "iteration", "--epochs", "1", "--max-steps", "2", "--no-flag-expert", "--no-type-expert",
+                 "--no-op-expert"]) == 0
+    cal = json.loads((model / "config.json").read_text())["calibration"]
+    if "novelty" not in cal:
+        pytest.skip("the slice's request split holds no abnormal training unit")
+    kept = cal["novelty"]
+    assert kept["split"] == "request" and kept["k"] == 5 and kept["quantile"] == 0.99
+    assert (model / NOVELTY_FILE).is_file()
+    m = load(model)
+    ds = load_dataset(small, unit="iteration")
+    train = np.asarray(ds.units.splits["request"] == "train")
+    for v, r in kept["views"].items():
+        assert r["units"] == int((train & (ds.units.view == v)).sum()) and r["cut"] > 0
+    # fitted again by the CLI (the file and the block removed first): the same reference
+    (model / NOVELTY_FILE).unlink()
+    del cal["novelty"]
+    meta = json.loads((model / "config.json").read_text())
+    meta["calibration"] = cal
+    (model / "config.json").write_text(json.dumps(meta))
+    assert load(model).novelty is None
+    assert main(["rca", "novelty", str(model), str(small)]) == 0
+    again = load(model)
+    assert json.loads((model / "config.json").read_text())["calibration"]["novelty"] == kept
+    idx = np.arange(min(12, len(ds.units)))
+    u = ds.units
+    inp = again.inputs(ds.forest, [u.step_ids[i] for i in idx], run_ids=u.run_id[idx].tolist(), views=u.view[idx].tolist())
+    prep = again.prepare(inp)
+    got = again.unit_novelty(prep)
+    assert got is not None and got.shape == (len(idx),) and np.isfinite(got).all() and (got >= 0).all()
+    assert np.allclose(got, m.unit_novelty(prep))
+    refused_without(model, NOVELTY_FILE, tmp_path)
