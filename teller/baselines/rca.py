@@ -500,14 +500,18 @@ class TellerEpisodes(TellerScreened):
     def _novelty(self, steps: StepSet) -> Any:
         """The novelty of a model trained on the split evaluated, over the split's training units
         (:func:`teller.rca.novelty.split_novelty`: what `teller rca novelty` keeps with such a
-        model; it reads no weights, so a row whose answers were reused gets the same)."""
+        model; it reads no weights, so a row whose answers were reused gets the same). Fitted once
+        per split and view: the rows that read it share it (``steps.extra``)."""
         from teller.rca.novelty import split_novelty
 
         split = steps.extra.get("split")
         if not split:
             raise ValueError("the novelty needs the split evaluated (steps.extra['split'])")
-        ds, _ = step_units(steps, np.zeros(0, np.int64))
-        return split_novelty(ds, split, self._trace_tok(), views=[steps.view])
+        cache = steps.extra.setdefault("rca_novelty", {})
+        if split not in cache:
+            ds, _ = step_units(steps, np.zeros(0, np.int64))
+            cache[split] = split_novelty(ds, split, self._trace_tok(), views=[steps.view])
+        return cache[split]
 
     def novel_episodes(self, steps: StepSet, every: np.ndarray, whole: Prediction) -> np.ndarray:
         """Per step ``every`` (every step of the test runs): whether it lies in an episode of

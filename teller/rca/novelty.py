@@ -40,9 +40,9 @@ from teller.errors import InputError, TellerError
 
 #: the file in a model directory
 NOVELTY_FILE = "novelty.safetensors"
-#: the neighbour whose distance is a unit's novelty (the k-th nearest training fault)
+#: the neighbour whose distance is a unit's novelty (the k-th nearest training unit)
 NOVELTY_K = 5
-#: the quantile of the val part's faults' distances that a novel unit exceeds
+#: the quantile of the val part's units' distances that a novel unit exceeds
 NOVELTY_QUANTILE = 0.99
 #: scaled values are clipped to ±CLIP (one column cannot decide the distance alone)
 CLIP = 20.0
@@ -107,9 +107,10 @@ class Novelty:
             with np.errstate(all="ignore"):
                 xs = X[tr]
                 known = np.isfinite(xs).any(0)
-                center = np.where(known, np.nanmedian(np.where(known, xs, 0.0), 0), 0.0)
-                q75 = np.where(known, np.nanpercentile(np.where(known, xs, 0.0), 75, 0), 1.0)
-                q25 = np.where(known, np.nanpercentile(np.where(known, xs, 0.0), 25, 0), 0.0)
+                xk = np.where(known, xs, 0.0)  # a column nobody knows: 0, so the NaN statistics stay quiet
+                center = np.where(known, np.nanmedian(xk, 0), 0.0)
+                q75 = np.where(known, np.nanpercentile(xk, 75, 0), 1.0)
+                q25 = np.where(known, np.nanpercentile(xk, 25, 0), 0.0)
             scale = np.where(np.isfinite(q75 - q25) & (q75 - q25 > 1e-9), q75 - q25, 1.0)
             ref = ViewReference(center.astype(np.float64), scale.astype(np.float64), np.zeros((0, X.shape[1]), np.float32), 1.0)
             ref.refs = ref.scaled(xs)
