@@ -1,0 +1,301 @@
+"""What the errors of the row `teller diagnose` reports (``teller_sustained_family``) are made of,
+and two rules that would remove its lasting-departure false positives, measured (not adopted).
+
+    python benchmarks/gap_anatomy.py DATASET OUT --split mechanism --seed 0 [--view vertical,horizontal] \\
+        [--reuse PREDICTIONS.parquet ...] [--models DIR]
+    python benchmarks/gap_anatomy.py --from-steps OUT    # anatomy.json again from OUT/steps.parquet
+
+Runs `teller evaluate` on one split with the model row (``teller_mot_family``), the model read
+over time (``teller_mot_family_sustained``), the deployment stage (``teller_numeric_deploy``) and
+the row itself, instrumented: for every step of the test runs it keeps where each part stood
+(the model's probability and flag, the over-time reading's flag, the stage's flag and the length
+of its episode, the step's novelty) and what the row answered. Writes OUT/results.json (the
+evaluation, as `teller evaluate` writes it), OUT/steps.parquet (those per-step columns, test
+steps and the other steps of their runs) and OUT/anatomy.json:
+
+- ``composition``: the test steps' normal ones inside a fault window (the injection ran, the
+  labelling rule measured no effect: docs/faults.md) and outside every window;
+- ``errors``: the row's false positives by the part that flagged them (the model, the over-time
+  reading, a lasting departure of the stage) and by where they lie (in a window without effect;
+  within :data:`NEAR` steps of a labelled abnormal step of the same rank; elsewhere), and its
+  false negatives by whether the stage flagged them;
+- ``rules``: step F1, F1 at a 10% prior (the evaluation's draws) and fault-type macro-F1 of the
+  row as it is and with its lasting departures kept only where (``novel``) the step's novelty is
+  above 1 (:mod:`teller.rca.novelty`), or (``effect``) one of the step's wall, GPU-busy or
+  collective time exceeds the 99th percentile of the same rank's steps outside the stage's
+  episodes (warm-up out): the labelling rule's test of an effect, with the stage's episodes in
+  place of the fault windows the tool cannot know.
+
+docs/results.md ("What the remaining gaps are made of") reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from teller.baselines import REGISTRY, register
+from teller.baselines.base import Prediction
+from teller.baselines.rca import TellerSustained, _warm_steps, step_units
+from teller.evaluate.run import evaluate
+from teller.evaluate.scores import fault_type_scores, low_prior_scores, step_scores
+
+#: a false positive this close (step numbers, same rank) to a labelled abnormal step lies at a window's edge
+NEAR = 3
+#: the step-feature columns the effect rule reads beside the engine iteration's length and the time of
+#: the families the stage names (the labelling rule's measures: step, GPU, collective and targeted time)
+EFFECT_COLUMNS = ("wall_ns", "gpu_busy_ns", "comm_ns")
+#: every measure the effect rule reads
+EFFECT_MEASURES = ("iteration_ns", *EFFECT_COLUMNS, "stage_families_ns")
+ROW = "teller_gap_anatomy"
+_KEPT: list[dict[str, Any]] = []
+
+
+@register(ROW)
+class AnatomyRow(TellerSustained):
+    """``teller_sustained_family`` with its parts' standing kept for every step of the test runs."""
+
+    label = f"{TellerSustained.label} (instrumented: benchmarks/gap_anatomy.py)"
+
+    def predict(self, steps: Any, idx: np.ndarray) -> Prediction:
+        from teller.baselines.numeric import deployments, step_lanes
+        from teller.localize.episodes import episode_lengths
+        from teller.rca.context import dataset_context_features
+
+        pred = super().predict(steps, idx)
+        idx = np.asarray(idx)
+        st = self.parts_[self.stage]
+        every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
+        whole = st.predict(steps, every)
+        warm = _warm_steps(steps)[every]
+        lane = step_lanes(steps)[every]
+        _, length = episode_lengths(lane, steps.step_num[every], whole.flag & ~warm)
+        ds, uidx = step_units(steps, every)
+        ratio = self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
+        pos = np.searchsorted(every, idx)
+        test = np.zeros(len(every), bool)
+        test[pos] = True
+
+        def at_test(x: Any, fill: Any, dtype: Any) -> np.ndarray:
+            out = np.full(len(every), fill, dtype=dtype)
+            out[pos] = np.asarray(x, dtype=dtype)
+            return out
+
+        model = self.answers_[self.mot]  # the model read over time
+        raw = steps.extra["predictions"][(steps.extra["split"], "teller_mot_family")][1]
+        names = steps.features.std_names
+        eff = np.column_stack([steps.features.std[every, names.index(c)] for c in EFFECT_COLUMNS])
+        it = _iteration_ns(steps, every)
+        sops = whole.operators or [[]] * len(every)
+        _KEPT.append({
+            "view": np.full(len(every), steps.view, dtype=object), "split": np.full(len(every), steps.extra["split"], dtype=object),
+            "run": np.asarray(steps.runs, dtype=object)[steps.run_code[every]], "step": steps.step_num[every], "lane": lane,
+            "test": test, "warmup": warm, "abnormal": steps.is_anomaly[every].astype(bool), "in_window": steps.in_window[every].astype(bool),
+            "true_type": np.asarray(steps.fault_type[every], dtype=object),
+            "model_p": at_test(model.score, np.nan, float), "model_flag": at_test(raw.flag, False, bool),
+            "sustained_flag": at_test(model.flag, False, bool), "model_type": at_test(model.fault_type, "", object),
+            "stage_flag": np.asarray(whole.flag, bool), "stage_type": np.asarray(whole.fault_type, dtype=object),
+            "episode": length, "own_reference": np.isin(deployments(steps)[every], np.asarray(list(st.models_), np.int64)),
+            "novelty": ratio, "flag": at_test(pred.flag, False, bool), "score": at_test(pred.score, np.nan, float),
+            "fault_type": at_test(pred.fault_type, "", object),
+            "stage_families": np.asarray(["\x1f".join(o) for o in sops], dtype=object),
+            "effect.iteration_ns": it, **{f"effect.{c}": eff[:, k] for k, c in enumerate(EFFECT_COLUMNS)},
+            "effect.stage_families_ns": _families_ns(steps, every, sops, lane, whole.flag & (length >= self.min_episode) & ~warm, warm)})
+        return pred
+
+
+def _iteration_ns(steps: Any, every: np.ndarray) -> np.ndarray:
+    """Per step: its engine iteration's length (``iterations.parquet``: schedule, STEP, post and the
+    untraced gap before it; the labelling rule's step duration), NaN where the dataset has none."""
+    path = Path(steps.dataset) / "iterations.parquet"
+    out = np.full(len(every), np.nan)
+    if not path.is_file():
+        return out
+    it = pq.read_table(path, columns=["run_id", "step_id", "dur_ns"])
+    key = {(r, int(s)): float(d) for r, s, d in zip(it.column("run_id").to_pylist(), it.column("step_id").to_pylist(),
+                                                     it.column("dur_ns").to_pylist(), strict=True)}
+    runs = np.asarray(steps.runs, dtype=object)[steps.run_code[every]]
+    for k, (r, s) in enumerate(zip(runs.tolist(), steps.step_id[every].tolist(), strict=True)):
+        out[k] = key.get((r, int(s)), np.nan)
+    return out
+
+
+def _families_ns(steps: Any, every: np.ndarray, ops: list[list[str]], lane: np.ndarray, inside: np.ndarray,
+                 warm: np.ndarray) -> np.ndarray:
+    """Per step the stage flags in a lasting episode: the summed time of the families it names over
+    the 99th percentile of the same sum on its lane's steps outside the stage's episodes (warm-up out;
+    the labelling rule's targeted-time test with the stage's families); NaN elsewhere or with
+    fewer than 20 such steps."""
+    fam = {f: k for k, f in enumerate(steps.features.families)}
+    dur = steps.features.fam_dur[every].tocsc()
+    out = np.full(len(every), np.nan)
+    for i in np.flatnonzero(inside):
+        cols = [fam[f] for f in ops[i] if f in fam]
+        ref = np.flatnonzero((lane == lane[i]) & (steps.run_code[every] == steps.run_code[every[i]]) & ~inside & ~warm)
+        if not cols or len(ref) < 20:
+            continue
+        tot = np.asarray(dur[:, cols].sum(axis=1)).ravel()
+        out[i] = tot[i] / max(float(np.quantile(tot[ref], 0.99)), 1e-9)
+    return out
+
+
+def _near_abnormal(t: dict[str, np.ndarray]) -> np.ndarray:
+    """Per step: whether a labelled abnormal step of the same lane lies within :data:`NEAR` step numbers."""
+    out = np.zeros(len(t["step"]), bool)
+    key = np.char.add(t["run"].astype(str), np.char.add("|", t["lane"].astype(str)))
+    for k in np.unique(key):
+        m = np.flatnonzero(key == k)
+        ab = np.sort(t["step"][m][t["abnormal"][m]])
+        if len(ab):
+            s = t["step"][m]
+            j = np.searchsorted(ab, s)
+            left = np.abs(s - ab[np.clip(j - 1, 0, len(ab) - 1)])
+            right = np.abs(ab[np.clip(j, 0, len(ab) - 1)] - s)
+            out[m] = np.minimum(left, right) <= NEAR
+    return out
+
+
+def _effect(t: dict[str, np.ndarray], q: float = 0.99, reference: str = "outside_episodes",
+            measures: tuple[str, ...] = EFFECT_MEASURES) -> np.ndarray:
+    """Per step: one of ``measures`` above the ``q`` quantile of the same measure over its lane's
+    reference steps (warm-up out; a lane with fewer than 20: True, nothing to test against).
+    ``reference``: the steps outside the stage's lasting episodes (``outside_episodes``) or every
+    step the stage does not flag (``unflagged``). ``stage_families_ns`` is kept as the ratio to its
+    own 99th percentile (:func:`_families_ns`)."""
+    inside = t["stage_flag"] & (t["episode"] >= TellerSustained.min_episode) & ~t["warmup"]
+    refmask = (~inside if reference == "outside_episodes" else ~t["stage_flag"]) & ~t["warmup"]
+    key = np.char.add(t["run"].astype(str), np.char.add("|", t["lane"].astype(str)))
+    out = np.ones(len(key), bool)
+    for k in np.unique(key):
+        m = np.flatnonzero(key == k)
+        ref = m[refmask[m]]
+        if len(ref) < 20:
+            continue
+        hit = np.zeros(len(m), bool)
+        if "stage_families_ns" in measures:
+            hit |= t["effect.stage_families_ns"][m] > 1.0
+        for c in measures:
+            if c == "stage_families_ns":
+                continue
+            x = t[f"effect.{c}"]
+            r = x[ref][np.isfinite(x[ref])]
+            if len(r):
+                hit |= x[m] > np.quantile(r, q)
+        out[m] = hit
+    return out
+
+
+#: the effect rule's variants measured beside it: name -> (quantile, reference, measures)
+EFFECT_VARIANTS = {
+    "effect": (0.99, "outside_episodes", EFFECT_MEASURES),
+    "effect_reference_unflagged": (0.99, "unflagged", EFFECT_MEASURES),
+    "effect_p95": (0.95, "outside_episodes", EFFECT_MEASURES),
+    "effect_without_families": (0.99, "outside_episodes", tuple(c for c in EFFECT_MEASURES if c != "stage_families_ns")),
+    "effect_iteration_only": (0.99, "outside_episodes", ("iteration_ns",)),
+}
+
+
+def _scores(truth: np.ndarray, flag: np.ndarray, score: np.ndarray, ftype: np.ndarray, ttype: np.ndarray, seed: int) -> dict[str, Any]:
+    s = step_scores(truth, flag)
+    lp = low_prior_scores(truth, flag, score, seed=seed)
+    ab = truth.astype(bool)
+    return {"step_f1": float(s["f1"]), "tp": int(s["tp"]), "fp": int(s["fp"]), "fn": int(s["fn"]),
+            "prior_0.1_f1": float(lp["0.1"]["f1_mean"]), "fault_type_macro_f1": float(fault_type_scores(ttype[ab], ftype[ab])["macro_f1"])}
+
+
+def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
+    """The anatomy of one view's block (the columns :class:`AnatomyRow` keeps)."""
+    te = t["test"]
+    ab, norm = t["abnormal"], ~t["abnormal"]
+    kept = t["flag"] & ~t["sustained_flag"]  # the lasting departures the row kept
+    joined = t["sustained_flag"] & ~t["model_flag"]
+    near = _near_abnormal(t)
+    fp = te & t["flag"] & norm
+    fn = te & ~t["flag"] & ab
+
+    def where(m: np.ndarray) -> dict[str, int]:
+        return {"in_window_no_effect": int((m & t["in_window"]).sum()),
+                f"outside_windows_within_{NEAR}_steps_of_a_fault": int((m & ~t["in_window"] & near).sum()),
+                "outside_windows_elsewhere": int((m & ~t["in_window"] & ~near).sum())}
+
+    out: dict[str, Any] = {
+        "composition": {"test_steps": int(te.sum()), "abnormal": int((te & ab).sum()),
+                        "normal_in_window_no_effect": int((te & norm & t["in_window"]).sum()),
+                        "normal_outside_windows": int((te & norm & ~t["in_window"]).sum())},
+        "errors": {"false_positives": {"total": int(fp.sum()), "by_model": where(fp & t["model_flag"]),
+                                       "by_over_time_reading": where(fp & joined), "by_lasting_departure": where(fp & kept)},
+                   "false_negatives": {"total": int(fn.sum()), "stage_flagged": int((fn & t["stage_flag"]).sum()),
+                                       "stage_flagged_in_5plus_episode": int((fn & t["stage_flag"] & (t["episode"] >= 5)).sum())},
+                   "lasting_departures_kept": {"abnormal": int((te & kept & ab).sum()), "normal": int((te & kept & norm).sum())}},
+    }
+    truth, ttype = t["abnormal"][te], t["true_type"][te].astype(str)
+    rules = {"as_is": t["flag"], "novel": t["flag"] & ~(kept & ~(t["novelty"] > 1.0))}
+    for name, (q, ref, ms) in EFFECT_VARIANTS.items():
+        rules[name] = t["flag"] & ~(kept & ~_effect(t, q, ref, ms))
+    out["rules"] = {}
+    for name, flag in rules.items():
+        dropped = kept & ~flag
+        ft = np.where(dropped, t["model_type"], t["fault_type"]).astype(str)  # a dropped step: the model's answer again
+        sc = np.where(dropped, t["model_p"], t["score"])
+        r = _scores(truth, flag[te], sc[te], ft[te], ttype, seed)
+        r.update({"dropped_abnormal": int((te & dropped & ab).sum()), "dropped_normal": int((te & dropped & norm).sum())})
+        out["rules"][name] = r
+    return out
+
+
+def from_steps(out: str | Path, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
+    """anatomy.json from the per-step columns a run of this script kept (OUT/steps.parquet); the
+    seed (of the low-prior draws) and the command are those of its OUT/results.json unless given."""
+    if not (Path(out) / "steps.parquet").is_file():
+        raise SystemExit(f"{Path(out) / 'steps.parquet'}: not found; run this script on the dataset with OUT {out} first")
+    ev = json.loads((Path(out) / "results.json").read_text()) if (Path(out) / "results.json").is_file() else {}
+    seed = int(ev.get("seed", 0)) if seed is None else seed
+    command = ev.get("command", "") if command is None else command
+    t = pq.read_table(Path(out) / "steps.parquet")
+    cols = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    for c in ("view", "split", "run", "true_type", "model_type", "stage_type", "fault_type", "stage_families"):
+        cols[c] = cols[c].astype(object)
+    res: dict[str, Any] = {"command": command, "split": str(cols["split"][0]) if len(cols["split"]) else "", "seed": seed,
+                           "near": NEAR, "effect_measures": list(EFFECT_MEASURES), "views": {}}
+    for v in dict.fromkeys(cols["view"].tolist()):
+        m = cols["view"] == v
+        res["views"][str(v)] = anatomy({k: x[m] for k, x in cols.items()}, seed)
+    (Path(out) / "anatomy.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dataset", nargs="?")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--from-steps", default=None, metavar="OUT")
+    ap.add_argument("--split", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--view", default="vertical,horizontal")
+    ap.add_argument("--reuse", action="append", default=[])
+    ap.add_argument("--models", default=None)
+    a = ap.parse_args()
+    if a.from_steps:
+        print(json.dumps(from_steps(a.from_steps), indent=1))
+        return
+    if not (a.dataset and a.out and a.split):
+        ap.error("DATASET, OUT and --split are needed (or --from-steps OUT)")
+    assert ROW in REGISTRY
+    methods = ["teller_mot_family", "teller_mot_family_sustained", "teller_numeric_deploy", ROW]
+    cmd = " ".join(["python benchmarks/gap_anatomy.py", a.dataset, a.out, "--split", a.split, "--seed", str(a.seed), "--view", a.view,
+                    *(f"--reuse {r}" for r in a.reuse), *([f"--models {a.models}"] if a.models else [])])
+    evaluate(a.dataset, [a.split], a.view.split(","), methods, seed=a.seed, out=a.out, reuse=a.reuse or None,
+             models=a.models, command=cmd, log=lambda s: print(s, flush=True))
+    tables = [pa.table({k: (v.astype(str) if v.dtype == object else v) for k, v in blk.items()}) for blk in _KEPT]
+    pq.write_table(pa.concat_tables(tables), Path(a.out) / "steps.parquet")
+    print(json.dumps(from_steps(a.out, a.seed, cmd), indent=1))
+
+
+if __name__ == "__main__":
+    main()
