@@ -1,5 +1,5 @@
 """What the errors of the row `teller diagnose` reports (``teller_sustained_family``) are made of,
-and two rules that would remove its lasting-departure false positives, measured (not adopted).
+and rules against them, measured and not adopted.
 
     python benchmarks/gap_anatomy.py DATASET OUT --split mechanism --seed 0 [--view vertical,horizontal] \\
         [--reuse PREDICTIONS.parquet ...] [--models DIR]
@@ -19,12 +19,18 @@ steps and the other steps of their runs) and OUT/anatomy.json:
   reading, a lasting departure of the stage) and by where they lie (in a window without effect;
   within :data:`NEAR` steps of a labelled abnormal step of the same rank; elsewhere), and its
   false negatives by whether the stage flagged them;
+- ``horizontal_from_ranks``: the row's horizontal answers with a joined step also flagged where
+  the row flags one of its ranks' steps in the vertical view (what `teller diagnose`, which reads
+  each rank's steps, would show for it), over the horizontal test steps whose every rank step is
+  a vertical test step (the others: ``uncovered``);
 - ``rules``: step F1, F1 at a 10% prior (the evaluation's draws) and fault-type macro-F1 of the
   row as it is and with its lasting departures kept only where (``novel``) the step's novelty is
-  above 1 (:mod:`teller.rca.novelty`), or (``effect``) one of the step's wall, GPU-busy or
-  collective time exceeds the 99th percentile of the same rank's steps outside the stage's
-  episodes (warm-up out): the labelling rule's test of an effect, with the stage's episodes in
-  place of the fault windows the tool cannot know.
+  above 1 (:mod:`teller.rca.novelty`), or (``effect``) one of :data:`EFFECT_MEASURES` (the engine
+  iteration's length, the STEP, GPU-busy and collective time, the time of the families the stage
+  names) exceeds the 99th percentile of the same measure over the rank's steps outside the
+  stage's episodes (warm-up out): the labelling rule's test of an effect, with the stage's
+  episodes in place of the fault windows the tool cannot know; its variants in
+  :data:`EFFECT_VARIANTS`.
 
 docs/results.md ("What the remaining gaps are made of") reports it.
 """
@@ -38,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.baselines import REGISTRY, register
@@ -57,7 +64,6 @@ ROW = "teller_gap_anatomy"
 _KEPT: list[dict[str, Any]] = []
 
 
-@register(ROW)
 class AnatomyRow(TellerSustained):
     """``teller_sustained_family`` with its parts' standing kept for every step of the test runs."""
 
@@ -108,6 +114,10 @@ class AnatomyRow(TellerSustained):
             "effect.iteration_ns": it, **{f"effect.{c}": eff[:, k] for k, c in enumerate(EFFECT_COLUMNS)},
             "effect.stage_families_ns": _families_ns(steps, every, sops, lane, whole.flag & (length >= self.min_episode) & ~warm, warm)})
         return pred
+
+
+if ROW not in REGISTRY:  # the module loaded again in one process (tests) keeps the first registration
+    register(ROW)(AnatomyRow)
 
 
 def _iteration_ns(steps: Any, every: np.ndarray) -> np.ndarray:
@@ -249,6 +259,51 @@ def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
     return out
 
 
+def horizontal_from_ranks(out: str | Path, seed: int) -> dict[str, Any] | None:
+    """The row's horizontal answers or'ed with its vertical answers on the same run and step
+    number (OUT/predictions.parquet), on the horizontal test steps all of whose rank steps are
+    vertical test steps (module docstring); None without both views."""
+    path = Path(out) / "predictions.parquet"
+    if not path.is_file():
+        return None
+    t = pq.read_table(path, columns=["view", "method", "run_id", "step", "is_anomaly", "score", "flag"])
+    t = t.filter(pc.equal(t.column("method"), ROW)).to_pydict()
+    vert: dict[tuple[str, int], list[tuple[bool, float]]] = {}
+    hor: list[tuple[str, int, bool, float, bool]] = []
+    for v, r, s, a, sc, f in zip(t["view"], t["run_id"], t["step"], t["is_anomaly"], t["score"], t["flag"], strict=True):
+        if v == "vertical":
+            vert.setdefault((r, int(s)), []).append((bool(f), float(sc)))
+        else:
+            hor.append((r, int(s), bool(a), float(sc), bool(f)))
+    if not vert or not hor:
+        return None
+    ranks = _rank_counts(out, {(r, s) for r, s, *_ in hor})
+    keep = [h for h in hor if len(vert.get((h[0], h[1]), [])) == ranks.get((h[0], h[1]), -1)]
+    truth = np.asarray([h[2] for h in keep], bool)
+    own = np.asarray([h[4] for h in keep], bool)
+    own_score = np.asarray([h[3] for h in keep], float)
+    anyv = np.asarray([any(f for f, _ in vert[(h[0], h[1])]) for h in keep], bool)
+    vscore = np.asarray([max(sc for _, sc in vert[(h[0], h[1])]) for h in keep], float)
+    out_d: dict[str, Any] = {"covered": len(keep), "uncovered": len(hor) - len(keep)}
+    for name, flag, score in (("as_is", own, own_score), ("or_ranks", own | anyv, np.maximum(own_score, vscore))):
+        st = step_scores(truth, flag)
+        lp = low_prior_scores(truth, flag, score, seed=seed)
+        out_d[name] = {"step_f1": float(st["f1"]), "tp": int(st["tp"]), "fp": int(st["fp"]), "fn": int(st["fn"]),
+                       "prior_0.1_f1": float(lp["0.1"]["f1_mean"])}
+    return out_d
+
+
+def _rank_counts(out: str | Path, keys: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Per (run, step number) of ``keys``: how many rank steps the vertical view holds there
+    (OUT/steps.parquet: every step of the test runs)."""
+    t = pq.read_table(Path(out) / "steps.parquet", columns=["view", "run", "step"]).to_pydict()
+    n: dict[tuple[str, int], int] = {}
+    for v, r, s in zip(t["view"], t["run"], t["step"], strict=True):
+        if v == "vertical" and (r, int(s)) in keys:
+            n[(r, int(s))] = n.get((r, int(s)), 0) + 1
+    return n
+
+
 def from_steps(out: str | Path, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
     """anatomy.json from the per-step columns a run of this script kept (OUT/steps.parquet); the
     seed (of the low-prior draws) and the command are those of its OUT/results.json unless given."""
@@ -266,6 +321,7 @@ def from_steps(out: str | Path, seed: int | None = None, command: str | None = N
     for v in dict.fromkeys(cols["view"].tolist()):
         m = cols["view"] == v
         res["views"][str(v)] = anatomy({k: x[m] for k, x in cols.items()}, seed)
+    res["horizontal_from_ranks"] = horizontal_from_ranks(out, seed)
     (Path(out) / "anatomy.json").write_text(json.dumps(res, indent=1))
     return res
 

@@ -103,3 +103,25 @@ def test_anatomy_again_from_the_kept_steps(tmp_path):
     assert got["command"] == "the evaluation" and got["seed"] == 0
     assert got["views"]["vertical"] == json.loads(json.dumps(ga.anatomy(b, seed=0)))
     assert json.loads((tmp_path / "anatomy.json").read_text()) == got
+
+
+def test_horizontal_answers_with_the_ranks_verdicts(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # run r, steps 1..3 on two ranks; step 4 has one rank step only in the vertical view (uncovered)
+    rows = []
+    for s, truth, hflag, vflags in ((1, True, True, (False, False)), (2, True, False, (False, True)), (3, False, False, (True, False))):
+        rows.append(("horizontal", s, truth, 0.9 if hflag else 0.1, hflag))
+        rows += [("vertical", s, False, 0.8 if f else 0.2, f) for f in vflags]
+    rows += [("horizontal", 4, True, 0.1, False), ("vertical", 4, True, 0.9, True)]
+    pq.write_table(pa.table({"view": [r[0] for r in rows], "method": [ga.ROW] * len(rows), "run_id": ["r"] * len(rows),
+                             "step": [r[1] for r in rows], "is_anomaly": [r[2] for r in rows], "score": [r[3] for r in rows],
+                             "flag": [r[4] for r in rows]}), tmp_path / "predictions.parquet")
+    vsteps = [(s, k) for s in (1, 2, 3) for k in (0, 1)] + [(4, 0), (4, 1)]  # step 4: two rank steps, one of them not a test step
+    pq.write_table(pa.table({"view": ["vertical"] * len(vsteps), "run": ["r"] * len(vsteps), "step": [s for s, _ in vsteps]}),
+                   tmp_path / "steps.parquet")
+    got = ga.horizontal_from_ranks(tmp_path, seed=0)
+    assert (got["covered"], got["uncovered"]) == (3, 1)
+    assert (got["as_is"]["tp"], got["as_is"]["fp"], got["as_is"]["fn"]) == (1, 0, 1)
+    assert (got["or_ranks"]["tp"], got["or_ranks"]["fp"], got["or_ranks"]["fn"]) == (2, 1, 0)
