@@ -256,6 +256,19 @@ def test_split_masks_and_workload_message(vertical):
         split_masks(one_shape, "workload")
 
 
+def test_split_masks_val_part(vertical):
+    from teller.baselines.steps import VAL, split_masks
+    from teller.errors import TellerError
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, val, desc = split_masks(vertical, "request", "val")
+    code = vertical.split["split_request"]
+    assert np.array_equal(tr, train) and np.array_equal(val, code == VAL)
+    assert val.any() and not (val & test).any() and not (val & train).any() and "val steps" in desc
+    with pytest.raises(TellerError, match="--part 'dev'"):
+        split_masks(vertical, "request", "dev")
+
+
 def test_numeric_instances_carry_the_datasets_iteration_context(vertical, slice_ds):
     """teller_numeric's instances are those of teller diagnose: the STEP instances carry the
     iteration columns and batch of iterations.parquet, the admission delay from the logs, and the
@@ -458,6 +471,39 @@ def test_cli_writes_json_markdown_png(slice_ds, tmp_path):
     res = json.loads((tmp_path / "mixed" / "results.json").read_text())
     assert rc == 0 and "one workload shape" in {b["split"]: b for b in res["results"]}["workload"]["skipped"]
     assert "not evaluated" in (tmp_path / "mixed" / "results.md").read_text()
+
+
+def test_cli_scores_the_val_part(slice_ds, tmp_path):
+    """``--part val`` scores the split's val steps (a rule's setting chosen there before the test
+    part is read): the block says so, its steps are the val ones, and its predictions name the
+    split SPLIT/val, so a later test run does not take them for its own and the val run reads
+    them back."""
+    from teller.baselines.steps import VAL, load_steps
+    from teller.cli import main
+
+    out = tmp_path / "val"
+    rc = main(["evaluate", str(slice_ds), "--split", "request", "--view", "vertical", "--methods", "kmeans,rf",
+               "--part", "val", "-o", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    b = res["results"][0]
+    st = load_steps(slice_ds, "vertical")
+    assert res["part"] == "val" and b["part"] == "val" and "--part val" in res["command"]
+    assert b["test_steps"] == int((st.split["split_request"] == VAL).sum())
+    assert "split `request` (val part), view `vertical`" in (out / "results.md").read_text()
+    pred = pq.read_table(out / "predictions.parquet")
+    assert set(pred.column("split").to_pylist()) == {"request/val"} and pred.num_rows == 2 * b["test_steps"]
+    # the test part's run finds nothing of its own in them: it fits its rows
+    rc = main(["evaluate", str(slice_ds), "--split", "request", "--view", "vertical", "--methods", "kmeans",
+               "--reuse", str(out / "predictions.parquet"), "-o", str(tmp_path / "test")])
+    t = json.loads((tmp_path / "test" / "results.json").read_text())["results"][0]
+    assert rc == 0 and "predictions_from" not in t["methods"][0] and t["part"] == "test"
+    # the val run reads them back: the same figures, not fitted again
+    rc = main(["evaluate", str(slice_ds), "--split", "request", "--view", "vertical", "--methods", "rf", "--part", "val",
+               "--reuse", str(out / "predictions.parquet"), "-o", str(tmp_path / "again")])
+    again = json.loads((tmp_path / "again" / "results.json").read_text())["results"][0]["methods"][0]
+    assert rc == 0 and again["predictions_from"] and again["step"] == b["methods"][1]["step"]
+    assert main(["evaluate", str(slice_ds), "--part", "dev", "-o", str(tmp_path / "bad")]) == 2
 
 
 def test_horizontal_view_joins_rank_steps(slice_ds):

@@ -183,11 +183,19 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
     return steps
 
 
-def split_masks(steps: StepSet, split: str) -> tuple[np.ndarray, np.ndarray, str]:
-    """Train and test masks of ``split`` (request, run, mechanism, workload) and a line saying
-    what it holds; a split the dataset cannot provide raises a :class:`TellerError` naming why."""
+#: the parts a split can be scored on: ``test``, or ``val`` (to choose a rule's setting on held-out
+#: steps before the test part is read)
+PARTS = ("test", "val")
+
+
+def split_masks(steps: StepSet, split: str, part: str = "test") -> tuple[np.ndarray, np.ndarray, str]:
+    """Train and scored masks of ``split`` (request, run, mechanism, workload; scored: its
+    ``part``, test or val) and a line saying what it holds; a split the dataset cannot provide
+    raises a :class:`TellerError` naming why."""
     if split not in SPLITS:
         raise TellerError(f"--split {split!r}: expected one of {', '.join(SPLITS)}")
+    if part not in PARTS:
+        raise TellerError(f"--part {part!r}: expected one of {', '.join(PARTS)}")
     col = f"split_{split}"
     if col not in steps.split:
         have = sorted(k.removeprefix("split_") for k in steps.split)
@@ -195,8 +203,8 @@ def split_masks(steps: StepSet, split: str) -> tuple[np.ndarray, np.ndarray, str
                "build a dataset from runs of two or more workloads" if split == "workload" else "rebuild the dataset")
         raise TellerError(f"{steps.dataset}: no {col} column ({why}); this dataset provides the splits {', '.join(have)}")
     code = steps.split[col]
-    train, test = code == TRAIN, code == TEST
+    train, test = code == TRAIN, code == (TEST if part == "test" else VAL)
     if not test.any() or not train.any():
-        raise TellerError(f"{steps.dataset}: split {split!r} leaves {int(train.sum())} train and {int(test.sum())} test "
+        raise TellerError(f"{steps.dataset}: split {split!r} leaves {int(train.sum())} train and {int(test.sum())} {part} "
                           f"{steps.view} steps; nothing to evaluate" + (" (try without --limit-steps)" if steps.n < 50 else ""))
-    return train, test, f"{int(train.sum())} train / {int(test.sum())} test steps ({int((test & steps.is_anomaly).sum())} abnormal)"
+    return train, test, f"{int(train.sum())} train / {int(test.sum())} {part} steps ({int((test & steps.is_anomaly).sum())} abnormal)"

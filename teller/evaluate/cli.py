@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "-o", "--out", help="Folder for results.json, results.md and the PNG plots."),
         models: Optional[Path] = typer.Option(None, "--models", help="Folder of trained root-cause models (one per sub-folder): each model row takes the one of its variant, inputs and unit trained on the split evaluated (teller_mot_family: the MoT reading engine iterations with the family operator head, default the shipped model, request split of runs/h200_v2_all; teller_mot: the same with the token operator head; teller_mot_step: the MoT reading STEP subtrees)."),
         device: str = typer.Option("cpu", "--device", help="cpu | cuda: where the root-cause model rows predict (bfloat16 on cuda)."),
+        part: str = typer.Option("test", "--part", help="test | val: the part of each split scored (val: to choose a rule's setting on held-out steps before the test part is read; its predictions name the split SPLIT/val)."),
         reuse: Optional[list[Path]] = typer.Option(None, "--reuse", help="predictions.parquet of an earlier run on this dataset (repeatable): each method it holds for a split and view is taken from it instead of fitted (e.g. model rows scored on a GPU, the other methods here)."),
     ) -> None:
         """Run every method on the same split and seed; write every metric (JSON, markdown, PNG)."""
@@ -34,10 +35,11 @@ def register(app: typer.Typer) -> None:
         cmd = "teller evaluate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "evaluate" else \
             f"teller evaluate {dataset} --split {split} --view {view}" + (f" --methods {methods}" if methods else "") + \
             f" --seed {seed}" + (f" --limit-steps {limit_steps}" if limit_steps else "") + f" -o {out}" + (f" --models {models}" if models else "") + \
-            (f" --device {device}" if device != "cpu" else "") + "".join(f" --reuse {r}" for r in reuse or [])
+            (f" --device {device}" if device != "cpu" else "") + (f" --part {part}" if part != "test" else "") + \
+            "".join(f" --reuse {r}" for r in reuse or [])
         res = evaluate(dataset, [s.strip() for s in split.split(",") if s.strip()], [v.strip() for v in view.split(",") if v.strip()],
                        [m.strip() for m in methods.split(",") if m.strip()] if methods else None, seed=seed,
                        limit_steps=limit_steps, out=out, command=cmd, log=lambda s: con.print(s, highlight=False), models=models,
-                       device=device, reuse=reuse)
+                       device=device, reuse=reuse, part=part)
         con.print(f"[green]evaluated[/]: {sum('skipped' not in b for b in res['results'])} split×view blocks, "
                   f"{res['seconds']} s, peak RSS {res['peak_rss_mib']} MiB → {out}/results.json, results.md", highlight=False)

@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 from teller.baselines import REGISTRY, make
 from teller.baselines.base import Method, Prediction
 from teller.baselines.features import step_features
-from teller.baselines.steps import CATEGORIES, SPLITS, VIEWS, StepSet, load_steps, split_masks
+from teller.baselines.steps import (
+    CATEGORIES,
+    PARTS,
+    SPLITS,
+    VIEWS,
+    StepSet,
+    load_steps,
+    split_masks,
+)
 from teller.errors import TellerError
 from teller.evaluate.scores import (
     PRIORS,
@@ -73,13 +81,15 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                   limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None,
                   models: str | Path | None = None, device: str = "cpu",
                   predictions: list[pa.Table] | None = None, reuse: pa.Table | None = None,
-                  reuse_from: str = "") -> list[dict[str, Any]]:
+                  reuse_from: str = "", part: str = "test") -> list[dict[str, Any]]:
     """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split.
     ``models``: a folder of trained root-cause models the ``teller_*`` model rows pick from;
     ``device``: where those rows predict (cpu | cuda); ``predictions``: a list the per-step
     predictions of every row are appended to (:func:`prediction_table`); ``reuse``: such rows from
     an earlier run (``reuse_from`` names its file): a method the table holds for this view and
-    split is taken from it, not fitted (:func:`reused_prediction`)."""
+    split is taken from it, not fitted (:func:`reused_prediction`). ``part``: the part of each
+    split scored (test; val to choose a rule's setting before the test part is read: its rows of
+    ``predictions.parquet`` name the split ``SPLIT/val``, :func:`split_label`)."""
     from teller.dataset.codec import read_subtrees
 
     t0 = time.perf_counter()
@@ -90,7 +100,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     masks: dict[str, Any] = {}
     for s in splits:
         try:
-            masks[s] = split_masks(steps, s)
+            masks[s] = split_masks(steps, s, part)
         except TellerError as e:
             masks[s] = str(e)
     blocks: list[dict[str, Any]] = []
@@ -131,7 +141,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                 row: dict[str, Any] = m.describe()
                 try:
                     a = time.perf_counter()
-                    got = reused_prediction(reuse, steps, te, s, name, reuse_from) if reuse is not None else None
+                    got = reused_prediction(reuse, steps, te, split_label(s, part), name, reuse_from) if reuse is not None else None
                     if got is None:
                         m.fit(steps, tr)
                     b = time.perf_counter()
@@ -142,7 +152,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                         row["fit_on"] = f"{row.get('fit_on', '')}; answers read from {reuse_from}"
                     steps.extra.setdefault("predictions", {})[(s, name)] = (te, pred)  # the fused row reuses them
                     if predictions is not None:
-                        predictions.append(prediction_table(steps, te, pred, s, name))
+                        predictions.append(prediction_table(steps, te, pred, split_label(s, part), name))
                     row.update(score_method(steps, te, pred, seed=seed))
                     row["seconds"] = {"fit": round(b - a, 2), "predict": round(c - b, 2)}
                     if got is None:  # what the fit read (a trained model's path, an ensemble's seeds)
@@ -158,7 +168,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                 log(f"{view}/{s} {name}: " + (f"step F1 {row['step']['f1']:.3f}" if "step" in row else row.get("error", "")))
                 bar.advance(task)
         blocks.append({
-            "split": s, "view": view, "seed": seed, "steps": desc, "train_steps": int(train.sum()),
+            "split": s, "part": part, "view": view, "seed": seed, "steps": desc, "train_steps": int(train.sum()),
             "test_steps": int(test.sum()), "test_abnormal": int((test & steps.is_anomaly).sum()),
             "test_prior": float(steps.is_anomaly[test].mean()),
             "test_fault_types": {c: int((test & (steps.fault_type == c)).sum()) for c in CATEGORIES},
@@ -167,6 +177,12 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                          **steps.features.info},
             "load_seconds": round(t_load, 1)})
     return blocks
+
+
+def split_label(split: str, part: str = "test") -> str:
+    """The ``split`` column ``predictions.parquet`` gives rows of ``part``: the split's name for the
+    test part, ``SPLIT/val`` for the val part (so one is never reused as the other)."""
+    return split if part == "test" else f"{split}/{part}"
 
 
 def step_keys(steps: StepSet, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +268,7 @@ def read_predictions(paths: Sequence[str | Path]) -> pa.Table:
 def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], methods: Sequence[str] | None = None,
              seed: int = 0, limit_steps: int | None = None, out: str | Path | None = None, command: str = "",
              log: Callable[[str], None] = lambda s: None, models: str | Path | None = None,
-             device: str = "cpu", reuse: str | Path | Sequence[str | Path] | None = None) -> dict[str, Any]:
+             device: str = "cpu", reuse: str | Path | Sequence[str | Path] | None = None, part: str = "test") -> dict[str, Any]:
     """Run ``methods`` (default :data:`DEFAULT_METHODS`) on every split × view; write the results
     into ``out`` (``results.json``, ``results.md``, PNG plots, and every row's per-step predictions
     in ``predictions.parquet``) when given. ``reuse``: earlier runs' ``predictions.parquet`` (one
@@ -271,6 +287,8 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     for v in views:
         if v not in VIEWS:
             raise TellerError(f"--view {v!r}: expected one of {', '.join(VIEWS)}")
+    if part not in PARTS:
+        raise TellerError(f"--part {part!r}: expected one of {', '.join(PARTS)}")
     reuse = [] if reuse is None else [reuse] if isinstance(reuse, (str, Path)) else list(reuse)
     rt = read_predictions(reuse) if reuse else None
     w0 = time.perf_counter()
@@ -278,11 +296,11 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     preds: list[pa.Table] = []
     for v in views:
         blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
-                                predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse))
+                                predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse), part=part)
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
-    res = {"dataset": str(ds), "command": command, "seed": seed, "limit_steps": limit_steps,
+    res = {"dataset": str(ds), "command": command, "seed": seed, "part": part, "limit_steps": limit_steps,
            "reference": "docs/design.md §11; step and operator metrics of teller.evaluate.metrics (benchmarks/eval_localize_h200.py)",
            "priors": list(PRIORS), "results": blocks, "models": str(models) if models is not None else None,
            "model_device": device, "reused": [str(r) for r in reuse] or None,
@@ -308,8 +326,9 @@ def main_table(block: dict[str, Any], command: str = "") -> str:
     """The markdown table of one split × view: one row per method, one column per metric."""
     hdr = ("| method | kind | features | fit on | step acc | step P | step R | step F1 | AUROC | AUPRC | op F1 (all) "
            "| op Macro₊ P | op Macro₊ R | op Macro₊ F1 | op Macro₊ J | fault acc | fault macro-R | fault macro-F1 | fit s |")
-    lines = [f"**split `{block['split']}`, view `{block['view']}`, seed {block['seed']}**: {block['steps']}, "
-             f"test prior {block['test_prior']:.2f}" + (f"; sample of {block['limit_steps']} steps" if block.get("limit_steps") else "")
+    part = block.get("part", "test")
+    lines = [f"**split `{block['split']}`" + (f" ({part} part)" if part != "test" else "") + f", view `{block['view']}`, "
+             f"seed {block['seed']}**: {block['steps']}, {part} prior {block['test_prior']:.2f}" + (f"; sample of {block['limit_steps']} steps" if block.get("limit_steps") else "")
              + (f". Reproduce: `{command}`" if command else ""), "", hdr, "|" + "---|" * 4 + "---:|" * 15]
     for r in block["methods"]:
         if "error" in r:
