@@ -2,7 +2,7 @@
 and rules against them, measured and not adopted.
 
     python benchmarks/gap_anatomy.py DATASET OUT --split mechanism --seed 0 [--view vertical,horizontal] \\
-        [--reuse PREDICTIONS.parquet ...] [--models DIR]
+        [--reuse PREDICTIONS.parquet ...] [--models DIR] [--part test|val]
     python benchmarks/gap_anatomy.py --from-steps OUT    # anatomy.json again from OUT/steps.parquet
 
 Runs `teller evaluate` on one split with the model row (``teller_mot_family``), the model read
@@ -32,7 +32,10 @@ steps and the other steps of their runs) and OUT/anatomy.json:
   episodes in place of the fault windows the tool cannot know; its variants in
   :data:`EFFECT_VARIANTS`.
 
-docs/results.md ("What the remaining gaps are made of") reports it.
+``--part val`` scores the split's val steps instead (`teller evaluate --part val`): a rule's
+setting chosen there is chosen before the test part is read; the ``test`` column and the
+``composition`` then describe the val steps. docs/results.md ("What the remaining gaps are made
+of") reports it.
 """
 
 from __future__ import annotations
@@ -317,6 +320,7 @@ def from_steps(out: str | Path, seed: int | None = None, command: str | None = N
     for c in ("view", "split", "run", "true_type", "model_type", "stage_type", "fault_type", "stage_families"):
         cols[c] = cols[c].astype(object)
     res: dict[str, Any] = {"command": command, "split": str(cols["split"][0]) if len(cols["split"]) else "", "seed": seed,
+                           "part": ev.get("part", "test"),
                            "near": NEAR, "effect_measures": list(EFFECT_MEASURES), "views": {}}
     for v in dict.fromkeys(cols["view"].tolist()):
         m = cols["view"] == v
@@ -336,6 +340,7 @@ def main() -> None:
     ap.add_argument("--view", default="vertical,horizontal")
     ap.add_argument("--reuse", action="append", default=[])
     ap.add_argument("--models", default=None)
+    ap.add_argument("--part", default="test", choices=["test", "val"])
     a = ap.parse_args()
     if a.from_steps:
         print(json.dumps(from_steps(a.from_steps), indent=1))
@@ -345,9 +350,10 @@ def main() -> None:
     assert ROW in REGISTRY
     methods = ["teller_mot_family", "teller_mot_family_sustained", "teller_numeric_deploy", ROW]
     cmd = " ".join(["python benchmarks/gap_anatomy.py", a.dataset, a.out, "--split", a.split, "--seed", str(a.seed), "--view", a.view,
-                    *(f"--reuse {r}" for r in a.reuse), *([f"--models {a.models}"] if a.models else [])])
+                    *(f"--reuse {r}" for r in a.reuse), *([f"--models {a.models}"] if a.models else []),
+                    *([f"--part {a.part}"] if a.part != "test" else [])])
     evaluate(a.dataset, [a.split], a.view.split(","), methods, seed=a.seed, out=a.out, reuse=a.reuse or None,
-             models=a.models, command=cmd, log=lambda s: print(s, flush=True))
+             models=a.models, command=cmd, log=lambda s: print(s, flush=True), part=a.part)
     tables = [pa.table({k: (v.astype(str) if v.dtype == object else v) for k, v in blk.items()}) for blk in _KEPT]
     pq.write_table(pa.concat_tables(tables), Path(a.out) / "steps.parquet")
     print(json.dumps(from_steps(a.out, a.seed, cmd), indent=1))
