@@ -126,17 +126,30 @@ if ROW not in REGISTRY:  # the module loaded again in one process (tests) keeps 
 def _iteration_ns(steps: Any, every: np.ndarray) -> np.ndarray:
     """Per step: its engine iteration's length (``iterations.parquet``: schedule, STEP, post and the
     untraced gap before it; the labelling rule's step duration), NaN where the dataset has none."""
+    from teller.localize.context import keys_of
+
     path = Path(steps.dataset) / "iterations.parquet"
     out = np.full(len(every), np.nan)
     if not path.is_file():
         return out
     it = pq.read_table(path, columns=["run_id", "step_id", "dur_ns"])
-    key = {(r, int(s)): float(d) for r, s, d in zip(it.column("run_id").to_pylist(), it.column("step_id").to_pylist(),
-                                                     it.column("dur_ns").to_pylist(), strict=True)}
-    runs = np.asarray(steps.runs, dtype=object)[steps.run_code[every]]
-    for k, (r, s) in enumerate(zip(runs.tolist(), steps.step_id[every].tolist(), strict=True)):
-        out[k] = key.get((r, int(s)), np.nan)
+    pos = keys_of(steps.runs, it.column("run_id").to_numpy(zero_copy_only=False).astype(str), it.column("step_id").to_numpy(),
+                  steps.unit_key)
+    unit = np.full(len(steps.unit_key), np.nan)
+    unit[pos[pos >= 0]] = it.column("dur_ns").to_numpy(zero_copy_only=False).astype(np.float64)[pos >= 0]
+    key = steps.run_code[every].astype(np.int64) << 40 | steps.step_id[every].astype(np.int64)  # the step's first rank step
+    at = np.clip(np.searchsorted(steps.unit_key, key), 0, max(len(steps.unit_key) - 1, 0))
+    hit = steps.unit_key[at] == key if len(steps.unit_key) else np.zeros(len(every), bool)
+    out[hit] = unit[at[hit]]
     return out
+
+
+def _lane_groups(lane: np.ndarray) -> list[np.ndarray]:
+    """The rows of each lane (:func:`teller.baselines.numeric.step_lanes`: one code per run and rank,
+    or per run horizontally), in row order within a lane."""
+    order = np.argsort(lane, kind="stable")
+    cut = np.flatnonzero(np.diff(lane[order])) + 1
+    return np.split(order, cut) if len(order) else []
 
 
 def _families_ns(steps: Any, every: np.ndarray, ops: list[list[str]], lane: np.ndarray, inside: np.ndarray,
@@ -146,24 +159,24 @@ def _families_ns(steps: Any, every: np.ndarray, ops: list[list[str]], lane: np.n
     the labelling rule's targeted-time test with the stage's families); NaN elsewhere or with
     fewer than 20 such steps."""
     fam = {f: k for k, f in enumerate(steps.features.families)}
-    dur = steps.features.fam_dur[every].tocsc()
+    dur = steps.features.fam_dur[every].tocsr()
     out = np.full(len(every), np.nan)
-    for i in np.flatnonzero(inside):
-        cols = [fam[f] for f in ops[i] if f in fam]
-        ref = np.flatnonzero((lane == lane[i]) & (steps.run_code[every] == steps.run_code[every[i]]) & ~inside & ~warm)
-        if not cols or len(ref) < 20:
+    for m in _lane_groups(lane):
+        ref = m[~inside[m] & ~warm[m]]
+        if len(ref) < 20:
             continue
-        tot = np.asarray(dur[:, cols].sum(axis=1)).ravel()
-        out[i] = tot[i] / max(float(np.quantile(tot[ref], 0.99)), 1e-9)
+        for i in m[inside[m]]:
+            cols = [fam[f] for f in ops[i] if f in fam]
+            if cols:
+                tot = np.asarray(dur[ref][:, cols].sum(axis=1)).ravel()
+                out[i] = float(dur[i][:, cols].sum()) / max(float(np.quantile(tot, 0.99)), 1e-9)
     return out
 
 
 def _near_abnormal(t: dict[str, np.ndarray]) -> np.ndarray:
     """Per step: whether a labelled abnormal step of the same lane lies within :data:`NEAR` step numbers."""
     out = np.zeros(len(t["step"]), bool)
-    key = np.char.add(t["run"].astype(str), np.char.add("|", t["lane"].astype(str)))
-    for k in np.unique(key):
-        m = np.flatnonzero(key == k)
+    for m in _lane_groups(t["lane"]):
         ab = np.sort(t["step"][m][t["abnormal"][m]])
         if len(ab):
             s = t["step"][m]
@@ -183,10 +196,8 @@ def _effect(t: dict[str, np.ndarray], q: float = 0.99, reference: str = "outside
     own 99th percentile (:func:`_families_ns`)."""
     inside = t["stage_flag"] & (t["episode"] >= TellerSustained.min_episode) & ~t["warmup"]
     refmask = (~inside if reference == "outside_episodes" else ~t["stage_flag"]) & ~t["warmup"]
-    key = np.char.add(t["run"].astype(str), np.char.add("|", t["lane"].astype(str)))
-    out = np.ones(len(key), bool)
-    for k in np.unique(key):
-        m = np.flatnonzero(key == k)
+    out = np.ones(len(t["lane"]), bool)
+    for m in _lane_groups(t["lane"]):
         ref = m[refmask[m]]
         if len(ref) < 20:
             continue
