@@ -21,18 +21,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # EVAL_RESERVE: seconds kept for `teller evaluate` after the trainings (default 200; two splits need about 120)
 # EVAL_JOBS: the jobs `teller evaluate` reads (default all; one per split and head)
 # SEED: the seed of the training and of the evaluation (default 0; the splits are the dataset's own)
-# PARTS: the dataset parts to join (default parts 1-3; "h200_v2 h200_v2_tp h200_v2_link" with part 4,
-# then UNION=h200_v2_all), each from data/ in this call's tree or from runs/stash/ (union_stash.sh)
-PARTS=${PARTS:-h200_v2 h200_v2_tp}
-UNION=${UNION:-h200_v2_whole}
-parts=()
-for p in $PARTS; do
-  if [ -d "data/$p" ]; then parts+=("data/$p"); elif [ -d "runs/stash/$p" ]; then parts+=("runs/stash/$p"); fi
-done
-want=$(echo $PARTS | wc -w)
-if [ ${#parts[@]} -ne "$want" ]; then echo "need the parts $PARTS (found: ${parts[*]}); run union_stash.sh first" >&2; exit 2; fi
-python3 -m teller.cli dataset merge "${parts[@]}" -o runs/$UNION --force > "$OUT/merge.log" 2>&1 || { tail -5 "$OUT/merge.log"; exit 3; }
-echo "merged after $(( $(date +%s) - T0 )) s"
+source scripts/gpu/union_merge.sh || exit $?
 args=()
 for j in "${JOBS[@]}"; do args+=(--job "$j"); done
 EV=${EVAL_SPLITS:-request,run,mechanism,workload}

@@ -1,5 +1,5 @@
 """``teller dataset build RUNS... -o DS``, ``teller dataset merge DS... -o DS``, ``teller dataset resample SRC -o DST``,
-``teller dataset recode SRC -o DST``."""
+``teller dataset recode SRC -o DST``, ``teller dataset nest SRC -o DST --fold K``."""
 
 from __future__ import annotations
 
@@ -118,6 +118,31 @@ def recode_cmd(
     Console(stderr=True).print(f"[green]recoded[/]: {s['rows']} rows in {s['parts']} parts ({CODEC}), "
                                f"subtrees {s['bytes_before'] / 2**20:.1f} MiB -> {s['bytes_after'] / 2**20:.1f} MiB "
                                f"({s['bytes_before'] / max(s['bytes_after'], 1):.2f}x smaller)", highlight=False)
+
+
+@dataset_app.command("nest")
+def nest_cmd(
+    src: Path = typer.Argument(..., help="Dataset folder whose mechanism split holds mechanisms out."),
+    out: Path = typer.Option(..., "-o", "--out", help="Dataset folder to write (not SRC)."),
+    fold: int = typer.Option(0, "--fold", help="Hold out the K-th mechanism (name order) of every category with more than K."),
+    force: bool = typer.Option(False, "--force", help="Replace the dataset folder DST if it already exists."),
+) -> None:
+    """The mechanism split's training part as a dataset, one more mechanism per category held out
+    as its test part: a part of faults unseen in training on which to choose a rule's setting."""
+    from rich.markup import escape
+
+    from teller.cliutil import console, fresh_dir
+    from teller.dataset.merge import check_parts
+    from teller.dataset.nest import nest_dataset
+    from teller.summary import n
+
+    err = console(stderr=True)
+    check_parts([src], out)
+    with fresh_dir(out, force, kind="dataset", is_ours=lambda p: (p / "datasheet.json").is_file() or (p / "records.parquet").is_file()):
+        s = nest_dataset(src, out, fold=fold)
+    err.print(f"[green]nested[/] {escape(str(src))} (fold {fold}) into {escape(str(out))}: {n(s['records'], 'step record')} "
+              f"({s['nested']['records_left_out']:,} of the held-out mechanisms left out); held out now: "
+              f"{escape(', '.join(s['held_out_mechanisms']))}")
 
 
 def register(app: typer.Typer) -> None:
