@@ -335,6 +335,34 @@ def test_every_method_fits_and_predicts(vertical, name):
     assert 0.0 <= r["step"]["f1"] <= 1.0 and "0.1" in r["low_prior"]
 
 
+def test_numeric_stage_names_the_family_its_evidence_was_typed_by(vertical, monkeypatch):
+    """A flagged step's operators are its candidate families and the family its evidence's type
+    was decided by (what `teller diagnose`'s verdict names first); an unflagged step names none,
+    and evidence that decided no type adds nothing."""
+    import teller.baselines.numeric as numeric
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+    from teller.localize.faulttype import TypeCall
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    m = make("teller_numeric", seed=0).fit(vertical, tr)
+    real = numeric.step_fault_types
+    got = m.predict(vertical, te)
+    # evidence that decided no type: the candidate families alone
+    monkeypatch.setattr(numeric, "step_fault_types", lambda *a, **k: {
+        u: TypeCall(None, "COMM evidence_family", "count") for u in real(*a, **k)})
+    cand = m.predict(vertical, te)
+    assert cand.flag.any() and np.array_equal(cand.flag, got.flag)
+    assert all(set(c) <= set(g) and len(set(g) - set(c)) <= 1 for c, g in zip(cand.operators, got.operators, strict=True))
+    monkeypatch.setattr(numeric, "step_fault_types", lambda *a, **k: {
+        u: TypeCall("communication", "COMM evidence_family", "count") for u in real(*a, **k)})
+    p = m.predict(vertical, te)
+    assert np.array_equal(p.flag, got.flag)
+    for ops, c, f in zip(p.operators, cand.operators, p.flag, strict=True):
+        assert ops == (sorted({*c, "COMM evidence_family"}) if f else [])
+
+
 def test_numeric_stage_reference_every_normal_step_or_the_fault_free_runs(vertical):
     """teller_numeric's reference is every normal train step; teller_numeric_ff takes those of the
     runs without a fault window (as `teller diagnose --reference` reads fault-free recordings),

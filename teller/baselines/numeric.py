@@ -14,7 +14,10 @@ batch from the STEP names' ``reqs=`` lists and the warm-up rule from
 instances of the **normal** train steps (a one-class reference of normal operation), warm-up
 steps left out as ``teller diagnose`` leaves them out (``keep_warmup=True`` keeps them). A test
 step is flagged when its step score reaches the stage's threshold, and its operator set is its
-candidate families (at most 5). In the horizontal view a step is flagged when one of its rank
+candidate families (at most 5) and the family its evidence's type was decided by
+(:func:`teller.localize.faulttype.step_fault_types`, which `teller diagnose`'s verdict line names
+first: a collective run more often than the reference ever ran it, a family the reference never
+saw, the family whose feature departs). In the horizontal view a step is flagged when one of its rank
 steps is, its score is the largest of theirs and its operators are the union of theirs. The
 stage has no fault-type head. ``benchmarks/eval_localize_h200.py`` builds its instances with the
 same two functions.
@@ -255,7 +258,11 @@ class TellerNumeric(Method):
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units
             uops[int(s)] = {c["family"] for c in res.candidates}
-        utype = {u: c.fault_type for u, c in step_fault_types(model, sub, loc, counts=counts).items()}
+        calls = step_fault_types(model, sub, loc, counts=counts)
+        utype = {u: c.fault_type for u, c in calls.items()}
+        for u, c in calls.items():  # the family the evidence's type was decided by, as diagnose's verdict names it first
+            if c.fault_type is not None and c.family and int(u) in uops:
+                uops[int(u)].add(c.family)
         n = len(idx)
         flag = np.zeros(n, bool)
         score = np.full(n, -np.inf)
