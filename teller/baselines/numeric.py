@@ -19,7 +19,8 @@ candidate families (at most 5) and the family its evidence's type was decided by
 first: a collective run more often than the reference ever ran it, a family the reference never
 saw, the family whose feature departs). In the horizontal view a step is flagged when one of its rank
 steps is, its score is the largest of theirs and its operators are the union of theirs. The
-stage has no fault-type head. ``benchmarks/eval_localize_h200.py`` builds its instances with the
+stage has no fault-type head of its own: its type is the one its evidence points to (that of a
+horizontal step's most suspicious rank). ``benchmarks/eval_localize_h200.py`` builds its instances with the
 same two functions.
 """
 

@@ -58,6 +58,11 @@ def inner_held_out(mechanism: np.ndarray, category: np.ndarray, fold: int) -> li
     return sorted(held)
 
 
+def _strings(t: pa.Table, col: str) -> np.ndarray:
+    """Column ``col`` as a numpy string array (nulls as "")."""
+    return t.column(col).cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False).astype(str)
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     if src.is_dir():
         dst.mkdir()
@@ -84,14 +89,13 @@ def nest_dataset(src: str | Path, out: str | Path, fold: int = 0) -> dict[str, A
     for c in ("split_mechanism", "mechanism", "fault_type"):
         if c not in records.column_names:
             raise InputError(path, f"lacks the column {c!r}", "rebuild the dataset with `teller dataset build`")
-    part = np.asarray(records.column("split_mechanism").cast(pa.string()).to_pylist(), dtype=object).astype(str)
+    part = _strings(records, "split_mechanism")
     outer = sorted(sheet.get("held_out_mechanisms") or [])
     if not outer:
         raise InputError(src / "datasheet.json", "its mechanism split holds no mechanism out (no category has two or more)",
                          "nest a dataset with two or more mechanisms in a category")
     kept = records.filter(pa.array(part != "test"))
-    mech = np.asarray(kept.column("mechanism").cast(pa.string()).to_pylist(), dtype=object).astype(str)
-    cat = np.asarray(kept.column("fault_type").cast(pa.string()).to_pylist(), dtype=object).astype(str)
+    mech, cat = _strings(kept, "mechanism"), _strings(kept, "fault_type")
     inner = inner_held_out(mech, cat, fold)
     if not inner:
         raise TellerError(f"{src}: fold {fold} holds out no mechanism (no category of its training part has more than "
@@ -107,8 +111,7 @@ def nest_dataset(src: str | Path, out: str | Path, fold: int = 0) -> dict[str, A
         p = src / (name if name == "subtrees" else f"{name}.parquet")
         if p.exists():
             _link_or_copy(p, out / p.name)
-    rid, counts = np.unique(np.asarray(kept.column("run_id").cast(pa.string()).to_pylist(), dtype=object).astype(str),
-                            return_counts=True)
+    rid, counts = np.unique(_strings(kept, "run_id"), return_counts=True)
     per_run = dict(zip(rid.tolist(), counts.tolist(), strict=True))
     runs = [{**r, "records": int(per_run.get(str(r.get("run_id")), 0))} for r in sheet["runs"]]
     res = write_datasheet(kept, runs, out, seed=int(sheet.get("seed", 0)),
