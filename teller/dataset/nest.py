@@ -102,7 +102,7 @@ def nest_dataset(src: str | Path, out: str | Path, fold: int = 0) -> dict[str, A
                           f"{fold} mechanisms and at least two); use a smaller --fold")
     new = np.where(np.isin(mech, inner), "test", part[part != "test"])
     i = kept.column_names.index("split_mechanism")
-    kept = kept.set_column(i, "split_mechanism", pa.array(new.tolist(), pa.string()).dictionary_encode())
+    kept = kept.set_column(i, "split_mechanism", pa.array(new, pa.string()).dictionary_encode())
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
         raise TellerError(f"{out}: not empty; write the nested dataset to a new folder (-o)")
