@@ -341,6 +341,48 @@ def test_admission_delay_counts_the_engine_idle_after_arrival():
     assert g[0] == 0
 
 
+def _admission_dataset(d: Path, rows: list[tuple[str, int]]) -> Path:
+    """A dataset folder of one run whose process ran four iterations of 10 ms at 0, 10, 20 and
+    30 ms (step ids 0-3) with nothing waiting; A's first log line is at 5 ms, B's at 12 ms;
+    ``rows``: the vertical request rows (request, step id)."""
+    from teller.reconstruct.iterations import ITERATIONS_SCHEMA
+
+    ms = 1_000_000
+    n = 4
+    cols = {f.name: [0] * n for f in ITERATIONS_SCHEMA}
+    cols.update(step_id=list(range(n)), step_idx=list(range(n)), pid=[7] * n, start_ns=[i * 10 * ms for i in range(n)],
+                end_ns=[(i + 1) * 10 * ms for i in range(n)], dur_ns=[10 * ms] * n, waiting=[0] * n, warmup=[False] * n,
+                rule=["engine ranges"] * n)
+    it = pa.Table.from_pydict(cols, schema=ITERATIONS_SCHEMA).append_column("run_id", pa.array(["r"] * n))
+    d.mkdir()
+    pq.write_table(it, d / "iterations.parquet")
+    pq.write_table(pa.table({"run_id": ["r", "r"], "request_id": ["A", "B"], "ts_ns": [5 * ms, 12 * ms]}), d / "logs.parquet")
+    pq.write_table(pa.table({"run_id": ["r"] * len(rows), "request_id": [q for q, _ in rows],
+                             "step_id": pa.array([s for _, s in rows], pa.int64()), "view": ["vertical"] * len(rows)}),
+                   d / "records.parquet")
+    return d
+
+
+def test_a_datasets_admission_delay_counts_only_iterations_whose_requests_it_kept(tmp_path):
+    """A arrives at 5 ms and runs in steps 1-3; B arrives at 12 ms and is first served by step 3,
+    step 2 having run with nothing waiting (10 ms of delay). A dataset that leaves out the rows of
+    steps 1 and 2 but keeps their iterations (what `teller dataset nest` does to the rows of the
+    mechanisms it drops) must not read A as held back through them (20 ms): its first kept step is
+    not its first step. Such iterations do not count; B's delay then has no kept iteration to
+    count either (the value is a lower bound, as for steps a dataset did not sample)."""
+    from teller.localize.context import dataset_context
+
+    runs = np.array(["r"])
+    keys = np.arange(4, dtype=np.int64)  # run code 0
+    j = ITER_FEATURES.index("iter.admit_delay")
+    whole = _admission_dataset(tmp_path / "whole", [("A", 1), ("A", 2), ("A", 3), ("B", 3)])
+    d = dataset_context(whole, runs, keys)["iter"][:, j]
+    np.testing.assert_array_equal(d, [np.nan, 0, np.nan, 10_000_000])  # A taken at once; B held 10 ms
+    part = _admission_dataset(tmp_path / "part", [("A", 3), ("B", 3)])
+    d = dataset_context(part, runs, keys)["iter"][:, j]
+    np.testing.assert_array_equal(d, [np.nan, np.nan, np.nan, 0])
+
+
 def test_admission_delay_of_a_recorded_run(tmp_path):
     """A real CPU recording (examples/cpu_normal) with its service logs: the steps that admit a
     request whose arrival was logged carry the feature, 0 in this fault-free run; the others NaN."""

@@ -49,7 +49,10 @@ def dataset_context(ds: str | Path, runs: np.ndarray, keys: np.ndarray) -> dict[
     ``teller diagnose`` computes it from a run directory: arrivals are each request's first log
     line (``logs.parquet``), first steps those of the vertical records, the iterations those of
     ``iterations.parquet``. A dataset keeps a sample of each run's steps, so only the kept
-    iterations between an arrival and a first step count (a lower bound)."""
+    iterations between an arrival and a first step count (a lower bound), and of those only the
+    ones whose step has request rows: a dataset that leaves some steps' rows out but keeps their
+    iterations (`teller dataset nest`) would otherwise make every request first seen after such a
+    step look held back through it (fault-free steps with admission delays of seconds)."""
     ds = Path(ds)
     if not (ds / "iterations.parquet").is_file():
         return None
@@ -85,6 +88,9 @@ def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray)
     for name in np.unique(irun).tolist():  # runs: tens
         rows = np.flatnonzero(irun == name)
         m, f = np.flatnonzero(rrun == name), np.flatnonzero(frun == name)
+        # only the iterations of steps with request rows: a step whose rows a derived dataset left
+        # out (`teller dataset nest`) would count as an iteration that ran without its requests
+        rows = rows[np.isin(col["step_id"][rows], rsid[m])]
         d = request_admission_delay(*(col[c][rows] for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")),
                                     rec.column("request_id").take(pa.array(m)), rsid[m],
                                     first.column("request_id").take(pa.array(f)),
