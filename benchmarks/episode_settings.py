@@ -19,6 +19,13 @@ view. Every ``(E, f)`` of :data:`EPISODES` × :data:`FLOORS` gets step F1 and F1
 blocks of the two; ties at three decimals keep the current setting when it is among them, else the
 higher mean step F1. ``--apply``: gap-anatomy outputs of the splits' test parts, scored with every
 setting (the chosen and the current one side by side in the summary). Writes RESULT.json.
+
+A floor relative to the model (``E,qQ``, :data:`QUANTILES`): the ``Q`` quantile of the model's
+probability over the normal steps (warm-up out) of its split's val part in the same view, read
+from the val gap-anatomy output (a fold's second; ``--apply TEST_OUT,VAL_OUT``). A probability
+threshold does not carry from one model to another (the nested fold 0 model gives its val normal
+steps a median of 0.00000, the shipped one 0.00082); a quantile of the model's own normal steps
+does. An ``--apply`` output without a val output is scored with the absolute floors only.
 """
 
 from __future__ import annotations
@@ -35,8 +42,21 @@ from teller.evaluate.scores import low_prior_scores, step_scores
 
 EPISODES = (1, 2, 3, 4, 5, 8)
 FLOORS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1)
+QUANTILES = (0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)
 CURRENT = (5, 0.01)
 COLUMNS = ("view", "test", "abnormal", "flag", "sustained_flag", "stage_flag", "episode", "own_reference", "model_p")
+
+
+def normal_quantiles(val_out: str | Path) -> dict[str, dict[float, float]]:
+    """Per view: the :data:`QUANTILES` of the model's probability over the scored part's normal
+    steps, warm-up out, of a gap-anatomy output (``--part val``)."""
+    t = pq.read_table(Path(val_out) / "steps.parquet", columns=["view", "test", "abnormal", "warmup", "model_p"])
+    c = {k: t.column(k).to_numpy(zero_copy_only=False) for k in t.column_names}
+    view = c["view"].astype(str)
+    ok = c["test"].astype(bool) & ~c["abnormal"].astype(bool) & ~c["warmup"].astype(bool)
+    p = np.nan_to_num(c["model_p"].astype(float), nan=0.0)
+    return {v: {q: float(np.quantile(p[ok & (view == v)], q)) for q in QUANTILES}
+            for v in dict.fromkeys(view.tolist()) if (ok & (view == v)).any()}
 
 
 def read_steps(out: str | Path) -> dict[str, np.ndarray]:
@@ -72,14 +92,19 @@ def _by_view(t: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     return {v: {c: x[t["view"] == v] for c, x in t.items()} for v in dict.fromkeys(t["view"].tolist())}
 
 
-def grid(t: dict[str, np.ndarray], seed: int = 0) -> dict[str, dict[str, float]]:
-    """Scores of every setting on the steps ``t``; raises if the current setting does not give the
-    row's own flags back."""
+def grid(t: dict[str, np.ndarray], seed: int = 0, quantiles: dict[float, float] | None = None) -> dict[str, dict[str, float]]:
+    """Scores of every setting on the steps ``t`` (with ``quantiles``, :func:`normal_quantiles` of
+    the view, the relative floors too); raises if the current setting does not give the row's own
+    flags back."""
     mism = int((row_flags(t, *CURRENT) != t["flag"].astype(bool)).sum())
     if mism:
         raise SystemExit(f"the current setting {CURRENT} differs from the row's flags on {mism} steps: "
                          "steps.parquet is not of the row as this script reads it")
-    return {f"{e},{f:g}": scores(t, row_flags(t, e, f), seed) for e in EPISODES for f in FLOORS}
+    out = {f"{e},{f:g}": scores(t, row_flags(t, e, f), seed) for e in EPISODES for f in FLOORS}
+    for q, f in (quantiles or {}).items():
+        for e in EPISODES:
+            out[f"{e},q{q:g}"] = {**scores(t, row_flags(t, e, f), seed), "floor": f}
+    return out
 
 
 def choose(blocks: dict[str, dict[str, dict[str, float]]]) -> tuple[str, dict[str, dict[str, float]]]:
@@ -98,29 +123,34 @@ def choose(blocks: dict[str, dict[str, dict[str, float]]]) -> tuple[str, dict[st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fold", action="append", required=True, metavar="TEST_OUT,VAL_OUT")
-    ap.add_argument("--apply", action="append", default=[], metavar="OUT")
+    ap.add_argument("--apply", action="append", default=[], metavar="OUT[,VAL_OUT]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     blocks: dict[str, dict[str, dict[str, float]]] = {}
     for k, pair in enumerate(a.fold):
-        pooled = _pool([read_steps(p) for p in pair.split(",")])
+        parts = pair.split(",")
+        pooled = _pool([read_steps(p) for p in parts])
+        qs = normal_quantiles(parts[1]) if len(parts) > 1 else {}
         for view, t in _by_view(pooled).items():
-            blocks[f"fold{k}/{view}"] = grid(t, a.seed)
+            blocks[f"fold{k}/{view}"] = grid(t, a.seed, qs.get(view))
     pick, mean = choose(blocks)
     cur = f"{CURRENT[0]},{CURRENT[1]:g}"
     res: dict[str, Any] = {"command": "python benchmarks/episode_settings.py " + " ".join(
         [f"--fold {f}" for f in a.fold] + [f"--apply {x}" for x in a.apply] + [f"-o {a.out}"]),
-        "episodes": list(EPISODES), "floors": list(FLOORS), "current": cur, "chosen": pick, "seed": a.seed,
+        "episodes": list(EPISODES), "floors": list(FLOORS), "quantiles": list(QUANTILES), "current": cur, "chosen": pick,
+        "seed": a.seed,
         "folds": a.fold, "selection": blocks, "selection_mean": mean, "applied": {}}
-    for out in a.apply:
+    for spec in a.apply:
+        out, *val = spec.split(",")
+        qs = normal_quantiles(val[0]) if val else {}
         for view, t in _by_view(read_steps(out)).items():
-            res["applied"][f"{out}/{view}"] = grid(t, a.seed)
+            res["applied"][f"{out}/{view}"] = grid(t, a.seed, qs.get(view))
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"chosen {pick} (current {cur}): selection mean step F1 + prior {mean[pick]['sum']:.4f} against {mean[cur]['sum']:.4f}")
     for name, g in res["applied"].items():
-        print(f"  {name}: chosen {g[pick]['step_f1']:.4f} ; {g[pick]['prior_0.1_f1']:.4f}   current {g[cur]['step_f1']:.4f} ; "
-              f"{g[cur]['prior_0.1_f1']:.4f}")
+        got = f"{g[pick]['step_f1']:.4f} ; {g[pick]['prior_0.1_f1']:.4f}" if pick in g else "n/a (no val output)"
+        print(f"  {name}: chosen {got}   current {g[cur]['step_f1']:.4f} ; {g[cur]['prior_0.1_f1']:.4f}")
 
 
 if __name__ == "__main__":

@@ -74,3 +74,23 @@ def test_read_steps_keeps_the_scored_steps(tmp_path):
     pq.write_table(pa.table({k: v for k, v in t.items()}), tmp_path / "steps.parquet")
     got = es.read_steps(tmp_path)
     assert len(got["abnormal"]) == 11 and got["view"].dtype.kind == "U"
+
+
+def test_relative_floors_are_quantiles_of_the_models_own_normal_val_steps(tmp_path):
+    """A val output with 5 normal steps (model p 0, 0.001, 0.002, 0.004, 0.1), a warm-up step and
+    an abnormal one (both left out), and an unscored step: the floors are their quantiles; the grid
+    then scores the relative settings too, with the floor each one used."""
+    n = 8
+    val = {"view": np.array(["vertical"] * n), "test": np.array([1, 1, 1, 1, 1, 1, 1, 0], bool),
+           "abnormal": np.array([0, 0, 0, 0, 0, 0, 1, 0], bool), "warmup": np.array([0, 0, 0, 0, 0, 1, 0, 0], bool),
+           "model_p": np.array([0, 0.001, 0.002, 0.004, 0.1, 0.9, 0.9, 0.9])}
+    pq.write_table(pa.table(val), tmp_path / "steps.parquet")
+    q = es.normal_quantiles(tmp_path)["vertical"]
+    assert q[0.5] == pytest.approx(0.002) and q[0.75] == pytest.approx(0.004)
+    assert q[0.9] == pytest.approx(0.004 + 0.6 * (0.1 - 0.004))  # linear between the 4th and 5th of five
+    t = _steps()
+    g = es.grid(t, quantiles={0.5: 0.002, 0.99: 0.06})
+    assert len(g) == len(es.EPISODES) * (len(es.FLOORS) + 2)
+    # a floor of 0.002 keeps 4-5 (p 0.005) as the absolute floor 0.001 does; 0.06 drops 4-9 as 0.1 does
+    assert {k: v for k, v in g["5,q0.5"].items() if k != "floor"} == g["5,0.001"] and g["5,q0.5"]["floor"] == 0.002
+    assert {k: v for k, v in g["5,q0.99"].items() if k != "floor"} == g["5,0.1"]
