@@ -1277,3 +1277,52 @@ def test_numeric_stage_types_steps_by_the_layer_of_their_evidence(vertical):
     assert comm[mech == "straggler_rank"].sum() >= 3 and not comm[mech != "straggler_rank"].any()
     r = score_method(vertical, ab, p)["fault_type"]
     assert r["steps"] == len(ab) and r["accuracy"] > 0.4
+
+
+def test_lift_to_modules_replaces_framework_ops_by_the_modules_enclosing_their_suspects():
+    """Instances: STEP 0 holds FE LlamaMLP 1 (holding BE aten::mm 2), COMM all_reduce 3, FE
+    LlamaAttention 4 (holding FE Rotary 5, holding BE aten::mm 6) and BE aten::add 7 (in no
+    module). A framework op becomes the modules around the step's suspects of it (the nearest
+    one: Rotary, not LlamaAttention); one no module encloses stays; the rest are kept in order."""
+    from teller.baselines.numeric import enclosing_modules, lift_to_modules
+    from teller.localize.features import Instances
+
+    fams = ["STEP", "FE LlamaMLP", "BE aten::mm", "COMM all_reduce", "FE LlamaAttention", "FE Rotary", "BE aten::add"]
+    family = np.array([0, 1, 2, 3, 4, 5, 2, 6], np.int32)
+    parent = np.array([-1, 0, 1, 0, 0, 4, 5, 0])
+    inst = Instances(np.arange(8), family, fams, np.zeros(8, np.int64), np.zeros((8, 1)), parent, ("FE", "BE", "COMM"))
+    module = enclosing_modules(inst)
+    np.testing.assert_array_equal(module, [-1, 1, 1, -1, 4, 5, 5, -1])
+    got = lift_to_modules(["BE aten::mm", "COMM all_reduce", "BE aten::add", "FE LlamaMLP"], np.array([6, 2, 7]), inst, module)
+    assert got == ["FE Rotary", "FE LlamaMLP", "COMM all_reduce", "BE aten::add"]
+    # only the step's suspects count: with the one under LlamaMLP alone, Rotary is not named
+    assert lift_to_modules(["BE aten::mm"], np.array([2]), inst, module) == ["FE LlamaMLP"]
+    # a framework op without a suspect in the step stays as it is
+    assert lift_to_modules(["BE aten::mm"], np.zeros(0, np.int64), inst, module) == ["BE aten::mm"]
+
+
+def test_numeric_stage_names_modules_not_the_framework_ops_inside_them(vertical, monkeypatch):
+    """On the real slice the stage's candidates include framework ops: the copy it suspects inside
+    a decoder layer is answered as that layer (a pageable-copies step is labelled by it), and every
+    framework op it still names has instances in no module (the sampler's copies, the logits'
+    matmuls). Flags and types unchanged."""
+    import teller.baselines.numeric as numeric
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+
+    train, test, _ = split_masks(vertical, "request")
+    m = make("teller_numeric", seed=0).fit(vertical, np.flatnonzero(train))
+    te = np.flatnonzero(test)
+    got = m.predict(vertical, te)
+    monkeypatch.setattr(numeric, "lift_to_modules", lambda fams, *a: list(dict.fromkeys(fams)))
+    raw = m.predict(vertical, te)
+    assert np.array_equal(raw.flag, got.flag) and np.array_equal(raw.fault_type, got.fault_type)
+    raw_be = {o for ops in raw.operators for o in ops if o.startswith("BE ")}
+    got_be = {o for ops in got.operators for o in ops if o.startswith("BE ")}
+    assert raw_be and got_be <= raw_be
+    inst = vertical.extra["instances"]
+    unenclosed = {str(inst.families[f]) for f in np.unique(inst.family[numeric.enclosing_modules(inst) < 0]).tolist()}
+    assert got_be <= unenclosed
+    lifted = [set(g) - set(r) for g, r in zip(got.operators, raw.operators, strict=True)]
+    assert any(lifted) and all(o.startswith("FE ") for s in lifted for o in s)
+    assert {"FE LlamaDecoderLayer"} in lifted

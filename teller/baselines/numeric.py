@@ -17,7 +17,10 @@ step is flagged when its step score reaches the stage's threshold, and its opera
 candidate families (at most 5) and the family its evidence's type was decided by
 (:func:`teller.localize.faulttype.step_fault_types`, which `teller diagnose`'s verdict line names
 first: a collective run more often than the reference ever ran it, a family the reference never
-saw, the family whose feature departs). In the horizontal view a step is flagged when one of its rank
+saw, the family whose feature departs), a framework op (``BE``) among them lifted to the modules
+(``FE``) that enclose the step's suspects of it (:func:`lift_to_modules`; one that no module
+encloses stays): the labels name modules, collectives, the engine's ranges and the step, never
+an op inside a module, as `teller diagnose` lists the suspects' modules. In the horizontal view a step is flagged when one of its rank
 steps is, its score is the largest of theirs and its operators are the union of theirs. The
 stage has no fault-type head of its own: its type is the one its evidence points to (that of a
 horizontal step's most suspicious rank). ``benchmarks/eval_localize_h200.py`` builds its instances with the
@@ -48,6 +51,41 @@ from teller.localize.features import (
     pageable_of,
 )
 from teller.rundir import LAYER_CODE, dict_codes
+
+
+def enclosing_modules(inst: Instances) -> np.ndarray:
+    """Per instance: the index of the nearest ``FE`` instance among itself and its ancestors
+    (``inst.parent``), -1 where none encloses it."""
+    fe_fam = np.asarray([str(f).split(" ", 1)[0] == "FE" for f in inst.families], bool)
+    is_fe = fe_fam[inst.family] if inst.n else np.zeros(0, bool)
+    out = np.where(is_fe, np.arange(inst.n), -1)
+    cur = np.asarray(inst.parent, np.int64).copy()
+    todo = (out < 0) & (cur >= 0)
+    while todo.any():  # one pass per level of nesting (a handful)
+        hit = todo & is_fe[np.maximum(cur, 0)]
+        out[hit] = cur[hit]
+        cur = np.where(todo & ~hit, inst.parent[np.maximum(cur, 0)], -1)
+        todo = (out < 0) & (cur >= 0)
+    return out
+
+
+def lift_to_modules(families: list[str], suspects: np.ndarray, inst: Instances, module: np.ndarray) -> list[str]:
+    """``families`` (a flagged step's operator families) with every framework op (``BE``) among
+    them replaced by the families of the modules enclosing the step's ``suspects`` of it
+    (``module``: :func:`enclosing_modules`); a ``BE`` family none of whose suspects a module
+    encloses stays. Order kept, duplicates out."""
+    out: list[str] = []
+    names = np.asarray(inst.families, dtype=object)
+    sus = np.asarray(suspects, np.int64)
+    sfam = names[inst.family[sus]] if len(sus) else np.zeros(0, object)
+    for f in families:
+        if not str(f).startswith("BE "):
+            out.append(f)
+            continue
+        mods = module[sus[sfam == f]]
+        lifted = [str(names[inst.family[m]]) for m in mods[mods >= 0].tolist()]
+        out.extend(lifted or [f])
+    return list(dict.fromkeys(out))
 
 
 def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -256,14 +294,16 @@ class TellerNumeric(Method):
         uflag[loc.steps.steps[loc.steps.flag]] = True
         uscore = np.full(nu, -np.inf)
         uscore[loc.steps.steps] = loc.steps.score
-        uops: dict[int, set[str]] = {}
-        for s, res in loc.flagged.items():  # flagged units
-            uops[int(s)] = {c["family"] for c in res.candidates}
         calls = step_fault_types(model, sub, loc, counts=counts)
         utype = {u: c.fault_type for u, c in calls.items()}
-        for u, c in calls.items():  # the family the evidence's type was decided by, as diagnose's verdict names it first
-            if c.fault_type is not None and c.family and int(u) in uops:
-                uops[int(u)].add(c.family)
+        module = enclosing_modules(sub)
+        uops: dict[int, set[str]] = {}
+        for s, res in loc.flagged.items():  # flagged units: candidates, then the family the evidence's type
+            fams = [c["family"] for c in res.candidates]  # was decided by (diagnose's verdict names it first)
+            c = calls.get(s)
+            if c is not None and c.fault_type is not None and c.family:
+                fams.append(c.family)
+            uops[int(s)] = set(lift_to_modules(fams, res.suspects, sub, module))
         n = len(idx)
         flag = np.zeros(n, bool)
         score = np.full(n, -np.inf)
