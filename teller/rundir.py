@@ -187,6 +187,11 @@ def np_col(table: pa.Table, name: str) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def str_array(col: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A string column as a numpy array of ``str`` (nulls as ``""``; any type cast to string)."""
+    return np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object).astype(str)
+
+
 def dict_codes(table: pa.Table, name: str) -> tuple[np.ndarray, list[str]]:
     """Codes (int32) and dictionary of a string column, whatever its chunking and per-chunk
     dictionaries; nulls get the code of an appended ``""``."""

@@ -68,8 +68,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from teller.baselines.base import Method, Prediction, register
-from teller.baselines.steps import StepSet, _ranges, _str
+from teller.baselines.steps import StepSet, _ranges
 from teller.errors import InputError
+from teller.rundir import str_array
 
 # ------------------------------------------------------------------------------------------------
 # the lines of each step
@@ -97,7 +98,7 @@ def step_logs(steps: StepSet) -> StepLogs:
     if not path.is_file():
         raise InputError(path, "no such file", "the log baselines need the dataset's aligned log lines")
     t = pq.read_table(path, columns=["run_id", "step_id", "ts_ns", "line_no", "message", "template"])
-    run = _str(t.column("run_id"))
+    run = str_array(t.column("run_id"))
     code = np.searchsorted(steps.runs, run)
     ok = (code < len(steps.runs)) & (steps.runs[np.minimum(code, len(steps.runs) - 1)] == run)
     sid = t.column("step_id").to_numpy()
@@ -127,7 +128,7 @@ def step_logs(steps: StepSet) -> StepLogs:
     out = StepLogs(ptr=np.searchsorted(line_step, np.arange(steps.n + 1)).astype(np.int64),
                    template=tmpl.indices.to_numpy(zero_copy_only=False).astype(np.int64),
                    templates=tmpl.dictionary.to_pylist(),
-                   message=_str(t.column("message").take(pa.array(line_row))))
+                   message=str_array(t.column("message").take(pa.array(line_row))))
     steps.extra["logs"] = out
     return out
 

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from teller.baselines.base import Method, Prediction, register
-from teller.baselines.steps import StepSet, _str
+from teller.baselines.steps import StepSet
 from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
 from teller.localize import GMMLocalizer, localize
 from teller.localize.context import dataset_context
@@ -50,7 +50,7 @@ from teller.localize.features import (
     instance_features,
     pageable_of,
 )
-from teller.rundir import LAYER_CODE, dict_codes
+from teller.rundir import LAYER_CODE, dict_codes, str_array
 
 
 def enclosing_modules(inst: Instances) -> np.ndarray:
@@ -343,8 +343,8 @@ def deployments(steps: StepSet) -> np.ndarray:
     if "workload" not in have:  # a dataset built before workload shapes were recorded: one shape
         t = t.append_column("workload", pa.array([""] * t.num_rows, pa.string()))
     g = t.group_by(["run_id", "workload"]).aggregate([("rank", "count_distinct")])
-    names = _str(g.column("run_id"))
-    shape = [f"{w} / {n} rank(s)" for w, n in zip(_str(g.column("workload")).tolist(),
+    names = str_array(g.column("run_id"))
+    shape = [f"{w} / {n} rank(s)" for w, n in zip(str_array(g.column("workload")).tolist(),
                                                      g.column("rank_count_distinct").to_pylist(), strict=True)]
     if len(set(names.tolist())) != len(names):
         raise ValueError(f"{steps.dataset}: a run has records of two workloads; rebuild the dataset")

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from teller.dataset.splits import representatives_of
 from teller.errors import InputError, TellerError
 from teller.localize.features import family_names
+from teller.rundir import str_array
 
 VIEWS = ("vertical", "horizontal")
 SPLITS = ("request", "run", "mechanism", "workload")
@@ -40,10 +41,6 @@ TRAIN, VAL, TEST = 0, 1, 2
 
 _RECORD_COLUMNS = ["record_id", "run_id", "request_id", "step_id", "step_ids", "step_num", "rank", "view", "is_anomaly",
                    "in_window", "fault_type", "mechanism", "operator_labels", "explanation", "log_text"]
-
-
-def _str(col: pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object).astype(str)
 
 
 def norm_label(label: str) -> str:
@@ -130,7 +127,7 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
     if not t.num_rows:
         raise TellerError(f"{path}: no {view} records; this dataset has no {view} view"
                           + (" (horizontal records need tensor-parallel runs)" if view == "horizontal" else ""))
-    run = _str(t.column("run_id"))
+    run = str_array(t.column("run_id"))
     runs, run_code = np.unique(run, return_inverse=True)
     sid = t.column("step_id").to_numpy().astype(np.int64)
     key = run_code.astype(np.int64) << 40 | sid
@@ -147,7 +144,7 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
         raise InputError(path, "the step ids of a step differ between its request rows", "rebuild the dataset") from None
     split = {}
     for s in splits:
-        x = _str(t.column(s))[rep_of]
+        x = str_array(t.column(s))[rep_of]
         split[s] = np.where(x == "test", TEST, np.where(x == "train", TRAIN, VAL)).astype(np.int8)
     is_ab = ab[first]
     raw = t.column("operator_labels").take(pa.array(first)).to_pylist()
@@ -168,9 +165,9 @@ def load_steps(ds: str | Path, view: str = "vertical", limit_steps: int | None =
         view=view, runs=runs, run_code=(ukey >> 40).astype(np.int64), step_id=ukey & ((1 << 40) - 1),
         step_num=t.column("step_num").to_numpy()[first].astype(np.int64), is_anomaly=is_ab,
         in_window=t.column("in_window").to_numpy(zero_copy_only=False)[first].astype(bool),
-        fault_type=np.where(is_ab, _str(t.column("fault_type"))[first], ""),
-        mechanism=_str(t.column("mechanism"))[first], labels=labels,
-        explanation=[x if a else "" for x, a in zip(_str(t.column("explanation"))[first].tolist(), is_ab, strict=True)],
+        fault_type=np.where(is_ab, str_array(t.column("fault_type"))[first], ""),
+        mechanism=str_array(t.column("mechanism"))[first], labels=labels,
+        explanation=[x if a else "" for x, a in zip(str_array(t.column("explanation"))[first].tolist(), is_ab, strict=True)],
         n_requests=np.bincount(inv, minlength=n).astype(np.int64), split=split, unit_key=unit_key,
         unit_ptr=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), unit_idx=unit_idx.reshape(-1).astype(np.int64),
         records=int(t.num_rows), dataset=str(ds), held_out_mechanisms=list(held),

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from teller.dataset.datasheet import write_datasheet
 from teller.dataset.merge import TABLES, _sheet, check_parts
 from teller.errors import InputError, TellerError
+from teller.rundir import str_array
 
 
 def inner_held_out(mechanism: np.ndarray, category: np.ndarray, fold: int) -> list[str]:
@@ -56,11 +57,6 @@ def inner_held_out(mechanism: np.ndarray, category: np.ndarray, fold: int) -> li
         if len(ms) >= 2 and fold < len(ms):
             held.append(ms[fold])
     return sorted(held)
-
-
-def _strings(t: pa.Table, col: str) -> np.ndarray:
-    """Column ``col`` as a numpy string array (nulls as "")."""
-    return t.column(col).cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False).astype(str)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -89,13 +85,13 @@ def nest_dataset(src: str | Path, out: str | Path, fold: int = 0) -> dict[str, A
     for c in ("split_mechanism", "mechanism", "fault_type"):
         if c not in records.column_names:
             raise InputError(path, f"lacks the column {c!r}", "rebuild the dataset with `teller dataset build`")
-    part = _strings(records, "split_mechanism")
+    part = str_array(records.column("split_mechanism"))
     outer = sorted(sheet.get("held_out_mechanisms") or [])
     if not outer:
         raise InputError(src / "datasheet.json", "its mechanism split holds no mechanism out (no category has two or more)",
                          "nest a dataset with two or more mechanisms in a category")
     kept = records.filter(pa.array(part != "test"))
-    mech, cat = _strings(kept, "mechanism"), _strings(kept, "fault_type")
+    mech, cat = str_array(kept.column("mechanism")), str_array(kept.column("fault_type"))
     inner = inner_held_out(mech, cat, fold)
     if not inner:
         raise TellerError(f"{src}: fold {fold} holds out no mechanism (no category of its training part has more than "
@@ -111,7 +107,7 @@ def nest_dataset(src: str | Path, out: str | Path, fold: int = 0) -> dict[str, A
         p = src / (name if name == "subtrees" else f"{name}.parquet")
         if p.exists():
             _link_or_copy(p, out / p.name)
-    rid, counts = np.unique(_strings(kept, "run_id"), return_counts=True)
+    rid, counts = np.unique(str_array(kept.column("run_id")), return_counts=True)
     per_run = dict(zip(rid.tolist(), counts.tolist(), strict=True))
     runs = [{**r, "records": int(per_run.get(str(r.get("run_id")), 0))} for r in sheet["runs"]]
     res = write_datasheet(kept, runs, out, seed=int(sheet.get("seed", 0)),

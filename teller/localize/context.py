@@ -20,12 +20,9 @@ from teller.localize.features import (
     iteration_matrix,
     request_admission_delay,
 )
+from teller.rundir import str_array
 
 __all__ = ["dataset_context", "keys_of"]
-
-
-def _str(col: pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(col.cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False), dtype=object).astype(str)
 
 
 def keys_of(runs: np.ndarray, run_names: np.ndarray, step_id: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -58,7 +55,7 @@ def dataset_context(ds: str | Path, runs: np.ndarray, keys: np.ndarray) -> dict[
         return None
     n = len(keys)
     it = pq.read_table(ds / "iterations.parquet")
-    irun = _str(it.column("run_id"))
+    irun = str_array(it.column("run_id"))
     pos = keys_of(runs, irun, it.column("step_id").to_numpy(), keys)
     hit = pos >= 0
     out = {"iter": np.full((n, len(ITER_FEATURES)), np.nan), "batch": np.full(n, np.nan),
@@ -80,10 +77,10 @@ def _admission_delays(ds: Path, it: pa.Table, irun: np.ndarray, pos: np.ndarray)
         return out
     first = first_log_lines(pq.read_table(ds / "logs.parquet", columns=["run_id", "request_id", "ts_ns"]),
                             ["run_id", "request_id"])
-    frun = _str(first.column("run_id"))
+    frun = str_array(first.column("run_id"))
     rec = pq.read_table(ds / "records.parquet", columns=["run_id", "request_id", "step_id", "view"])
     rec = rec.filter(pc.equal(rec.column("view"), "vertical"))
-    rrun, rsid = _str(rec.column("run_id")), rec.column("step_id").to_numpy().astype(np.int64)
+    rrun, rsid = str_array(rec.column("run_id")), rec.column("step_id").to_numpy().astype(np.int64)
     col = {c: it.column(c).to_numpy().astype(np.int64) for c in ("step_id", "start_ns", "end_ns", "pid", "waiting")}
     for name in np.unique(irun).tolist():  # runs: tens
         rows = np.flatnonzero(irun == name)
