@@ -77,8 +77,9 @@ def test_diagnose_says_when_the_reference_is_another_deployment(tmp_path, run, s
 
 def test_episodes_and_the_steps_the_model_rules_out():
     """Episodes group a rank's flagged steps (warm-up left out); a step the model rules out is a
-    fault of an unknown kind when it lies in an episode of 5+ against a reference of the run's
-    deployment, else a numeric outlier the model reads as normal."""
+    fault of an unknown kind when it lies in an episode of 4+ against a reference of the run's
+    deployment and the model gives it at least its floor, else a numeric outlier the model reads
+    as normal."""
     from teller.report.diagnose import EPISODE_MIN, mark_episodes, ruled_out
 
     def step(i, num, rank, flag, warm=False):
@@ -92,7 +93,7 @@ def test_episodes_and_the_steps_the_model_rules_out():
     assert [(e["rank"], e["first_step"], e["last_step"], e["steps"]) for e in diag["episodes"]] == [
         (0, 1, 7, 6), (1, 2, 4, 2), (0, 12, 12, 1)]
     assert "episode" not in by[(0, 0)] and by[(0, 5)]["episode_length"] == 6 and by[(1, 4)]["episode_length"] == 2
-    assert EPISODE_MIN == 5
+    assert EPISODE_MIN == 4
     for key, same, unknown in (((0, 5), True, True), ((0, 5), False, False), ((0, 12), True, False), ((1, 2), True, False)):
         d = dict(by[key], fault_type="scheduling")
         ruled_out(d, same)
@@ -108,6 +109,18 @@ def test_episodes_and_the_steps_the_model_rules_out():
         d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=p)
         ruled_out(d, True)
         assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown, p
+    # the model's own floor where it keeps one: the same probabilities against 0.1
+    for p, unknown in ((0.05, False), (0.1, True), (None, True)):
+        d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=p)
+        ruled_out(d, True, floor=0.1)
+        assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown, p
+    # an episode of exactly four flags is one: rank 0's steps 20-23
+    four = [step(100 + n, n, 0, True) for n in (20, 21, 22, 23)]
+    d4 = {"steps": four}
+    mark_episodes(d4)
+    assert four[0]["episode_length"] == 4
+    ruled_out(four[0], True)
+    assert four[0].get("unknown_fault")
 
 
 def test_lasting_novel_steps_take_the_type_the_evidence_points_to():

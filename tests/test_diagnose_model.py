@@ -66,15 +66,19 @@ def _own_nodes(res, d):
 def test_the_model_reads_every_step_over_time(diag):
     """By default the model reads every step and is read over time: a step is abnormal when the
     model flags it (its cut), when it sits at even odds next to an episode of 5+ of its flags,
-    or when the stage flags it inside an episode of 5+ stage flags (a lasting departure the model
+    or when the stage flags it inside an episode of 4+ stage flags the model gives at least its floor (a lasting departure it
     does not recognise); the stage's other flags are read as normal. The op-delay window's steps
     are typed kernel at the MLP, with explanations; steps only the model flags get suspects."""
-    from teller.localize.episodes import MIN_EPISODE, SUSTAIN_FLOOR, over_time
-    from teller.report.diagnose import verdict_line
+    from teller.localize.episodes import SUSTAIN_FLOOR, over_time
+    from teller.rca import DEFAULT_MODEL, episode_floor
+    from teller.report.diagnose import EPISODE_MIN, verdict_line
 
     res, d = diag
     m = res["model"]
     assert m["reads"] == "every" and m["split"] == "request"
+    # the shipped model's own floor (its val part's normal units, the view of one rank's step)
+    floor = episode_floor(json.loads((DEFAULT_MODEL / "config.json").read_text()), "vertical")
+    assert m["episode_floor"] == floor != EPISODE_FLOOR
     steps = res["steps"]
     assert m["steps_read"] == len(steps) and all(s["abnormal_probability"] is not None for s in steps)
     cut = m["abnormal_cut"]
@@ -90,12 +94,12 @@ def test_the_model_reads_every_step_over_time(diag):
             assert s["abnormal_probability"] >= cut or (s.get("sustained") and s["abnormal_probability"] >= SUSTAIN_FLOOR)
             assert s["fault_type"] and s["evidence_families"]
         else:  # the stage's lasting departure, which the model does not rule out
-            assert s["unknown_fault"] and s["stage_episode_length"] >= MIN_EPISODE and s["fault_type"] is None
-            assert s["abnormal_probability"] >= EPISODE_FLOOR
+            assert s["unknown_fault"] and s["stage_episode_length"] >= EPISODE_MIN and s["fault_type"] is None
+            assert s["abnormal_probability"] >= floor
     for s in steps:
         if s.get("model_says_normal"):
             assert s["stage_flag"] and s["flagged_by"] == ["stage"] and s["abnormal_probability"] < cut
-            assert int(s.get("stage_episode_length") or 0) < MIN_EPISODE or s["abnormal_probability"] < EPISODE_FLOOR
+            assert int(s.get("stage_episode_length") or 0) < EPISODE_MIN or s["abnormal_probability"] < floor
     # the shipped model keeps its training steps' context: every step it read has its novelty; the
     # delayed operator is a kind it was trained on, so no step takes the evidence's type for it
     assert all(np.isfinite(s["novelty"]) and s["novelty"] >= 0 for s in steps)

@@ -1206,7 +1206,7 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
 
     name = f"teller_sustained_test_{k}"
     if name not in REGISTRY:
-        register(name)(type(f"TS{k}", (TellerSustained,), {"min_episode": k}))
+        register(name)(type(f"TS{k}", (TellerSustained,), {"min_episode": k, "novel_episode": k}))
     s, tr, te = _fault_free_run_split(vertical)
     s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, _memory_answers(np.zeros(len(te))))})
     m = make(name).fit(s, tr)

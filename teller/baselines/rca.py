@@ -38,7 +38,7 @@ import numpy as np
 
 from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
-from teller.localize.episodes import MIN_EPISODE, SUSTAIN_FLOOR
+from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE, SUSTAIN_FLOOR
 from teller.rca import EPISODE_FLOOR, SCREEN_FLOOR
 
 
@@ -148,24 +148,29 @@ class RCAModel(Method):
             raise ValueError(f"the model at {path} was trained on {tr.get('dataset')!r}, not {steps.dataset!r}")
         return m
 
-    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
+    def resolve(self, steps: StepSet) -> tuple[Path, bool]:
+        """The model this row reads on ``steps`` (its ``model``, else the one of its recipe, split
+        and seed under ``--models``, else the shipped model where it is of the row's recipe) and
+        whether it is the shipped one; weights are not read."""
         from teller.rca import DEFAULT_MODEL
 
         split = steps.extra.get("split")
         path = Path(self.model) if self.model is not None else None
         if path is None and steps.extra.get("rca_models"):
             path = self._find(Path(steps.extra["rca_models"]), split)
-        shipped = False
-        if path is None:
-            # the row of the shipped model's recipe falls back on it (one training: its seed is its own)
-            shipped = self._recipe(_meta(DEFAULT_MODEL / "config.json"))
-            if not shipped:
-                where = steps.extra.get("rca_models")
-                raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, operator head {self.op_unit}, "
-                                 f"split {split}, seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
-                                 + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} "
-                                 f"--inputs {self.inputs} --unit {self.unit} --op-unit {self.op_unit} --split {split}`")
-            path = DEFAULT_MODEL
+        if path is not None:
+            return path, False
+        # the row of the shipped model's recipe falls back on it (one training: its seed is its own)
+        if not self._recipe(_meta(DEFAULT_MODEL / "config.json")):
+            where = steps.extra.get("rca_models")
+            raise ValueError(f"no {self.variant} model (inputs {self.inputs}, unit {self.unit}, operator head {self.op_unit}, "
+                             f"split {split}, seed {self.seed}) " + (f"under {where}" if where else "given: pass `--models DIR`")
+                             + f"; train one with `teller rca train {steps.dataset} --variant {self.variant} "
+                             f"--inputs {self.inputs} --unit {self.unit} --op-unit {self.op_unit} --split {split}`")
+        return DEFAULT_MODEL, True
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "RCAModel":
+        path, shipped = self.resolve(steps)
         m = self._load(path, steps)
         tr = m.meta.get("training", {})
         if not shipped and int(tr.get("seed", self.seed)) != self.seed:
@@ -467,14 +472,16 @@ class TellerEpisodes(TellerScreened):
     label = "TELLER, the model's flags, the stage's it does not rule out and its episodes (deployment reference)"
     stage = "teller_numeric_deploy"
     fit_on = _DEPLOY_FIT
-    min_episode = MIN_EPISODE
-    #: a stage flag in a lasting episode stays only where the model gives the step at least this
-    #: (0: always; the rows `teller diagnose` reports: :data:`teller.rca.EPISODE_FLOOR`)
+    min_episode = STAGE_EPISODE
+    #: a stage flag in a lasting episode stays only where the model gives the step at least its
+    #: floor (0: always; the rows `teller diagnose` reports: the model's own,
+    #: :meth:`model_floor`, else this absolute one, :data:`teller.rca.EPISODE_FLOOR`)
     episode_floor = 0.0
     #: where the step is unlike every training step (:mod:`teller.rca.novelty`) in an episode of
-    #: :attr:`min_episode` or more such steps the stage flags, the type its evidence points to
+    #: :attr:`novel_episode` or more such steps the stage flags, the type its evidence points to
     #: (the rows `teller diagnose` reports)
     novel_types = False
+    novel_episode = MIN_EPISODE
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
         super().fit(steps, idx)
@@ -515,7 +522,7 @@ class TellerEpisodes(TellerScreened):
 
     def novel_episodes(self, steps: StepSet, every: np.ndarray, whole: Prediction) -> np.ndarray:
         """Per step ``every`` (every step of the test runs): whether it lies in an episode of
-        :attr:`min_episode` or more steps the stage flags with an evidence type and the model's
+        :attr:`novel_episode` or more steps the stage flags with an evidence type and the model's
         training steps are all far from (novelty above 1; warm-up steps out)."""
         from teller.baselines.numeric import step_lanes
         from teller.localize.episodes import episode_lengths
@@ -527,7 +534,31 @@ class TellerEpisodes(TellerScreened):
         mask = (ratio > 1.0) & np.asarray(whole.flag, bool) & typed & ~_warm_steps(steps)[every]
         _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], mask)
         self.novel_steps_ = int(mask.sum())
-        return length >= self.min_episode
+        return length >= self.novel_episode
+
+    def model_floor(self, steps: StepSet) -> tuple[float, str]:
+        """The floor under which the model rules out a lasting departure on ``steps``' view, and
+        where it comes from: the model's own (:func:`teller.rca.episode_floor`, its config.json,
+        weights not read: its answers may be reused) where the row's model is one trained on the
+        split evaluated, else :attr:`episode_floor`."""
+        from teller.rca import episode_floor
+
+        part = self.parts_.get(self.mot)
+        part = getattr(part, "part_", part)  # a row read over time: the model row under it
+        if not isinstance(part, RCAModel) or isinstance(part, RCAEnsembleRow):
+            return self.episode_floor, "absolute (no single model)"
+        try:
+            path, _ = part.resolve(steps)
+        except ValueError:
+            return self.episode_floor, "absolute (no model found)"
+        meta = _meta(Path(path) / "config.json")
+        tr = meta.get("training") or {}
+        if tr.get("split") != steps.extra.get("split") or _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
+            return self.episode_floor, f"absolute (the model at {path} is not of this split and dataset)"
+        got = (((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}).get(steps.view)
+        if not got:
+            return self.episode_floor, f"absolute (the model at {path} keeps none: `teller rca floor`)"
+        return episode_floor(meta, steps.view), f"the model's ({path})"
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes
@@ -545,7 +576,8 @@ class TellerEpisodes(TellerScreened):
         sflag, sscore = whole.flag[pos], whole.score[pos]
         keep = sflag & ~base.flag & (length[pos] >= self.min_episode) & own
         if self.episode_floor > 0:  # the model rules the step out: not even a lasting departure stays
-            low = keep & (np.asarray(self.answers_[self.mot].score, float) < self.episode_floor)
+            self.floor_, self.floor_from_ = self.model_floor(steps)
+            low = keep & (np.asarray(self.answers_[self.mot].score, float) < self.floor_)
             self.ruled_out_by_floor_ = int(low.sum())
             keep &= ~low
         sops = whole.operators or [[]] * len(every)
@@ -565,8 +597,11 @@ class TellerEpisodes(TellerScreened):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["min_episode"] = self.min_episode
-        d["episode_floor"] = self.episode_floor
+        d["episode_floor"] = getattr(self, "floor_", self.episode_floor)
+        if hasattr(self, "floor_from_"):
+            d["episode_floor_from"] = self.floor_from_
         d["novel_types"] = self.novel_types
+        d["novel_episode"] = self.novel_episode
         for k in ("kept_by_episode", "ruled_out_by_floor", "novel_steps", "retyped_novel"):
             if hasattr(self, k + "_"):
                 d[k] = getattr(self, k + "_")

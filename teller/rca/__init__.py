@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "EPISODE_FLOOR", "SCREEN_FLOOR", "StepInputs", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "EPISODE_FLOOR", "SCREEN_FLOOR", "StepInputs", "episode_floor", "load"]
 
 #: the model shipped with the package (the family-head MoT trained on the request split of the
 #: union of dataset v2's four parts, ``runs/h200_v2_all``; docs/results.md)
@@ -38,12 +38,25 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 #: `teller diagnose` and the `teller_confirm` / `teller_screened` rows of `teller evaluate` use it
 SCREEN_FLOOR = 0.1
 #: the model's abnormal probability under which it rules out even a lasting departure of the
-#: numeric stage (an episode of 5+ stage flags it does not flag itself): `teller diagnose` and the
-#: `teller_diagnose*` / `teller_sustained*` rows of `teller evaluate`. One hundredth: a fault of a
-#: kind the model never saw mostly got more from it, the normal steps a stage flags against a
-#: reference unlike them mostly less (docs/results.md, "The rule-out floor and novelty", where
-#: the choice and what it was chosen looking at are set out)
+#: numeric stage (an episode of 4+ stage flags it does not flag itself) where the model keeps no
+#: floor of its own (:func:`episode_floor`: one calibrated before it was kept, an ensemble):
+#: `teller diagnose` and the `teller_diagnose*` / `teller_sustained*` rows of `teller evaluate`.
+#: One hundredth: a fault of a kind the model never saw mostly got more from it, the normal steps
+#: a stage flags against a reference unlike them mostly less (docs/results.md, "The rule-out
+#: floor and novelty"); a threshold that does not carry from one training to another, hence the
+#: models' own ("A floor relative to the model")
 EPISODE_FLOOR = 0.01
+
+
+def episode_floor(meta: dict[str, Any], view: str) -> float:
+    """The floor under which a model (its ``config.json`` metadata ``meta``) rules out a lasting
+    departure of the numeric stage on units of ``view``: its own, the quantile of its probability
+    over its val part's normal units (``calibration.episode_floor``,
+    :func:`teller.rca.train.calibrate_episode_floor`), else :data:`EPISODE_FLOOR` (a model
+    calibrated before the floor was kept with it, or an ensemble)."""
+    views = ((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}
+    got = (views.get(view) or {}).get("floor")
+    return EPISODE_FLOOR if got is None else float(got)
 
 
 def __getattr__(name: str) -> Any:

@@ -264,6 +264,31 @@ def register(app: typer.Typer) -> None:
         m.save_config(model, {"calibration": m.meta["calibration"]})
         con.print(f"[green]novelty[/] {escape(str(model))}: {sp}'s training units, {len(block['views'])} view(s)")
 
+    @rca.command("floor")
+    def floor_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`, a MoT); its config.json is rewritten."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        split_part: str = typer.Option("val", "--split-part", help="The held-out part to measure on (val; never the test part you score on)."),
+        quantile: float = typer.Option(0.85, "--quantile", help="The quantile of the model's probability over the part's normal units."),
+        device: str = typer.Option("cpu", "--device"),
+        batch_size: int = typer.Option(64, "--batch-size"),
+    ) -> None:
+        """Keep with the model its floor for the numeric stage's lasting departures: per view, the --quantile of its abnormal probability over the held-out part's normal units, warm-up out (`teller rca train` does this on the val part itself); `teller diagnose` and `teller evaluate` rule out a lasting departure the model gives less."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.rca.train import calibrate_episode_floor
+
+        con = console(stderr=True)
+        m, ds, sp = model_and_data(model, dataset, split, device)
+        block = calibrate_episode_floor(m, ds, sp, split_part, quantile, batch_size)
+        for v, r in block["views"].items():
+            con.print(f"  {v}: floor {r['floor']:.3g} (the {quantile:.0%} quantile over {r['units']:,} normal units; median "
+                      f"{r['median']:.3g})", markup=False)
+        m.save_config(model, {"calibration": m.meta["calibration"]})
+        con.print(f"[green]floor[/] {escape(str(model))}: the {split_part} part of {sp}, {len(block['views'])} view(s)")
+
     @rca.command("calibrate")
     def calibrate_cmd(
         model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`); its config.json is rewritten."),

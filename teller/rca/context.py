@@ -98,17 +98,16 @@ def units_context(inp: Any, stats: np.ndarray, iterations: np.ndarray | None = N
     return context_features(it, run_relative(stats, list(inp.run_id) or [""] * n, list(inp.view) or [""] * n))
 
 
-def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
-    """Per unit of ``ds`` (float64, n × :data:`ITER_FEATURES`, NaN unknown): the iteration row of
-    its step (:func:`teller.localize.context.dataset_context`: ``iterations.parquet``, the
-    admission delays from ``logs.parquet``), the largest value over the ranks of a horizontal
-    unit. All NaN for a dataset without iterations."""
+def _unit_step_keys(ds: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Each unit's steps (one per rank of a horizontal unit, the record's own step for a vertical
+    one) as step keys: ``owner`` (the unit of each key row), the sorted run names, ``key`` (per row,
+    ``run_code << 40 | step_id``) and ``keys`` (the sorted distinct keys); None for a dataset
+    without units, records or iterations."""
     u = ds.units
     n = len(u)
-    out = np.full((n, len(ITER_FEATURES)), np.nan)
     path = Path(ds.path) / "records.parquet"
     if not n or not (Path(ds.path) / "iterations.parquet").is_file() or not path.is_file():
-        return out
+        return None
     rec = pq.read_table(path, columns=["record_id", "run_id", "step_id", "step_ids"])
     rid = rec.column("record_id").to_numpy().astype(np.int64)
     order = np.argsort(rid, kind="stable")
@@ -130,16 +129,40 @@ def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
     run = np.asarray(u.run_id, dtype=str)[owner]
     runs = np.unique(run)
     key = np.searchsorted(runs, run).astype(np.int64) << 40 | steps
-    keys = np.unique(key)
-    ctx = dataset_context(ds.path, runs, keys)
+    return owner, runs, key, np.unique(key)
+
+
+def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
+    """Per unit of ``ds`` (float64, n × :data:`ITER_FEATURES`, NaN unknown): the iteration row of
+    its step (:func:`teller.localize.context.dataset_context`: ``iterations.parquet``, the
+    admission delays from ``logs.parquet``), the largest value over the ranks of a horizontal
+    unit. All NaN for a dataset without iterations."""
+    n = len(ds.units)
+    out = np.full((n, len(ITER_FEATURES)), np.nan)
+    got = _unit_step_keys(ds)
+    ctx = dataset_context(ds.path, got[1], got[3]) if got is not None else None
     if ctx is None:
         return out
+    owner, _, key, keys = got
     rows = ctx["iter"][np.searchsorted(keys, key)]
     filled = np.where(np.isnan(rows), -np.inf, rows)
     best = np.full((n, rows.shape[1]), -np.inf)
     np.maximum.at(best, owner, filled)
     out[:] = np.where(np.isinf(best), np.nan, best)
     return out
+
+
+def dataset_unit_warmup(ds: Dataset) -> np.ndarray:
+    """Per unit of ``ds``: whether any of its steps is a warm-up iteration (``iterations.parquet``'s
+    ``warmup`` column, as `teller evaluate` leaves warm-up steps out of episodes); all False for a
+    dataset without iterations."""
+    n = len(ds.units)
+    got = _unit_step_keys(ds)
+    ctx = dataset_context(ds.path, got[1], got[3]) if got is not None else None
+    if ctx is None:
+        return np.zeros(n, bool)
+    owner, _, key, keys = got
+    return np.bincount(owner, weights=ctx["warmup"][np.searchsorted(keys, key)].astype(np.float64), minlength=n) > 0
 
 
 #: units encoded at a time for their statistics (their tokens are not kept)

@@ -404,6 +404,10 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                 say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
             except TellerError as e:  # no training fault to measure against: no novelty
                 say(f"novelty skipped: {e}")
+        ef = calibrate_episode_floor(model, ds, split, prep=val_prep)
+        extra["calibration"] = model.meta["calibration"]
+        say("episode floor: " + (", ".join(f"{v} {r['floor']:.2g} ({r['units']} normal units)" for v, r in ef["views"].items())
+                                 or "none (no normal val unit)"))
         if "abnormal" in extra["calibration"]:
             ab = extra["calibration"]["abnormal"]
             say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
@@ -500,7 +504,8 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     prior = ABNORMAL_PRIOR if prior is None else float(prior)
     # the experts' weights were chosen apart (fit_type_expert, fit_op_expert, fit_flag_expert) and stay
     cal: dict[str, Any] = {k: v for k, v in (model.meta.get("calibration") or {}).items()
-                           if k in ("type_weight", "type_expert", "op_weight", "op_expert", "flag_weight", "flag_expert")}
+                           if k in ("type_weight", "type_expert", "op_weight", "op_expert", "flag_weight", "flag_expert",
+                                    "novelty", "episode_floor")}
     if prior > 0:
         cal["abnormal"] = calibrate_abnormal(model, ds, split, part, prior, batch_size, prep=prep)
         cal["abnormal_cut"] = cal["abnormal"]["abnormal_cut"]
@@ -508,6 +513,65 @@ def calibrate(model: RCA, ds: Dataset, split: str, part: str = "val", prior: flo
     cal.update(calibrate_operators(model, ds, split, part, batch_size, prep=prep))
     model.meta["calibration"] = cal
     return cal
+
+
+#: the quantile of a model's abnormal probability over its val part's normal units (warm-up out,
+#: each view apart) under which it rules out even a lasting departure of the numeric stage
+#: (:func:`calibrate_episode_floor`): chosen on the nested datasets' folds with the episode length
+#: (docs/results.md, "A floor relative to the model")
+EPISODE_QUANTILE = 0.85
+
+
+def unit_abnormal_probs(model: RCA, ds: Dataset, idx: np.ndarray, prep: Prepared, batch_size: int = 64) -> np.ndarray:
+    """Per unit ``idx`` of ``ds`` (prepared as ``prep``): the abnormal probability ``teller
+    evaluate``'s model rows give it, the flag expert read on the workload shapes
+    :meth:`RCA.use_flag_expert` keeps it for (the model's own setting restored after)."""
+    from teller.rca.data import run_workloads
+
+    shapes = run_workloads(ds)
+    shape = np.asarray([shapes.get(r, "") for r in ds.units.run_id[idx].tolist()], dtype=object)
+    keep_off = model.flag_off
+    try:
+        use = {w: model.use_flag_expert(w or None) for w in set(shape.tolist())}
+        with_flag = model.abnormal_probs(prep, batch_size, flag=True) if any(use.values()) else None
+        head = model.abnormal_probs(prep, batch_size, flag=False) if not all(use.values()) else None
+    finally:
+        model.flag_off = keep_off
+    on = np.asarray([use[w] for w in shape.tolist()], bool)
+    if with_flag is None:
+        return head
+    return with_flag if head is None else np.where(on, with_flag, head)
+
+
+def calibrate_episode_floor(model: RCA, ds: Dataset, split: str, part: str = "val", quantile: float = EPISODE_QUANTILE,
+                            batch_size: int = 64, prep: Prepared | None = None) -> dict[str, Any]:
+    """The model's floor for the numeric stage's lasting departures, relative to the model: per
+    view, the ``quantile`` of its abnormal probability (:func:`unit_abnormal_probs`) over the normal
+    units of ``split``'s ``part`` (held out, never the test part), warm-up iterations left out.
+    Probabilities differ by orders of magnitude from one training to another, so a floor set once
+    for every model rules out steps of one it keeps for another. Sets
+    ``calibration["episode_floor"]`` (read by :func:`teller.rca.episode_floor`) and returns that
+    block; a view without normal units gets none (the absolute :data:`teller.rca.EPISODE_FLOOR`)."""
+    from teller.rca.context import dataset_unit_warmup
+
+    if model.cfg.variant != "mot" or not model.cfg.reads_trace:
+        raise TellerError("only a MoT model that reads the trace has an episode floor")
+    if not 0.0 < quantile < 1.0:
+        raise TellerError(f"quantile {quantile}: expected a share in (0, 1)")
+    idx, prep = part_units(model, ds, split, part, prep)
+    u = ds.units.select(idx)
+    normal = ~u.is_anomaly.astype(bool) & ~dataset_unit_warmup(ds)[idx]
+    p = unit_abnormal_probs(model, ds, idx, prep, batch_size)
+    view = np.asarray(u.view, dtype=str)
+    views = {}
+    for v in sorted(set(view.tolist())):
+        m = normal & (view == v)
+        if m.any():
+            views[v] = {"floor": float(np.quantile(p[m], quantile)), "units": int(m.sum()),
+                        "median": float(np.median(p[m]))}
+    block = {"split": split, "part": part, "quantile": float(quantile), "views": views}
+    model.meta.setdefault("calibration", {})["episode_floor"] = block
+    return block
 
 
 #: logits tried as the operator head's threshold (0 = p 0.5, the untrained default)

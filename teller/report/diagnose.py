@@ -82,10 +82,10 @@ from teller.localize import (
     localize,
     no_reference_error,
 )
-from teller.localize.episodes import MIN_EPISODE
+from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
-from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR
+from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR, episode_floor
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
 from teller.report.html import (
@@ -374,20 +374,32 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 
 #: flagged steps in a row (:mod:`teller.localize.episodes`) from which a stage flag the model
 #: rules out stays a fault, of a kind the model was not trained on, when the reference is a
-#: recording of the run's deployment (docs/results.md, "Episodes": `teller_episodes`)
-EPISODE_MIN = MIN_EPISODE
+#: recording of the run's deployment (docs/results.md, "Episodes": `teller_episodes`, and "A floor
+#: relative to the model")
+EPISODE_MIN = STAGE_EPISODE
+#: the view whose floor (:func:`teller.rca.episode_floor`) `teller diagnose` reads: it gives the
+#: model each rank's step alone, as the vertical view's units are
+FLOOR_VIEW = "vertical"
 
 
-def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length") -> None:
-    """A flagged step the model rules out (abnormal probability under its floor): a fault of a kind
-    the model was not trained on (``unknown_fault``, its closest known type kept in
-    ``fault_type_guess``) when the step lies in an episode of :data:`EPISODE_MIN` or more flagged
-    steps (``d[length]``: the episode's length) and the reference is a recording of the run's
-    deployment, unless the model gives it less than :data:`teller.rca.EPISODE_FLOOR` (it rules the
-    step out: a normal step unlike the reference, as the stage's lasting departures on steps of
-    known kinds mostly were); else ``model_says_normal``."""
+def model_floor(m: Any) -> float:
+    """The floor under which model ``m`` rules out a lasting departure of the numeric stage: its
+    own (the quantile of its probability over its val part's normal units, `teller rca floor`),
+    else :data:`teller.rca.EPISODE_FLOOR`."""
+    return episode_floor(getattr(m, "meta", None) or {}, FLOOR_VIEW)
+
+
+def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length",
+              floor: float = EPISODE_FLOOR) -> None:
+    """A flagged step the model does not flag: a fault of a kind the model was not trained on
+    (``unknown_fault``, its closest known type kept in ``fault_type_guess``) when the step lies in
+    an episode of :data:`EPISODE_MIN` or more flagged steps (``d[length]``: the episode's length)
+    and the reference is a recording of the run's deployment, unless the model gives it less than
+    ``floor`` (:func:`model_floor`: it rules the step out, a normal step unlike the reference, as
+    the stage's lasting departures on steps of known kinds mostly were); else
+    ``model_says_normal``."""
     p = d.get("abnormal_probability")
-    floor = p is not None and float(p) < EPISODE_FLOOR
+    floor = p is not None and float(p) < floor
     if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= EPISODE_MIN and not floor:
         d["unknown_fault"] = True
         d["fault_type_guess"] = d.get("fault_type")
@@ -400,7 +412,7 @@ def novel_types(steps: list[dict[str, Any]], ratio: dict[int, float]) -> int:
     """The fault type of the steps unlike every step the model was trained on
     (:mod:`teller.rca.novelty`): each read step gets ``novelty`` (``ratio``: per step index,
     above 1 novel); a step the model flags with a type (its verdict, not a lasting departure it
-    does not recognise) that lies in an episode of :data:`EPISODE_MIN` or more novel steps the
+    does not recognise) that lies in an episode of :data:`MIN_EPISODE` or more novel steps the
     stage flags with an evidence type (warm-up out) takes the evidence's type (``fault_type``;
     ``novel_fault``, the model's in ``fault_type_model``): on faults of kinds it never saw the
     model's type was mostly wrong and the evidence's mostly right (docs/results.md, "The
@@ -420,7 +432,7 @@ def novel_types(steps: list[dict[str, Any]], ratio: dict[int, float]) -> int:
     _, length = episode_lengths(*_lanes(steps), nov)
     changed = 0
     for d, n in zip(steps, length.tolist(), strict=True):
-        if n < EPISODE_MIN or not d.get("flag") or not d.get("fault_type") or d.get("model_says_normal"):
+        if n < MIN_EPISODE or not d.get("flag") or not d.get("fault_type") or d.get("model_says_normal"):
             continue
         et = d["evidence_type"]["fault_type"]
         d["novel_fault"] = True
@@ -887,6 +899,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             prep.unit_ctx, whole_run = ctx, True
     mech = explain == "mechanism"
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
+    info["episode_floor"] = model_floor(m)
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
@@ -899,7 +912,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
         d["model_unsure"] = bool(p["fault_type"]) and p["abnormal_prob"] < m.abnormal_cut
         if not p["fault_type"]:
-            ruled_out(d, same_deployment)
+            ruled_out(d, same_deployment, floor=info["episode_floor"])
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
     nov = m.unit_novelty(prep) if whole_run else None
@@ -1059,8 +1072,9 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     at least half of the episode's flagged steps name) and an explanation (at most
     ``max_steps``, the most probable first; the others ``model_not_explained``). A step only the
     stage flags keeps its flag as a lasting departure (``unknown_fault``, typed by its evidence)
-    when it lies in an episode of :data:`MIN_EPISODE` or more stage flags against a reference of
-    the run's deployment, else the model reads it as normal (``model_says_normal``): the rule
+    when it lies in an episode of :data:`EPISODE_MIN` or more stage flags against a reference of
+    the run's deployment and the model gives it at least its floor (:func:`model_floor`), else the
+    model reads it as normal (``model_says_normal``): the rule
     measured as ``teller_sustained_family`` (docs/results.md). Returns ``diag["model"]``."""
     from teller.localize.episodes import episode_lengths
     from teller.rca.schema import project_explanation
@@ -1113,7 +1127,8 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
-        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label)
+        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=model_floor(m))
+    info["episode_floor"] = model_floor(m)
     nov = reading.get("novelty")
     info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     # explanations: the model's verdicts, the most probable first, up to the bound
@@ -1141,9 +1156,10 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
 
 
 def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], preds: dict[int, Any] | None = None,
-                unknown: dict[int, float] | None = None, label: dict[int, str] | None = None) -> None:
+                unknown: dict[int, float] | None = None, label: dict[int, str] | None = None,
+                floor: float = EPISODE_FLOOR) -> None:
     """The steps only the numeric stage flags, after the model read every step: a lasting
-    departure (an episode of :data:`MIN_EPISODE` or more stage flags, warm-up left out, against a
+    departure (an episode of :data:`EPISODE_MIN` or more stage flags, warm-up left out, against a
     reference of the run's deployment) stays, a fault of a kind the model was not trained on
     (``unknown_fault``, its closest known type in ``fault_type_guess`` where the model read it);
     the others the model reads as normal (``model_says_normal``). A step it did not read keeps the
@@ -1164,7 +1180,7 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
             d["fault_type_guess"] = d["fault_type"]
             d["fault_type"] = None
         else:
-            ruled_out(d, same_deployment, "stage_episode_length")
+            ruled_out(d, same_deployment, "stage_episode_length", floor)
 
 
 # ------------------------------------------------------------------------------------------------
