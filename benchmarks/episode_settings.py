@@ -5,12 +5,16 @@
 
 A lasting departure is a step the numeric stage flags, the model (read over time) does not, in an
 episode of at least ``E`` stage flags of its rank, against a reference of the step's deployment,
-which the model gives at least ``f`` (:data:`teller.localize.episodes.MIN_EPISODE` and
-:data:`teller.rca.EPISODE_FLOOR` today: 5 and 0.01, both chosen with test figures in view,
-docs/results.md). The row flags the model's over-time flags and its lasting departures, so its
-flags under any ``(E, f)`` follow from what ``benchmarks/gap_anatomy.py`` keeps per step
-(``steps.parquet``: the over-time flag, the stage's flag and episode length, the reference, the
-model's probability); the script checks that ``(5, 0.01)`` gives the row's own flags back.
+which the model gives at least ``f``. The row flags the model's over-time flags and its lasting
+departures, so its flags under any ``(E, f)`` follow from what ``benchmarks/gap_anatomy.py``
+keeps per step (``steps.parquet``: the over-time flag, the stage's flag and episode length, the
+reference, the model's probability); the script checks that the setting the outputs were written
+with (``--row``, :data:`CURRENT`: 5 and 0.01, the setting until this script's choice was
+adopted) gives the row's own flags back. The rows now use the choice, ``(4, q0.85)``
+(:data:`teller.localize.episodes.STAGE_EPISODE` and the floor each model keeps,
+:func:`teller.rca.episode_floor`); outputs written since carry it, and the model's own floor
+is measured on the val units (warm-up from the iterations alone), not on this script's val
+output, so such outputs are read with ``--no-check``.
 
 ``--fold``: the gap-anatomy outputs of one fold of ``teller dataset nest`` (its test part: the
 mechanisms it holds out; its val part: kinds trained on and ordinary normal steps), pooled per
@@ -43,6 +47,7 @@ from teller.evaluate.scores import low_prior_scores, step_scores
 EPISODES = (1, 2, 3, 4, 5, 8)
 FLOORS = (0.0, 0.001, 0.003, 0.01, 0.03, 0.1)
 QUANTILES = (0.5, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99)
+#: the setting of the rows whose gap-anatomy outputs the selection was made on (``--row``)
 CURRENT = (5, 0.01)
 COLUMNS = ("view", "test", "abnormal", "flag", "sustained_flag", "stage_flag", "episode", "own_reference", "model_p")
 
@@ -92,14 +97,15 @@ def _by_view(t: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
     return {v: {c: x[t["view"] == v] for c, x in t.items()} for v in dict.fromkeys(t["view"].tolist())}
 
 
-def grid(t: dict[str, np.ndarray], seed: int = 0, quantiles: dict[float, float] | None = None) -> dict[str, dict[str, float]]:
+def grid(t: dict[str, np.ndarray], seed: int = 0, quantiles: dict[float, float] | None = None,
+         row: tuple[int, float] | None = CURRENT) -> dict[str, dict[str, float]]:
     """Scores of every setting on the steps ``t`` (with ``quantiles``, :func:`normal_quantiles` of
-    the view, the relative floors too); raises if the current setting does not give the row's own
-    flags back."""
-    mism = int((row_flags(t, *CURRENT) != t["flag"].astype(bool)).sum())
+    the view, the relative floors too); raises if setting ``row`` (None: no check) does not give
+    the row's own flags back."""
+    mism = int((row_flags(t, *row) != t["flag"].astype(bool)).sum()) if row is not None else 0
     if mism:
-        raise SystemExit(f"the current setting {CURRENT} differs from the row's flags on {mism} steps: "
-                         "steps.parquet is not of the row as this script reads it")
+        raise SystemExit(f"the setting {row} differs from the row's flags on {mism} steps: "
+                         "steps.parquet is not of the row as this script reads it (--row E,F)")
     out = {f"{e},{f:g}": scores(t, row_flags(t, e, f), seed) for e in EPISODES for f in FLOORS}
     for q, f in (quantiles or {}).items():
         for e in EPISODES:
@@ -125,15 +131,20 @@ def main() -> None:
     ap.add_argument("--fold", action="append", required=True, metavar="TEST_OUT,VAL_OUT")
     ap.add_argument("--apply", action="append", default=[], metavar="OUT[,VAL_OUT]")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--row", default=f"{CURRENT[0]},{CURRENT[1]:g}", metavar="E,F",
+                    help="the setting the outputs' row flagged with, checked against its flags")
+    ap.add_argument("--no-check", action="store_true", help="do not check the row's flags")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
+    e, f = a.row.split(",")
+    row = None if a.no_check else (int(e), float(f))
     blocks: dict[str, dict[str, dict[str, float]]] = {}
     for k, pair in enumerate(a.fold):
         parts = pair.split(",")
         pooled = _pool([read_steps(p) for p in parts])
         qs = normal_quantiles(parts[1]) if len(parts) > 1 else {}
         for view, t in _by_view(pooled).items():
-            blocks[f"fold{k}/{view}"] = grid(t, a.seed, qs.get(view))
+            blocks[f"fold{k}/{view}"] = grid(t, a.seed, qs.get(view), row)
     pick, mean = choose(blocks)
     cur = f"{CURRENT[0]},{CURRENT[1]:g}"
     res: dict[str, Any] = {"command": "python benchmarks/episode_settings.py " + " ".join(
@@ -145,7 +156,7 @@ def main() -> None:
         out, *val = spec.split(",")
         qs = normal_quantiles(val[0]) if val else {}
         for view, t in _by_view(read_steps(out)).items():
-            res["applied"][f"{out}/{view}"] = grid(t, a.seed, qs.get(view))
+            res["applied"][f"{out}/{view}"] = grid(t, a.seed, qs.get(view), row)
     Path(a.out).write_text(json.dumps(res, indent=1))
     print(f"chosen {pick} (current {cur}): selection mean step F1 + prior {mean[pick]['sum']:.4f} against {mean[cur]['sum']:.4f}")
     for name, g in res["applied"].items():
