@@ -1236,6 +1236,8 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     s.extra["predictions"] = {("request", "teller_mot_family"): (te, _memory_answers(low))}
     assert m.predict(s, te).flag.tolist() == over_time.flag.tolist()
     assert m.describe()["ruled_out_by_floor"] == int(kept.sum())
+    # the shipped model is of another dataset: the absolute floor, said so
+    assert m.describe()["episode_floor_used"] == EPISODE_FLOOR and m.describe()["episode_floor_from"].startswith("absolute")
     s.extra["predictions"] = {("request", "teller_mot_family"): (te, mot)}
     p = m.predict(s, te)
     sft = np.asarray(whole.fault_type, dtype=object)[pos]

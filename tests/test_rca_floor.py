@@ -156,18 +156,17 @@ def test_the_rows_read_the_floor_of_the_model_of_the_split(tmp_path):
                 (1, "mechanism", "horizontal", "/data/h200_v2_all", 0.002, "the model's"),
                 (2, "mechanism", "vertical", "/data/h200_v2_all", EPISODE_FLOOR, "keeps none"),
                 (1, "run", "vertical", "/data/h200_v2_all", EPISODE_FLOOR, "not of this split and dataset")):
-            row = make(name, seed=seed)
-            mot = make(row.mot, seed=seed)
-            if hasattr(mot, "base"):  # a row read over time: the model row under it
-                mot.part_ = make(mot.base, seed=seed)
-            row.parts_ = {row.mot: mot}
-            floor, source = row.model_floor(steps(split, view, dataset))
-            assert floor == want and why in source, (name, seed, split, view, source)
+            for fitted in (True, False):  # a row read over time fitted here, or its answers reused (no model row under it)
+                row = make(name, seed=seed)
+                mot = make(row.mot, seed=seed)
+                if hasattr(mot, "base") and fitted:
+                    mot.part_ = make(mot.base, seed=seed)
+                row.parts_ = {row.mot: mot}
+                floor, source = row.model_floor(steps(split, view, dataset))
+                assert floor == want and why in source, (name, seed, split, view, fitted, source)
     # no model of the split under --models: the shipped one is of another split, so the absolute floor
     row = make("teller_sustained_family", seed=7)
-    mot = make(row.mot, seed=7)
-    mot.part_ = make(mot.base, seed=7)
-    row.parts_ = {row.mot: mot}
+    row.parts_ = {row.mot: make(row.mot, seed=7)}
     floor, source = row.model_floor(steps("workload"))
     assert floor == EPISODE_FLOOR and source.startswith("absolute")
 

@@ -544,7 +544,8 @@ class TellerEpisodes(TellerScreened):
         from teller.rca import episode_floor
 
         part = self.parts_.get(self.mot)
-        part = getattr(part, "part_", part)  # a row read over time: the model row under it
+        if isinstance(part, RCASustained):  # a row read over time: the model row under it (made here when its answers were reused)
+            part = getattr(part, "part_", None) or REGISTRY[part.base](seed=self.seed, model=self.model)
         if not isinstance(part, RCAModel) or isinstance(part, RCAEnsembleRow):
             return self.episode_floor, "absolute (no single model)"
         try:
@@ -597,8 +598,9 @@ class TellerEpisodes(TellerScreened):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["min_episode"] = self.min_episode
-        d["episode_floor"] = getattr(self, "floor_", self.episode_floor)
-        if hasattr(self, "floor_from_"):
+        d["episode_floor"] = self.episode_floor  # the absolute one, where the model keeps none
+        if hasattr(self, "floor_"):  # the floor the last prediction applied, and where it came from
+            d["episode_floor_used"] = self.floor_
             d["episode_floor_from"] = self.floor_from_
         d["novel_types"] = self.novel_types
         d["novel_episode"] = self.novel_episode
