@@ -115,7 +115,7 @@ class AnatomyRow(TellerSustained):
             "fault_type": at_test(pred.fault_type, "", object),
             "stage_families": np.asarray(["\x1f".join(o) for o in sops], dtype=object),
             "effect.iteration_ns": it, **{f"effect.{c}": eff[:, k] for k, c in enumerate(EFFECT_COLUMNS)},
-            "effect.stage_families_ns": _families_ns(steps, every, sops, lane, whole.flag & (length >= self.min_episode) & ~warm, warm)})
+            "effect.stage_families_ns": _families_ns(steps, every, sops, lane, whole.flag & (length >= getattr(self, "episode_used_", self.min_episode)) & ~warm, warm)})
         return pred
 
 

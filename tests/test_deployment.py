@@ -77,9 +77,9 @@ def test_diagnose_says_when_the_reference_is_another_deployment(tmp_path, run, s
 
 def test_episodes_and_the_steps_the_model_rules_out():
     """Episodes group a rank's flagged steps (warm-up left out); a step the model rules out is a
-    fault of an unknown kind when it lies in an episode of 4+ against a reference of the run's
-    deployment and the model gives it at least its floor, else a numeric outlier the model reads
-    as normal."""
+    fault of an unknown kind when it lies in an episode of 5+ (4+ with the model's own floor)
+    against a reference of the run's deployment and the model gives it at least its floor, else a
+    numeric outlier the model reads as normal."""
     from teller.report.diagnose import EPISODE_MIN, mark_episodes, ruled_out
 
     def step(i, num, rank, flag, warm=False):
@@ -93,7 +93,7 @@ def test_episodes_and_the_steps_the_model_rules_out():
     assert [(e["rank"], e["first_step"], e["last_step"], e["steps"]) for e in diag["episodes"]] == [
         (0, 1, 7, 6), (1, 2, 4, 2), (0, 12, 12, 1)]
     assert "episode" not in by[(0, 0)] and by[(0, 5)]["episode_length"] == 6 and by[(1, 4)]["episode_length"] == 2
-    assert EPISODE_MIN == 4
+    assert EPISODE_MIN == 5
     for key, same, unknown in (((0, 5), True, True), ((0, 5), False, False), ((0, 12), True, False), ((1, 2), True, False)):
         d = dict(by[key], fault_type="scheduling")
         ruled_out(d, same)
@@ -114,12 +114,15 @@ def test_episodes_and_the_steps_the_model_rules_out():
         d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=p)
         ruled_out(d, True, floor=0.1)
         assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown, p
-    # an episode of exactly four flags is one: rank 0's steps 20-23
+    # an episode of exactly four flags: rank 0's steps 20-23
     four = [step(100 + n, n, 0, True) for n in (20, 21, 22, 23)]
     d4 = {"steps": four}
     mark_episodes(d4)
     assert four[0]["episode_length"] == 4
     ruled_out(four[0], True)
+    assert four[0].get("model_says_normal") and not four[0].get("unknown_fault")  # the absolute floor's length: 5
+    four[0].pop("model_says_normal")
+    ruled_out(four[0], True, floor=0.001, min_length=4)  # a model's own floor, and the length chosen with it
     assert four[0].get("unknown_fault")
 
 

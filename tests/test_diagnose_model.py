@@ -71,14 +71,14 @@ def test_the_model_reads_every_step_over_time(diag):
     are typed kernel at the MLP, with explanations; steps only the model flags get suspects."""
     from teller.localize.episodes import SUSTAIN_FLOOR, over_time
     from teller.rca import DEFAULT_MODEL, episode_floor
-    from teller.report.diagnose import EPISODE_MIN, verdict_line
+    from teller.report.diagnose import OWN_FLOOR_EPISODE_MIN, verdict_line
 
     res, d = diag
     m = res["model"]
     assert m["reads"] == "every" and m["split"] == "request"
     # the shipped model's own floor (its val part's normal units, the view of one rank's step)
     floor = episode_floor(json.loads((DEFAULT_MODEL / "config.json").read_text()), "vertical")
-    assert m["episode_floor"] == floor != EPISODE_FLOOR
+    assert m["episode_floor"] == floor != EPISODE_FLOOR and m["episode_min"] == OWN_FLOOR_EPISODE_MIN == 4
     steps = res["steps"]
     assert m["steps_read"] == len(steps) and all(s["abnormal_probability"] is not None for s in steps)
     cut = m["abnormal_cut"]
@@ -94,12 +94,12 @@ def test_the_model_reads_every_step_over_time(diag):
             assert s["abnormal_probability"] >= cut or (s.get("sustained") and s["abnormal_probability"] >= SUSTAIN_FLOOR)
             assert s["fault_type"] and s["evidence_families"]
         else:  # the stage's lasting departure, which the model does not rule out
-            assert s["unknown_fault"] and s["stage_episode_length"] >= EPISODE_MIN and s["fault_type"] is None
+            assert s["unknown_fault"] and s["stage_episode_length"] >= m["episode_min"] and s["fault_type"] is None
             assert s["abnormal_probability"] >= floor
     for s in steps:
         if s.get("model_says_normal"):
             assert s["stage_flag"] and s["flagged_by"] == ["stage"] and s["abnormal_probability"] < cut
-            assert int(s.get("stage_episode_length") or 0) < EPISODE_MIN or s["abnormal_probability"] < floor
+            assert int(s.get("stage_episode_length") or 0) < m["episode_min"] or s["abnormal_probability"] < floor
     # the shipped model keeps its training steps' context: every step it read has its novelty; the
     # delayed operator is a kind it was trained on, so no step takes the evidence's type for it
     assert all(np.isfinite(s["novelty"]) and s["novelty"] >= 0 for s in steps)

@@ -1328,3 +1328,59 @@ def test_numeric_stage_names_modules_not_the_framework_ops_inside_them(vertical,
     lifted = [set(g) - set(r) for g, r in zip(got.operators, raw.operators, strict=True)]
     assert any(lifted) and all(o.startswith("FE ") for s in lifted for o in s)
     assert {"FE LlamaDecoderLayer"} in lifted
+
+
+@pytest.mark.parametrize("lengths, stage_p", [((1, 2), 0.05), ((1, 1), 0.02)])
+def test_sustained_row_takes_the_models_own_floor_with_its_episode_length(vertical, tmp_path, lengths, stage_p):
+    """Where the model the row reads keeps its own floor (a model of the split and dataset under
+    --models, its config.json read without weights), a stage flag in an episode of
+    ``own_floor_episode`` or more (4 in the rows) stays when the model gives it at least that
+    floor; without one the absolute floor with episodes of ``min_episode`` or more (5): the pair
+    each was chosen in. The slice's lasting departures are single steps, so the lengths are scaled
+    down: (1, 2) tells the lengths apart (the model gives the stage's flags 0.05, over both
+    floors), (1, 1) the floors (0.02: under the model's 0.03, over the absolute 0.01)."""
+    import json
+
+    from teller.baselines import make, register
+    from teller.baselines.base import REGISTRY
+    from teller.baselines.numeric import deployments, step_lanes
+    from teller.baselines.rca import TellerSustained, sustained
+    from teller.localize.episodes import episode_lengths
+    from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR
+
+    own_len, abs_len = lengths
+    name = f"teller_sustained_own_{own_len}_{abs_len}"
+    if name not in REGISTRY:
+        register(name)(type(f"TSO{own_len}{abs_len}", (TellerSustained,), {"own_floor_episode": own_len, "min_episode": abs_len}))
+    s, tr, te = _fault_free_run_split(vertical)
+    meta = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    meta["training"] = {**meta["training"], "split": "request", "seed": 0, "dataset": str(s.dataset)}
+    floor = 0.03
+    meta["calibration"]["episode_floor"] = {"quantile": 0.85, "views": {"vertical": {"floor": floor, "units": 9}}}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
+    st0 = make("teller_numeric_deploy").fit(s, tr)
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    whole = st0.predict(s, every)
+    pos = np.searchsorted(every, te)
+    sf = whole.flag[pos]
+    score = np.where(sf, stage_p, 0.001)
+    mot = _memory_answers(score)
+    warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
+    own = np.isin(deployments(s)[te], list(st0.models_))
+    over_time, _ = sustained(s, te, mot)
+    flags = []
+    for models, want_floor, want_len in ((tmp_path, floor, own_len), (None, EPISODE_FLOOR, abs_len)):
+        s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, mot)})
+        if models is not None:
+            s.extra["rca_models"] = str(models)
+        m = make(name).fit(s, tr)
+        p = m.predict(s, te)
+        d = m.describe()
+        assert d["episode_floor_used"] == want_floor and d["episode_used"] == want_len, d
+        assert d["episode_floor_from"].startswith("the model" if models is not None else "absolute")
+        kept = sf & ~over_time.flag & (length[pos] >= want_len) & own & (score >= want_floor)
+        assert p.flag.tolist() == (over_time.flag | kept).tolist()
+        flags.append(p.flag)
+    assert flags[0].tolist() != flags[1].tolist()  # the two readings differ on the slice

@@ -472,10 +472,15 @@ class TellerEpisodes(TellerScreened):
     label = "TELLER, the model's flags, the stage's it does not rule out and its episodes (deployment reference)"
     stage = "teller_numeric_deploy"
     fit_on = _DEPLOY_FIT
-    min_episode = STAGE_EPISODE
+    #: stage flags in a row from which the episode is a lasting departure, with the absolute
+    #: floor or none (the setting that floor was chosen with)
+    min_episode = MIN_EPISODE
+    #: the same where the model keeps its own floor (chosen with it on the nested folds)
+    own_floor_episode = STAGE_EPISODE
     #: a stage flag in a lasting episode stays only where the model gives the step at least its
     #: floor (0: always; the rows `teller diagnose` reports: the model's own,
-    #: :meth:`model_floor`, else this absolute one, :data:`teller.rca.EPISODE_FLOOR`)
+    #: :meth:`model_floor`, with episodes of :attr:`own_floor_episode`, else this absolute one,
+    #: :data:`teller.rca.EPISODE_FLOOR`, with episodes of :attr:`min_episode`)
     episode_floor = 0.0
     #: where the step is unlike every training step (:mod:`teller.rca.novelty`) in an episode of
     #: :attr:`novel_episode` or more such steps the stage flags, the type its evidence points to
@@ -575,9 +580,13 @@ class TellerEpisodes(TellerScreened):
         pos = np.searchsorted(every, idx)
         own = np.isin(deployments(steps)[idx], np.asarray(list(st.models_), np.int64))
         sflag, sscore = whole.flag[pos], whole.score[pos]
-        keep = sflag & ~base.flag & (length[pos] >= self.min_episode) & own
-        if self.episode_floor > 0:  # the model rules the step out: not even a lasting departure stays
+        self.episode_used_ = self.min_episode
+        if self.episode_floor > 0:
             self.floor_, self.floor_from_ = self.model_floor(steps)
+            if not self.floor_from_.startswith("absolute"):  # the model's floor and the length chosen with it
+                self.episode_used_ = self.own_floor_episode
+        keep = sflag & ~base.flag & (length[pos] >= self.episode_used_) & own
+        if self.episode_floor > 0:  # the model rules the step out: not even a lasting departure stays
             low = keep & (np.asarray(self.answers_[self.mot].score, float) < self.floor_)
             self.ruled_out_by_floor_ = int(low.sum())
             keep &= ~low
@@ -598,6 +607,9 @@ class TellerEpisodes(TellerScreened):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["min_episode"] = self.min_episode
+        d["own_floor_episode"] = self.own_floor_episode
+        if hasattr(self, "episode_used_"):
+            d["episode_used"] = self.episode_used_
         d["episode_floor"] = self.episode_floor  # the absolute one, where the model keeps none
         if hasattr(self, "floor_"):  # the floor the last prediction applied, and where it came from
             d["episode_floor_used"] = self.floor_

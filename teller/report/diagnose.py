@@ -44,7 +44,7 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
 With the root-cause model (:func:`apply_model`) flagged steps also get its answer (``fault_type``,
 ``fault_probability``, ``abnormal_probability``, ``evidence_operators``, ``explanation``, ...;
 a step it rules out is ``model_says_normal``, or ``unknown_fault`` with its closest type in
-``fault_type_guess`` when it lies in an episode of :data:`EPISODE_MIN` or more and the
+``fault_type_guess`` when it lies in an episode of :data:`EPISODE_MIN` or more (:data:`OWN_FLOOR_EPISODE_MIN` where the model keeps its own floor) and the
 reference is of the run's deployment) and
 ``"model"`` describes it: path, training data, ``steps_eligible`` / ``steps_read`` /
 ``max_steps`` (it reads the highest-scored flagged steps up to the bound; those past it are
@@ -376,31 +376,36 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
 #: rules out stays a fault, of a kind the model was not trained on, when the reference is a
 #: recording of the run's deployment (docs/results.md, "Episodes": `teller_episodes`, and "A floor
 #: relative to the model")
-EPISODE_MIN = STAGE_EPISODE
+EPISODE_MIN = MIN_EPISODE
+#: the same where the model keeps its own floor (:func:`model_floor`), chosen with it
+OWN_FLOOR_EPISODE_MIN = STAGE_EPISODE
 #: the view whose floor (:func:`teller.rca.episode_floor`) `teller diagnose` reads: it gives the
 #: model each rank's step alone, as the vertical view's units are
 FLOOR_VIEW = "vertical"
 
 
-def model_floor(m: Any) -> float:
-    """The floor under which model ``m`` rules out a lasting departure of the numeric stage: its
-    own (the quantile of its probability over its val part's normal units, `teller rca floor`),
-    else :data:`teller.rca.EPISODE_FLOOR`."""
-    return episode_floor(getattr(m, "meta", None) or {}, FLOOR_VIEW)
+def model_floor(m: Any) -> tuple[float, int]:
+    """The floor under which model ``m`` rules out a lasting departure of the numeric stage and
+    the episode length from which one lasts: its own floor (the quantile of its probability over
+    its val part's normal units, `teller rca floor`) with :data:`OWN_FLOOR_EPISODE_MIN`, else
+    :data:`teller.rca.EPISODE_FLOOR` with :data:`EPISODE_MIN` (the pair each was chosen in)."""
+    meta = getattr(m, "meta", None) or {}
+    own = ((((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}).get(FLOOR_VIEW) or {}).get("floor")
+    return (episode_floor(meta, FLOOR_VIEW), OWN_FLOOR_EPISODE_MIN) if own is not None else (EPISODE_FLOOR, EPISODE_MIN)
 
 
 def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length",
-              floor: float = EPISODE_FLOOR) -> None:
+              floor: float = EPISODE_FLOOR, min_length: int = EPISODE_MIN) -> None:
     """A flagged step the model does not flag: a fault of a kind the model was not trained on
     (``unknown_fault``, its closest known type kept in ``fault_type_guess``) when the step lies in
-    an episode of :data:`EPISODE_MIN` or more flagged steps (``d[length]``: the episode's length)
-    and the reference is a recording of the run's deployment, unless the model gives it less than
-    ``floor`` (:func:`model_floor`: it rules the step out, a normal step unlike the reference, as
-    the stage's lasting departures on steps of known kinds mostly were); else
+    an episode of ``min_length`` or more flagged steps (``d[length]``: the episode's length) and
+    the reference is a recording of the run's deployment, unless the model gives it less than
+    ``floor`` (:func:`model_floor` gives both: it rules the step out, a normal step unlike the
+    reference, as the stage's lasting departures on steps of known kinds mostly were); else
     ``model_says_normal``."""
     p = d.get("abnormal_probability")
     floor = p is not None and float(p) < floor
-    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= EPISODE_MIN and not floor:
+    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= min_length and not floor:
         d["unknown_fault"] = True
         d["fault_type_guess"] = d.get("fault_type")
         d["fault_type"] = None
@@ -899,7 +904,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
             prep.unit_ctx, whole_run = ctx, True
     mech = explain == "mechanism"
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
-    info["episode_floor"] = model_floor(m)
+    info["episode_floor"], info["episode_min"] = model_floor(m)
     preds = m.predict(prep, batch_size=MODEL_BATCH, explain_done=mechanism_written if mech else None,
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
@@ -912,7 +917,7 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
         d["model_unsure"] = bool(p["fault_type"]) and p["abnormal_prob"] < m.abnormal_cut
         if not p["fault_type"]:
-            ruled_out(d, same_deployment, floor=info["episode_floor"])
+            ruled_out(d, same_deployment, floor=info["episode_floor"], min_length=info["episode_min"])
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
     nov = m.unit_novelty(prep) if whole_run else None
@@ -1072,8 +1077,8 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     at least half of the episode's flagged steps name) and an explanation (at most
     ``max_steps``, the most probable first; the others ``model_not_explained``). A step only the
     stage flags keeps its flag as a lasting departure (``unknown_fault``, typed by its evidence)
-    when it lies in an episode of :data:`EPISODE_MIN` or more stage flags against a reference of
-    the run's deployment and the model gives it at least its floor (:func:`model_floor`), else the
+    when it lies in a long enough episode of stage flags against a reference of the run's
+    deployment and the model gives it at least its floor (:func:`model_floor`: both), else the
     model reads it as normal (``model_says_normal``): the rule
     measured as ``teller_sustained_family`` (docs/results.md). Returns ``diag["model"]``."""
     from teller.localize.episodes import episode_lengths
@@ -1128,7 +1133,7 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
         zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=model_floor(m))
-    info["episode_floor"] = model_floor(m)
+    info["episode_floor"], info["episode_min"] = model_floor(m)
     nov = reading.get("novelty")
     info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     # explanations: the model's verdicts, the most probable first, up to the bound
@@ -1157,9 +1162,9 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
 
 def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], preds: dict[int, Any] | None = None,
                 unknown: dict[int, float] | None = None, label: dict[int, str] | None = None,
-                floor: float = EPISODE_FLOOR) -> None:
+                floor: tuple[float, int] = (EPISODE_FLOOR, EPISODE_MIN)) -> None:
     """The steps only the numeric stage flags, after the model read every step: a lasting
-    departure (an episode of :data:`EPISODE_MIN` or more stage flags, warm-up left out, against a
+    departure (an episode of ``floor[1]`` or more stage flags, warm-up left out, against a
     reference of the run's deployment) stays, a fault of a kind the model was not trained on
     (``unknown_fault``, its closest known type in ``fault_type_guess`` where the model read it);
     the others the model reads as normal (``model_says_normal``). A step it did not read keeps the
@@ -1180,7 +1185,7 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
             d["fault_type_guess"] = d["fault_type"]
             d["fault_type"] = None
         else:
-            ruled_out(d, same_deployment, "stage_episode_length", floor)
+            ruled_out(d, same_deployment, "stage_episode_length", *floor)
 
 
 # ------------------------------------------------------------------------------------------------
