@@ -12,7 +12,8 @@ reference, the model's probability); the script checks that the setting the outp
 with (``--row``, :data:`CURRENT`: 5 and 0.01, the setting until this script's choice was
 adopted) gives the row's own flags back. The rows now use the choice, ``(4, q0.85)``
 (:data:`teller.localize.episodes.STAGE_EPISODE` and the floor each model keeps,
-:func:`teller.rca.episode_floor`); outputs written since carry it, and the model's own floor
+:func:`teller.rca.episode_floor`; ``(5, 0.01)`` where the model keeps none); outputs written
+since carry it, and the model's own floor
 is measured on the val units (warm-up from the iterations alone), not on this script's val
 output, so such outputs are read with ``--no-check``.
 

@@ -20,12 +20,14 @@ import numpy as np
 #: largest step-number distance between two flagged steps of one episode
 EPISODE_GAP = 2
 #: flagged steps an episode holds from which it is taken as a lasting fault (:func:`sustain`, the
-#: model's flags read over time; novel steps retyped)
+#: model's flags read over time; novel steps retyped; the stage's lasting departures with the
+#: absolute floor)
 MIN_EPISODE = 5
 #: numeric-stage flags an episode holds from which a stage flag the model does not flag stays, a
-#: fault of a kind the model was not trained on, unless the model rules it out under its floor
-#: (``teller_episodes``, `teller diagnose`'s unknown faults): chosen with the model's floor on the
-#: nested datasets' folds (docs/results.md, "A floor relative to the model")
+#: fault of a kind the model was not trained on, where the model keeps its own floor and gives the
+#: step at least that (``teller_episodes`` rows, `teller diagnose`'s unknown faults; with the
+#: absolute floor :data:`MIN_EPISODE`): chosen with that floor on the nested datasets' folds
+#: (docs/results.md, "The floor relative to the model, adopted")
 STAGE_EPISODE = 4
 #: the model's abnormal probability from which a step next to a lasting episode of its flags joins
 #: it (:func:`over_time`): even odds, below the abnormal cut each trained model chose for a 10% prior

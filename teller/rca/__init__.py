@@ -38,7 +38,7 @@ DEFAULT_MODEL = Path(__file__).resolve().parent / "default"
 #: `teller diagnose` and the `teller_confirm` / `teller_screened` rows of `teller evaluate` use it
 SCREEN_FLOOR = 0.1
 #: the model's abnormal probability under which it rules out even a lasting departure of the
-#: numeric stage (an episode of 4+ stage flags it does not flag itself) where the model keeps no
+#: numeric stage (an episode of 5+ stage flags it does not flag itself) where the model keeps no
 #: floor of its own (:func:`episode_floor`: one calibrated before it was kept, an ensemble):
 #: `teller diagnose` and the `teller_diagnose*` / `teller_sustained*` rows of `teller evaluate`.
 #: One hundredth: a fault of a kind the model never saw mostly got more from it, the normal steps
