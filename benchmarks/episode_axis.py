@@ -52,9 +52,9 @@ def read_all(out: str | Path) -> dict[str, np.ndarray]:
     return c
 
 
-def kept_order(run: np.ndarray, lane: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """Per step: its place among its lane's kept steps (0, 1, 2, ... in step order)."""
-    key = np.unique(np.char.add(np.char.add(run.astype(str), "\x1f"), lane.astype(str)), return_inverse=True)[1]
+def kept_order(key: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Per step: its place among its lane's kept steps (0, 1, 2, ... in step order; ``key``: the
+    lane's code, :func:`lane_codes`)."""
     order = np.lexsort((step, key))
     pos = np.empty(len(step), np.int64)
     first = np.r_[True, key[order][1:] != key[order][:-1]]
@@ -64,13 +64,14 @@ def kept_order(run: np.ndarray, lane: np.ndarray, step: np.ndarray) -> np.ndarra
 
 
 def lane_codes(run: np.ndarray, lane: np.ndarray) -> np.ndarray:
+    """Per step: a code of its run and lane."""
     return np.unique(np.char.add(np.char.add(run.astype(str), "\x1f"), lane.astype(str)), return_inverse=True)[1]
 
 
 def row_on_axis(c: dict[str, np.ndarray], axis: str, episode: int, floor: float, check: bool = False) -> np.ndarray:
     """The row's flags on the test steps of one view's steps ``c``, its episodes drawn on ``axis``."""
     lane = lane_codes(c["run"], c["lane"])
-    at = c["step"].astype(np.int64) if axis == "step" else kept_order(c["run"], c["lane"], c["step"].astype(np.int64))
+    at = c["step"].astype(np.int64) if axis == "step" else kept_order(lane, c["step"].astype(np.int64))
     test = c["test"].astype(bool)
     p = np.nan_to_num(c["model_p"].astype(float), nan=0.0)
     sust = over_time(lane[test], at[test], c["model_flag"][test].astype(bool), p[test])["flag"]

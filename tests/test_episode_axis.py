@@ -37,11 +37,11 @@ def _steps() -> dict[str, np.ndarray]:
 
 def test_kept_order_counts_a_lanes_kept_steps():
     c = _steps()
-    pos = ea.kept_order(c["run"], c["lane"], c["step"])
+    pos = ea.kept_order(ea.lane_codes(c["run"], c["lane"]), c["step"])
     assert pos[:10].tolist() == list(range(10)) and pos[10:].tolist() == list(range(12))
     # shuffled rows: the same places
     perm = np.random.default_rng(0).permutation(len(pos))
-    assert ea.kept_order(c["run"][perm], c["lane"][perm], c["step"][perm]).tolist() == pos[perm].tolist()
+    assert ea.kept_order(ea.lane_codes(c["run"][perm], c["lane"][perm]), c["step"][perm]).tolist() == pos[perm].tolist()
 
 
 @pytest.mark.parametrize("axis, a_kept", [("step", False), ("kept", True)])

@@ -546,7 +546,7 @@ class TellerEpisodes(TellerScreened):
         where it comes from: the model's own (:func:`teller.rca.episode_floor`, its config.json,
         weights not read: its answers may be reused) where the row's model is one trained on the
         split evaluated, else :attr:`episode_floor`."""
-        from teller.rca import episode_floor
+        from teller.rca import own_episode_floor
 
         part = self.parts_.get(self.mot)
         if isinstance(part, RCASustained):  # a row read over time: the model row under it (made here when its answers were reused)
@@ -561,10 +561,10 @@ class TellerEpisodes(TellerScreened):
         tr = meta.get("training") or {}
         if tr.get("split") != steps.extra.get("split") or _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
             return self.episode_floor, f"absolute (the model at {path} is not of this split and dataset)"
-        got = (((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}).get(steps.view)
-        if not got:
+        own = own_episode_floor(meta, steps.view)
+        if own is None:
             return self.episode_floor, f"absolute (the model at {path} keeps none: `teller rca floor`)"
-        return episode_floor(meta, steps.view), f"the model's ({path})"
+        return own, f"the model's ({path})"
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "EPISODE_FLOOR", "SCREEN_FLOOR", "StepInputs", "episode_floor", "load"]
+__all__ = ["DEFAULT_MODEL", "FAULT_TYPES", "RCA", "Ensemble", "EPISODE_FLOOR", "SCREEN_FLOOR", "StepInputs", "episode_floor", "load", "own_episode_floor"]
 
 #: the model shipped with the package (the family-head MoT trained on the request split of the
 #: union of dataset v2's four parts, ``runs/h200_v2_all``; docs/results.md)
@@ -48,15 +48,23 @@ SCREEN_FLOOR = 0.1
 EPISODE_FLOOR = 0.01
 
 
-def episode_floor(meta: dict[str, Any], view: str) -> float:
-    """The floor under which a model (its ``config.json`` metadata ``meta``) rules out a lasting
-    departure of the numeric stage on units of ``view``: its own, the quantile of its probability
-    over its val part's normal units (``calibration.episode_floor``,
-    :func:`teller.rca.train.calibrate_episode_floor`), else :data:`EPISODE_FLOOR` (a model
-    calibrated before the floor was kept with it, or an ensemble)."""
+def own_episode_floor(meta: dict[str, Any], view: str) -> float | None:
+    """The floor a model (its ``config.json`` metadata ``meta``) keeps for lasting departures on
+    units of ``view``, the quantile of its probability over its val part's normal units
+    (``calibration.episode_floor``, :func:`teller.rca.train.calibrate_episode_floor`); None where
+    it keeps none (calibrated before the floor was kept with it, an ensemble, no normal val unit
+    of that view)."""
     views = ((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}
     got = (views.get(view) or {}).get("floor")
-    return EPISODE_FLOOR if got is None else float(got)
+    return None if got is None else float(got)
+
+
+def episode_floor(meta: dict[str, Any], view: str) -> float:
+    """The floor under which a model (its ``config.json`` metadata ``meta``) rules out a lasting
+    departure of the numeric stage on units of ``view``: its own (:func:`own_episode_floor`), else
+    :data:`EPISODE_FLOOR`."""
+    own = own_episode_floor(meta, view)
+    return EPISODE_FLOOR if own is None else own
 
 
 def __getattr__(name: str) -> Any:

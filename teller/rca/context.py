@@ -98,11 +98,11 @@ def units_context(inp: Any, stats: np.ndarray, iterations: np.ndarray | None = N
     return context_features(it, run_relative(stats, list(inp.run_id) or [""] * n, list(inp.view) or [""] * n))
 
 
-def _unit_step_keys(ds: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+def _unit_context(ds: Dataset) -> tuple[np.ndarray, np.ndarray, dict[str, Any]] | None:
     """Each unit's steps (one per rank of a horizontal unit, the record's own step for a vertical
-    one) as step keys: ``owner`` (the unit of each key row), the sorted run names, ``key`` (per row,
-    ``run_code << 40 | step_id``) and ``keys`` (the sorted distinct keys); None for a dataset
-    without units, records or iterations."""
+    one) against the dataset's iteration context (:func:`teller.localize.context.dataset_context`):
+    ``owner`` (the unit of each step row), ``at`` (the step row's row in the context) and the
+    context; None for a dataset without units, records or iterations."""
     u = ds.units
     n = len(u)
     path = Path(ds.path) / "records.parquet"
@@ -129,7 +129,9 @@ def _unit_step_keys(ds: Dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     run = np.asarray(u.run_id, dtype=str)[owner]
     runs = np.unique(run)
     key = np.searchsorted(runs, run).astype(np.int64) << 40 | steps
-    return owner, runs, key, np.unique(key)
+    keys = np.unique(key)
+    ctx = dataset_context(ds.path, runs, keys)
+    return None if ctx is None else (owner, np.searchsorted(keys, key), ctx)
 
 
 def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
@@ -139,12 +141,11 @@ def dataset_unit_iterations(ds: Dataset) -> np.ndarray:
     unit. All NaN for a dataset without iterations."""
     n = len(ds.units)
     out = np.full((n, len(ITER_FEATURES)), np.nan)
-    got = _unit_step_keys(ds)
-    ctx = dataset_context(ds.path, got[1], got[3]) if got is not None else None
-    if ctx is None:
+    got = _unit_context(ds)
+    if got is None:
         return out
-    owner, _, key, keys = got
-    rows = ctx["iter"][np.searchsorted(keys, key)]
+    owner, at, ctx = got
+    rows = ctx["iter"][at]
     filled = np.where(np.isnan(rows), -np.inf, rows)
     best = np.full((n, rows.shape[1]), -np.inf)
     np.maximum.at(best, owner, filled)
@@ -157,12 +158,11 @@ def dataset_unit_warmup(ds: Dataset) -> np.ndarray:
     ``warmup`` column, as `teller evaluate` leaves warm-up steps out of episodes); all False for a
     dataset without iterations."""
     n = len(ds.units)
-    got = _unit_step_keys(ds)
-    ctx = dataset_context(ds.path, got[1], got[3]) if got is not None else None
-    if ctx is None:
+    got = _unit_context(ds)
+    if got is None:
         return np.zeros(n, bool)
-    owner, _, key, keys = got
-    return np.bincount(owner, weights=ctx["warmup"][np.searchsorted(keys, key)].astype(np.float64), minlength=n) > 0
+    owner, at, ctx = got
+    return np.bincount(owner, weights=ctx["warmup"][at].astype(np.float64), minlength=n) > 0
 
 
 #: units encoded at a time for their statistics (their tokens are not kept)

@@ -85,7 +85,7 @@ from teller.localize import (
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
-from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR, episode_floor
+from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR, own_episode_floor
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
 from teller.report.html import (
@@ -389,9 +389,8 @@ def model_floor(m: Any) -> tuple[float, int]:
     the episode length from which one lasts: its own floor (the quantile of its probability over
     its val part's normal units, `teller rca floor`) with :data:`OWN_FLOOR_EPISODE_MIN`, else
     :data:`teller.rca.EPISODE_FLOOR` with :data:`EPISODE_MIN` (the pair each was chosen in)."""
-    meta = getattr(m, "meta", None) or {}
-    own = ((((meta.get("calibration") or {}).get("episode_floor") or {}).get("views") or {}).get(FLOOR_VIEW) or {}).get("floor")
-    return (episode_floor(meta, FLOOR_VIEW), OWN_FLOOR_EPISODE_MIN) if own is not None else (EPISODE_FLOOR, EPISODE_MIN)
+    own = own_episode_floor(getattr(m, "meta", None) or {}, FLOOR_VIEW)
+    return (own, OWN_FLOOR_EPISODE_MIN) if own is not None else (EPISODE_FLOOR, EPISODE_MIN)
 
 
 def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length",
