@@ -162,13 +162,14 @@ def test_the_rows_read_the_floor_of_the_model_of_the_split(tmp_path):
                 if hasattr(mot, "base") and fitted:
                     mot.part_ = make(mot.base, seed=seed)
                 row.parts_ = {row.mot: mot}
-                floor, source = row.model_floor(steps(split, view, dataset))
-                assert floor == want and why in source, (name, seed, split, view, fitted, source)
+                floor = row.model_floor(steps(split, view, dataset))
+                assert floor.value == want and why in floor.source, (name, seed, split, view, fitted, floor)
+                assert floor.own == (why == "the model's"), floor
     # no model of the split under --models: the shipped one is of another split, so the absolute floor
     row = make("teller_sustained_family", seed=7)
     row.parts_ = {row.mot: make(row.mot, seed=7)}
-    floor, source = row.model_floor(steps("workload"))
-    assert floor == EPISODE_FLOOR and source.startswith("absolute")
+    floor = row.model_floor(steps("workload"))
+    assert floor.value == EPISODE_FLOOR and not floor.own and floor.source.startswith("absolute")
 
 
 def test_the_shipped_model_keeps_its_floor():

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -446,6 +446,16 @@ for _name, _plain, _label in DEPLOY_ROWS:
                                                                  "stage": "teller_numeric_deploy", "fit_on": _DEPLOY_FIT}))
 
 
+class RowFloor(NamedTuple):
+    """The floor a row rules lasting departures out under (:meth:`TellerEpisodes.model_floor`)."""
+
+    value: float
+    #: the model's own (``calibration.episode_floor`` of the model the row reads), not the absolute one
+    own: bool
+    #: where it comes from, in words (the row's describe: ``episode_floor_from``)
+    source: str
+
+
 def _warm_steps(steps: StepSet) -> np.ndarray:
     """Per step: whether any of its units is a warm-up step (``steps.extra["unit_warmup"]``)."""
     warm = steps.extra.get("unit_warmup")
@@ -541,30 +551,31 @@ class TellerEpisodes(TellerScreened):
         self.novel_steps_ = int(mask.sum())
         return length >= self.novel_episode
 
-    def model_floor(self, steps: StepSet) -> tuple[float, str]:
-        """The floor under which the model rules out a lasting departure on ``steps``' view, and
-        where it comes from: the model's own (:func:`teller.rca.episode_floor`, its config.json,
-        weights not read: its answers may be reused) where the row's model is one trained on the
-        split evaluated, else :attr:`episode_floor`."""
+    def model_floor(self, steps: StepSet) -> "RowFloor":
+        """The floor under which the model rules out a lasting departure on ``steps``' view,
+        whether it is the model's own, and where it comes from: the model's own
+        (:func:`teller.rca.own_episode_floor`, its config.json, weights not read: its answers may
+        be reused) where the row's model is one trained on the split evaluated, else
+        :attr:`episode_floor`."""
         from teller.rca import own_episode_floor
 
         part = self.parts_.get(self.mot)
         if isinstance(part, RCASustained):  # a row read over time: the model row under it (made here when its answers were reused)
             part = getattr(part, "part_", None) or REGISTRY[part.base](seed=self.seed, model=self.model)
         if not isinstance(part, RCAModel) or isinstance(part, RCAEnsembleRow):
-            return self.episode_floor, "absolute (no single model)"
+            return RowFloor(self.episode_floor, False, "absolute (no single model)")
         try:
             path, _ = part.resolve(steps)
         except ValueError:
-            return self.episode_floor, "absolute (no model found)"
+            return RowFloor(self.episode_floor, False, "absolute (no model found)")
         meta = _meta(Path(path) / "config.json")
         tr = meta.get("training") or {}
         if tr.get("split") != steps.extra.get("split") or _dataset_name(tr.get("dataset", "")) != _dataset_name(steps.dataset):
-            return self.episode_floor, f"absolute (the model at {path} is not of this split and dataset)"
+            return RowFloor(self.episode_floor, False, f"absolute (the model at {path} is not of this split and dataset)")
         own = own_episode_floor(meta, steps.view)
         if own is None:
-            return self.episode_floor, f"absolute (the model at {path} keeps none: `teller rca floor`)"
-        return own, f"the model's ({path})"
+            return RowFloor(self.episode_floor, False, f"absolute (the model at {path} keeps none: `teller rca floor`)")
+        return RowFloor(own, True, f"the model's ({path})")
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes
@@ -582,8 +593,9 @@ class TellerEpisodes(TellerScreened):
         sflag, sscore = whole.flag[pos], whole.score[pos]
         self.episode_used_ = self.min_episode
         if self.episode_floor > 0:
-            self.floor_, self.floor_from_ = self.model_floor(steps)
-            if not self.floor_from_.startswith("absolute"):  # the model's floor and the length chosen with it
+            floor = self.model_floor(steps)
+            self.floor_, self.floor_from_ = floor.value, floor.source
+            if floor.own:  # the model's floor and the length chosen with it
                 self.episode_used_ = self.own_floor_episode
         keep = sflag & ~base.flag & (length[pos] >= self.episode_used_) & own
         if self.episode_floor > 0:  # the model rules the step out: not even a lasting departure stays
