@@ -320,4 +320,35 @@ def register(app: typer.Typer) -> None:
                   f"Macro+ F1 {cal['macro_plus_f1']:.3f} on the {split_part} part of {sp} ({cal['units']:,} units; "
                   f"{cal['macro_plus_f1_at_0']:.3f} at 0)")
 
+    @rca.command("experts")
+    def experts_cmd(
+        model: Path = typer.Argument(..., help="Model directory (`teller rca train -o`, a MoT); its experts and config.json are written there."),
+        dataset: Path = typer.Argument(..., help="The dataset it was trained on."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split protocol (default: the one the model was trained on)."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the experts' trees (default: the training's)."),
+        abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The abnormal cut (with the flag expert's weight) is chosen for the best step F1 expected at this fault prior (0: the cut is 0.5)."),
+        type_expert: bool = typer.Option(True, "--type-expert/--no-type-expert"),
+        op_expert: bool = typer.Option(True, "--op-expert/--no-op-expert"),
+        flag_expert: bool = typer.Option(True, "--flag-expert/--no-flag-expert"),
+        device: str = typer.Option("cpu", "--device"),
+    ) -> None:
+        """Fit everything `teller rca train` fits after its epochs, in its order and reading the dataset once: the flag expert, the calibration on the val part, the type and operator experts, the novelty and the floor for the stage's lasting departures (for a model trained where the experts could not be fitted, or to fit them again)."""
+        from rich.markup import escape
+
+        from teller.cliutil import console
+        from teller.errors import TellerError
+        from teller.rca.train import fit_experts
+
+        con = console(stderr=True)
+        m, ds, sp = model_and_data(model, dataset, split, device)
+        if m.cfg.variant != "mot" or not m.cfg.reads_trace:
+            raise TellerError(f"{model}: the experts and the calibration are a MoT's that reads the trace "
+                              f"(this one: variant {m.cfg.variant}, inputs {m.cfg.inputs})")
+        seed = int(m.meta.get("training", {}).get("seed", 0)) if seed is None else seed
+        cal = fit_experts(m, ds, sp, abnormal_prior=abnormal_prior, seed=seed, type_expert=type_expert, op_expert=op_expert,
+                          flag_expert=flag_expert, say=lambda s: con.print("  " + s, markup=False), out=model)
+        m.save_config(model, {"calibration": cal})
+        con.print(f"[green]experts[/] {escape(str(model))}: fitted on {sp}'s training part, chosen on its val part (seed {seed}): "
+                  + ", ".join(k for k in ("flag_expert", "type_expert", "op_expert", "novelty", "episode_floor") if k in cal))
+
     app.add_typer(rca, name="rca")

@@ -372,48 +372,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
                               "seconds": round(secs, 1), "device": str(dev), "curve": curve[-200:]})
     model.net.eval()
     if len(va_idx) and model.cfg.variant == "mot" and model.cfg.reads_trace:
-        _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
-        if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
-            try:
-                fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep)
-                say(f"flag expert: weight {fx['flag_weight']} (step F1 on the val part at a fault prior, with its cut: "
-                    + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
-            except TellerError as e:  # one kind of unit only: the head alone
-                say(f"flag expert skipped: {e}")
-        extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
-        if model.cfg.reads_unit_stats and type_expert:
-            try:
-                te = fit_type_expert(model, ds, split, seed=seed)
-                extra["calibration"] = model.meta["calibration"]
-                say(f"type expert: weight {te['type_weight']} (fault-type macro-F1 on the val part's abnormal units "
-                    + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
-            except TellerError as e:  # too few fault types to learn from: the head alone
-                say(f"type expert skipped: {e}")
-        if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
-            try:
-                ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep)
-                extra["calibration"] = model.meta["calibration"]
-                say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
-                    + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
-            except TellerError as e:  # no slot of either kind to learn from: the head alone
-                say(f"operator expert skipped: {e}")
-        if model.cfg.reads_unit_stats:
-            try:
-                nv = fit_novelty(model, ds, split)
-                extra["calibration"] = model.meta["calibration"]
-                say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
-            except TellerError as e:  # no training fault to measure against: no novelty
-                say(f"novelty skipped: {e}")
-        ef = calibrate_episode_floor(model, ds, split, prep=val_prep)
-        extra["calibration"] = model.meta["calibration"]
-        say("episode floor: " + (", ".join(f"{v} {r['floor']:.2g} ({r['units']} normal units)" for v, r in ef["views"].items())
-                                 or "none (no normal val unit)"))
-        if "abnormal" in extra["calibration"]:
-            ab = extra["calibration"]["abnormal"]
-            say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
-                f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
-        say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
-            f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
+        extra["calibration"] = fit_experts(model, ds, split, abnormal_prior=abnormal_prior, seed=seed, type_expert=type_expert,
+                                           op_expert=op_expert, flag_expert=flag_expert, say=say)
     model.save(out, extra=extra)
     size = sum(f.stat().st_size for f in weight_files(out / "model.safetensors"))
     say(f"saved {out}: {n_params / 1e6:.2f} M parameters, model.safetensors {size / 2**20:.1f} MiB ({cfg.save_dtype}), "
@@ -421,6 +381,65 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
     return {"out": str(out), "parameters": int(n_params), "checkpoint_bytes": size, "steps": step,
             "seconds": secs, "curve": curve, "first_loss": run_loss[0] if run_loss else None,
             "last_loss": float(np.mean(run_loss[-10:])) if run_loss else None}
+
+
+def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | None = None, seed: int = 0,
+                type_expert: bool = True, op_expert: bool = True, flag_expert: bool = True,
+                say: Callable[[str], None] | None = None, out: str | Path | None = None) -> dict[str, Any]:
+    """What `teller rca train` does after the epochs of a MoT that reads the trace, in its order:
+    the flag expert (``flag_expert``, with the unit statistics and a prior above 0), the
+    calibration on the val part (abnormal cut for ``abnormal_prior``, operator threshold), the
+    fault-type expert and the operator expert (``type_expert``, ``op_expert``, with the unit
+    statistics; the latter with a family head), the novelty (with the unit statistics) and the
+    floor for the stage's lasting departures. The val part is prepared once for all of them. With
+    ``out`` the experts' files are written there as they are fitted (`teller rca experts`; the
+    caller rewrites config.json); returns the calibration block. An expert that cannot be fitted
+    (one kind of unit, too few types, no slot) is skipped with a line to ``say``."""
+    say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    extra: dict[str, Any] = {}
+    _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
+    if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
+        try:
+            fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep, out=out)
+            say(f"flag expert: weight {fx['flag_weight']} (step F1 on the val part at a fault prior, with its cut: "
+                + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
+        except TellerError as e:  # one kind of unit only: the head alone
+            say(f"flag expert skipped: {e}")
+    extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
+    if model.cfg.reads_unit_stats and type_expert:
+        try:
+            te = fit_type_expert(model, ds, split, seed=seed, out=out)
+            extra["calibration"] = model.meta["calibration"]
+            say(f"type expert: weight {te['type_weight']} (fault-type macro-F1 on the val part's abnormal units "
+                + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
+        except TellerError as e:  # too few fault types to learn from: the head alone
+            say(f"type expert skipped: {e}")
+    if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
+        try:
+            ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep, out=out)
+            extra["calibration"] = model.meta["calibration"]
+            say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
+                + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
+        except TellerError as e:  # no slot of either kind to learn from: the head alone
+            say(f"operator expert skipped: {e}")
+    if model.cfg.reads_unit_stats:
+        try:
+            nv = fit_novelty(model, ds, split, out=out)
+            extra["calibration"] = model.meta["calibration"]
+            say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
+        except TellerError as e:  # no training fault to measure against: no novelty
+            say(f"novelty skipped: {e}")
+    ef = calibrate_episode_floor(model, ds, split, prep=val_prep)
+    extra["calibration"] = model.meta["calibration"]
+    say("episode floor: " + (", ".join(f"{v} {r['floor']:.2g} ({r['units']} normal units)" for v, r in ef["views"].items())
+                             or "none (no normal val unit)"))
+    if "abnormal" in extra["calibration"]:
+        ab = extra["calibration"]["abnormal"]
+        say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
+            f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
+    say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
+        f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
+    return extra["calibration"]
 
 
 #: the fault prior a model's abnormal cut is chosen for (:func:`calibrate_abnormal`): faults are
