@@ -62,6 +62,13 @@ def test_experts_fit_for_a_bare_model_what_training_fits(tmp_path):
     m = load(bare)
     assert m.abnormal_cut == full["abnormal_cut"] and m.op_threshold == full["op_threshold"]
     assert (m.flag_expert is not None) == ("flag_expert" in full) and (m.type_expert is not None) == ("type_expert" in full)
+    # fitted again on a model that has them: the earlier experts do not read into the new fit
+    assert main(["rca", "experts", str(whole), str(small)]) == 0
+    _same(full, _cal(whole), "calibration fitted again")
+    # an expert left out this time is gone from the config and the folder (the model would not read it)
+    if "op_expert" in full:
+        assert main(["rca", "experts", str(whole), str(small), "--no-op-expert"]) == 0
+        assert "op_weight" not in _cal(whole) and not (whole / "operator_expert.ubj").exists() and load(whole).op_expert is None
     # another seed: the trees change, the block says which
     if "flag_expert" in full:
         assert main(["rca", "experts", str(bare), str(small), "--seed", "5"]) == 0

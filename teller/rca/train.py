@@ -392,10 +392,16 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     fault-type expert and the operator expert (``type_expert``, ``op_expert``, with the unit
     statistics; the latter with a family head), the novelty (with the unit statistics) and the
     floor for the stage's lasting departures. The val part is prepared once for all of them. With
-    ``out`` the experts' files are written there as they are fitted (`teller rca experts`; the
-    caller rewrites config.json); returns the calibration block. An expert that cannot be fitted
-    (one kind of unit, too few types, no slot) is skipped with a line to ``say``."""
+    ``out`` the experts' files are written there as they are fitted and those of an earlier fit
+    not fitted again are removed (`teller rca experts`; the caller rewrites config.json); returns
+    the calibration block, which replaces the model's (its experts and calibration of an earlier
+    fit are dropped first, so a model fitted again gets what its training would have kept). An
+    expert that cannot be fitted (one kind of unit, too few types, no slot) is skipped with a line
+    to ``say``."""
     say = say or (lambda m: print(m, file=sys.stderr, flush=True))
+    # from the model as its epochs left it: experts and a calibration of an earlier fit do not read into this one
+    model.flag_expert = model.type_expert = model.op_expert = model.novelty = None
+    model.meta["calibration"] = {}
     extra: dict[str, Any] = {}
     _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
     if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
@@ -439,6 +445,16 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
             f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
     say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
         f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
+    if out is not None:  # an expert of an earlier fit that was not fitted again goes (the model would not read it)
+        from teller.rca.flagexpert import FLAG_EXPERT_FILE
+        from teller.rca.novelty import NOVELTY_FILE
+        from teller.rca.opexpert import OP_EXPERT_FILE
+        from teller.rca.typer import TYPE_EXPERT_FILE
+
+        for key, name in (("flag_weight", FLAG_EXPERT_FILE), ("type_weight", TYPE_EXPERT_FILE), ("op_weight", OP_EXPERT_FILE),
+                          ("novelty", NOVELTY_FILE)):
+            if key not in extra["calibration"]:
+                (Path(out) / name).unlink(missing_ok=True)
     return extra["calibration"]
 
 
