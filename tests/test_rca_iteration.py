@@ -230,3 +230,22 @@ def test_cli_trains_an_iteration_model(tmp_path):
     assert main(["rca", "predict", str(model), str(small), "--split-part", "train", "-o", str(out)]) == 0
     assert pq.read_table(out).num_rows > 0
     assert main(["rca", "train", str(small), "-o", str(tmp_path / "x"), "--config", "tiny", "--unit", "bogus"]) == 2
+
+
+def test_the_steps_read_with_the_columns_they_need_serialize_as_with_all(table):
+    """`load_dataset` decodes only :data:`STEP_COLUMNS` of the subtrees (a smaller peak): the
+    steps, families, spans and self times serialize exactly as from every column, in both units
+    (a column step_forest starts to read and the list lacks would show here)."""
+    from teller.rca.data import STEP_COLUMNS
+
+    some = read_steps(DATA, RUNS, columns=STEP_COLUMNS)
+    assert some.column_names == [c for c in STEP_COLUMNS if c in table.column_names]
+    assert some.num_rows == table.num_rows and len(some.column_names) < len(table.column_names)
+    for unit in ("step", "iteration"):
+        a, b = step_forest(table, unit=unit), step_forest(some, unit=unit)
+        for name in ("key", "node_family", "node_priority", "node_id", "node_in_step", "node_span"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (unit, name)
+        assert a.families == b.families and a.runs == b.runs
+        for name in ("codes", "parent", "depth", "duration", "offsets", "node_id"):
+            assert np.array_equal(getattr(a.seqs, name), getattr(b.seqs, name)), (unit, name)
+        assert list(a.seqs.symbols) == list(b.seqs.symbols)

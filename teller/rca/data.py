@@ -373,6 +373,7 @@ def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, 
     pieces = serialize_steps(forest, piece_root, "self", normalizer)
     order = np.lexsort((piece_root, forest.start[piece_root], piece_unit))
     seqs = pieces.select(order)
+    del pieces  # held once: a node per row of every iteration
     pu = piece_unit[order]
     plen = seqs.lengths()
     # parents: local to the piece -> local to the unit (each piece starts a root)
@@ -381,7 +382,8 @@ def _iteration_sequences(forest: Any, step_rows: np.ndarray, extra: np.ndarray, 
     np.cumsum(u_len, out=offsets[1:])
     shift = np.cumsum(plen) - plen - offsets[pu]  # piece start within its unit
     par = seqs.parent.astype(np.int64)
-    par = np.where(par >= 0, par + np.repeat(shift, plen), -1)
+    par += np.repeat(shift, plen)
+    par[seqs.parent < 0] = -1
     check_preorder(par, seqs.depth, offsets, "iteration units")
     return Sequences(seqs.symbols, seqs.codes, par.astype(np.int32), seqs.depth, seqs.duration, offsets,
                      seqs.node_id, step_rows.astype(np.int64), checked=True)
@@ -974,25 +976,42 @@ def require_unit(ds: Dataset, unit: str, what: str = "the model") -> None:
                           f"load it with load_dataset(..., unit={unit!r})")
 
 
-def read_steps(ds: str | Path, runs: Sequence[str] | None = None) -> pa.Table:
+#: the subtree columns :func:`step_forest` reads (the serialized sequences, families, spans and
+#: iterations; ``kind``, ``tid`` and ``device`` tell GPU rows from host calls for the self times):
+#: :func:`load_dataset` keeps only these, decoded part by part
+STEP_COLUMNS = ("run_id", "node_id", "parent_id", "step_id", "step_idx", "layer", "name", "start_ns", "end_ns",
+                "depth", "size", "kind", "tid", "device")
+
+
+def read_steps(ds: str | Path, runs: Sequence[str] | None = None, columns: Sequence[str] | None = None) -> pa.Table:
     """A dataset's subtrees (forest rows of its steps); with ``runs``, only the parts that hold
-    those runs are decoded (each part is encoded on its own) and only their rows kept."""
+    those runs are decoded (each part is encoded on its own) and only their rows kept; with
+    ``columns``, only those of them (each part projected once decoded, so the whole table is never
+    held with every column)."""
     from teller.dataset.codec import decode, read_subtrees
 
     ds = Path(ds)
     parts = sorted((ds / "subtrees").glob("part-*.parquet")) if (ds / "subtrees").is_dir() else []
-    if not runs or not parts:
-        t = read_subtrees(ds)
+
+    def keep(t: pa.Table) -> pa.Table:
+        return t if columns is None else t.select([c for c in columns if c in t.column_names])
+
+    if not parts:
+        t = keep(read_subtrees(ds))
     else:
-        want = pa.array(sorted(set(runs)), pa.string())
+        want = pa.array(sorted(set(runs)), pa.string()) if runs else None
         tabs = []
         for f in parts:
-            rid = pq.read_table(f, columns=["run_id"]).column("run_id").cast(pa.string())
-            if pc.any(pc.is_in(rid, value_set=want)).as_py():
-                tabs.append(decode(pq.read_table(f), str(f)))
+            if want is not None:
+                rid = pq.read_table(f, columns=["run_id"]).column("run_id").cast(pa.string())
+                if not pc.any(pc.is_in(rid, value_set=want)).as_py():
+                    continue
+            tabs.append(keep(decode(pq.read_table(f), str(f))))
         if not tabs:
-            raise TellerError(f"{ds}/subtrees: no rows of the runs {sorted(set(runs))}")
-        t = pa.concat_tables(tabs).unify_dictionaries()
+            raise TellerError(f"{ds}/subtrees: no rows of the runs {sorted(set(runs or []))}")
+        t = pa.concat_tables(tabs)
+        if want is not None:
+            t = t.unify_dictionaries()
     if runs:
         t = t.filter(pc.is_in(t.column("run_id").cast(pa.string()), value_set=pa.array(sorted(set(runs)), pa.string())))
     return t
@@ -1029,7 +1048,7 @@ def load_dataset(ds: str | Path, runs: Sequence[str] | None = None, max_units: i
     if max_units is not None and max_units < len(idx):
         idx = np.sort(np.random.default_rng(seed).choice(idx, size=max_units, replace=False))
         units = units.select(idx)
-    sub = read_steps(ds, runs)
+    sub = read_steps(ds, runs, columns=STEP_COLUMNS)
     if max_units is not None:
         # keep only the blocks of the sampled units' steps (a block's rows carry its step_id)
         key = np.unique(np.asarray([f"{r}\x1f{s}" for r, ss in zip(units.run_id.tolist(), units.step_ids, strict=True)

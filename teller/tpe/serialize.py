@@ -227,7 +227,8 @@ def _pack(forest: Forest, rows: np.ndarray, offsets: np.ndarray, parent: np.ndar
     check_preorder(parent, depth, offsets, forest.path)
     codes, symbols = _symbols(forest, normalizer)
     return Sequences(symbols, codes[rows], parent.astype(np.int32), depth.astype(np.int32),
-                     dur[rows].astype(np.int64), offsets, rows.astype(np.int64), key.astype(np.int64), checked=True)
+                     dur[rows].astype(np.int64, copy=False), offsets, rows.astype(np.int64, copy=False),
+                     key.astype(np.int64, copy=False), checked=True)
 
 
 def serialize_steps(forest: Forest, step_ids: Sequence[int] | np.ndarray, duration: str = "self",
@@ -248,9 +249,12 @@ def serialize_steps(forest: Forest, step_ids: Sequence[int] | np.ndarray, durati
     np.cumsum(size, out=offsets[1:])
     rows = ranges(sid, sid + size)
     base = np.repeat(sid, size)
-    parent = forest.parent[rows] - base
+    parent = forest.parent[rows].astype(np.int64)  # in place from here: a node per row of every step, held once
+    parent -= base
     parent[offsets[:-1][size > 0]] = -1
-    depth = forest.depth[rows].astype(np.int64) - forest.depth[base]
+    depth = forest.depth[rows].astype(np.int64)
+    depth -= forest.depth[base]
+    del base
     return _pack(forest, rows, offsets, parent, depth, ids, duration, normalizer)
 
 
