@@ -241,6 +241,29 @@ def test_slice_steps_and_features(vertical, slice_ds):
     assert np.allclose(f.pair_count.sum(1), col["rows"])
 
 
+def test_features_read_only_their_columns_and_come_out_as_from_every_column(vertical, slice_ds, monkeypatch):
+    """The step features read :data:`FEATURE_COLUMNS` of the subtrees (what the evaluation keeps of
+    them after the stage's instances): the same features as from every column but ``args``."""
+    import teller.baselines.features as F
+    from teller.dataset.codec import read_subtrees
+
+    sub = read_subtrees(slice_ds)
+    assert set(F.FEATURE_COLUMNS) < set(sub.column_names)
+    some = F.step_features(vertical, sub.select(list(F.FEATURE_COLUMNS)), None)
+    with monkeypatch.context() as mp:  # every column kept, as before the projection
+        mp.setattr(F, "FEATURE_COLUMNS", tuple(c for c in sub.column_names if c != "args"))
+        every = F.step_features(vertical, sub.select(list(F.FEATURE_COLUMNS)), None)
+    assert every.std_names == some.std_names and every.families == some.families and every.info == some.info
+    assert np.array_equal(every.std, some.std)
+    for k in ("fam_count", "fam_dur", "fam_self"):
+        assert (getattr(every, k) != getattr(some, k)).nnz == 0
+    assert np.array_equal(every.pair_count, some.pair_count) and np.array_equal(every.pair_dur, some.pair_dur)
+    from teller.errors import TellerError
+
+    with pytest.raises(TellerError, match="start_ns"):  # a column the features read, missing
+        F.step_features(vertical, sub.select([x for x in F.FEATURE_COLUMNS if x != "start_ns"]), None)
+
+
 def test_split_masks_and_workload_message(vertical):
     from teller.baselines.steps import split_masks
     from teller.errors import TellerError

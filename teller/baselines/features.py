@@ -57,6 +57,10 @@ STANDARD = _PER_LAYER + (
     "wall_ns", "rows", "max_depth", "gpu_busy_ns", "gpu_span_ns", "host_not_gpu_ns", "kernel_n", "kernel_ns",
     "memcpy_n", "memset_n", "mem_bytes", "sync_n", "sync_ns", "comm_ns", "comm_n", "comm_bytes", "comm_gpu_ns",
     "n_requests", "n_log_lines")
+#: the subtree columns :func:`forest_columns` reads (callers may drop the others first: the rows it
+#: takes are copied with every column it is given)
+FEATURE_COLUMNS = ("run_id", "step_id", "node_id", "parent_id", "layer", "name", "start_ns", "end_ns", "kind", "tid",
+                   "device", "bytes", "depth")
 _SPAN = np.int64(1) << 40  # > any step's time span in ns (18 minutes)
 
 
@@ -89,6 +93,7 @@ def forest_columns(subtrees: pa.Table, runs: np.ndarray, unit_key: np.ndarray) -
     pos = np.clip(np.searchsorted(unit_key, key), 0, max(len(unit_key) - 1, 0))
     hit = (run_code >= 0) & (step_id >= 0) & (unit_key[pos] == key) if len(unit_key) else np.zeros(len(key), bool)
     rows = np.flatnonzero(hit)
+    subtrees = subtrees.select([c for c in FEATURE_COLUMNS if c in subtrees.column_names])
     t = subtrees.take(pa.array(rows)) if len(rows) < subtrees.num_rows else subtrees
 
     def col(name: str, fill: int = -1) -> np.ndarray:
@@ -300,8 +305,7 @@ def read_dataset_features(ds: str | Path, steps: StepSet) -> StepFeatures:
     if (ds / "logs.parquet").is_file():
         logs = pq.read_table(ds / "logs.parquet", columns=["run_id", "step_id"])
         logs = logs.filter(pc.greater_equal(logs.column("step_id"), 0))
-    keep = [c for c in sub.column_names if c != "args"]
-    return step_features(steps, sub.select(keep), logs)
+    return step_features(steps, sub.select([c for c in FEATURE_COLUMNS if c in sub.column_names]), logs)
 
 
 class FeatureMaker:
