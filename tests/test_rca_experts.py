@@ -69,6 +69,22 @@ def test_experts_fit_for_a_bare_model_what_training_fits(tmp_path):
     if "op_expert" in full:
         assert main(["rca", "experts", str(whole), str(small), "--no-op-expert"]) == 0
         assert "op_weight" not in _cal(whole) and not (whole / "operator_expert.ubj").exists() and load(whole).op_expert is None
+    # a failure part-way leaves the folder as it was (the experts are written once all are fitted)
+    import teller.rca.train as T
+    from teller.rca.data import load_dataset
+
+    before = {p.name: p.read_bytes() for p in bare.iterdir() if p.is_file()}
+
+    def broken(*a, **k):
+        raise RuntimeError("the novelty broke")
+
+    orig, T.fit_novelty = T.fit_novelty, broken
+    try:
+        with pytest.raises(RuntimeError, match="novelty broke"):
+            T.fit_experts(load(bare), load_dataset(small, unit="iteration"), "request", seed=9, out=bare)
+    finally:
+        T.fit_novelty = orig
+    assert {p.name: p.read_bytes() for p in bare.iterdir() if p.is_file()} == before
     # another seed: the trees change, the block says which
     if "flag_expert" in full:
         assert main(["rca", "experts", str(bare), str(small), "--seed", "5"]) == 0

@@ -392,7 +392,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     fault-type expert and the operator expert (``type_expert``, ``op_expert``, with the unit
     statistics; the latter with a family head), the novelty (with the unit statistics) and the
     floor for the stage's lasting departures. The val part is prepared once for all of them. With
-    ``out`` the experts' files are written there as they are fitted and those of an earlier fit
+    ``out`` the experts' files are written there once all are fitted and those of an earlier fit
     not fitted again are removed (`teller rca experts`; the caller rewrites config.json); returns
     the calibration block, which replaces the model's (its experts and calibration of an earlier
     fit are dropped first, so a model fitted again gets what its training would have kept). An
@@ -406,7 +406,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
     if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
         try:
-            fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep, out=out)
+            fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep)
             say(f"flag expert: weight {fx['flag_weight']} (step F1 on the val part at a fault prior, with its cut: "
                 + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
         except TellerError as e:  # one kind of unit only: the head alone
@@ -414,7 +414,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
     if model.cfg.reads_unit_stats and type_expert:
         try:
-            te = fit_type_expert(model, ds, split, seed=seed, out=out)
+            te = fit_type_expert(model, ds, split, seed=seed)
             extra["calibration"] = model.meta["calibration"]
             say(f"type expert: weight {te['type_weight']} (fault-type macro-F1 on the val part's abnormal units "
                 + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
@@ -422,7 +422,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
             say(f"type expert skipped: {e}")
     if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
         try:
-            ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep, out=out)
+            ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep)
             extra["calibration"] = model.meta["calibration"]
             say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
                 + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
@@ -430,7 +430,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
             say(f"operator expert skipped: {e}")
     if model.cfg.reads_unit_stats:
         try:
-            nv = fit_novelty(model, ds, split, out=out)
+            nv = fit_novelty(model, ds, split)
             extra["calibration"] = model.meta["calibration"]
             say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
         except TellerError as e:  # no training fault to measure against: no novelty
@@ -445,15 +445,18 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
             f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
     say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
         f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
-    if out is not None:  # an expert of an earlier fit that was not fitted again goes (the model would not read it)
+    if out is not None:  # written once all are fitted (a failure above leaves the folder as it was); an expert
+        # of an earlier fit that was not fitted again goes (the model would not read it)
         from teller.rca.flagexpert import FLAG_EXPERT_FILE
         from teller.rca.novelty import NOVELTY_FILE
         from teller.rca.opexpert import OP_EXPERT_FILE
         from teller.rca.typer import TYPE_EXPERT_FILE
 
-        for key, name in (("flag_weight", FLAG_EXPERT_FILE), ("type_weight", TYPE_EXPERT_FILE), ("op_weight", OP_EXPERT_FILE),
-                          ("novelty", NOVELTY_FILE)):
-            if key not in extra["calibration"]:
+        for key, name, part in (("flag_weight", FLAG_EXPERT_FILE, model.flag_expert), ("type_weight", TYPE_EXPERT_FILE, model.type_expert),
+                                ("op_weight", OP_EXPERT_FILE, model.op_expert), ("novelty", NOVELTY_FILE, model.novelty)):
+            if key in extra["calibration"] and part is not None:
+                part.save(out)
+            else:
                 (Path(out) / name).unlink(missing_ok=True)
     return extra["calibration"]
 
