@@ -50,18 +50,22 @@ def run_side_by_side(cmds: list[tuple[str, list[str], Path]], workers: int, thre
     while todo or running:
         while todo and len(running) < workers:
             name, argv, log = todo.pop(0)
-            running[name] = (subprocess.Popen(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env), time.time())
+            fh = open(log, "w")
+            running[name] = (subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env), time.time(), fh)
             print(f"[{name}] started", flush=True)
-        for name, (p, t) in list(running.items()):
+        for name, (p, t, fh) in list(running.items()):
             if p.poll() is not None:
                 rc[name] = p.returncode
                 print(f"[{name}] rc {p.returncode} after {time.time() - t:.0f} s", flush=True)
-                del running[name]
             elif time.time() > deadline:
                 p.kill()
+                p.wait()
                 rc[name] = None
                 print(f"[{name}] stopped at the deadline after {time.time() - t:.0f} s", flush=True)
-                del running[name]
+            else:
+                continue
+            fh.close()
+            del running[name]
         time.sleep(2)
     return rc
 
