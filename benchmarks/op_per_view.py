@@ -20,7 +20,7 @@ import numpy as np
 
 def grid(model, ds, split: str, part: str, thresholds, weights) -> dict:
     from teller.rca.metrics import operator_metrics, operator_truth
-    from teller.rca.train import part_units
+    from teller.rca.train import operator_families, part_units
 
     idx, prep = part_units(model, ds, split, part)
     heads = model.operator_logits(prep)
@@ -31,9 +31,8 @@ def grid(model, ds, split: str, part: str, thresholds, weights) -> dict:
     out = {v: {"units": int(len(a)), "abnormal": int(np.asarray(sel.is_anomaly)[a].astype(bool).sum()), "rows": []}
            for v, a in at.items()}
     for th in thresholds:
-        for w in weights:  # the families each unit names (as operator_row names them), scored per view
-            pred = [set(model.evidence_families(prep, i, ft, sc, th, op_weight=w)) if ft else set()
-                    for i, (ft, sc) in enumerate(heads)]
+        for w in weights:  # the families each unit names (as operator_row scores them), scored per view
+            pred = operator_families(model, prep, heads, th, w)
             for v, a in at.items():
                 mm = operator_metrics([truth[i] for i in a], [pred[i] for i in a])
                 out[v]["rows"].append({"threshold": th, "weight": w, **{k: round(float(mm[k]), 6) for k in

@@ -81,6 +81,11 @@ class ForestColumns:
     gpu: np.ndarray  # GPU activity (thread id -1 on a device)
 
 
+def feature_table(subtrees: pa.Table) -> pa.Table:
+    """``subtrees`` with only :data:`FEATURE_COLUMNS` (those it has): what the features read."""
+    return subtrees.select([c for c in FEATURE_COLUMNS if c in subtrees.column_names])
+
+
 def forest_columns(subtrees: pa.Table, runs: np.ndarray, unit_key: np.ndarray) -> ForestColumns:
     """Decode the subtree rows of the units ``unit_key`` (``run_code << 40 | step_id``, sorted;
     ``run_code`` indexes ``runs``). The one place the evaluation reads forest columns."""
@@ -93,7 +98,7 @@ def forest_columns(subtrees: pa.Table, runs: np.ndarray, unit_key: np.ndarray) -
     pos = np.clip(np.searchsorted(unit_key, key), 0, max(len(unit_key) - 1, 0))
     hit = (run_code >= 0) & (step_id >= 0) & (unit_key[pos] == key) if len(unit_key) else np.zeros(len(key), bool)
     rows = np.flatnonzero(hit)
-    subtrees = subtrees.select([c for c in FEATURE_COLUMNS if c in subtrees.column_names])
+    subtrees = feature_table(subtrees)
     t = subtrees.take(pa.array(rows)) if len(rows) < subtrees.num_rows else subtrees
 
     def col(name: str, fill: int = -1) -> np.ndarray:
@@ -305,7 +310,7 @@ def read_dataset_features(ds: str | Path, steps: StepSet) -> StepFeatures:
     if (ds / "logs.parquet").is_file():
         logs = pq.read_table(ds / "logs.parquet", columns=["run_id", "step_id"])
         logs = logs.filter(pc.greater_equal(logs.column("step_id"), 0))
-    return step_features(steps, sub.select([c for c in FEATURE_COLUMNS if c in sub.column_names]), logs)
+    return step_features(steps, sub, logs)  # forest_columns keeps the columns it reads
 
 
 class FeatureMaker:

@@ -90,7 +90,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     split is taken from it, not fitted (:func:`reused_prediction`). ``part``: the part of each
     split scored (test; val to choose a rule's setting before the test part is read: its rows of
     ``predictions.parquet`` name the split ``SPLIT/val``, :func:`split_label`)."""
-    from teller.baselines.features import FEATURE_COLUMNS
+    from teller.baselines.features import feature_table
     from teller.dataset.codec import read_subtrees
 
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
         from teller.baselines.numeric import unit_instances
 
         steps.extra["instances"] = unit_instances(steps, sub)
-    sub = sub.select([c for c in FEATURE_COLUMNS if c in sub.column_names])  # what the step features read
+    sub = feature_table(sub)  # what the step features read: the other columns are freed before their rows are copied
     logs = None
     if (Path(ds) / "logs.parquet").is_file():
         logs = pq.read_table(Path(ds) / "logs.parquet", columns=["run_id", "step_id"])

@@ -402,7 +402,6 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     # from the model as its epochs left it: experts and a calibration of an earlier fit do not read into this one
     model.flag_expert = model.type_expert = model.op_expert = model.novelty = None
     model.meta["calibration"] = {}
-    extra: dict[str, Any] = {}
     _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
     if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
         try:
@@ -411,11 +410,10 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
                 + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
         except TellerError as e:  # one kind of unit only: the head alone
             say(f"flag expert skipped: {e}")
-    extra["calibration"] = calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)
+    calibrate(model, ds, split, "val", prior=abnormal_prior, prep=val_prep)  # each step below keeps model.meta["calibration"]
     if model.cfg.reads_unit_stats and type_expert:
         try:
             te = fit_type_expert(model, ds, split, seed=seed)
-            extra["calibration"] = model.meta["calibration"]
             say(f"type expert: weight {te['type_weight']} (fault-type macro-F1 on the val part's abnormal units "
                 + ", ".join(f"{r['weight']}: {r['macro_f1']:.3f}" for r in te["type_expert"]["grid"]) + ")")
         except TellerError as e:  # too few fault types to learn from: the head alone
@@ -423,7 +421,6 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     if model.cfg.reads_unit_stats and model.cfg.reads_family_slots and op_expert:
         try:
             ox = fit_op_expert(model, ds, split, seed=seed, prep=val_prep)
-            extra["calibration"] = model.meta["calibration"]
             say(f"operator expert: weight {ox['op_weight']} (Macro+ F1 on the val part "
                 + ", ".join(f"{r['weight']}: {r['macro_plus_f1']:.3f}" for r in ox["op_expert"]["grid"]) + ")")
         except TellerError as e:  # no slot of either kind to learn from: the head alone
@@ -431,20 +428,19 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     if model.cfg.reads_unit_stats:
         try:
             nv = fit_novelty(model, ds, split)
-            extra["calibration"] = model.meta["calibration"]
             say("novelty: " + ", ".join(f"{v} {r['units']} training units, cut {r['cut']:.2f}" for v, r in nv["views"].items()))
         except TellerError as e:  # no training fault to measure against: no novelty
             say(f"novelty skipped: {e}")
     ef = calibrate_episode_floor(model, ds, split, prep=val_prep)
-    extra["calibration"] = model.meta["calibration"]
+    cal = model.meta["calibration"]
     say("episode floor: " + (", ".join(f"{v} {r['floor']:.2g} ({r['units']} normal units)" for v, r in ef["views"].items())
                              or "none (no normal val unit)"))
-    if "abnormal" in extra["calibration"]:
-        ab = extra["calibration"]["abnormal"]
+    if "abnormal" in cal:
+        ab = cal["abnormal"]
         say(f"abnormal cut {ab['abnormal_cut']:.2f} (step F1 on the val part at a {ab['prior']:.0%} fault prior "
             f"{ab['f1_at_prior']:.3f}, at {ABNORMAL_CUT}: {ab['f1_at_0_5']:.3f})")
-    say(f"operator threshold {extra['calibration']['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
-        f"{extra['calibration']['macro_plus_f1']:.3f}, at 0: {extra['calibration']['macro_plus_f1_at_0']:.3f})")
+    say(f"operator threshold {cal['op_threshold']:+.1f} (logit; Macro+ F1 on the val part "
+        f"{cal['macro_plus_f1']:.3f}, at 0: {cal['macro_plus_f1_at_0']:.3f})")
     if out is not None:  # written once all are fitted (a failure above leaves the folder as it was); an expert
         # of an earlier fit that was not fitted again goes (the model would not read it)
         from teller.rca.flagexpert import FLAG_EXPERT_FILE
@@ -454,11 +450,11 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
 
         for key, name, part in (("flag_weight", FLAG_EXPERT_FILE, model.flag_expert), ("type_weight", TYPE_EXPERT_FILE, model.type_expert),
                                 ("op_weight", OP_EXPERT_FILE, model.op_expert), ("novelty", NOVELTY_FILE, model.novelty)):
-            if key in extra["calibration"] and part is not None:
+            if key in cal and part is not None:
                 part.save(out)
             else:
                 (Path(out) / name).unlink(missing_ok=True)
-    return extra["calibration"]
+    return cal
 
 
 #: the fault prior a model's abnormal cut is chosen for (:func:`calibrate_abnormal`): faults are
@@ -627,6 +623,15 @@ def pick_threshold(rows: list[dict[str, float]], tolerance: float = OP_TOLERANCE
     return min((r for r in rows if r["macro_plus_f1"] >= top - tolerance), key=lambda r: (abs(r["threshold"]), r["threshold"]))
 
 
+def operator_families(model: RCA, prep: Prepared, heads: list[tuple[str, Any]], threshold: float,
+                      op_weight: float | None = None) -> list[set[str]]:
+    """The families ``model`` names for each unit of ``prep`` (``heads``: :meth:`RCA.operator_logits`;
+    none for a unit it calls normal) at logit ``threshold`` and operator-expert weight ``op_weight``
+    (None: the model's)."""
+    return [set(model.evidence_families(prep, i, ft, sc, threshold, op_weight=op_weight)) if ft else set()
+            for i, (ft, sc) in enumerate(heads)]
+
+
 def operator_row(model: RCA, prep: Prepared, heads: list[tuple[str, Any]], truth: list[set[str]], threshold: float,
                  op_weight: float | None = None) -> dict[str, float]:
     """Operator Macro₊ F1, precision and recall of the families ``model`` names for the units of
@@ -634,9 +639,7 @@ def operator_row(model: RCA, prep: Prepared, heads: list[tuple[str, Any]], truth
     weight ``op_weight`` (None: the model's), against ``truth``: one row of a calibration grid."""
     from teller.rca.metrics import operator_metrics
 
-    pred = [set(model.evidence_families(prep, i, ft, sc, threshold, op_weight=op_weight)) if ft else set()
-            for i, (ft, sc) in enumerate(heads)]
-    m = operator_metrics(truth, pred)
+    m = operator_metrics(truth, operator_families(model, prep, heads, threshold, op_weight))
     return {k: round(float(m[k]), 6) for k in ("macro_plus_f1", "macro_plus_precision", "macro_plus_recall")}
 
 

@@ -1129,10 +1129,11 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
             d["evidence_operators"] = [{"node_id": int(n), "name": label.get(int(n), "?")} for n in keep]
             d["evidence_families"] = fams
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
+    floor = model_floor(m)
+    info["episode_floor"], info["episode_min"] = floor
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
-        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=model_floor(m))
-    info["episode_floor"], info["episode_min"] = model_floor(m)
+        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=floor)
     nov = reading.get("novelty")
     info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     # explanations: the model's verdicts, the most probable first, up to the bound
