@@ -75,7 +75,8 @@ class AnatomyRow(TellerSustained):
     def predict(self, steps: Any, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes
         from teller.localize.episodes import episode_lengths
-        from teller.rca.context import dataset_context_features
+        from teller.localize.features import ITER_FEATURES
+        from teller.rca.context import dataset_context_features, dataset_unit_iterations
 
         pred = super().predict(steps, idx)
         idx = np.asarray(idx)
@@ -102,6 +103,13 @@ class AnatomyRow(TellerSustained):
         eff = np.column_stack([steps.features.std[every, names.index(c)] for c in EFFECT_COLUMNS])
         it = _iteration_ns(steps, every)
         sops = whole.operators or [[]] * len(every)
+        iters = dataset_unit_iterations(ds)[uidx]
+        inside = whole.flag & (length >= getattr(self, "episode_used_", self.min_episode)) & ~warm
+        row_flag = at_test(pred.flag, False, bool)
+        row_ops: list[list[str]] = [[] for _ in range(len(every))]
+        for p, o in zip(pos.tolist(), pred.operators or [[]] * len(pos), strict=True):
+            row_ops[p] = list(o)
+        row_fams = _families_ns(steps, every, row_ops, lane, row_flag, warm, reference=~row_flag & ~whole.flag, quantiles=(0.99, 0.95))
         _KEPT.append({
             "view": np.full(len(every), steps.view, dtype=object), "split": np.full(len(every), steps.extra["split"], dtype=object),
             "run": np.asarray(steps.runs, dtype=object)[steps.run_code[every]], "step": steps.step_num[every], "lane": lane,
@@ -115,7 +123,10 @@ class AnatomyRow(TellerSustained):
             "fault_type": at_test(pred.fault_type, "", object),
             "stage_families": np.asarray(["\x1f".join(o) for o in sops], dtype=object),
             "effect.iteration_ns": it, **{f"effect.{c}": eff[:, k] for k, c in enumerate(EFFECT_COLUMNS)},
-            "effect.stage_families_ns": _families_ns(steps, every, sops, lane, whole.flag & (length >= getattr(self, "episode_used_", self.min_episode)) & ~warm, warm)})
+            "effect.stage_families_ns": _families_ns(steps, every, sops, lane, inside, warm)[0],
+            "effect.row_families_ns": row_fams[0], "effect.row_families_ns_p95": row_fams[1],
+            "effect.admit_delay_ns": iters[:, ITER_FEATURES.index("iter.admit_delay")],
+            "effect.preempted": iters[:, ITER_FEATURES.index("batch.preempted")]})
         return pred
 
 
@@ -153,23 +164,28 @@ def _lane_groups(lane: np.ndarray) -> list[np.ndarray]:
 
 
 def _families_ns(steps: Any, every: np.ndarray, ops: list[list[str]], lane: np.ndarray, inside: np.ndarray,
-                 warm: np.ndarray) -> np.ndarray:
-    """Per step the stage flags in a lasting episode: the summed time of the families it names over
-    the 99th percentile of the same sum on its lane's steps outside the stage's episodes (warm-up out;
-    the labelling rule's targeted-time test with the stage's families); NaN elsewhere or with
-    fewer than 20 such steps."""
+                 warm: np.ndarray, reference: np.ndarray | None = None, quantiles: tuple[float, ...] = (0.99,)) -> list[np.ndarray]:
+    """Per step of ``inside`` (the stage's flags in a lasting episode, or a row's flags): the summed
+    time of the families ``ops`` names for it over each of ``quantiles`` of the same sum on its
+    lane's ``reference`` steps (default: those outside ``inside``; warm-up out; the labelling
+    rule's targeted-time test with the families named); NaN elsewhere or with fewer than 20 such
+    steps. One array per quantile."""
     fam = {f: k for k, f in enumerate(steps.features.families)}
     dur = steps.features.fam_dur[every].tocsr()
-    out = np.full(len(every), np.nan)
+    refmask = (~inside if reference is None else reference) & ~warm
+    out = [np.full(len(every), np.nan) for _ in quantiles]
     for m in _lane_groups(lane):
-        ref = m[~inside[m] & ~warm[m]]
+        ref = m[refmask[m]]
         if len(ref) < 20:
             continue
+        sub = dur[ref]
         for i in m[inside[m]]:
             cols = [fam[f] for f in ops[i] if f in fam]
             if cols:
-                tot = np.asarray(dur[ref][:, cols].sum(axis=1)).ravel()
-                out[i] = float(dur[i][:, cols].sum()) / max(float(np.quantile(tot, 0.99)), 1e-9)
+                tot = np.asarray(sub[:, cols].sum(axis=1)).ravel()
+                own = float(dur[i][:, cols].sum())
+                for k, q in enumerate(quantiles):
+                    out[k][i] = own / max(float(np.quantile(tot, q)), 1e-9)
     return out
 
 
@@ -213,6 +229,52 @@ def _effect(t: dict[str, np.ndarray], q: float = 0.99, reference: str = "outside
                 hit |= x[m] > np.quantile(r, q)
         out[m] = hit
     return out
+
+
+#: the measures the effect test on every flag of the row reads (:func:`_effect_flags`): the lasting
+#: departures' ones, the admission delay of the requests the step serves first (the labelling
+#: rule's admission evidence) and the time of the families the row names
+FLAG_EFFECT_MEASURES = ("iteration_ns", *EFFECT_COLUMNS, "admit_delay_ns", "preempted", "stage_families_ns", "row_families_ns")
+
+
+def _effect_flags(t: dict[str, np.ndarray], q: float = 0.99, measures: tuple[str, ...] = FLAG_EFFECT_MEASURES) -> np.ndarray:
+    """Per step: whether it shows an effect the way the labelling rule looks for one, for every flag
+    of the row (not only its lasting departures): one of ``measures`` above the ``q`` quantile of
+    the same measure over its lane's steps that neither the row nor the stage flags (warm-up out;
+    a lane with fewer than 20: True), any preemption, or the families the stage (in a lasting
+    episode) or the row names above the quantile of their summed time (ratio over 1; the row's at
+    0.99 or 0.95 as ``q``)."""
+    refmask = ~t["flag"] & ~t["stage_flag"] & ~t["warmup"]
+    out = np.ones(len(t["lane"]), bool)
+    fam_col = "effect.row_families_ns" if q >= 0.99 else "effect.row_families_ns_p95"
+    for m in _lane_groups(t["lane"]):
+        ref = m[refmask[m]]
+        if len(ref) < 20:
+            continue
+        hit = np.zeros(len(m), bool)
+        for c in measures:
+            if c == "stage_families_ns":
+                hit |= t["effect.stage_families_ns"][m] > 1.0
+            elif c == "row_families_ns":
+                hit |= t[fam_col][m] > 1.0
+            elif c == "preempted":
+                hit |= t["effect.preempted"][m] > 0
+            else:
+                x = t[f"effect.{c}"]
+                r = x[ref][np.isfinite(x[ref])]
+                if len(r):
+                    hit |= x[m] > np.quantile(r, q)
+        out[m] = hit
+    return out
+
+
+#: the effect test on every flag of the row: name -> (quantile, whether the lasting departures are tested too)
+FLAG_EFFECT_VARIANTS = {
+    "flags_effect": (0.99, True),
+    "flags_effect_p95": (0.95, True),
+    "model_flags_effect": (0.99, False),
+    "model_flags_effect_p95": (0.95, False),
+}
 
 
 #: the effect rule's variants measured beside it: name -> (quantile, reference, measures)
@@ -262,9 +324,13 @@ def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
     rules = {"as_is": t["flag"], "novel": t["flag"] & ~(kept & ~(t["novelty"] > 1.0))}
     for name, (q, ref, ms) in EFFECT_VARIANTS.items():
         rules[name] = t["flag"] & ~(kept & ~_effect(t, q, ref, ms))
+    if "effect.row_families_ns" in t:  # steps kept by a run of this script since the effect test on every flag
+        for name, (q, lasting) in FLAG_EFFECT_VARIANTS.items():
+            tested = t["flag"] if lasting else t["flag"] & ~kept
+            rules[name] = t["flag"] & ~(tested & ~_effect_flags(t, q))
     out["rules"] = {}
     for name, flag in rules.items():
-        dropped = kept & ~flag
+        dropped = t["flag"] & ~flag
         ft = np.where(dropped, t["model_type"], t["fault_type"]).astype(str)  # a dropped step: the model's answer again
         sc = np.where(dropped, t["model_p"], t["score"])
         r = _scores(truth, flag[te], sc[te], ft[te], ttype, seed)
