@@ -145,9 +145,29 @@ def test_console_summary(example_diagnosis):
     assert "worst steps" in text and f"flagged {n}" in text and "step 0" in text
 
 
-def test_no_reference_names_the_commands(example, tmp_path):
+def test_no_reference_reads_the_run_against_its_own_steps(example, example_diagnosis, tmp_path):
+    """A run diagnosed alone is compared with its own steps, and says so; judged against itself
+    it flags what it flags against itself given as the reference, and the steps the first fit
+    flags are left out of the reference it is read against."""
+    from teller.localize import SELF_REFERENCE_WARNING
+
+    d = diagnose(example, out=tmp_path, params={"min_central_weight": 0.005}, model=False)
+    sr = d["localizer"]["self_reference"]
+    assert d["reference"].startswith("the run's own steps (no reference given") and SELF_REFERENCE_WARNING in d["health"]["lines"]
+    warm = sum(bool(s.get("warmup")) for s in d["steps"])
+    # 16 steps besides warm-up: fewer than a second fit needs left, so the first fit is the reference
+    assert sr["steps"] == len(d["steps"]) - warm == 16 < sr["min_steps"] and sr["left_out"] == 0
+    assert d["localizer"]["reference_steps"] == sr["steps"] - sr["left_out"]
+    assert d["reference_match"]["same_deployment"] is True
+    given, _ = example_diagnosis
+    assert {s["step_num"] for s in given["steps"] if s["flag"]} <= {s["step_num"] for s in d["steps"] if s["flag"]}
+    text = (tmp_path / "diagnosis.json").read_text()
+    assert "no reference given" in text
+    # the stage fitted on no run at all (`teller localize fit` without runs) names the commands that make one
+    from teller.localize import fit_localizer
+
     with pytest.raises(TellerError) as e:
-        diagnose(example, out=tmp_path)
+        fit_localizer([])
     msg = str(e.value)
     assert "--reference" in msg and "teller localize fit" in msg and "teller record" in msg
     with pytest.raises(TellerError, match="either --reference"):
@@ -230,6 +250,34 @@ def test_planted_slowdowns_are_found(tmp_path):
     # evidence of allocator churn: more runtime calls and runtime time than the reference
     feats = {i["feature"] for x in churn["suspects"] for i in x["evidence"]}
     assert {"rt_n", "rt_ns"} & feats
+
+
+def test_planted_slowdowns_without_a_reference(tmp_path):
+    """The planted run alone, its own steps as the reference (what the first fit flags left out):
+    the single churn step is found with its family, and nothing else is flagged; the slowdown
+    planted in two steps of 157 is a mode of the run's own `aten::mul` and is absorbed (the limit
+    the warning states; with a fault-free reference all three are found, the test above)."""
+    plants = [Plant("BE aten::mul", [12, 40], "host", 4.0), Plant("BE aten::silu", [70], "churn", 4.0)]
+    write_planted_run(tmp_path / "bad", 40_000, plants, seed=2)
+    labels = json.loads((tmp_path / "bad" / "labels.json").read_text())
+    d = diagnose(tmp_path / "bad", out=tmp_path / "o", model=False)
+    m = evaluate(d, labels)
+    assert m["step"]["tp"] == 1 and m["step"]["fn"] == 2 and m["step"]["fp"] == 0
+    sr = d["localizer"]["self_reference"]
+    assert sr["left_out"] >= 1 and d["localizer"]["reference_steps"] == sr["steps"] - sr["left_out"]
+    by_num = {s["step_num"]: s for s in d["steps"]}
+    assert by_num[70]["flag"] and by_num[70]["candidates"][0]["family"] == "BE aten::silu"
+    assert not by_num[12]["flag"] and not by_num[40]["flag"]
+
+
+def test_leave_out_is_checked(tmp_path):
+    from teller.localize import fit_localizer
+
+    write_planted_run(tmp_path / "ref", 40_000, [], seed=1)
+    with pytest.raises(ValueError, match="1 runs"):
+        fit_localizer([tmp_path / "ref"], leave_out=[None, None])
+    with pytest.raises(ValueError, match=r"leave_out\[0\]: 3 values"):
+        fit_localizer([tmp_path / "ref"], leave_out=[np.zeros(3, bool)])
 
 
 def test_metric_definitions():

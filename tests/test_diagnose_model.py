@@ -381,3 +381,20 @@ def test_steps_off_the_models_distribution_keep_the_stages_verdict(tmp_path):
     assert stage and all(s["flag"] and s["model_off_distribution"] and not s.get("model_says_normal") for s in stage)
     # their type is the one the stage's evidence points to where it points to one; the model's guess is kept apart
     assert all(s.get("fault_type") is None and "fault_type_guess" in s for s in stage)
+
+
+def test_without_a_reference_the_model_finds_the_same_fault(diag, tmp_path):
+    """The op-delay run diagnosed alone (its own steps as the stage's reference): the model reads
+    every step as it does with the fault-free references, so its verdicts are the same steps with
+    the same types, and the stage's lasting departures there stay verdicts."""
+    res, d = diag
+    alone = diagnose(d / "h200_faulty_op_delay", out=tmp_path)
+    assert alone["reference"].startswith("the run's own steps")
+
+    def verdicts(r):
+        return {(s["step_num"], s.get("fault_type")) for s in r["steps"] if s["flag"] and not s.get("model_says_normal")}
+
+    assert verdicts(alone) == verdicts(res)
+    typed = [s for s in alone["steps"] if s["flag"] and s.get("fault_type") and not s.get("model_says_normal")]
+    over, inside = _in_window(typed, d)
+    assert len(inside) >= 5 and {s["fault_type"] for s in over} == {"kernel"}

@@ -33,7 +33,7 @@ from teller.reconstruct.ensure import ensure_reconstructed
 if TYPE_CHECKING:
     from teller.localize.gmm import GMMLocalizer, StepScores
 
-__all__ = ["GMMLocalizer", "fit_localizer", "localize", "Localization", "FEATURES", "run_features"]
+__all__ = ["GMMLocalizer", "fit_localizer", "fit_self_reference", "localize", "Localization", "FEATURES", "run_features"]
 
 #: Per-feature |z| at or above which a feature is named as evidence.
 EVIDENCE_Z = 2.0
@@ -80,7 +80,8 @@ def reference_mask(f: RunFeatures, keep_warmup: bool = False) -> np.ndarray:
 
 def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: int | None = None,
                   layers: tuple[str, ...] | None = None, keep_warmup: bool = False,
-                  max_steps: int | None = None, **params: Any) -> GMMLocalizer:
+                  max_steps: int | None = None, leave_out: list[np.ndarray | None] | None = None,
+                  **params: Any) -> GMMLocalizer:
     """Fit a :class:`GMMLocalizer` on the in-step instances of reference ``runs``; warm-up steps
     (a process's first steps, warm-up requests) are left out unless ``keep_warmup``. A reference
     of more than ``max_steps`` such steps (all runs together) is fitted on ``max_steps`` of them
@@ -92,10 +93,15 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
     reconstruction) is reconstructed first, with ``window_ns`` for its fixed-window steps; a run
     already reconstructed keeps the steps ``teller reconstruct`` decided.
 
+    ``leave_out``: per run, None or a boolean per step (``steps.n``) of steps the reference leaves
+    out besides warm-up steps (:func:`fit_self_reference`: the steps a first fit flagged).
+
     ``extra_`` of the result records the reference runs, instance layers and how many of the
     reference's own steps the fitted model flags (its in-sample false-positive rate)."""
     if not runs:
         raise no_reference_error()
+    if leave_out is not None and len(leave_out) != len(runs):
+        raise ValueError(f"leave_out: {len(leave_out)} step masks for {len(runs)} runs")
     feats = [r if isinstance(r, RunFeatures) else run_features(ensure_reconstructed(r, window_ns=window_ns), layers=layers)
              for r in runs]
     if layers is None:
@@ -114,6 +120,12 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         keep_warmup = True
         warmup_note = "the reference holds warm-up steps only: they were kept"
     keeps = [reference_mask(f, keep_warmup) for f in feats]
+    for i, out in enumerate(leave_out or []):
+        if out is not None:
+            out = np.asarray(out, bool)
+            if len(out) != feats[i].steps.n:
+                raise ValueError(f"leave_out[{i}]: {len(out)} values for the {feats[i].steps.n} steps of {feats[i].path}")
+            keeps[i] = keeps[i] & ~out[np.maximum(feats[i].instances.step, 0)]
     shape = merge_shapes([run_shape(f, keep_warmup) for f in feats])  # before the rows are compacted below
     # steps of the reference (run by run), and the sample of them the fit uses
     ref_steps = [np.flatnonzero(np.bincount(f.instances.step[k], minlength=f.steps.n)) for f, k in zip(feats, keeps, strict=True)]
@@ -176,6 +188,50 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
         "deployment": shape,
     }
     return est
+
+
+#: steps a self-reference keeps at least after leaving out those its first fit flagged (fewer: the
+#: first fit is the reference)
+SELF_REFERENCE_MIN_STEPS = 20
+
+
+def fit_self_reference(rf: RunFeatures, keep_warmup: bool = False, **params: Any) -> GMMLocalizer:
+    """The stage fitted on the diagnosed run's own steps, for a run with no reference recording
+    (`teller diagnose RUN` alone): fitted on every step (warm-up out unless ``keep_warmup``), then
+    again without the steps that first fit flags (when :data:`SELF_REFERENCE_MIN_STEPS` remain),
+    so that they do not shape the reference it is read against (the dataset's labelling rule reads
+    a run against its own steps outside the fault windows in the same spirit, docs/faults.md). A
+    departure the first fit does not flag, one repeated over a few steps or lasting, stays in the
+    reference and is absorbed (docs/results.md, "Diagnosing a run without a reference"): a
+    fault-free recording (``--reference``) is the reference to prefer.
+    ``extra_["self_reference"]``: the steps read and those left out."""
+    est = fit_localizer([rf], keep_warmup=keep_warmup, **params)
+    first = localize(est, rf.instances)
+    out = np.zeros(rf.steps.n, bool)
+    out[first.steps.steps[first.steps.flag]] = True
+    if not keep_warmup and rf.steps.warmup is not None and len(rf.steps.warmup) == len(out):
+        out &= ~rf.steps.warmup  # out of the reference already
+    total = int(est.extra_["reference_steps"])
+    left = int(out.sum())
+    if left and total - left >= SELF_REFERENCE_MIN_STEPS:
+        est = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[out], **params)
+    else:
+        left = 0
+    est.extra_["self_reference"] = {"steps": total, "left_out": left, "min_steps": SELF_REFERENCE_MIN_STEPS}
+    return est
+
+
+def self_reference_source(est: GMMLocalizer) -> str:
+    """The reference's description for a self-reference (:func:`fit_self_reference`)."""
+    sr = est.extra_["self_reference"]
+    return f"the run's own steps (no reference given: {sr['steps']} steps, {sr['left_out']} that a first fit flagged left out)"
+
+
+#: what `teller diagnose` warns of when it reads a run against its own steps
+SELF_REFERENCE_WARNING = ("no reference given: the run is compared with its own steps, so the numeric stage finds steps unlike "
+                          "the rest of the run and a departure that repeats over several steps can look normal to it (the "
+                          "root-cause model reads each step alone); pass --reference with a fault-free recording of the same "
+                          "deployment")
 
 
 def run_shape(f: RunFeatures, keep_warmup: bool = False) -> dict[str, Any]:

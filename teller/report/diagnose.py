@@ -75,12 +75,14 @@ from teller import __version__
 from teller.errors import TellerError
 from teller.inspect.tree import fmt_ns
 from teller.localize import (
+    SELF_REFERENCE_WARNING,
     GMMLocalizer,
     Localization,
     evidence,
+    fit_self_reference,
     load_or_fit,
     localize,
-    no_reference_error,
+    self_reference_source,
 )
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
@@ -303,19 +305,25 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     Returns the diagnosis dict with ``"paths"`` added (the files written)."""
     t0 = time.perf_counter()
     c0 = time.process_time()
-    if localizer is None and not reference:
-        raise no_reference_error(run)
+    if model_reads not in MODEL_READS:
+        raise TellerError(f"--model-reads {model_reads!r}: one of {', '.join(MODEL_READS)}")
     run = ensure_reconstructed(run, note, window_ns)
     for r in reference or []:
         ensure_reconstructed(r, note, window_ns)
-    est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, keep_warmup=keep_warmup,
-                              **(params or {}))
-    t_fit = time.perf_counter() - t0
-    layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
-    if model_reads not in MODEL_READS:
-        raise TellerError(f"--model-reads {model_reads!r}: one of {', '.join(MODEL_READS)}")
-    rf = run_features(run, layers=layers)
-    t_feat = time.perf_counter() - t0 - t_fit
+    own_reference = localizer is None and not reference
+    if own_reference:  # no reference recording: the run's own steps (fit_self_reference)
+        rf = run_features(run)
+        t_feat = time.perf_counter() - t0
+        est = fit_self_reference(rf, keep_warmup=keep_warmup, **(params or {}))
+        source = self_reference_source(est)
+        t_fit = time.perf_counter() - t0 - t_feat
+    else:
+        est, source = load_or_fit(reference, localizer, window_ns=window_ns, run=run, keep_warmup=keep_warmup,
+                                  **(params or {}))
+        t_fit = time.perf_counter() - t0
+        layers = tuple(getattr(est, "extra_", {}).get("instance_layers", ())) or None
+        rf = run_features(run, layers=layers)
+        t_feat = time.perf_counter() - t0 - t_fit
     bound = MODEL_STEPS if model_steps is None else model_steps
     reading = None
     t_read = 0.0
@@ -332,6 +340,8 @@ def diagnose(run: str | os.PathLike, reference: list[str | os.PathLike] | None =
     diag["health"] = input_health(run, reference or [])
     diag["reference_match"] = match
     diag["health"]["lines"] += [f"reference: {x}" for x in diag["reference_match"]["lines"]]
+    if own_reference:
+        diag["health"]["lines"].append(SELF_REFERENCE_WARNING)
     diag["summary"]["seconds"] = {"fit_or_load": round(t_fit, 3), "features": round(t_feat, 3),
                                   "localize": round(t_loc, 3), "slices_and_json": diag["summary"].pop("build_seconds")}
     if reading is not None and not reading.get("refused"):
