@@ -998,6 +998,37 @@ def test_fuse_rules_on_hand_computed_steps():
         fuse(num, mot, "screen", 0.6)
 
 
+def test_numeric_stage_against_the_runs_own_steps(vertical):
+    """teller_numeric_self reads each test run against its own steps (labels unread): the stage
+    fitted on every step of the run, then without the steps that fit flags; a step's answer does
+    not depend on the other runs or on which of the run's steps are test steps."""
+    from teller.baselines import make
+    from teller.baselines.numeric import TellerNumeric, deployments
+    from teller.baselines.steps import split_masks
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    m = make("teller_numeric_self").fit(vertical, tr)
+    assert set(m.models_) == set(np.unique(deployments(vertical)).tolist())  # every run: its own deployment
+    p = m.predict(vertical, te)
+    runs = np.unique(vertical.run_code[te])
+    assert len(m.runs_) == len(runs) and set(m.left_out_) == {str(vertical.runs[r]) for r in runs.tolist()}
+    # one run by hand: first fit on all its steps, its flags (warm-up aside) left out, fitted again
+    r = int(vertical.run_code[te][np.argmax(np.bincount(vertical.run_code[te]))])
+    every = np.flatnonzero(vertical.run_code == r)
+    own = TellerNumeric()
+    first = own._predict_with(own._fit_on(vertical, every), vertical, every, counts=True)
+    n_steps, left = m.left_out_[str(vertical.runs[r])]
+    assert left <= int(first.flag.sum()) and n_steps <= len(every)
+    mine = te[vertical.run_code[te] == r]
+    again = make("teller_numeric_self").fit(vertical, tr).predict(vertical, mine)  # the run's test steps alone
+    at = vertical.run_code[te] == r
+    assert (p.flag[at] == again.flag).all() and np.allclose(p.score[at], again.score)
+    assert any(first.flag) and p.flag.any() and not p.flag.all()
+    d = m.describe()["own_steps"]
+    assert d["runs"] == len(runs) and 0 < d["left_out"] < d["steps"]
+
+
 def test_deploy_rows_fuse_the_deployment_stage(vertical):
     """teller_deploy, teller_confirm_deploy and teller_screened_deploy combine the model's answers
     with those of teller_numeric_deploy (not teller_numeric) by the rules of their plain rows."""
@@ -1281,6 +1312,41 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     assert novel.any() or k > 1  # measured: the slice's lasting departures lie far from its training steps
     assert all(p.operators[i] == whole.operators[pos[i]] for i in np.flatnonzero(kept))
     assert all(p.operators[i] == over_time.operators[i] for i in np.flatnonzero(~kept))
+
+
+def test_sustained_row_against_the_runs_own_steps(vertical):
+    """teller_sustained_self: teller_sustained_family with the stage reading each run against its
+    own steps; every run is then of a deployment with a reference, so the stage's lasting
+    departures count on every run (here the model flags nothing and rules nothing out; episodes
+    of one step, since on this slice the runs' own steps absorb the lasting faults: its stage
+    flags 10 steps, none next to another)."""
+    from teller.baselines import make, register
+    from teller.baselines.base import REGISTRY
+    from teller.baselines.numeric import TellerNumericSelf, step_lanes
+    from teller.baselines.steps import split_masks
+    from teller.localize.episodes import episode_lengths
+
+    s = copy.copy(vertical)
+    train, test, _ = split_masks(s, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    s.extra = dict(vertical.extra, split="request",
+                   predictions={("request", "teller_mot_family"): (te, _memory_answers(np.full(len(te), 0.3)))})
+    name = "teller_sustained_self_test_1"
+    if name not in REGISTRY:
+        register(name)(type("TSS1", (REGISTRY["teller_sustained_self"],), {"min_episode": 1, "own_floor_episode": 1, "novel_episode": 1}))
+    m = make(name).fit(s, tr)
+    st = m.parts_["teller_numeric_self"]
+    assert isinstance(st, TellerNumericSelf)
+    p = m.predict(s, te)
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    whole = st.predict(s, every)
+    warm = s.extra["unit_warmup"][s.unit_idx[s.unit_ptr[:-1]]]
+    _, length = episode_lengths(step_lanes(s)[every], s.step_num[every], whole.flag & ~warm[every])
+    pos = np.searchsorted(every, te)
+    assert m.describe()["episode_used"] == 1 and length.max() == 1
+    kept = whole.flag[pos] & (length[pos] >= 1)
+    assert kept.any() and p.flag.tolist() == kept.tolist()
+    assert not make("teller_sustained_self").fit(s, tr).predict(s, te).flag.any()  # episodes of 4+: none here
 
 
 def test_numeric_stage_types_steps_by_the_layer_of_their_evidence(vertical):

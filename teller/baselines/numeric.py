@@ -389,23 +389,85 @@ class TellerNumericDeployment(TellerNumeric):
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         idx = np.asarray(idx)
         dep = deployments(steps)[idx]
-        n = len(idx)
-        flag, score = np.zeros(n, bool), np.zeros(n)
-        ops: list[list[str]] = [[] for _ in range(n)]
-        ftype = np.full(n, "", dtype=object)
+        parts = []
         for d in np.unique(dep).tolist():
             at = np.flatnonzero(dep == d)
             own = int(d) in self.models_  # a reference of this deployment (else every normal train step)
-            p = self._predict_with(self.models_[int(d)] if own else self.model_, steps, idx[at], counts=own)
-            flag[at], score[at], ftype[at] = p.flag, p.score, p.fault_type
-            for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
-                ops[i] = o
-        return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
+            parts.append((at, self._predict_with(self.models_[int(d)] if own else self.model_, steps, idx[at], counts=own)))
+        return _gather(len(idx), parts)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         if hasattr(self, "fitted_"):
             d["reference_steps"] = dict(self.fitted_)
+        return d
+
+
+def _gather(n: int, parts: list[tuple[np.ndarray, Prediction]]) -> Prediction:
+    """One prediction of ``n`` steps from predictions of parts of them (``at``: their positions)."""
+    flag, score = np.zeros(n, bool), np.zeros(n)
+    ops: list[list[str]] = [[] for _ in range(n)]
+    ftype = np.full(n, "", dtype=object)
+    for at, p in parts:
+        flag[at], score[at], ftype[at] = p.flag, p.score, p.fault_type
+        for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
+            ops[i] = o
+    return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
+
+
+@register("teller_numeric_self")
+class TellerNumericSelf(TellerNumeric):
+    """The numeric stage as `teller diagnose RUN` reads a run given no reference
+    (:func:`teller.localize.fit_self_reference`): fitted on the test run's own steps (every step
+    of the run the dataset holds, labels unread; warm-up out), then again without the steps that
+    first fit flags when :data:`teller.localize.SELF_REFERENCE_MIN_STEPS` remain, and its steps
+    read against that. The dataset keeps a sample of each run's normal steps (``dataset build
+    --max-normal``), so a run's faults weigh more in its own reference here than in the recording."""
+
+    label = "TELLER numeric stage, the run's own steps as reference (no reference recording)"
+    fit_on = "the test run's own steps, labels unread, warm-up out; those a first fit flags left out"
+    reference = "own_steps"
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumericSelf":
+        # every run is read against itself: a reference of its own deployment (the episodes' rows read models_)
+        self.models_ = {int(d): None for d in np.unique(deployments(steps)).tolist()}
+        self.runs_: dict[int, GMMLocalizer] = {}
+        self.left_out_: dict[str, list[int]] = {}
+        return self
+
+    def _run_model(self, steps: StepSet, run: int) -> GMMLocalizer:
+        from teller.localize import SELF_REFERENCE_MIN_STEPS
+
+        if run not in self.runs_:
+            every = np.flatnonzero(steps.run_code == run)
+            model = self._fit_on(steps, every)
+            first = self._predict_with(model, steps, every, counts=True)
+            warm = steps.extra.get("unit_warmup")
+            wstep = np.zeros(len(every), bool)
+            if warm is not None and not self.keep_warmup:
+                uw = np.zeros(len(steps.unit_key), bool)
+                uw[:len(warm)] = np.asarray(warm, bool)[:len(uw)]
+                wstep = np.asarray([uw[steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]].any() for s in every.tolist()], bool)
+            left = first.flag & ~wstep
+            if left.any() and int((~left & ~wstep).sum()) >= SELF_REFERENCE_MIN_STEPS:
+                model = self._fit_on(steps, every[~left])
+            else:
+                left[:] = False
+            self.left_out_[str(steps.runs[run])] = [int((~wstep).sum()), int(left.sum())]
+            self.runs_[run] = model
+        return self.runs_[run]
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        idx = np.asarray(idx)
+        rc = steps.run_code[idx]
+        return _gather(len(idx), [(at, self._predict_with(self._run_model(steps, int(r)), steps, idx[at], counts=True))
+                                  for r in np.unique(rc).tolist() for at in [np.flatnonzero(rc == r)]])
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        if getattr(self, "left_out_", None):
+            d["own_steps"] = {"runs": len(self.left_out_), "steps": sum(v[0] for v in self.left_out_.values()),
+                              "left_out": sum(v[1] for v in self.left_out_.values())}
         return d
 
 
