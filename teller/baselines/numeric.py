@@ -435,11 +435,16 @@ class TellerNumericSelf(TellerNumeric):
         self.left_out_: dict[str, list[int]] = {}
         return self
 
-    def _run_model(self, steps: StepSet, run: int) -> GMMLocalizer:
+    #: the run's steps cut in this many spans of consecutive steps, each read against the others
+    #: (1: every step against the whole run)
+    blocks = 1
+
+    def _run_model(self, steps: StepSet, run: int, part: np.ndarray | None = None, block: int = 0) -> Any:
         from teller.localize import SELF_REFERENCE_MIN_STEPS
 
-        if run not in self.runs_:
-            every = np.flatnonzero(steps.run_code == run)
+        key = run if part is None else (run, block)
+        if key not in self.runs_:
+            every = np.flatnonzero(steps.run_code == run) if part is None else part
             model = self._fit_on(steps, every)
             first = self._predict_with(model, steps, every, counts=True)
             warm = steps.extra.get("unit_warmup")
@@ -453,15 +458,34 @@ class TellerNumericSelf(TellerNumeric):
                 model = self._fit_on(steps, every[~left])
             else:
                 left[:] = False
-            self.left_out_[str(steps.runs[run])] = [int((~wstep).sum()), int(left.sum())]
-            self.runs_[run] = model
-        return self.runs_[run]
+            name = str(steps.runs[run])
+            self.left_out_[name if part is None else f"{name} (span {block + 1} of {self.blocks} left out)"] = [
+                int((~wstep).sum()), int(left.sum())]
+            self.runs_[key] = model
+        return self.runs_[key]
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         idx = np.asarray(idx)
         rc = steps.run_code[idx]
-        return _gather(len(idx), [(at, self._predict_with(self._run_model(steps, int(r)), steps, idx[at], counts=True))
-                                  for r in np.unique(rc).tolist() for at in [np.flatnonzero(rc == r)]])
+        parts = []
+        for r in np.unique(rc).tolist():
+            at = np.flatnonzero(rc == r)
+            if self.blocks <= 1:
+                parts.append((at, self._predict_with(self._run_model(steps, int(r)), steps, idx[at], counts=True)))
+                continue
+            every = np.flatnonzero(steps.run_code == r)
+            every = every[np.argsort(steps.step_num[every], kind="stable")]
+            span = np.array_split(every, self.blocks)
+            block_of = np.zeros(steps.n, np.int64)
+            for b, sp in enumerate(span):
+                block_of[sp] = b
+            for b in range(len(span)):
+                mine = at[block_of[idx[at]] == b]
+                if len(mine):
+                    others = np.sort(np.concatenate([x for k, x in enumerate(span) if k != b]))
+                    model = self._run_model(steps, int(r), others, b)
+                    parts.append((mine, self._predict_with(model, steps, idx[mine], counts=True)))
+        return _gather(len(idx), parts)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -476,3 +500,8 @@ def step_lanes(steps: StepSet) -> np.ndarray:
     in the vertical view, per run in the horizontal one."""
     rank = steps.rank if steps.view == "vertical" and steps.rank is not None else np.zeros(steps.n, np.int64)
     return steps.run_code.astype(np.int64) * 1024 + np.clip(rank, 0, 1023)
+
+
+for _k in (2, 4):
+    register(f"teller_numeric_self_b{_k}")(type(f"TellerNumericSelfB{_k}", (TellerNumericSelf,), {
+        "blocks": _k, "label": f"{TellerNumericSelf.label}; {_k} spans of the run, each against the others"}))
