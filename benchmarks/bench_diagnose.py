@@ -11,7 +11,8 @@ speed: a reference run and a run with planted anomalies (about 1M canonical even
 once (not timed). Each measurement is a fresh subprocess pinned to one core (OMP/OPENBLAS/MKL threads 1,
 Arrow pools 1 thread): ``diagnose(RUN, localizer=ARTEFACT, html=True)`` from reading the forest to
 writing diagnosis.json and report.html; then the same with ``reference=[REF]`` (fitting
-included), and ``teller localize fit`` alone. CPU time is the process's own (user and system:
+included), with no reference (the run read against its own steps: two fits on the run itself,
+``teller.localize.fit_self_reference``), and ``teller localize fit`` alone. CPU time is the process's own (user and system:
 the system part is mostly page faults of fresh memory, and varies with the machine's state). Peak
 memory is the process's VmHWM (absolute) and its growth over the resident size after the imports.
 Reading and featurizing the reference inside the fit is timed apart (``reference_features_s``;
@@ -67,7 +68,7 @@ if mode == "fit":
     est.save(art)
     info = {"families": int(len(est.families_)), **est.extra_}
 else:
-    kw = {"localizer": art} if mode in ("load", "model") else {"reference": [ref]}
+    kw = {"localizer": art} if mode in ("load", "model") else {} if mode == "own" else {"reference": [ref]}
     if mode == "model":  # the shipped root-cause model on the flagged steps, on one thread
         import torch
         torch.set_num_threads(1)
@@ -132,27 +133,29 @@ def speed(args: argparse.Namespace) -> int:
         tmp = Path(tmpd)
         ref, bad, events, nodes = _pair(tmp, args, con)
         load = os.getloadavg()
-        art, out = tmp / "loc.npz", tmp / "out"
+        art = tmp / "loc.npz"
         results = {}
-        for mode in ("fit", "load", "reference") + (("model",) if args.model else ()):
+        for mode in ("fit", "load", "reference", "own") + (("model",) if args.model else ()):
             best = None
             for i in range(args.repeat):
                 with con.status(f"{mode}: run {i + 1}/{args.repeat}"):
-                    r = _child(mode, bad, ref, art, out)
+                    r = _child(mode, bad, ref, art, tmp / f"out_{mode}")
                 if best is None or r["wall"] < best["wall"]:
                     best = r
             results[mode] = best
         from teller.evaluate.metrics import evaluate_run
 
-        acc = evaluate_run(bad, json.loads((out / "diagnosis.json").read_text()))
+        acc = {m: evaluate_run(bad, json.loads((tmp / f"out_{m}" / "diagnosis.json").read_text())) for m in ("reference", "own")}
     row = {"events": events, "nodes": nodes, "results": results, "loadavg": {"start": load, "end": os.getloadavg()},
-           "accuracy": {"step": acc["step"], "operator": acc["operator"]}}
+           "accuracy": {"step": acc["reference"]["step"], "operator": acc["reference"]["operator"]},
+           "accuracy_own_steps": {"step": acc["own"]["step"], "operator": acc["own"]["operator"]}}
     print(json.dumps(row, indent=2))
     g = 2**30
     print("\n| measurement | wall s | CPU s (user + sys) | peak RSS GiB | growth GiB |\n|---|---:|---:|---:|---:|")
     names = {"load": "diagnose --localizer (target)", "reference": "diagnose --reference (fit included)",
-             "fit": "localize fit", "model": "diagnose --localizer with the shipped root-cause model"}
-    for mode in ("load", "reference", "fit") + (("model",) if args.model else ()):
+             "fit": "localize fit", "model": "diagnose --localizer with the shipped root-cause model",
+             "own": "diagnose, no reference (the run's own steps, two fits)"}
+    for mode in ("load", "reference", "own", "fit") + (("model",) if args.model else ()):
         r = results[mode]
         print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} ({r['user']:.2f} + {r['sys']:.2f}) | {r['hwm'] / g:.2f} | "
               f"{(r['hwm'] - r['base_rss']) / g:.2f} |")
