@@ -436,32 +436,34 @@ class TellerNumericSelf(TellerNumeric):
         return self
 
     #: the run's steps cut in this many spans of consecutive steps, each read against the others
-    #: (1: every step against the whole run)
+    #: (1: every step against the run's reference; measured, not what diagnose does)
     blocks = 1
+    #: the reference: the half of the run the other departs from more (diagnose's rule), else the
+    #: whole run (measured)
+    halves = True
 
     def _run_model(self, steps: StepSet, run: int, part: np.ndarray | None = None, block: int = 0) -> Any:
-        from teller.localize import SELF_REFERENCE_MIN_STEPS
+        """The stage of run ``run`` (or of its steps ``part``, span ``block`` of :attr:`blocks`):
+        fitted on the steps :func:`teller.localize.own_reference_steps` picks, as diagnose does."""
+        from teller.localize import own_reference_steps
 
         key = run if part is None else (run, block)
         if key not in self.runs_:
             every = np.flatnonzero(steps.run_code == run) if part is None else part
-            model = self._fit_on(steps, every)
-            first = self._predict_with(model, steps, every, counts=True)
+            usable = np.ones(len(every), bool)
             warm = steps.extra.get("unit_warmup")
-            wstep = np.zeros(len(every), bool)
             if warm is not None and not self.keep_warmup:
                 uw = np.zeros(len(steps.unit_key), bool)
                 uw[:len(warm)] = np.asarray(warm, bool)[:len(uw)]
-                wstep = np.asarray([uw[steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]].any() for s in every.tolist()], bool)
-            left = first.flag & ~wstep
-            if left.any() and int((~left & ~wstep).sum()) >= SELF_REFERENCE_MIN_STEPS:
-                model = self._fit_on(steps, every[~left])
-            else:
-                left[:] = False
+                usable = ~np.asarray([uw[steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]].any() for s in every.tolist()], bool)
+
+            def fit_flags(mask: np.ndarray) -> np.ndarray:
+                return self._predict_with(self._fit_on(steps, every[mask]), steps, every, counts=True).flag
+
+            ref, info = own_reference_steps(steps.step_num[every], usable, fit_flags, halves=self.halves)
             name = str(steps.runs[run])
-            self.left_out_[name if part is None else f"{name} (span {block + 1} of {self.blocks} left out)"] = [
-                int((~wstep).sum()), int(left.sum())]
-            self.runs_[key] = model
+            self.left_out_[name if part is None else f"{name} (span {block + 1} of {self.blocks} left out)"] = info
+            self.runs_[key] = self._fit_on(steps, every[ref])
         return self.runs_[key]
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
@@ -490,8 +492,10 @@ class TellerNumericSelf(TellerNumeric):
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         if getattr(self, "left_out_", None):
-            d["own_steps"] = {"runs": len(self.left_out_), "steps": sum(v[0] for v in self.left_out_.values()),
-                              "left_out": sum(v[1] for v in self.left_out_.values())}
+            v = list(self.left_out_.values())
+            d["own_steps"] = {"runs": len(v), "steps": sum(x["steps"] for x in v), "left_out": sum(x["left_out"] for x in v),
+                              "reference_steps": sum(x["reference_steps"] for x in v),
+                              "reference_half": {h: sum(1 for x in v if x.get("spans", {}).get("reference") == h) for h in ("first", "second")}}
         return d
 
 
@@ -504,4 +508,6 @@ def step_lanes(steps: StepSet) -> np.ndarray:
 
 for _k in (2, 4):
     register(f"teller_numeric_self_b{_k}")(type(f"TellerNumericSelfB{_k}", (TellerNumericSelf,), {
-        "blocks": _k, "label": f"{TellerNumericSelf.label}; {_k} spans of the run, each against the others"}))
+        "blocks": _k, "halves": False, "label": f"{TellerNumericSelf.label}; {_k} spans of the run, each against the others (measured)"}))
+register("teller_numeric_self_whole")(type("TellerNumericSelfWhole", (TellerNumericSelf,), {
+    "halves": False, "label": f"{TellerNumericSelf.label}; the whole run, without what a fit on it flags (measured)"}))

@@ -33,7 +33,7 @@ from teller.reconstruct.ensure import ensure_reconstructed
 if TYPE_CHECKING:
     from teller.localize.gmm import GMMLocalizer, StepScores
 
-__all__ = ["GMMLocalizer", "fit_localizer", "fit_self_reference", "localize", "Localization", "FEATURES", "run_features"]
+__all__ = ["GMMLocalizer", "fit_localizer", "fit_self_reference", "localize", "own_reference_steps", "Localization", "FEATURES", "run_features"]
 
 #: Per-feature |z| at or above which a feature is named as evidence.
 EVIDENCE_Z = 2.0
@@ -195,36 +195,80 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
 SELF_REFERENCE_MIN_STEPS = 20
 
 
+def own_reference_steps(step_num: np.ndarray, usable: np.ndarray, fit_flags: Any,
+                        min_steps: int = SELF_REFERENCE_MIN_STEPS, halves: bool = True) -> tuple[np.ndarray, dict[str, Any]]:
+    """The steps of a run its own reference is fitted on, when no reference recording is given
+    (:func:`fit_self_reference`, and the evaluation's ``teller_numeric_self``): of the ``usable``
+    steps (warm-up out), cut at their median step number into a first and a second span when each
+    holds ``min_steps`` or more, the span the other departs from more (the stage fitted on each span
+    flags the other's steps: a fault confined to one span is a departure of that span, and the
+    other, healthier one is the reference; a tie keeps the first, as a run mostly starts healthy);
+    then without the steps a stage fitted on that span flags in it (when ``min_steps`` remain).
+    ``fit_flags(mask)``: per step, the flags of the stage fitted on the steps of ``mask``. Returns
+    the reference's step mask and what was decided. ``halves=False``: every usable step, less
+    what a fit on them flags (measured against it, docs/results.md)."""
+    usable = np.asarray(usable, bool)
+    ref = usable.copy()
+    info: dict[str, Any] = {"steps": int(usable.sum()), "min_steps": int(min_steps)}
+    if halves and ref.sum() >= 2 * min_steps:
+        cut = float(np.median(step_num[usable]))
+        first = usable & (step_num <= cut)
+        second = usable & ~first
+        if first.sum() >= min_steps and second.sum() >= min_steps:
+            on_first, on_second = np.asarray(fit_flags(first), bool), np.asarray(fit_flags(second), bool)
+            second_departs, first_departs = int((on_first & second).sum()), int((on_second & first).sum())
+            keep_first = second_departs >= first_departs
+            ref, flags = (first, on_first) if keep_first else (second, on_second)
+            info.update(spans={"cut_step": cut, "first": int(first.sum()), "second": int(second.sum()),
+                               "second_departs": second_departs, "first_departs": first_departs,
+                               "reference": "first" if keep_first else "second"})
+        else:
+            flags = np.asarray(fit_flags(ref), bool)
+    else:
+        flags = np.asarray(fit_flags(ref), bool)
+    left = flags & ref
+    if left.any() and int((ref & ~left).sum()) >= min_steps:
+        ref = ref & ~left
+    else:
+        left[:] = False
+    info.update(left_out=int(left.sum()), reference_steps=int(ref.sum()))
+    return ref, info
+
+
 def fit_self_reference(rf: RunFeatures, keep_warmup: bool = False, **params: Any) -> GMMLocalizer:
     """The stage fitted on the diagnosed run's own steps, for a run with no reference recording
-    (`teller diagnose RUN` alone): fitted on every step (warm-up out unless ``keep_warmup``), then
-    again without the steps that first fit flags (when :data:`SELF_REFERENCE_MIN_STEPS` remain),
-    so that they do not shape the reference it is read against (the dataset's labelling rule reads
-    a run against its own steps outside the fault windows in the same spirit, docs/faults.md). A
-    departure the first fit does not flag, one repeated over a few steps or lasting, stays in the
-    reference and is absorbed (docs/results.md, "Diagnosing a run without a reference"): a
-    fault-free recording (``--reference``) is the reference to prefer.
-    ``extra_["self_reference"]``: the steps read and those left out."""
-    est = fit_localizer([rf], keep_warmup=keep_warmup, **params)
-    first = localize(est, rf.instances)
-    out = np.zeros(rf.steps.n, bool)
-    out[first.steps.steps[first.steps.flag]] = True
-    if not keep_warmup and rf.steps.warmup is not None and len(rf.steps.warmup) == len(out):
-        out &= ~rf.steps.warmup  # out of the reference already
-    total = int(est.extra_["reference_steps"])
-    left = int(out.sum())
-    if left and total - left >= SELF_REFERENCE_MIN_STEPS:
-        est = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[out], **params)
-    else:
-        left = 0
-    est.extra_["self_reference"] = {"steps": total, "left_out": left, "min_steps": SELF_REFERENCE_MIN_STEPS}
+    (`teller diagnose RUN` alone): on the steps :func:`own_reference_steps` picks (warm-up out
+    unless ``keep_warmup``): the half of the run the other half departs from more, without the
+    steps a fit on it flags, so that a fault confined to one half is read against the other (the
+    dataset's labelling rule reads a run against its own steps outside the fault windows in the
+    same spirit, docs/faults.md). A fault present in both halves, one repeated over the run or
+    lasting most of it, is in the reference and is absorbed (docs/results.md, "Diagnosing a run
+    without a reference"): a fault-free recording (``--reference``) is the reference to prefer.
+    ``extra_["self_reference"]``: what was decided (:func:`own_reference_steps`)."""
+    usable = np.ones(rf.steps.n, bool)
+    if not keep_warmup and rf.steps.warmup is not None and len(rf.steps.warmup) == rf.steps.n and not rf.steps.warmup.all():
+        usable = ~np.asarray(rf.steps.warmup, bool)
+
+    def fit_flags(mask: np.ndarray) -> np.ndarray:
+        loc = localize(fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~mask], **params), rf.instances)
+        out = np.zeros(rf.steps.n, bool)
+        out[loc.steps.steps[loc.steps.flag]] = True
+        return out
+
+    ref, info = own_reference_steps(rf.steps.step_num, usable, fit_flags)
+    est = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~ref], **params)
+    est.extra_["self_reference"] = info
     return est
 
 
 def self_reference_source(est: GMMLocalizer) -> str:
     """The reference's description for a self-reference (:func:`fit_self_reference`)."""
     sr = est.extra_["self_reference"]
-    return f"the run's own steps (no reference given: {sr['steps']} steps, {sr['left_out']} that a first fit flagged left out)"
+    sp = sr.get("spans")
+    half = (f"the {sp['reference']} half, up to step {sp['cut_step']:g}" if sp and sp["reference"] == "first"
+            else f"the {sp['reference']} half, after step {sp['cut_step']:g}" if sp else "all of them")
+    return (f"the run's own steps (no reference given: of its {sr['steps']} steps, {half}, "
+            f"{sr['left_out']} of them a fit flags left out: {sr['reference_steps']} steps)")
 
 
 #: what `teller diagnose` warns of when it reads a run against its own steps
