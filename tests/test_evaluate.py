@@ -1003,7 +1003,7 @@ def test_numeric_stage_against_the_runs_own_steps(vertical):
     fitted on every step of the run, then without the steps that fit flags; a step's answer does
     not depend on the other runs or on which of the run's steps are test steps."""
     from teller.baselines import make
-    from teller.baselines.numeric import TellerNumeric, deployments
+    from teller.baselines.numeric import TellerNumeric, TellerNumericSelf, deployments
     from teller.baselines.steps import split_masks
 
     train, test, _ = split_masks(vertical, "request")
@@ -1013,20 +1013,35 @@ def test_numeric_stage_against_the_runs_own_steps(vertical):
     p = m.predict(vertical, te)
     runs = np.unique(vertical.run_code[te])
     assert len(m.runs_) == len(runs) and set(m.left_out_) == {str(vertical.runs[r]) for r in runs.tolist()}
-    # one run by hand: first fit on all its steps, its flags (warm-up aside) left out, fitted again
+    # one run by hand: the slice's runs are too short to halve, so a fit on all its steps, its
+    # flags (warm-up aside) left out, fitted again
     r = int(vertical.run_code[te][np.argmax(np.bincount(vertical.run_code[te]))])
     every = np.flatnonzero(vertical.run_code == r)
     own = TellerNumeric()
     first = own._predict_with(own._fit_on(vertical, every), vertical, every, counts=True)
-    n_steps, left = m.left_out_[str(vertical.runs[r])]
-    assert left <= int(first.flag.sum()) and n_steps <= len(every)
+    info = m.left_out_[str(vertical.runs[r])]
+    assert "spans" not in info and info["steps"] <= len(every)
+    assert 0 < info["left_out"] <= int(first.flag.sum()) and info["reference_steps"] == info["steps"] - info["left_out"]
     mine = te[vertical.run_code[te] == r]
     again = make("teller_numeric_self").fit(vertical, tr).predict(vertical, mine)  # the run's test steps alone
     at = vertical.run_code[te] == r
     assert (p.flag[at] == again.flag).all() and np.allclose(p.score[at], again.score)
     assert any(first.flag) and p.flag.any() and not p.flag.all()
     d = m.describe()["own_steps"]
-    assert d["runs"] == len(runs) and 0 < d["left_out"] < d["steps"]
+    assert d["runs"] == len(runs) and 0 < d["left_out"] < d["steps"] and d["reference_half"] == {"first": 0, "second": 0}
+    # halves of 10 steps (diagnose's need 40): a run's reference is the half the other departs from
+    # more, and its steps are read against the stage fitted on it
+    halved = type("Halved", (TellerNumericSelf,), {"half_steps": 10})().fit(vertical, tr)
+    q = halved.predict(vertical, mine)
+    info = halved.left_out_[str(vertical.runs[r])]
+    sp = info["spans"]
+    assert sp["first"] >= 10 and sp["second"] >= 10 and sp["reference"] in ("first", "second")
+    usable = ~np.asarray(vertical.extra["unit_warmup"])[vertical.unit_idx[vertical.unit_ptr[every]]]
+    half = usable & ((vertical.step_num[every] <= sp["cut_step"]) == (sp["reference"] == "first"))
+    flags = own._predict_with(own._fit_on(vertical, every[half]), vertical, every, counts=True).flag & half
+    ref = half & ~flags if int((half & ~flags).sum()) >= 20 and flags.any() else half
+    by_hand = own._predict_with(own._fit_on(vertical, every[ref]), vertical, mine, counts=True)
+    assert info["reference_steps"] == int(ref.sum()) and (q.flag == by_hand.flag).all() and np.allclose(q.score, by_hand.score)
 
 
 def test_deploy_rows_fuse_the_deployment_stage(vertical):

@@ -441,6 +441,8 @@ class TellerNumericSelf(TellerNumeric):
     #: the reference: the half of the run the other departs from more (diagnose's rule), else the
     #: whole run (measured)
     halves = True
+    #: steps each half needs (None: :data:`teller.localize.SELF_REFERENCE_HALF_STEPS`, as diagnose)
+    half_steps: int | None = None
 
     def _run_model(self, steps: StepSet, run: int, part: np.ndarray | None = None, block: int = 0) -> Any:
         """The stage of run ``run`` (or of its steps ``part``, span ``block`` of :attr:`blocks`):
@@ -460,7 +462,8 @@ class TellerNumericSelf(TellerNumeric):
             def fit_flags(mask: np.ndarray) -> np.ndarray:
                 return self._predict_with(self._fit_on(steps, every[mask]), steps, every, counts=True).flag
 
-            ref, info = own_reference_steps(steps.step_num[every], usable, fit_flags, halves=self.halves)
+            ref, info = own_reference_steps(steps.step_num[every], usable, fit_flags, halves=self.halves,
+                                            **({} if self.half_steps is None else {"half_steps": self.half_steps}))
             name = str(steps.runs[run])
             self.left_out_[name if part is None else f"{name} (span {block + 1} of {self.blocks} left out)"] = info
             self.runs_[key] = self._fit_on(steps, every[ref])
