@@ -11,7 +11,7 @@ speed: a reference run and a run with planted anomalies (about 1M canonical even
 once (not timed). Each measurement is a fresh subprocess pinned to one core (OMP/OPENBLAS/MKL threads 1,
 Arrow pools 1 thread): ``diagnose(RUN, localizer=ARTEFACT, html=True)`` from reading the forest to
 writing diagnosis.json and report.html; then the same with ``reference=[REF]`` (fitting
-included), with no reference (the run read against its own steps: two fits on the run itself,
+included), with no reference (the run read against its own steps: a fit on each half, then on the reference,
 ``teller.localize.fit_self_reference``), and ``teller localize fit`` alone. CPU time is the process's own (user and system:
 the system part is mostly page faults of fresh memory, and varies with the machine's state). Peak
 memory is the process's VmHWM (absolute) and its growth over the resident size after the imports.
@@ -154,7 +154,7 @@ def speed(args: argparse.Namespace) -> int:
     print("\n| measurement | wall s | CPU s (user + sys) | peak RSS GiB | growth GiB |\n|---|---:|---:|---:|---:|")
     names = {"load": "diagnose --localizer (target)", "reference": "diagnose --reference (fit included)",
              "fit": "localize fit", "model": "diagnose --localizer with the shipped root-cause model",
-             "own": "diagnose, no reference (the run's own steps, two fits)"}
+             "own": "diagnose, no reference (the run's own steps: a fit on each half, then the reference)"}
     for mode in ("load", "reference", "own", "fit") + (("model",) if args.model else ()):
         r = results[mode]
         print(f"| {names[mode]} | {r['wall']:.2f} | {r['cpu']:.2f} ({r['user']:.2f} + {r['sys']:.2f}) | {r['hwm'] / g:.2f} | "
