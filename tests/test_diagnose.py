@@ -271,7 +271,7 @@ def test_planted_slowdowns_without_a_reference(tmp_path):
     assert min(sp["first"], sp["second"]) >= SELF_REFERENCE_HALF_STEPS and sp["first"] + sp["second"] == sr["steps"]
     assert sp["reference"] == "second" and sp["first_departs"] > sp["second_departs"]
     assert d["localizer"]["reference_steps"] == sr["reference_steps"] == sp["second"] - sr["left_out"]
-    assert "the second half, after step" in d["reference"]
+    assert "the second half of its 157 steps outside warm-up (after step 80)" in d["reference"]
     by_num = {s["step_num"]: s for s in d["steps"]}
     assert by_num[12]["candidates"][0]["family"] == by_num[40]["candidates"][0]["family"] == "BE aten::mul"
     assert by_num[70]["candidates"][0]["family"] == "FE LlamaDecoderLayer"

@@ -270,10 +270,17 @@ def self_reference_source(est: GMMLocalizer) -> str:
     """The reference's description for a self-reference (:func:`fit_self_reference`)."""
     sr = est.extra_["self_reference"]
     sp = sr.get("spans")
-    half = (f"the {sp['reference']} half, up to step {sp['cut_step']:g}" if sp and sp["reference"] == "first"
-            else f"the {sp['reference']} half, after step {sp['cut_step']:g}" if sp else "all of them")
-    return (f"the run's own steps (no reference given: of its {sr['steps']} steps, {half}, "
-            f"{sr['left_out']} of them a fit flags left out: {sr['reference_steps']} steps)")
+
+    def n(k: int) -> str:
+        return f"{k} step" + ("" if k == 1 else "s")
+
+    if sp:
+        side = "up to" if sp["reference"] == "first" else "after"
+        what = (f"the {sp['reference']} half of its {n(sr['steps'])} outside warm-up ({side} step {sp['cut_step']:g}), "
+                "which the other departs from more")
+    else:
+        what = f"its {n(sr['steps'])} outside warm-up"
+    return f"the run's own steps (no reference given: {what}; {sr['left_out']} left out as departures, {n(sr['reference_steps'])} kept)"
 
 
 #: what `teller diagnose` warns of when it reads a run against its own steps
