@@ -52,7 +52,8 @@ import pyarrow.parquet as pq
 
 from teller.baselines import REGISTRY, register
 from teller.baselines.base import Prediction
-from teller.baselines.rca import TellerSustained, _warm_steps, step_units
+from teller.baselines.numeric import warm_steps
+from teller.baselines.rca import TellerSustained, step_units
 from teller.evaluate.run import evaluate
 from teller.evaluate.scores import fault_type_scores, low_prior_scores, step_scores
 
@@ -83,7 +84,7 @@ class AnatomyRow(TellerSustained):
         st = self.parts_[self.stage]
         every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
         whole = st.predict(steps, every)
-        warm = _warm_steps(steps)[every]
+        warm = warm_steps(steps)[every]
         lane = step_lanes(steps)[every]
         _, length = episode_lengths(lane, steps.step_num[every], whole.flag & ~warm)
         ds, uidx = step_units(steps, every)

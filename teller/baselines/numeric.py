@@ -220,6 +220,17 @@ def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:
     return m
 
 
+def warm_steps(steps: StepSet) -> np.ndarray:
+    """Per step: whether any of its units is a warm-up step (``steps.extra["unit_warmup"]``)."""
+    warm = steps.extra.get("unit_warmup")
+    wu = np.zeros(len(steps.unit_key), bool)
+    if warm is not None:
+        wu[:len(warm)] = np.asarray(warm, bool)[:len(wu)]
+    if not steps.n:
+        return np.zeros(0, bool)
+    return np.add.reduceat(wu[steps.unit_idx].astype(np.int64), steps.unit_ptr[:-1]) > 0
+
+
 def fault_free_steps(steps: StepSet) -> np.ndarray:
     """Per step: whether its run is fault-free (none of its steps in a fault window or abnormal)."""
     faulty = np.zeros(len(steps.runs), bool)
@@ -452,12 +463,7 @@ class TellerNumericSelf(TellerNumeric):
         key = run if part is None else (run, block)
         if key not in self.runs_:
             every = np.flatnonzero(steps.run_code == run) if part is None else part
-            usable = np.ones(len(every), bool)
-            warm = steps.extra.get("unit_warmup")
-            if warm is not None and not self.keep_warmup:
-                uw = np.zeros(len(steps.unit_key), bool)
-                uw[:len(warm)] = np.asarray(warm, bool)[:len(uw)]
-                usable = ~np.asarray([uw[steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]].any() for s in every.tolist()], bool)
+            usable = np.ones(len(every), bool) if self.keep_warmup else ~warm_steps(steps)[every]
 
             def fit_flags(mask: np.ndarray) -> np.ndarray:
                 return self._predict_with(self._fit_on(steps, every[mask]), steps, every, counts=True).flag

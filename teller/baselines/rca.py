@@ -456,17 +456,6 @@ class RowFloor(NamedTuple):
     source: str
 
 
-def _warm_steps(steps: StepSet) -> np.ndarray:
-    """Per step: whether any of its units is a warm-up step (``steps.extra["unit_warmup"]``)."""
-    warm = steps.extra.get("unit_warmup")
-    wu = np.zeros(len(steps.unit_key), bool)
-    if warm is not None:
-        wu[:len(warm)] = np.asarray(warm, bool)[:len(wu)]
-    if not steps.n:
-        return np.zeros(0, bool)
-    return np.add.reduceat(wu[steps.unit_idx].astype(np.int64), steps.unit_ptr[:-1]) > 0
-
-
 @register("teller_episodes")
 class TellerEpisodes(TellerScreened):
     """TELLER with the deployment's fault-free runs as the stage's reference, the model screening
@@ -539,14 +528,14 @@ class TellerEpisodes(TellerScreened):
         """Per step ``every`` (every step of the test runs): whether it lies in an episode of
         :attr:`novel_episode` or more steps the stage flags with an evidence type and the model's
         training steps are all far from (novelty above 1; warm-up steps out)."""
-        from teller.baselines.numeric import step_lanes
+        from teller.baselines.numeric import step_lanes, warm_steps
         from teller.localize.episodes import episode_lengths
         from teller.rca.context import dataset_context_features
 
         ds, uidx = step_units(steps, every)
         ratio = self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
         typed = np.asarray(whole.fault_type if whole.fault_type is not None else [""] * len(every), dtype=object) != ""
-        mask = (ratio > 1.0) & np.asarray(whole.flag, bool) & typed & ~_warm_steps(steps)[every]
+        mask = (ratio > 1.0) & np.asarray(whole.flag, bool) & typed & ~warm_steps(steps)[every]
         _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], mask)
         self.novel_steps_ = int(mask.sum())
         return length >= self.novel_episode
@@ -578,7 +567,7 @@ class TellerEpisodes(TellerScreened):
         return RowFloor(own, True, f"the model's ({path})")
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
-        from teller.baselines.numeric import deployments, step_lanes
+        from teller.baselines.numeric import deployments, step_lanes, warm_steps
         from teller.localize.episodes import episode_lengths
 
         idx = np.asarray(idx)
@@ -587,7 +576,7 @@ class TellerEpisodes(TellerScreened):
         every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
         whole = st.predict(steps, every)
         # warm-up steps (left out of references) are no part of an episode, as in `teller diagnose`
-        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag & ~_warm_steps(steps)[every])
+        _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag & ~warm_steps(steps)[every])
         pos = np.searchsorted(every, idx)
         own = np.isin(deployments(steps)[idx], np.asarray(list(st.models_), np.int64))
         sflag, sscore = whole.flag[pos], whole.score[pos]
