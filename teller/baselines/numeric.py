@@ -429,23 +429,17 @@ def _gather(n: int, parts: list[tuple[np.ndarray, Prediction]]) -> Prediction:
 @register("teller_numeric_self")
 class TellerNumericSelf(TellerNumeric):
     """The numeric stage as `teller diagnose RUN` reads a run given no reference
-    (:func:`teller.localize.fit_self_reference`): fitted on the test run's own steps (every step
-    of the run the dataset holds, labels unread; warm-up out), then again without the steps that
-    first fit flags when :data:`teller.localize.SELF_REFERENCE_MIN_STEPS` remain, and its steps
-    read against that. The dataset keeps a sample of each run's normal steps (``dataset build
-    --max-normal``), so a run's faults weigh more in its own reference here than in the recording."""
+    (:func:`teller.localize.fit_self_reference`): each test run's steps (every step of the run the
+    dataset holds, labels unread; warm-up out) read against the stage fitted on the steps
+    :func:`teller.localize.own_reference_steps` picks: the half of the run the other departs from
+    more, or the whole run when a half would hold fewer than
+    :data:`teller.localize.SELF_REFERENCE_HALF_STEPS`, less the steps a fit on it flags. The
+    dataset keeps a sample of each run's normal steps (``dataset build --max-normal``), so a run's
+    faults weigh more in its own reference here than in the recording."""
 
     label = "TELLER numeric stage, the run's own steps as reference (no reference recording)"
-    fit_on = "the test run's own steps, labels unread, warm-up out; those a first fit flags left out"
+    fit_on = "the test run's own steps, labels unread, warm-up out: the half the other departs from more, less what a fit on it flags"
     reference = "own_steps"
-
-    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumericSelf":
-        # every run is read against itself: a reference of its own deployment (the episodes' rows read models_)
-        self.models_ = {int(d): None for d in np.unique(deployments(steps)).tolist()}
-        self.runs_: dict[int, GMMLocalizer] = {}
-        self.left_out_: dict[str, list[int]] = {}
-        return self
-
     #: the run's steps cut in this many spans of consecutive steps, each read against the others
     #: (1: every step against the run's reference; measured, not what diagnose does)
     blocks = 1
@@ -454,6 +448,13 @@ class TellerNumericSelf(TellerNumeric):
     halves = True
     #: steps each half needs (None: :data:`teller.localize.SELF_REFERENCE_HALF_STEPS`, as diagnose)
     half_steps: int | None = None
+
+    def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumericSelf":
+        # every run is read against itself: a reference of its own deployment (the episodes' rows read models_)
+        self.models_ = {int(d): None for d in np.unique(deployments(steps)).tolist()}
+        self.runs_: dict[Any, GMMLocalizer] = {}  # per run (or run and span): its stage
+        self.left_out_: dict[str, dict[str, Any]] = {}  # per run: what own_reference_steps decided
+        return self
 
     def _run_model(self, steps: StepSet, run: int, part: np.ndarray | None = None, block: int = 0) -> Any:
         """The stage of run ``run`` (or of its steps ``part``, span ``block`` of :attr:`blocks`):

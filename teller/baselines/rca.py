@@ -743,5 +743,5 @@ register("teller_sustained_ensemble")(type("TellerSustainedEnsemble", (TellerSus
 register("teller_sustained_self")(type("TellerSustainedSelf", (TellerSustained,), {
     "__doc__": f"{TellerSustained.__doc__}\n\n    The stage reads each run against its own steps (``teller_numeric_self``): what `teller diagnose RUN` reports given no reference.",
     "stage": "teller_numeric_self",
-    "fit_on": "stage: the test run's own steps, labels unread, warm-up out, those a first fit flags left out; model: trained beforehand",
+    "fit_on": "stage: the test run's own steps, labels unread, warm-up out (teller_numeric_self); model: trained beforehand",
     "label": "TELLER, the model read over time and the stage's lasting departures against the run's own steps (no reference recording)"}))

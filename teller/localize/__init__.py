@@ -94,7 +94,8 @@ def fit_localizer(runs: list[str | os.PathLike] | list[RunFeatures], window_ns: 
     already reconstructed keeps the steps ``teller reconstruct`` decided.
 
     ``leave_out``: per run, None or a boolean per step (``steps.n``) of steps the reference leaves
-    out besides warm-up steps (:func:`fit_self_reference`: the steps a first fit flagged).
+    out besides warm-up steps (:func:`fit_self_reference`: those outside the run's reference half,
+    and those a fit on it flags).
 
     ``extra_`` of the result records the reference runs, instance layers and how many of the
     reference's own steps the fitted model flags (its in-sample false-positive rate)."""
@@ -207,7 +208,7 @@ def own_reference_steps(step_num: np.ndarray, usable: np.ndarray, fit_flags: Any
     steps (warm-up out), cut at their median step number into a first and a second span when each
     holds ``half_steps`` or more, the span the other departs from more (the stage fitted on each span
     flags the other's steps: a fault confined to one span is a departure of that span, and the
-    other, healthier one is the reference; a tie keeps the first, as a run mostly starts healthy);
+    other, healthier one is the reference; a tie keeps the first);
     then without the steps a stage fitted on that span flags in it (when ``min_steps`` remain).
     ``fit_flags(mask)``: per step, the flags of the stage fitted on the steps of ``mask``. Returns
     the reference's step mask and what was decided. ``halves=False``: every usable step, less

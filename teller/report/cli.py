@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     def diagnose_cmd(
         run: Path = typer.Argument(..., help="Run directory to diagnose (reconstructed first if needed)."),
-        reference: Optional[List[Path]] = typer.Option(None, "--reference", "-r", help="Run(s) of normal operation to compare with (repeat the option for several). Without --reference or --localizer the run is compared with its own steps (those a first fit flags left out): a fault lasting most of the run then goes unseen by the numeric stage."),
+        reference: Optional[List[Path]] = typer.Option(None, "--reference", "-r", help="Run(s) of normal operation to compare with (repeat the option for several). Without --reference or --localizer the run is compared with its own steps (the half the other departs from more, or the whole run when short): a fault present in both halves then goes unseen by the numeric stage."),
         localizer: Optional[Path] = typer.Option(None, "--localizer", help="A fitted localizer from `teller localize fit` (instead of --reference)."),
         out: Optional[Path] = typer.Option(None, "-o", "--out", help="Folder for diagnosis.json and report.html (default: RUN), or a .json file path."),
         html: bool = typer.Option(False, "--html", help="Also write the self-contained report page report.html."),
