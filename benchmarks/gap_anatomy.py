@@ -213,21 +213,31 @@ def _effect(t: dict[str, np.ndarray], q: float = 0.99, reference: str = "outside
     own 99th percentile (:func:`_families_ns`)."""
     inside = t["stage_flag"] & (t["episode"] >= TellerSustained.min_episode) & ~t["warmup"]
     refmask = (~inside if reference == "outside_episodes" else ~t["stage_flag"]) & ~t["warmup"]
+    return _lane_effect(t, refmask, q, measures)
+
+
+def _lane_effect(t: dict[str, np.ndarray], refmask: np.ndarray, q: float, measures: tuple[str, ...],
+                 row_families: str = "effect.row_families_ns") -> np.ndarray:
+    """Per step: whether one of ``measures`` shows an effect, lane by lane against the lane's
+    ``refmask`` steps (fewer than 20: True): a measured time above their ``q`` quantile; the
+    families' time (``stage_families_ns``, ``row_families_ns``: column ``row_families``) as a ratio
+    over 1; any preemption."""
     out = np.ones(len(t["lane"]), bool)
     for m in _lane_groups(t["lane"]):
         ref = m[refmask[m]]
         if len(ref) < 20:
             continue
         hit = np.zeros(len(m), bool)
-        if "stage_families_ns" in measures:
-            hit |= t["effect.stage_families_ns"][m] > 1.0
         for c in measures:
-            if c == "stage_families_ns":
-                continue
-            x = t[f"effect.{c}"]
-            r = x[ref][np.isfinite(x[ref])]
-            if len(r):
-                hit |= x[m] > np.quantile(r, q)
+            if c in ("stage_families_ns", "row_families_ns"):
+                hit |= t["effect.stage_families_ns" if c == "stage_families_ns" else row_families][m] > 1.0
+            elif c == "preempted":
+                hit |= t["effect.preempted"][m] > 0
+            else:
+                x = t[f"effect.{c}"]
+                r = x[ref][np.isfinite(x[ref])]
+                if len(r):
+                    hit |= x[m] > np.quantile(r, q)
         out[m] = hit
     return out
 
@@ -246,27 +256,7 @@ def _effect_flags(t: dict[str, np.ndarray], q: float = 0.99, measures: tuple[str
     episode) or the row names above the quantile of their summed time (ratio over 1; the row's at
     0.99 or 0.95 as ``q``)."""
     refmask = ~t["flag"] & ~t["stage_flag"] & ~t["warmup"]
-    out = np.ones(len(t["lane"]), bool)
-    fam_col = "effect.row_families_ns" if q >= 0.99 else "effect.row_families_ns_p95"
-    for m in _lane_groups(t["lane"]):
-        ref = m[refmask[m]]
-        if len(ref) < 20:
-            continue
-        hit = np.zeros(len(m), bool)
-        for c in measures:
-            if c == "stage_families_ns":
-                hit |= t["effect.stage_families_ns"][m] > 1.0
-            elif c == "row_families_ns":
-                hit |= t[fam_col][m] > 1.0
-            elif c == "preempted":
-                hit |= t["effect.preempted"][m] > 0
-            else:
-                x = t[f"effect.{c}"]
-                r = x[ref][np.isfinite(x[ref])]
-                if len(r):
-                    hit |= x[m] > np.quantile(r, q)
-        out[m] = hit
-    return out
+    return _lane_effect(t, refmask, q, measures, "effect.row_families_ns" if q >= 0.99 else "effect.row_families_ns_p95")
 
 
 #: the effect test on every flag of the row: name -> (quantile, whether the lasting departures are tested too)
