@@ -466,14 +466,22 @@ class TellerNumericSelf(TellerNumeric):
             every = np.flatnonzero(steps.run_code == run) if part is None else part
             usable = np.ones(len(every), bool) if self.keep_warmup else ~warm_steps(steps)[every]
 
+            fitted: dict[bytes, Any] = {}  # per step mask: a reference with nothing left out is the half's own fit
+
+            def fit(mask: np.ndarray) -> Any:
+                k = np.packbits(mask).tobytes()
+                if k not in fitted:
+                    fitted[k] = self._fit_on(steps, every[mask])
+                return fitted[k]
+
             def fit_flags(mask: np.ndarray) -> np.ndarray:
-                return self._predict_with(self._fit_on(steps, every[mask]), steps, every, counts=True).flag
+                return self._predict_with(fit(mask), steps, every, counts=True).flag
 
             ref, info = own_reference_steps(steps.step_num[every], usable, fit_flags, halves=self.halves,
                                             **({} if self.half_steps is None else {"half_steps": self.half_steps}))
             name = str(steps.runs[run])
             self.left_out_[name if part is None else f"{name} (span {block + 1} of {self.blocks} left out)"] = info
-            self.runs_[key] = self._fit_on(steps, every[ref])
+            self.runs_[key] = fit(ref)
         return self.runs_[key]
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:

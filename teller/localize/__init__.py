@@ -216,6 +216,7 @@ def own_reference_steps(step_num: np.ndarray, usable: np.ndarray, fit_flags: Any
     usable = np.asarray(usable, bool)
     ref = usable.copy()
     info: dict[str, Any] = {"steps": int(usable.sum()), "min_steps": int(min_steps)}
+    flags = None
     if halves and ref.sum() >= 2 * half_steps:
         cut = float(np.median(step_num[usable]))
         first = usable & (step_num <= cut)
@@ -228,9 +229,7 @@ def own_reference_steps(step_num: np.ndarray, usable: np.ndarray, fit_flags: Any
             info.update(spans={"cut_step": cut, "first": int(first.sum()), "second": int(second.sum()),
                                "second_departs": second_departs, "first_departs": first_departs,
                                "reference": "first" if keep_first else "second"})
-        else:
-            flags = np.asarray(fit_flags(ref), bool)
-    else:
+    if flags is None:  # the whole run
         flags = np.asarray(fit_flags(ref), bool)
     left = flags & ref
     if left.any() and int((ref & ~left).sum()) >= min_steps:
@@ -255,14 +254,22 @@ def fit_self_reference(rf: RunFeatures, keep_warmup: bool = False, **params: Any
     if not keep_warmup and rf.steps.warmup is not None and len(rf.steps.warmup) == rf.steps.n and not rf.steps.warmup.all():
         usable = ~np.asarray(rf.steps.warmup, bool)
 
+    fitted: dict[bytes, GMMLocalizer] = {}  # per step mask: a reference with nothing left out is the half's own fit
+
+    def fit(mask: np.ndarray) -> GMMLocalizer:
+        key = np.packbits(mask).tobytes()
+        if key not in fitted:
+            fitted[key] = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~mask], **params)
+        return fitted[key]
+
     def fit_flags(mask: np.ndarray) -> np.ndarray:
-        loc = localize(fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~mask], **params), rf.instances)
+        loc = localize(fit(mask), rf.instances)
         out = np.zeros(rf.steps.n, bool)
         out[loc.steps.steps[loc.steps.flag]] = True
         return out
 
     ref, info = own_reference_steps(rf.steps.step_num, usable, fit_flags)
-    est = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~ref], **params)
+    est = fit(ref)
     est.extra_["self_reference"] = info
     return est
 
