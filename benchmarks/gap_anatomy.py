@@ -77,7 +77,7 @@ class AnatomyRow(TellerSustained):
         from teller.baselines.numeric import deployments, step_lanes
         from teller.localize.episodes import episode_lengths
         from teller.localize.features import ITER_FEATURES
-        from teller.rca.context import dataset_context_features, dataset_unit_iterations
+        from teller.rca.context import dataset_unit_iterations
 
         pred = super().predict(steps, idx)
         idx = np.asarray(idx)
@@ -88,7 +88,7 @@ class AnatomyRow(TellerSustained):
         lane = step_lanes(steps)[every]
         _, length = episode_lengths(lane, steps.step_num[every], whole.flag & ~warm)
         ds, uidx = step_units(steps, every)
-        ratio = self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
+        ratio = self.step_novelty(steps, every)
         pos = np.searchsorted(every, idx)
         test = np.zeros(len(every), bool)
         test[pos] = True

@@ -124,6 +124,23 @@ def test_episodes_and_the_steps_the_model_rules_out():
     four[0].pop("model_says_normal")
     ruled_out(four[0], True, floor=0.001, min_length=4)  # a model's own floor, and the length chosen with it
     assert four[0].get("unknown_fault")
+    # the step's novelty: at or under LASTING_NOVELTY it is like the training steps and stays
+    # normal (near_training); above it, or unknown, the departure stays
+    from teller.rca import LASTING_NOVELTY
+
+    assert 0 < LASTING_NOVELTY < 1
+    for nov, unknown in ((LASTING_NOVELTY / 2, False), (LASTING_NOVELTY, False), (LASTING_NOVELTY + 0.01, True),
+                         (3.0, True), (None, True), (float("nan"), True)):
+        d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=0.05)
+        ruled_out(d, True, novelty=nov)
+        assert bool(d.get("unknown_fault")) is unknown and bool(d.get("model_says_normal")) is not unknown, nov
+        assert bool(d.get("near_training")) is (not unknown), nov
+    d = dict(by[(0, 12)], fault_type="memory", abnormal_probability=0.05)  # not lasting: normal, but not for its novelty
+    ruled_out(d, True, novelty=0.1)
+    assert d.get("model_says_normal") and not d.get("near_training")
+    d = dict(by[(0, 5)], fault_type="memory", abnormal_probability=0.05)
+    ruled_out(d, True, novelty=0.4, min_novelty=0.5)
+    assert d.get("near_training") and d.get("model_says_normal")
 
 
 def test_lasting_novel_steps_take_the_type_the_evidence_points_to():

@@ -1329,6 +1329,51 @@ def test_sustained_row_is_the_model_over_time_and_the_stages_lasting_departures(
     assert all(p.operators[i] == over_time.operators[i] for i in np.flatnonzero(~kept))
 
 
+def test_lasting_departures_stay_only_off_the_training_steps(vertical):
+    """The rows `teller diagnose` reports keep a lasting departure of the stage only where the
+    step's novelty is above ``lasting_novelty`` (:data:`teller.rca.LASTING_NOVELTY`): nearer, it
+    is of a kind the model was trained on and the model's "normal" stands. Checked against the
+    same row without the gate at three cuts: the default, one inside the kept steps' novelties
+    (some stay, some go) and one above them all (none stays)."""
+    from teller.baselines import make, register
+    from teller.baselines.base import REGISTRY
+    from teller.baselines.rca import TellerSustained, sustained
+    from teller.rca import LASTING_NOVELTY
+
+    assert REGISTRY["teller_sustained_family"].lasting_novelty == LASTING_NOVELTY
+    assert REGISTRY["teller_diagnose_family"].lasting_novelty == LASTING_NOVELTY
+    assert REGISTRY["teller_episodes"].lasting_novelty is None  # the measured older row: ungated
+    s, tr, te = _fault_free_run_split(vertical)
+    s.extra = dict(vertical.extra, split="request", predictions={("request", "teller_mot_family"): (te, _memory_answers(np.zeros(len(te))))})
+
+    def row(tau):
+        name = f"teller_sustained_gate_test_{tau}"
+        if name not in REGISTRY:
+            register(name)(type(f"TSG{len(REGISTRY)}", (TellerSustained,), {"min_episode": 1, "novel_episode": 1, "lasting_novelty": tau}))
+        return make(name).fit(s, tr)
+
+    ungated = row(None)
+    # every step of the test runs read (the test part alone holds one lasting departure here)
+    every = np.flatnonzero(np.isin(s.run_code, np.unique(s.run_code[te])))
+    score = np.full(len(every), 0.02)  # the model flags nothing, rules nothing out
+    s.extra["predictions"] = {("request", "teller_mot_family"): (every, _memory_answers(score))}
+    over_time, _ = sustained(s, every, _memory_answers(score))
+    kept = ungated.predict(s, every).flag & ~over_time.flag
+    assert kept.sum() >= 2 and "near_training" not in ungated.describe()
+    ratio = ungated.step_novelty(s, every)
+    mid = float(np.median(ratio[kept]))
+    for tau in (LASTING_NOVELTY, mid, float(ratio[kept].max()) + 1.0):
+        m = row(tau)
+        p = m.predict(s, every)
+        stay = kept & (ratio > tau)
+        assert p.flag.tolist() == (over_time.flag | stay).tolist(), tau
+        assert m.describe()["near_training"] == int((kept & ~stay).sum()) and m.describe()["lasting_novelty"] == tau
+        assert m.describe()["kept_by_episode"] == int(stay.sum())
+        if tau == mid:
+            assert stay.any() and (kept & ~stay).any()
+    assert not row(float(ratio[kept].max()) + 1.0).predict(s, every).flag[kept].any()
+
+
 def test_sustained_row_against_the_runs_own_steps(vertical):
     """teller_sustained_self: teller_sustained_family with the stage reading each run against its
     own steps; every run is then of a deployment with a reference, so the stage's lasting

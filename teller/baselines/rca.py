@@ -39,7 +39,7 @@ import numpy as np
 from teller.baselines.base import REGISTRY, Method, Prediction, make, register
 from teller.baselines.steps import StepSet, norm_label
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE, SUSTAIN_FLOOR
-from teller.rca import EPISODE_FLOOR, SCREEN_FLOOR
+from teller.rca import EPISODE_FLOOR, LASTING_NOVELTY, SCREEN_FLOOR
 
 
 def _dataset_name(path: str | Path) -> str:
@@ -486,13 +486,16 @@ class TellerEpisodes(TellerScreened):
     #: (the rows `teller diagnose` reports)
     novel_types = False
     novel_episode = MIN_EPISODE
+    #: a lasting departure stays only where the step's novelty is above this (None: always; the
+    #: rows `teller diagnose` reports: :data:`teller.rca.LASTING_NOVELTY`)
+    lasting_novelty: float | None = None
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerEpisodes":
         super().fit(steps, idx)
         if self.stage not in self.fitted_parts_:  # its answers were reused: the episodes need every step of the test runs
             self.parts_[self.stage].fit(steps, idx)
             self.fitted_parts_.add(self.stage)
-        if self.novel_types:
+        if self.novel_types or self.lasting_novelty is not None:
             self.novelty_ = self._novelty(steps)
         return self
 
@@ -524,16 +527,20 @@ class TellerEpisodes(TellerScreened):
             cache[split] = split_novelty(ds, split, self._trace_tok(), views=[steps.view])
         return cache[split]
 
-    def novel_episodes(self, steps: StepSet, every: np.ndarray, whole: Prediction) -> np.ndarray:
-        """Per step ``every`` (every step of the test runs): whether it lies in an episode of
-        :attr:`novel_episode` or more steps the stage flags with an evidence type and the model's
-        training steps are all far from (novelty above 1; warm-up steps out)."""
-        from teller.baselines.numeric import step_lanes, warm_steps
-        from teller.localize.episodes import episode_lengths
+    def step_novelty(self, steps: StepSet, every: np.ndarray) -> np.ndarray:
+        """Per step ``every``, its novelty against the split's training units (:meth:`_novelty`)."""
         from teller.rca.context import dataset_context_features
 
         ds, uidx = step_units(steps, every)
-        ratio = self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
+        return self.novelty_.ratio(dataset_context_features(ds, uidx, self._trace_tok()), [steps.view] * len(every))
+
+    def novel_episodes(self, steps: StepSet, every: np.ndarray, whole: Prediction, ratio: np.ndarray) -> np.ndarray:
+        """Per step ``every`` (every step of the test runs; ``ratio``: their novelty): whether it
+        lies in an episode of :attr:`novel_episode` or more steps the stage flags with an evidence
+        type and the model's training steps are all far from (novelty above 1; warm-up steps out)."""
+        from teller.baselines.numeric import step_lanes, warm_steps
+        from teller.localize.episodes import episode_lengths
+
         typed = np.asarray(whole.fault_type if whole.fault_type is not None else [""] * len(every), dtype=object) != ""
         mask = (ratio > 1.0) & np.asarray(whole.flag, bool) & typed & ~warm_steps(steps)[every]
         _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], mask)
@@ -591,6 +598,11 @@ class TellerEpisodes(TellerScreened):
             low = keep & (np.asarray(self.answers_[self.mot].score, float) < self.floor_)
             self.ruled_out_by_floor_ = int(low.sum())
             keep &= ~low
+        ratio = self.step_novelty(steps, every) if hasattr(self, "novelty_") else None
+        if self.lasting_novelty is not None and ratio is not None:  # near the training steps: a kind the model knows
+            near = keep & (ratio[pos] <= self.lasting_novelty)  # an unknown (NaN) novelty gates nothing
+            self.near_training_ = int(near.sum())
+            keep &= ~near
         sops = whole.operators or [[]] * len(every)
         ops = [list(sops[p]) if k else o for k, p, o in zip(keep.tolist(), pos.tolist(), base.operators, strict=True)]
         self.kept_by_episode_ = int(keep.sum())
@@ -599,7 +611,7 @@ class TellerEpisodes(TellerScreened):
             sft = np.asarray(whole.fault_type, dtype=object)[pos]
             ft = np.where(keep & (sft != ""), sft, np.asarray(ft, dtype=object))
             if self.novel_types:  # unlike every training step, lasting: the evidence's type
-                novel = self.novel_episodes(steps, every, whole)[pos] & (sft != "")
+                novel = self.novel_episodes(steps, every, whole, ratio)[pos] & (sft != "")
                 self.retyped_novel_ = int((novel & (sft != ft)).sum())
                 ft = np.where(novel, sft, ft)
         return Prediction(score=np.where(keep, np.maximum(base.score, sscore), base.score), flag=base.flag | keep,
@@ -617,7 +629,8 @@ class TellerEpisodes(TellerScreened):
             d["episode_floor_from"] = self.floor_from_
         d["novel_types"] = self.novel_types
         d["novel_episode"] = self.novel_episode
-        for k in ("kept_by_episode", "ruled_out_by_floor", "novel_steps", "retyped_novel"):
+        d["lasting_novelty"] = self.lasting_novelty
+        for k in ("kept_by_episode", "ruled_out_by_floor", "near_training", "novel_steps", "retyped_novel"):
             if hasattr(self, k + "_"):
                 d[k] = getattr(self, k + "_")
         if hasattr(self, "novelty_"):
@@ -639,6 +652,7 @@ class TellerDiagnose(TellerEpisodes):
     rule = "and"
     episode_floor = EPISODE_FLOOR
     novel_types = True
+    lasting_novelty = LASTING_NOVELTY
 
 
 #: the fused rows on the family-head model's answers (``teller_mot_family``): name, row
@@ -734,6 +748,7 @@ class TellerSustained(TellerEpisodes):
     rule = "model"
     episode_floor = EPISODE_FLOOR
     novel_types = True
+    lasting_novelty = LASTING_NOVELTY
 
 
 register("teller_sustained_ensemble")(type("TellerSustainedEnsemble", (TellerSustained,), {

@@ -87,7 +87,13 @@ from teller.localize import (
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
-from teller.rca import DEFAULT_MODEL, EPISODE_FLOOR, SCREEN_FLOOR, own_episode_floor
+from teller.rca import (
+    DEFAULT_MODEL,
+    EPISODE_FLOOR,
+    LASTING_NOVELTY,
+    SCREEN_FLOOR,
+    own_episode_floor,
+)
 from teller.reconstruct.ensure import ensure_reconstructed
 from teller.reconstruct.steps import without_detail
 from teller.report.html import (
@@ -404,17 +410,24 @@ def model_floor(m: Any) -> tuple[float, int]:
 
 
 def ruled_out(d: dict[str, Any], same_deployment: bool, length: str = "episode_length",
-              floor: float = EPISODE_FLOOR, min_length: int = EPISODE_MIN) -> None:
+              floor: float = EPISODE_FLOOR, min_length: int = EPISODE_MIN, novelty: float | None = None,
+              min_novelty: float = LASTING_NOVELTY) -> None:
     """A flagged step the model does not flag: a fault of a kind the model was not trained on
     (``unknown_fault``, its closest known type kept in ``fault_type_guess``) when the step lies in
     an episode of ``min_length`` or more flagged steps (``d[length]``: the episode's length) and
     the reference is a recording of the run's deployment, unless the model gives it less than
     ``floor`` (:func:`model_floor` gives both: it rules the step out, a normal step unlike the
-    reference, as the stage's lasting departures on steps of known kinds mostly were); else
-    ``model_says_normal``."""
+    reference, as the stage's lasting departures on steps of known kinds mostly were) or the
+    step's ``novelty`` (:mod:`teller.rca.novelty`; None: unknown, no test) is at most
+    ``min_novelty`` (:data:`teller.rca.LASTING_NOVELTY`: the step is like the steps the model was
+    trained on, its "normal" stands; ``near_training``); else ``model_says_normal``."""
     p = d.get("abnormal_probability")
     floor = p is not None and float(p) < floor
-    if same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= min_length and not floor:
+    near = novelty is not None and bool(np.isfinite(novelty)) and float(novelty) <= min_novelty
+    lasting = same_deployment and not d.get("warmup") and int(d.get(length) or 0) >= min_length and not floor
+    if lasting and near:
+        d["near_training"] = True
+    if lasting and not near:
         d["unknown_fault"] = True
         d["fault_type_guess"] = d.get("fault_type")
         d["fault_type"] = None
@@ -918,7 +931,8 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
                       explain_tokens=MECHANISM_TOKENS if mech else None, abnormal_floor=SCREEN_FLOOR)
     unknown = unknown_share(inp, m.trace_tok)
     label = _node_labels(forest, {int(n) for p in preds for n in p["evidence_node_ids"]})
-    for d, p, unk in zip(flagged, preds, unknown.tolist(), strict=True):
+    nov = m.unit_novelty(prep) if whole_run else None
+    for k, (d, p, unk) in enumerate(zip(flagged, preds, unknown.tolist(), strict=True)):
         ft = p["fault_type"] or p.get("fault_type_best", "")
         _answer(d, p, unk, label)
         d["abnormal_probability"] = _f(p["abnormal_prob"])
@@ -926,10 +940,11 @@ def apply_model(diag: dict[str, Any], run: str | os.PathLike, model: str | os.Pa
         d["fault_probability"] = _f(p["fault_type_prob"]) if p["fault_type"] else None
         d["model_unsure"] = bool(p["fault_type"]) and p["abnormal_prob"] < m.abnormal_cut
         if not p["fault_type"]:
-            ruled_out(d, same_deployment, floor=info["episode_floor"], min_length=info["episode_min"])
+            ruled_out(d, same_deployment, floor=info["episode_floor"], min_length=info["episode_min"],
+                      novelty=None if nov is None else float(nov[k]))
         d["explanation_model"] = p["explanation"] or None
         d["explanation"] = _ground(p["explanation"] or "", d) or None
-    nov = m.unit_novelty(prep) if whole_run else None
+    info["lasting_novelty"] = LASTING_NOVELTY
     if nov is not None:
         info["novel_retyped"] = novel_types(flagged, dict(zip([int(d["index"]) for d in flagged], nov.tolist(), strict=True)))
         again = [k for k, d in enumerate(flagged) if d.get("fault_type_model")]
@@ -1141,10 +1156,12 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     same_deployment = (diag.get("reference_match") or {}).get("same_deployment") is True
     floor = model_floor(m)
     info["episode_floor"], info["episode_min"] = floor
+    info["lasting_novelty"] = LASTING_NOVELTY
+    nov = reading.get("novelty")
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
-        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=floor)
-    nov = reading.get("novelty")
+        zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=floor,
+        novelty=None if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
     # explanations: the model's verdicts, the most probable first, up to the bound
     bound = info.get("max_steps")
@@ -1172,7 +1189,7 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
 
 def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], preds: dict[int, Any] | None = None,
                 unknown: dict[int, float] | None = None, label: dict[int, str] | None = None,
-                floor: tuple[float, int] = (EPISODE_FLOOR, EPISODE_MIN)) -> None:
+                floor: tuple[float, int] = (EPISODE_FLOOR, EPISODE_MIN), novelty: dict[int, float] | None = None) -> None:
     """The steps only the numeric stage flags, after the model read every step: a lasting
     departure (an episode of ``floor[1]`` or more stage flags, warm-up left out, against a
     reference of the run's deployment) stays, a fault of a kind the model was not trained on
@@ -1195,7 +1212,7 @@ def _stage_only(diag: dict[str, Any], same_deployment: bool, read: set[int], pre
             d["fault_type_guess"] = d["fault_type"]
             d["fault_type"] = None
         else:
-            ruled_out(d, same_deployment, "stage_episode_length", *floor)
+            ruled_out(d, same_deployment, "stage_episode_length", *floor, novelty=(novelty or {}).get(i))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1259,8 +1276,10 @@ def verdict_line(x: dict[str, Any]) -> str:
                 f"({x.get('stage_episode_length') or x.get('episode_length')} flagged steps in a row) it does not recognise "
                 f"(p_abnormal={x['abnormal_probability']:.2f}); {num}")
     if x.get("model_says_normal"):
+        near = (f"; lasting ({x.get('stage_episode_length') or x.get('episode_length')} flagged steps in a row), but like the "
+                f"steps it was trained on (novelty {x['novelty']:.2f})") if x.get("near_training") and x.get("novelty") is not None else ""
         return (f"{head}: numeric outlier the model reads as normal (p_abnormal={x['abnormal_probability']:.2f}: "
-                f"none of the faults it was trained on; the numeric evidence stands) {num}")
+                f"none of the faults it was trained on{near}; the numeric evidence stands) {num}")
     return f"{head}: {num or 'abnormal'}"
 
 

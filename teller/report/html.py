@@ -686,7 +686,8 @@ class _Page:
             return _e(f"fault of a kind the model was not trained on ({x.get('episode_length')} flagged steps in a row)"
                       + typed + (f"; suspects {ops}" if ops else ""))
         if x.get("model_says_normal"):
-            return _e("read as normal by the root-cause model" + typed + (f"; suspects {ops}" if ops else ""))
+            near = "; lasting, but like the steps it was trained on" if x.get("near_training") else ""
+            return _e("read as normal by the root-cause model" + near + typed + (f"; suspects {ops}" if ops else ""))
         return _e((f"{et['fault_type']} by the evidence" + (f"; suspects {ops}" if ops else "")) if et
                   else f"suspects {ops}" if ops else "abnormal")
 
