@@ -24,8 +24,10 @@ steps and the other steps of their runs) and OUT/anatomy.json:
   each rank's steps, would show for it), over the horizontal test steps whose every rank step is
   a vertical test step (the others: ``uncovered``);
 - ``rules``: step F1, F1 at a 10% prior (the evaluation's draws) and fault-type macro-F1 of the
-  row as it is and with its lasting departures kept only where (``novel``) the step's novelty is
-  above 1 (:mod:`teller.rca.novelty`), or (``effect``) one of :data:`EFFECT_MEASURES` (the engine
+  row as it is (its lasting departures before the novelty gate) and with its lasting departures
+  kept only where (``novel``) the step's novelty is above 1 (:mod:`teller.rca.novelty`), or
+  (``lasting_novelty``) above :data:`teller.rca.LASTING_NOVELTY` (the gate the row applies, as
+  `teller diagnose` does), or (``effect``) one of :data:`EFFECT_MEASURES` (the engine
   iteration's length, the STEP, GPU-busy and collective time, the time of the families the stage
   names) exceeds the 99th percentile of the same measure over the rank's steps outside the
   stage's episodes (warm-up out): the labelling rule's test of an effect, with the stage's
@@ -56,6 +58,7 @@ from teller.baselines.numeric import warm_steps
 from teller.baselines.rca import TellerSustained, step_units
 from teller.evaluate.run import evaluate
 from teller.evaluate.scores import fault_type_scores, low_prior_scores, step_scores
+from teller.rca import LASTING_NOVELTY
 
 #: a false positive this close (step numbers, same rank) to a labelled abnormal step lies at a window's edge
 NEAR = 3
@@ -69,9 +72,13 @@ _KEPT: list[dict[str, Any]] = []
 
 
 class AnatomyRow(TellerSustained):
-    """``teller_sustained_family`` with its parts' standing kept for every step of the test runs."""
+    """``teller_sustained_family`` with its parts' standing kept for every step of the test runs,
+    its lasting departures taken before the novelty gate (:data:`teller.rca.LASTING_NOVELTY`): the
+    gate, the rule the row applies, is scored among the rules (``lasting_novelty``), and
+    ``benchmarks/lasting_novelty.py`` chose its cut from these columns."""
 
     label = f"{TellerSustained.label} (instrumented: benchmarks/gap_anatomy.py)"
+    lasting_novelty = None
 
     def predict(self, steps: Any, idx: np.ndarray) -> Prediction:
         from teller.baselines.numeric import deployments, step_lanes
@@ -312,7 +319,8 @@ def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
                    "lasting_departures_kept": {"abnormal": int((te & kept & ab).sum()), "normal": int((te & kept & norm).sum())}},
     }
     truth, ttype = t["abnormal"][te], t["true_type"][te].astype(str)
-    rules = {"as_is": t["flag"], "novel": t["flag"] & ~(kept & ~(t["novelty"] > 1.0))}
+    rules = {"as_is": t["flag"], "novel": t["flag"] & ~(kept & ~(t["novelty"] > 1.0)),
+             "lasting_novelty": t["flag"] & ~(kept & ~(t["novelty"] > LASTING_NOVELTY))}
     for name, (q, ref, ms) in EFFECT_VARIANTS.items():
         rules[name] = t["flag"] & ~(kept & ~_effect(t, q, ref, ms))
     if "effect.row_families_ns" in t:  # steps kept by a run of this script since the effect test on every flag

@@ -125,3 +125,39 @@ def test_horizontal_answers_with_the_ranks_verdicts(tmp_path):
     assert (got["covered"], got["uncovered"]) == (3, 1)
     assert (got["as_is"]["tp"], got["as_is"]["fp"], got["as_is"]["fn"]) == (1, 0, 1)
     assert (got["or_ranks"]["tp"], got["or_ranks"]["fp"], got["or_ranks"]["fn"]) == (2, 1, 0)
+
+
+def test_the_novelty_gate_and_its_cut(tmp_path):
+    """The gate the row applies (``lasting_novelty``: a lasting departure stays above
+    LASTING_NOVELTY) among the anatomy's rules, and benchmarks/lasting_novelty.py's sweep of its
+    cut over gap_anatomy OUT folders: steps 17 and 31 (normal, kept) made near the training steps."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from teller.rca import LASTING_NOVELTY
+
+    b = _block()
+    b["novelty"] = b["novelty"].copy()
+    b["novelty"][[17, 31]] = LASTING_NOVELTY * 0.8
+    r = ga.anatomy(b, seed=0)["rules"]
+    assert (r["lasting_novelty"]["tp"], r["lasting_novelty"]["fp"], r["lasting_novelty"]["fn"]) == (10, 4, 0)
+    assert (r["lasting_novelty"]["dropped_abnormal"], r["lasting_novelty"]["dropped_normal"]) == (0, 2)
+    # the unmodified block: every kept step lies above the cut, the gate drops nothing
+    assert ga.anatomy(_block(), seed=0)["rules"]["lasting_novelty"]["fp"] == 6
+
+    spec = importlib.util.spec_from_file_location("lasting_novelty", ROOT / "benchmarks" / "lasting_novelty.py")
+    ln = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ln)
+    out = tmp_path / "a"
+    out.mkdir()
+    b["stage_families"] = np.full(len(b["step"]), "FE LlamaMLP", dtype=object)
+    pq.write_table(pa.table({k: (v.astype(str) if v.dtype == object else v) for k, v in b.items()}), out / "steps.parquet")
+    (out / "results.json").write_text(json.dumps({"seed": 0}))
+    res = ln.sweep([str(out)], "vertical", (0.0, LASTING_NOVELTY, 1.0))
+    got = [(x["blocks"][str(out)]["tp"], x["blocks"][str(out)]["fp"], x["blocks"][str(out)]["fn"]) for x in res["rows"]]
+    assert got == [(10, 6, 0), (10, 4, 0), (9, 3, 1)]  # as is; 17 and 31 dropped; novel above 1 (17, 18, 29, 31 dropped)
+    best = max(res["rows"], key=lambda x: (round(x["objective"], 3), -x["cut"]))
+    assert res["chosen"] == best["cut"] == LASTING_NOVELTY
+    assert res["rows"][0]["objective"] == pytest.approx(r["as_is"]["step_f1"] + r["as_is"]["prior_0.1_f1"])
