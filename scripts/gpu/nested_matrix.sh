@@ -17,7 +17,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 source scripts/gpu/union_merge.sh || exit $?
 n=$(echo $FOLDS | wc -w)
 for k in $FOLDS; do
-  python3 -m teller.cli dataset nest runs/$UNION -o runs/${UNION}_nest$k --force > "$OUT/nest$k.log" 2>&1 || { tail -5 "$OUT/nest$k.log"; exit 4; }
+  python3 -m teller.cli dataset nest runs/$UNION -o runs/${UNION}_nest$k --fold $k --force > "$OUT/nest$k.log" 2>&1 || { tail -5 "$OUT/nest$k.log"; exit 4; }
   mkdir -p "$OUT/nest$k"
   python3 scripts/gpu/rca_matrix.py --data runs/${UNION}_nest$k --out "$OUT/nest$k" --workers 1 --threads $(( 16 / n )) \
     --epochs 8 --batch-size 128 --seed ${SEED:-0} --eval-reserve-s 30 --work /tmp/nest_$k \
