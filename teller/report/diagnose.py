@@ -1158,11 +1158,12 @@ def write_reading(diag: dict[str, Any], reading: dict[str, Any], note: Any = Non
     info["episode_floor"], info["episode_min"] = floor
     info["lasting_novelty"] = LASTING_NOVELTY
     nov = reading.get("novelty")
+    ratio = {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True))
     _stage_only(diag, same_deployment, read={int(i) for i in reading["index"].tolist()}, preds=dict(
         zip(reading["index"].tolist(), preds, strict=True)), unknown=dict(
         zip(reading["index"].tolist(), reading["unknown"].tolist(), strict=True)), label=label, floor=floor,
-        novelty=None if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
-    info["novel_retyped"] = novel_types(steps, {} if nov is None else dict(zip(reading["index"].tolist(), nov.tolist(), strict=True)))
+        novelty=ratio)
+    info["novel_retyped"] = novel_types(steps, ratio)
     # explanations: the model's verdicts, the most probable first, up to the bound
     bound = info.get("max_steps")
     order = sorted(mine, key=lambda kd: (-float(kd[1]["abnormal_probability"] or 0), kd[1]["start_ns"]))
