@@ -293,6 +293,27 @@ def _scores(truth: np.ndarray, flag: np.ndarray, score: np.ndarray, ftype: np.nd
             "prior_0.1_f1": float(lp["0.1"]["f1_mean"]), "fault_type_macro_f1": float(fault_type_scores(ttype[ab], ftype[ab])["macro_f1"])}
 
 
+def novelty_gate(t: dict[str, np.ndarray], cut: float) -> np.ndarray:
+    """The row's flags with its lasting departures kept only where the step's novelty is above
+    ``cut`` (the others dropped)."""
+    kept = t["flag"] & ~t["sustained_flag"]
+    return t["flag"] & ~(kept & ~(t["novelty"] > cut))
+
+
+def rule_scores(t: dict[str, np.ndarray], flag: np.ndarray, seed: int) -> dict[str, Any]:
+    """A rule's answers ``flag`` (a subset of the row's) scored on the block's test steps: a step
+    the rule drops takes the model's answer again (its type and probability); with the faults and
+    normal steps dropped."""
+    te = t["test"]
+    dropped = t["flag"] & ~flag
+    ft = np.where(dropped, t["model_type"], t["fault_type"]).astype(str)
+    sc = np.where(dropped, t["model_p"], t["score"])
+    r = _scores(t["abnormal"][te], flag[te], sc[te], ft[te], t["true_type"][te].astype(str), seed)
+    r.update({"dropped_abnormal": int((te & dropped & t["abnormal"]).sum()),
+              "dropped_normal": int((te & dropped & ~t["abnormal"]).sum())})
+    return r
+
+
 def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
     """The anatomy of one view's block (the columns :class:`AnatomyRow` keeps)."""
     te = t["test"]
@@ -318,23 +339,14 @@ def anatomy(t: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
                                        "stage_flagged_in_5plus_episode": int((fn & t["stage_flag"] & (t["episode"] >= 5)).sum())},
                    "lasting_departures_kept": {"abnormal": int((te & kept & ab).sum()), "normal": int((te & kept & norm).sum())}},
     }
-    truth, ttype = t["abnormal"][te], t["true_type"][te].astype(str)
-    rules = {"as_is": t["flag"], "novel": t["flag"] & ~(kept & ~(t["novelty"] > 1.0)),
-             "lasting_novelty": t["flag"] & ~(kept & ~(t["novelty"] > LASTING_NOVELTY))}
+    rules = {"as_is": t["flag"], "novel": novelty_gate(t, 1.0), "lasting_novelty": novelty_gate(t, LASTING_NOVELTY)}
     for name, (q, ref, ms) in EFFECT_VARIANTS.items():
         rules[name] = t["flag"] & ~(kept & ~_effect(t, q, ref, ms))
     if "effect.row_families_ns" in t:  # steps kept by a run of this script since the effect test on every flag
         for name, (q, lasting) in FLAG_EFFECT_VARIANTS.items():
             tested = t["flag"] if lasting else t["flag"] & ~kept
             rules[name] = t["flag"] & ~(tested & ~_effect_flags(t, q))
-    out["rules"] = {}
-    for name, flag in rules.items():
-        dropped = t["flag"] & ~flag
-        ft = np.where(dropped, t["model_type"], t["fault_type"]).astype(str)  # a dropped step: the model's answer again
-        sc = np.where(dropped, t["model_p"], t["score"])
-        r = _scores(truth, flag[te], sc[te], ft[te], ttype, seed)
-        r.update({"dropped_abnormal": int((te & dropped & ab).sum()), "dropped_normal": int((te & dropped & norm).sum())})
-        out["rules"][name] = r
+    out["rules"] = {name: rule_scores(t, flag, seed) for name, flag in rules.items()}
     return out
 
 
@@ -383,18 +395,25 @@ def _rank_counts(out: str | Path, keys: set[tuple[str, int]]) -> dict[tuple[str,
     return n
 
 
-def from_steps(out: str | Path, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
-    """anatomy.json from the per-step columns a run of this script kept (OUT/steps.parquet); the
-    seed (of the low-prior draws) and the command are those of its OUT/results.json unless given."""
+def read_steps(out: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The per-step columns a run of this script kept (OUT/steps.parquet) and its evaluation's
+    OUT/results.json (empty where absent)."""
     if not (Path(out) / "steps.parquet").is_file():
         raise SystemExit(f"{Path(out) / 'steps.parquet'}: not found; run this script on the dataset with OUT {out} first")
     ev = json.loads((Path(out) / "results.json").read_text()) if (Path(out) / "results.json").is_file() else {}
-    seed = int(ev.get("seed", 0)) if seed is None else seed
-    command = ev.get("command", "") if command is None else command
     t = pq.read_table(Path(out) / "steps.parquet")
     cols = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
     for c in ("view", "split", "run", "true_type", "model_type", "stage_type", "fault_type", "stage_families"):
         cols[c] = cols[c].astype(object)
+    return cols, ev
+
+
+def from_steps(out: str | Path, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
+    """anatomy.json from the per-step columns a run of this script kept (OUT/steps.parquet); the
+    seed (of the low-prior draws) and the command are those of its OUT/results.json unless given."""
+    cols, ev = read_steps(out)
+    seed = int(ev.get("seed", 0)) if seed is None else seed
+    command = ev.get("command", "") if command is None else command
     res: dict[str, Any] = {"command": command, "split": str(cols["split"][0]) if len(cols["split"]) else "", "seed": seed,
                            "part": ev.get("part", "test"),
                            "near": NEAR, "effect_measures": list(EFFECT_MEASURES), "views": {}}

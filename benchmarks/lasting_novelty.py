@@ -22,38 +22,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gap_anatomy import _scores  # noqa: E402
+from gap_anatomy import novelty_gate, read_steps, rule_scores  # noqa: E402
 
 GRID = (0.0, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
 def block(out: str | Path, view: str) -> tuple[dict[str, np.ndarray], int]:
     """One gap_anatomy OUT's columns for ``view`` and the seed of its low-prior draws."""
-    t = pq.read_table(Path(out) / "steps.parquet")
-    cols = {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
+    cols, ev = read_steps(out)
     m = cols["view"] == view
     if not m.any():
         raise SystemExit(f"{Path(out) / 'steps.parquet'}: no {view} steps (run gap_anatomy.py with --view {view})")
-    ev = Path(out) / "results.json"
-    seed = int(json.loads(ev.read_text()).get("seed", 0)) if ev.is_file() else 0
-    return {k: x[m] for k, x in cols.items()}, seed
+    return {k: x[m] for k, x in cols.items()}, int(ev.get("seed", 0))
 
 
 def gated(t: dict[str, np.ndarray], cut: float, seed: int) -> dict[str, Any]:
     """The row's scores with its lasting departures kept only above ``cut`` (0: all)."""
-    te = t["test"]
-    kept = t["flag"] & ~t["sustained_flag"]
-    flag = t["flag"] & ~(kept & ~(t["novelty"] > cut)) if cut > 0 else t["flag"]
-    dropped = t["flag"] & ~flag
-    ft = np.where(dropped, t["model_type"], t["fault_type"]).astype(str)
-    sc = np.where(dropped, t["model_p"], t["score"])
-    r = _scores(t["abnormal"][te], flag[te], sc[te], ft[te], t["true_type"][te].astype(str), seed)
-    r.update({"dropped_abnormal": int((te & dropped & t["abnormal"]).sum()),
-              "dropped_normal": int((te & dropped & ~t["abnormal"]).sum()),
-              "kept_before": int((te & kept).sum())})
+    r = rule_scores(t, novelty_gate(t, cut) if cut > 0 else t["flag"], seed)
+    r["kept_before"] = int((t["test"] & t["flag"] & ~t["sustained_flag"]).sum())
     return r
 
 
