@@ -459,20 +459,13 @@ class TellerNumericSelf(TellerNumeric):
     def _run_model(self, steps: StepSet, run: int, part: np.ndarray | None = None, block: int = 0) -> Any:
         """The stage of run ``run`` (or of its steps ``part``, span ``block`` of :attr:`blocks`):
         fitted on the steps :func:`teller.localize.own_reference_steps` picks, as diagnose does."""
-        from teller.localize import own_reference_steps
+        from teller.localize import fit_once, own_reference_steps
 
         key = run if part is None else (run, block)
         if key not in self.runs_:
             every = np.flatnonzero(steps.run_code == run) if part is None else part
             usable = np.ones(len(every), bool) if self.keep_warmup else ~warm_steps(steps)[every]
-
-            fitted: dict[bytes, Any] = {}  # per step mask: a reference with nothing left out is the half's own fit
-
-            def fit(mask: np.ndarray) -> Any:
-                k = np.packbits(mask).tobytes()
-                if k not in fitted:
-                    fitted[k] = self._fit_on(steps, every[mask])
-                return fitted[k]
+            fit = fit_once(lambda mask: self._fit_on(steps, every[mask]))
 
             def fit_flags(mask: np.ndarray) -> np.ndarray:
                 return self._predict_with(fit(mask), steps, every, counts=True).flag

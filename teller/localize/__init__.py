@@ -33,7 +33,7 @@ from teller.reconstruct.ensure import ensure_reconstructed
 if TYPE_CHECKING:
     from teller.localize.gmm import GMMLocalizer, StepScores
 
-__all__ = ["GMMLocalizer", "fit_localizer", "fit_self_reference", "localize", "own_reference_steps", "Localization", "FEATURES", "run_features"]
+__all__ = ["GMMLocalizer", "fit_localizer", "fit_once", "fit_self_reference", "localize", "own_reference_steps", "Localization", "FEATURES", "run_features"]
 
 #: Per-feature |z| at or above which a feature is named as evidence.
 EVIDENCE_Z = 2.0
@@ -240,6 +240,21 @@ def own_reference_steps(step_num: np.ndarray, usable: np.ndarray, fit_flags: Any
     return ref, info
 
 
+def fit_once(fit: Any) -> Any:
+    """``fit(mask)`` (a stage fitted on the steps of a boolean step mask of one run) fitted once per
+    mask: :func:`own_reference_steps` asks again for a mask it fitted before (a reference half with
+    nothing left out is that half's own fit)."""
+    fitted: dict[bytes, Any] = {}
+
+    def once(mask: np.ndarray) -> Any:
+        key = np.packbits(mask).tobytes()
+        if key not in fitted:
+            fitted[key] = fit(mask)
+        return fitted[key]
+
+    return once
+
+
 def fit_self_reference(rf: RunFeatures, keep_warmup: bool = False, **params: Any) -> GMMLocalizer:
     """The stage fitted on the diagnosed run's own steps, for a run with no reference recording
     (`teller diagnose RUN` alone): on the steps :func:`own_reference_steps` picks (warm-up out
@@ -254,13 +269,7 @@ def fit_self_reference(rf: RunFeatures, keep_warmup: bool = False, **params: Any
     if not keep_warmup and rf.steps.warmup is not None and len(rf.steps.warmup) == rf.steps.n and not rf.steps.warmup.all():
         usable = ~np.asarray(rf.steps.warmup, bool)
 
-    fitted: dict[bytes, GMMLocalizer] = {}  # per step mask: a reference with nothing left out is the half's own fit
-
-    def fit(mask: np.ndarray) -> GMMLocalizer:
-        key = np.packbits(mask).tobytes()
-        if key not in fitted:
-            fitted[key] = fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~mask], **params)
-        return fitted[key]
+    fit = fit_once(lambda mask: fit_localizer([rf], keep_warmup=keep_warmup, leave_out=[~mask], **params))
 
     def fit_flags(mask: np.ndarray) -> np.ndarray:
         loc = localize(fit(mask), rf.instances)
