@@ -109,6 +109,17 @@ def test_suspects_are_lifted_to_their_module(example, example_diagnosis):
                     lifted_be += x["layer"] == "BE"
             mods.append(m["family"] if m else x["family"])
         assert s["modules"] == list(dict.fromkeys(mods))
+        # the operators the stage names: the evidence's family first, then the candidates, framework
+        # ops lifted to the modules around their suspects, at most three (what `teller evaluate` scores)
+        et = s.get("evidence_type")
+        fams = ([et["family"]] if et else []) + [c["family"] for c in s["candidates"]]
+        want = []
+        for f in fams:
+            around = [x["module"]["family"] for x in s["suspects"] if x["family"] == f and x["module"]] if f.startswith("BE ") else []
+            want += around or [f]
+        assert s["operators"] == list(dict.fromkeys(want))[:3] and 1 <= len(s["operators"]) <= 3
+        if et:
+            assert s["operators"][0] in ([et["family"]] + mods)
         first = s["suspects"][0]
         line = verdict_line(s)
         if first["module"] and first["module"]["family"] != first["family"]:

@@ -359,9 +359,9 @@ def test_every_method_fits_and_predicts(vertical, name):
 
 
 def test_numeric_stage_names_the_family_its_evidence_was_typed_by(vertical, monkeypatch):
-    """A flagged step's operators are its candidate families and the family its evidence's type
-    was decided by (what `teller diagnose`'s verdict names first); an unflagged step names none,
-    and evidence that decided no type adds nothing."""
+    """A flagged step's operators are the family its evidence's type was decided by (what `teller
+    diagnose`'s verdict names first) and its candidate families, at most three; an unflagged step
+    names none, and evidence that decided no type adds nothing."""
     import teller.baselines.numeric as numeric
     from teller.baselines import make
     from teller.baselines.steps import split_masks
@@ -383,6 +383,17 @@ def test_numeric_stage_names_the_family_its_evidence_was_typed_by(vertical, monk
     p = m.predict(vertical, te)
     assert np.array_equal(p.flag, got.flag)
     for ops, c, f in zip(p.operators, cand.operators, p.flag, strict=True):
+        if not f:
+            assert ops == []
+            continue  # the evidence's family first, then the first candidates: three at most
+        assert "COMM evidence_family" in ops and set(ops) - {"COMM evidence_family"} <= set(c)
+        assert len(ops) == min(3, len(c) + 1)
+    m.max_operators = None  # every candidate and the evidence's family
+    every = m.predict(vertical, te)
+    monkeypatch.setattr(numeric, "step_fault_types", lambda *a, **k: {
+        u: TypeCall(None, "COMM evidence_family", "count") for u in real(*a, **k)})
+    cand = m.predict(vertical, te)
+    for ops, c, f in zip(every.operators, cand.operators, every.flag, strict=True):
         assert ops == (sorted({*c, "COMM evidence_family"}) if f else [])
 
 
@@ -1450,6 +1461,21 @@ def test_lift_to_modules_replaces_framework_ops_by_the_modules_enclosing_their_s
     assert lift_to_modules(["BE aten::mm"], np.array([2]), inst, module) == ["FE LlamaMLP"]
     # a framework op without a suspect in the step stays as it is
     assert lift_to_modules(["BE aten::mm"], np.zeros(0, np.int64), inst, module) == ["BE aten::mm"]
+    # at most `limit`, the first named (an op's modules count where it stood)
+    assert lift_to_modules(["BE aten::mm", "COMM all_reduce", "BE aten::add", "FE LlamaMLP"], np.array([6, 2, 7]), inst, module,
+                           limit=3) == ["FE Rotary", "FE LlamaMLP", "COMM all_reduce"]
+    assert lift_to_modules(["COMM all_reduce", "BE aten::mm"], np.array([6]), inst, module, limit=1) == ["COMM all_reduce"]
+
+
+def test_named_operators_keep_order_lift_framework_ops_and_stop_at_the_limit():
+    from teller.localize.naming import MAX_OPERATORS, named_operators
+
+    sus = [("BE aten::mm", "FE Rotary"), ("BE aten::mm", "FE LlamaMLP"), ("BE aten::add", None), ("FE LlamaMLP", "FE LlamaMLP")]
+    fams = ["STEP", "BE aten::mm", "STEP", "BE aten::add", "BE aten::view", "FE LlamaMLP"]
+    assert named_operators(fams, sus, None) == ["STEP", "FE Rotary", "FE LlamaMLP", "BE aten::add", "BE aten::view"]
+    assert named_operators(fams, sus) == ["STEP", "FE Rotary", "FE LlamaMLP"] and MAX_OPERATORS == 3
+    assert named_operators(fams, sus, 1) == ["STEP"] and named_operators([], sus) == []
+    assert named_operators(["BE aten::view"], []) == ["BE aten::view"]  # no suspect of it: itself
 
 
 def test_numeric_stage_names_modules_not_the_framework_ops_inside_them(vertical, monkeypatch):
@@ -1465,6 +1491,19 @@ def test_numeric_stage_names_modules_not_the_framework_ops_inside_them(vertical,
     m = make("teller_numeric", seed=0).fit(vertical, np.flatnonzero(train))
     te = np.flatnonzero(test)
     got = m.predict(vertical, te)
+    # at most three named (the labels' most): the first of every candidate and the evidence's family
+    from teller.localize.naming import MAX_OPERATORS
+
+    assert m.max_operators == MAX_OPERATORS == 3 and max(len(o) for o in got.operators) <= MAX_OPERATORS
+    m.max_operators = None
+    every = m.predict(vertical, te)
+    m.max_operators = 1
+    one = m.predict(vertical, te)
+    m.max_operators = MAX_OPERATORS
+    assert max(len(o) for o in every.operators) >= 2
+    for g, e, o, f in zip(got.operators, every.operators, one.operators, got.flag, strict=True):
+        assert set(o) <= set(g) <= set(e) and len(o) == bool(f)
+    assert np.array_equal(every.flag, got.flag) and np.array_equal(every.fault_type, got.fault_type)
     monkeypatch.setattr(numeric, "lift_to_modules", lambda fams, *a: list(dict.fromkeys(fams)))
     raw = m.predict(vertical, te)
     assert np.array_equal(raw.flag, got.flag) and np.array_equal(raw.fault_type, got.fault_type)

@@ -13,14 +13,14 @@ batch from the STEP names' ``reqs=`` lists and the warm-up rule from
 :func:`teller.forest.warmup_steps`. ``GMMLocalizer()`` with its defaults is fitted on the
 instances of the **normal** train steps (a one-class reference of normal operation), warm-up
 steps left out as ``teller diagnose`` leaves them out (``keep_warmup=True`` keeps them). A test
-step is flagged when its step score reaches the stage's threshold, and its operator set is its
-candidate families (at most 5) and the family its evidence's type was decided by
-(:func:`teller.localize.faulttype.step_fault_types`, which `teller diagnose`'s verdict line names
-first: a collective run more often than the reference ever ran it, a family the reference never
-saw, the family whose feature departs), a framework op (``BE``) among them lifted to the modules
-(``FE``) that enclose the step's suspects of it (:func:`lift_to_modules`; one that no module
-encloses stays): the labels name modules, collectives, the engine's ranges and the step, never
-an op inside a module, as `teller diagnose` lists the suspects' modules. In the horizontal view a step is flagged when one of its rank
+step is flagged when its step score reaches the stage's threshold, and its operator set is
+what `teller diagnose` names (its ``operators``, :mod:`teller.localize.naming`): the family its
+evidence's type was decided by (:func:`teller.localize.faulttype.step_fault_types`: a collective
+run more often than the reference ever ran it, a family the reference never saw, the family
+whose feature departs), then its candidate families, a framework op (``BE``) among them lifted
+to the modules (``FE``) that enclose the step's suspects of it (:func:`lift_to_modules`; one that
+no module encloses stays: the labels name modules, collectives, the engine's ranges and the
+step, never an op inside a module), at most :data:`teller.localize.naming.MAX_OPERATORS`. In the horizontal view a step is flagged when one of its rank
 steps is, its score is the largest of theirs and its operators are the union of theirs. The
 stage has no fault-type head of its own: its type is the one its evidence points to (that of a
 horizontal step's most suspicious rank). ``benchmarks/eval_localize_h200.py`` builds its instances with the
@@ -50,6 +50,7 @@ from teller.localize.features import (
     instance_features,
     pageable_of,
 )
+from teller.localize.naming import MAX_OPERATORS, named_operators
 from teller.rundir import LAYER_CODE, dict_codes, str_array
 
 
@@ -69,23 +70,17 @@ def enclosing_modules(inst: Instances) -> np.ndarray:
     return out
 
 
-def lift_to_modules(families: list[str], suspects: np.ndarray, inst: Instances, module: np.ndarray) -> list[str]:
+def lift_to_modules(families: list[str], suspects: np.ndarray, inst: Instances, module: np.ndarray,
+                    limit: int | None = None) -> list[str]:
     """``families`` (a flagged step's operator families) with every framework op (``BE``) among
     them replaced by the families of the modules enclosing the step's ``suspects`` of it
     (``module``: :func:`enclosing_modules`); a ``BE`` family none of whose suspects a module
-    encloses stays. Order kept, duplicates out."""
-    out: list[str] = []
+    encloses stays. Order kept, duplicates out, at most ``limit``
+    (:func:`teller.localize.naming.named_operators`)."""
     names = np.asarray(inst.families, dtype=object)
-    sus = np.asarray(suspects, np.int64)
-    sfam = names[inst.family[sus]] if len(sus) else np.zeros(0, object)
-    for f in families:
-        if not str(f).startswith("BE "):
-            out.append(f)
-            continue
-        mods = module[sus[sfam == f]]
-        lifted = [str(names[inst.family[m]]) for m in mods[mods >= 0].tolist()]
-        out.extend(lifted or [f])
-    return list(dict.fromkeys(out))
+    sus = np.asarray(suspects, np.int64).tolist()
+    pairs = [(str(names[inst.family[k]]), str(names[inst.family[module[k]]]) if module[k] >= 0 else None) for k in sus]
+    return named_operators(families, pairs, limit)
 
 
 def _step_context(fa: Forest, step_node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -252,6 +247,9 @@ class TellerNumeric(Method):
     #: train step when the train part holds none). docs/results.md compares the two.
     reference = "normal"
 
+    #: the most operators a flagged unit names (None: every candidate and the evidence's family)
+    max_operators: int | None = MAX_OPERATORS
+
     def __init__(self, seed: int = 0, keep_warmup: bool = False, **params):
         self.seed = seed
         self.keep_warmup = keep_warmup
@@ -309,12 +307,12 @@ class TellerNumeric(Method):
         utype = {u: c.fault_type for u, c in calls.items()}
         module = enclosing_modules(sub)
         uops: dict[int, set[str]] = {}
-        for s, res in loc.flagged.items():  # flagged units: candidates, then the family the evidence's type
-            fams = [c["family"] for c in res.candidates]  # was decided by (diagnose's verdict names it first)
+        for s, res in loc.flagged.items():  # flagged units: the family the evidence's type was decided by
+            fams = [c["family"] for c in res.candidates]  # (diagnose's verdict names it first), then candidates
             c = calls.get(s)
             if c is not None and c.fault_type is not None and c.family:
-                fams.append(c.family)
-            uops[int(s)] = set(lift_to_modules(fams, res.suspects, sub, module))
+                fams.insert(0, c.family)
+            uops[int(s)] = set(lift_to_modules(fams, res.suspects, sub, module, self.max_operators))
         n = len(idx)
         flag = np.zeros(n, bool)
         score = np.full(n, -np.inf)

@@ -36,6 +36,9 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
                        suspect itself when it is one)}],
          "modules": [family...] (the suspects lifted to their modules, in suspect order; a
                     suspect outside every FE module stands for itself),
+         "operators": [family...] (the operators the stage names: the evidence's family, then
+                    the candidates, framework ops lifted to their modules, at most
+                    teller.localize.naming.MAX_OPERATORS; what `teller evaluate` scores),
          "explained": [{node_id, family, by}],
          "slice": {"nodes": [{id, parent, layer, name, start_ns, dur_ns, reference_dur_ns,
                              relevance, suspect}],
@@ -87,6 +90,7 @@ from teller.localize import (
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
+from teller.localize.naming import named_operators
 from teller.rca import (
     DEFAULT_MODEL,
     EPISODE_FLOOR,
@@ -222,6 +226,9 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
             ]
             d["modules"] = list(dict.fromkeys(x["module"]["family"] if x["module"] else x["family"]
                                               for x in d["suspects"]))
+            first = [call.family] if call is not None and call.fault_type is not None and call.family else []
+            d["operators"] = named_operators(first + [c["family"] for c in res.candidates],
+                                             [(x["family"], x["module"]["family"] if x["module"] else None) for x in d["suspects"]])
             d["explained"] = [{"node_id": int(fa.node_id[inst.rows[k]]), "family": fam_names[inst.family[k]],
                                "by": int(fa.node_id[inst.rows[b]])} for k, b in list(res.explained.items())[:50]]
             rows = index.rows(i)

@@ -954,13 +954,14 @@ def _suspect_name(sp: dict[str, Any]) -> str:
 
 def _evidence_ops(x: dict[str, Any]) -> list[str]:
     """The operators a verdict names: the root-cause model's evidence operators (families), else
-    the numeric stage's suspects lifted to their modules."""
+    the numeric stage's (``operators``; a diagnosis written before it: the suspects lifted to
+    their modules)."""
     own = not x.get("model_says_normal") and not x.get("unknown_fault")  # the model names this fault
     if x.get("evidence_families") and own:
         return list(x["evidence_families"])[:6]
     if x.get("evidence_operators") and own:
         return list(dict.fromkeys(o.get("name", "?") for o in x["evidence_operators"]))[:6]
-    return list(x.get("modules") or [])[:6]
+    return list(x.get("operators") or x.get("modules") or [])[:6]
 
 
 def _top_nodes(nodes: list[dict[str, Any]], by_id: dict[int, dict[str, Any]], cap: int) -> set[int]:
