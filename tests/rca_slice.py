@@ -19,9 +19,10 @@ def need_rca():
     return torch
 
 
-def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Path:
-    """A dataset folder of the first run's steps numbered below ``steps_below``: its records and
-    subtrees (with ``iterations``, also each kept step's iteration rows beside its STEP subtree)."""
+def small_dataset(dest: Path, steps_below: int, iterations: bool = False, run: str | None = None) -> Path:
+    """A dataset folder of the first run's (or ``run``'s) steps numbered below ``steps_below``: its
+    records and subtrees (with ``iterations``, also each kept step's iteration rows beside its STEP
+    subtree)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -32,10 +33,11 @@ def small_dataset(dest: Path, steps_below: int, iterations: bool = False) -> Pat
     from teller.rca.data import read_steps
 
     dest.mkdir(parents=True, exist_ok=True)
-    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [RUNS[0]])])
+    run = run or RUNS[0]
+    rec = pq.read_table(DATA / "records.parquet", filters=[("run_id", "in", [run])])
     rec = rec.filter(pc.less(rec.column("step_num"), steps_below))
     pq.write_table(rec, dest / "records.parquet")
-    sub = read_steps(DATA, [RUNS[0]])
+    sub = read_steps(DATA, [run])
     sid = sub.column("step_id").to_numpy()
     keep = np.isin(sid, np.unique(rec.column("step_id").to_numpy()))
     if iterations:

@@ -185,3 +185,53 @@ def test_the_cli_fits_a_flag_expert_for_a_trained_model(tmp_path):
     assert m.abnormal_cut == next(r["cut"] for r in cal["flag_expert"]["grid"] if r["weight"] == cal["flag_weight"])
     # the operator threshold chosen in training stays
     assert cal["op_threshold"] == before["op_threshold"]
+
+
+def test_normal_units_in_a_fault_window_weigh_more_where_asked(tmp_path, monkeypatch):
+    """`--in-window-weight W`: a normal training unit a fault window overlaps (a record of it in a
+    window, read from records.parquet) weighs W in the trees' loss, every other unit 1; the
+    weight is kept with the expert's block, and a weight at or under 0 is refused."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    from rca_slice import RUNS, small_dataset
+
+    from teller.cli import main
+    from teller.rca import flagexpert as fx
+    from teller.rca.data import load_dataset
+
+    small = small_dataset(tmp_path / "ds", 150, run=RUNS[1])  # the straggler run: normal steps in its window
+    model = tmp_path / "m"
+    assert main(["rca", "train", str(small), "-o", str(model), "--variant", "mot", "--split", "request", "--config", "tiny",
+                 "--epochs", "1", "--max-steps", "2", "--no-flag-expert", "--no-type-expert", "--no-op-expert"]) == 0
+    ds = load_dataset(small, unit="iteration")
+    # by hand: a unit is in a window when one of its records is
+    rec = pq.read_table(small / "records.parquet", columns=["run_id", "view", "step_ids", "in_window"]).to_pylist()
+    inw = {}
+    for r in rec:
+        k = (r["run_id"], r["view"], tuple(r["step_ids"]))
+        inw[k] = inw.get(k, False) or bool(r["in_window"])
+    u = ds.units
+    want = [inw[(u.run_id[i], u.view[i], tuple(u.step_ids[i].tolist()))] for i in range(len(u))]
+    assert u.in_window.tolist() == want and any(want) and not all(want)
+    seen = []
+    real = fx.FlagExpert.fit.__func__
+
+    def spy(cls, X, abnormal, seed=0, threads=2, reads="stats", weight=None):
+        seen.append((np.asarray(abnormal, bool), None if weight is None else np.asarray(weight)))
+        return real(cls, X, abnormal, seed=seed, threads=threads, reads=reads, weight=weight)
+
+    monkeypatch.setattr(fx.FlagExpert, "fit", classmethod(spy))
+    if main(["rca", "flagexpert", str(model), str(small), "--in-window-weight", "4"]) != 0:
+        pytest.skip("the slice's request split lacks normal or abnormal units in its train or val part")
+    y, w = seen[-1]
+    tr = u.part("request", "train")
+    tr = tr[u.view[tr] == "vertical"]
+    assert y.tolist() == u.is_anomaly[tr].astype(bool).tolist()
+    hn = ~y & u.in_window[tr]
+    assert hn.any() and w.tolist() == np.where(hn, 4.0, 1.0).tolist()
+    block = json.loads((model / "config.json").read_text())["calibration"]["flag_expert"]
+    assert block["in_window_weight"] == 4.0 and block["train_in_window_normal"] == int(hn.sum())
+    assert main(["rca", "flagexpert", str(model), str(small)]) == 0
+    assert seen[-1][1] is None
+    assert json.loads((model / "config.json").read_text())["calibration"]["flag_expert"]["in_window_weight"] == 1.0
+    assert main(["rca", "flagexpert", str(model), str(small), "--in-window-weight", "0"]) != 0

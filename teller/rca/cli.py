@@ -227,6 +227,7 @@ def register(app: typer.Typer) -> None:
         abnormal_prior: float = typer.Option(0.1, "--abnormal-prior", help="The weight and the abnormal cut are chosen for the best step F1 expected at this fault prior."),
         reads: str = typer.Option("context", "--reads", help="What the trees read: context (the engine iteration and the layer mix against the run's own steps; carries across model shapes) or stats (the layer mix against the training reference; left out on shapes the model was not trained on)."),
         seed: int = typer.Option(0, "--seed"),
+        in_window_weight: float = typer.Option(1.0, "--in-window-weight", help="The weight of a normal training unit a fault window overlaps (1: as any other)."),
         device: str = typer.Option("cpu", "--device"),
         batch_size: int = typer.Option(64, "--batch-size"),
     ) -> None:
@@ -235,7 +236,7 @@ def register(app: typer.Typer) -> None:
 
         _fit_expert(model, dataset, split, device, "flag expert", "flag_expert",
                     lambda m, ds, sp: fit_flag_expert(m, ds, sp, prior=abnormal_prior, seed=seed, batch_size=batch_size, out=model,
-                                                    reads=reads),
+                                                    reads=reads, in_window_weight=in_window_weight),
                     lambda r: (f"weight {r['weight']:.2f}: cut {r['cut']:.2f}, recall {r['recall']:.3f}, false-positive rate "
                                f"{r['false_positive_rate']:.4f}, F1 at a {abnormal_prior:.0%} prior {r['f1_at_prior']:.3f} on the val part"),
                     lambda res, m, sp: (f"weight {res['flag_weight']:.2f}, abnormal cut {m.abnormal_cut:.2f}, fitted on "
@@ -330,6 +331,7 @@ def register(app: typer.Typer) -> None:
         type_expert: bool = typer.Option(True, "--type-expert/--no-type-expert"),
         op_expert: bool = typer.Option(True, "--op-expert/--no-op-expert"),
         flag_expert: bool = typer.Option(True, "--flag-expert/--no-flag-expert"),
+        in_window_weight: float = typer.Option(1.0, "--in-window-weight", help="The flag expert's weight of a normal training unit a fault window overlaps (1: as any other)."),
         device: str = typer.Option("cpu", "--device"),
     ) -> None:
         """Fit everything `teller rca train` fits after its epochs, in its order and reading the dataset once: the flag expert, the calibration on the val part, the type and operator experts, the novelty and the floor for the stage's lasting departures (for a model trained where the experts could not be fitted, or to fit them again)."""
@@ -346,7 +348,8 @@ def register(app: typer.Typer) -> None:
                               f"(this one: variant {m.cfg.variant}, inputs {m.cfg.inputs})")
         seed = int(m.meta.get("training", {}).get("seed", 0)) if seed is None else seed
         cal = fit_experts(m, ds, sp, abnormal_prior=abnormal_prior, seed=seed, type_expert=type_expert, op_expert=op_expert,
-                          flag_expert=flag_expert, say=lambda s: con.print("  " + s, markup=False), out=model)
+                          flag_expert=flag_expert, say=lambda s: con.print("  " + s, markup=False), out=model,
+                          in_window_weight=in_window_weight)
         m.save_config(model, {"calibration": cal})
         con.print(f"[green]experts[/] {escape(str(model))}: fitted on {sp}'s training part, chosen on its val part (seed {seed}): "
                   + ", ".join(k for k in ("flag_expert", "type_expert", "op_expert", "novelty", "episode_floor") if k in cal))

@@ -117,6 +117,7 @@ class Units:
     explanation: list[str]
     log_text: list[str]
     splits: dict[str, np.ndarray]  # protocol -> object array of parts
+    in_window: np.ndarray | None = None  # bool: a fault window overlaps the unit (None: records without the column)
 
     def __len__(self) -> int:
         return len(self.run_id)
@@ -128,7 +129,7 @@ class Units:
                      self.record_id[idx], self.n_records[idx], self.is_anomaly[idx], self.fault[idx],
                      self.mechanism[idx], [self.operator_labels[i] for i in pick],
                      [self.explanation[i] for i in pick], [self.log_text[i] for i in pick],
-                     {k: v[idx] for k, v in self.splits.items()})
+                     {k: v[idx] for k, v in self.splits.items()}, None if self.in_window is None else self.in_window[idx])
 
     def part(self, protocol: str, name: str) -> np.ndarray:
         """Indices of the units in part ``name`` of ``protocol``."""
@@ -164,7 +165,7 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
         missing = [c for c in _RECORD_COLUMNS if c not in have]
         if missing:
             raise InputError(p, f"lacks the columns {missing}", "rebuild it with `teller dataset build`")
-        cols = _RECORD_COLUMNS + (["split_workload"] if "split_workload" in have else [])
+        cols = _RECORD_COLUMNS + [c for c in ("split_workload", "in_window") if c in have]
         records = pq.read_table(p, columns=cols, filters=[("run_id", "in", list(runs))] if runs else None)
         if not records.num_rows:
             raise TellerError(f"{p}: no records" + (f" of the runs {list(runs)}" if runs else ""))
@@ -201,6 +202,10 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
     fi = first.tolist()
     splits = {p: np.asarray(t.column(f"split_{p}").cast(pa.string()).to_pylist(), dtype=object)[rep]
               for p in PROTOCOLS if f"split_{p}" in t.column_names}
+    in_window = None
+    if "in_window" in t.column_names:  # a unit is in a window when one of its records is
+        in_window = np.zeros(len(first), bool)
+        np.logical_or.at(in_window, inv, t.column("in_window").to_numpy(zero_copy_only=False).astype(bool))
     return Units(
         run_id=run[first], view=view[first], step_num=t.column("step_num").to_numpy()[first].astype(np.int64),
         step_ids=[s_val[s_off[i]:s_off[i + 1]].copy() for i in fi],
@@ -211,6 +216,7 @@ def read_units(ds: str | Path, records: pa.Table | None = None, runs: Sequence[s
         explanation=[expl[i] or "" for i in fi],
         log_text=["\n".join(normalize_log_line(x) for x in ls) for ls in lines],
         splits=splits,
+        in_window=in_window,
     )
 
 

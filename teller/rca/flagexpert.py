@@ -55,8 +55,10 @@ class FlagExpert:
         self.booster, self.reads = booster, reads
 
     @classmethod
-    def fit(cls, X: np.ndarray, abnormal: np.ndarray, seed: int = 0, threads: int = 2, reads: str = "stats") -> "FlagExpert":
-        """``abnormal``: one boolean per row of ``X`` (both kinds needed)."""
+    def fit(cls, X: np.ndarray, abnormal: np.ndarray, seed: int = 0, threads: int = 2, reads: str = "stats",
+            weight: np.ndarray | None = None) -> "FlagExpert":
+        """``abnormal``: one boolean per row of ``X`` (both kinds needed); ``weight``: each row's
+        weight in the trees' loss (None: 1)."""
         xgb = xgb_module()
         y = np.asarray(abnormal, bool)
         if len(y) != len(X):
@@ -64,7 +66,9 @@ class FlagExpert:
         if y.all() or not y.any():
             raise TellerError(f"the flag expert needs normal and abnormal units (got {int(y.sum())} abnormal of {len(y)})")
         clf = xgb.XGBClassifier(**TREES, random_state=seed, n_jobs=threads)
-        clf.fit(np.asarray(X, np.float32), y.astype(np.int64))
+        if weight is not None and len(weight) != len(y):
+            raise TellerError(f"the flag expert got {len(weight)} weights for {len(y)} labels")
+        clf.fit(np.asarray(X, np.float32), y.astype(np.int64), sample_weight=None if weight is None else np.asarray(weight, np.float64))
         return cls(clf.get_booster(), reads)
 
     def features(self, prep: Any) -> np.ndarray | None:

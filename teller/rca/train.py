@@ -385,7 +385,8 @@ def train(dataset: str | Path | Dataset, out: str | Path, variant: str = "mot", 
 
 def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | None = None, seed: int = 0,
                 type_expert: bool = True, op_expert: bool = True, flag_expert: bool = True,
-                say: Callable[[str], None] | None = None, out: str | Path | None = None) -> dict[str, Any]:
+                say: Callable[[str], None] | None = None, out: str | Path | None = None,
+                in_window_weight: float = 1.0) -> dict[str, Any]:
     """What `teller rca train` does after the epochs of a MoT that reads the trace, in its order:
     the flag expert (``flag_expert``, with the unit statistics and a prior above 0), the
     calibration on the val part (abnormal cut for ``abnormal_prior``, operator threshold), the
@@ -405,7 +406,7 @@ def fit_experts(model: RCA, ds: Dataset, split: str, abnormal_prior: float | Non
     _, val_prep = part_units(model, ds, split, "val")  # prepared once: the calibration and the experts read it
     if model.cfg.reads_unit_stats and flag_expert and (abnormal_prior is None or abnormal_prior > 0):
         try:
-            fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep)
+            fx = fit_flag_expert(model, ds, split, prior=abnormal_prior, seed=seed, prep=val_prep, in_window_weight=in_window_weight)
             say(f"flag expert: weight {fx['flag_weight']} (step F1 on the val part at a fault prior, with its cut: "
                 + ", ".join(f"{r['weight']}: {r['f1_at_prior']:.3f} at {r['cut']:.2f}" for r in fx["flag_expert"]["grid"]) + ")")
         except TellerError as e:  # one kind of unit only: the head alone
@@ -821,7 +822,7 @@ def fit_novelty(model: RCA, ds: Dataset, split: str, out: str | Path | None = No
 
 def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = None, seed: int = 0, batch_size: int = 64,
                     out: str | Path | None = None, prep: Prepared | None = None, reads: str = "context",
-                    views: Sequence[str] | None = None) -> dict[str, Any]:
+                    views: Sequence[str] | None = None, in_window_weight: float = 1.0) -> dict[str, Any]:
     """Fit the flag expert on every unit of ``views`` of ``split``'s training part (target: abnormal), then
     choose its weight and the abnormal cut together on the val part: for each weight of
     :data:`teller.rca.flagexpert.FLAG_WEIGHTS` the cut :func:`calibrate_abnormal` would choose on
@@ -834,8 +835,10 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     :mod:`teller.rca.context`) or the layer mix against the training reference (``"stats"``).
     ``views``: the views whose units the expert is fitted on and reads (None:
     :data:`teller.rca.flagexpert.FLAG_VIEWS`); the other units keep the head's probability, and
-    the cut is chosen on every val unit. Returns the ``flag_expert`` block of the calibration
-    (with ``flag_weight``)."""
+    the cut is chosen on every val unit. ``in_window_weight``: the weight in the trees' loss of a
+    normal training unit that a fault window overlaps (the fault ran, the labels measured no
+    effect: the units a model most often flags wrongly, docs/results.md); the others weigh 1.
+    Returns the ``flag_expert`` block of the calibration (with ``flag_weight``)."""
     from teller.rca.api import unit_in_views
     from teller.rca.context import dataset_context_features
     from teller.rca.flagexpert import FLAG_VIEWS, FLAG_WEIGHTS, READS, TREES, FlagExpert, mix
@@ -853,7 +856,14 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     if reads not in READS:
         raise TellerError(f"--reads {reads}: expected one of {', '.join(READS)}")
     X = dataset_context_features(ds, tr, model.trace_tok) if reads == "context" else unit_features(model, ds, tr)
-    expert = FlagExpert.fit(X, y, seed=seed, reads=reads)
+    if in_window_weight <= 0:
+        raise TellerError(f"--in-window-weight {in_window_weight}: expected a weight above 0")
+    sw = None
+    if in_window_weight != 1.0:
+        if u.in_window is None:
+            raise TellerError(f"{ds.path}/records.parquet has no in_window column: no unit can be weighted by it")
+        sw = np.where(~y & u.in_window[tr].astype(bool), float(in_window_weight), 1.0)
+    expert = FlagExpert.fit(X, y, seed=seed, reads=reads, weight=sw)
     idx, prep = part_units(model, ds, split, "val", prep)
     truth = u.is_anomaly[idx].astype(bool)
     if not (truth.any() and (~truth).any()):
@@ -874,7 +884,9 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     cal["abnormal"] = {**blocks[weight], "split": split, "part": "val"}
     cal["abnormal_cut"] = blocks[weight]["abnormal_cut"]
     block = {"split": split, "train_units": int(len(tr)), "train_abnormal": int(y.sum()), "val_units": int(len(idx)),
-             "prior": prior, "reads": reads, "views": views, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight}
+             "prior": prior, "reads": reads, "views": views, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight,
+             "in_window_weight": float(in_window_weight),
+             "train_in_window_normal": int((~y & u.in_window[tr].astype(bool)).sum()) if u.in_window is not None else None}
     cal["flag_expert"] = block
     if out is not None:
         expert.save(out)
