@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 __all__ = ["MAX_OPERATORS", "named_operators"]
 
 #: the most operators the stage names for a step: the labelling rule's locator names at most three
-#: families (docs/faults.md), and on the nested mechanism hold-outs, where every lasting departure
-#: is the stage's, the first three named the labels' operators better than every candidate did
-#: (docs/results.md, "The operators a stage flag names")
+#: families (docs/faults.md); on the nested mechanism hold-outs, where every lasting departure is
+#: the stage's, the first three name the labels' operators as well as every candidate does on one
+#: fold and better on the other (docs/results.md, "The operators a stage flag names")
 MAX_OPERATORS = 3
 
 
