@@ -95,7 +95,7 @@ class AnatomyRow(TellerSustained):
         lane = step_lanes(steps)[every]
         _, length = episode_lengths(lane, steps.step_num[every], whole.flag & ~warm)
         ds, uidx = step_units(steps, every)
-        ratio = self.step_novelty(steps, every)
+        ratio = self.step_novelty_  # the novelty the row computed for the same steps
         pos = np.searchsorted(every, idx)
         test = np.zeros(len(every), bool)
         test[pos] = True

@@ -50,7 +50,7 @@ from teller.localize.features import (
     instance_features,
     pageable_of,
 )
-from teller.localize.naming import MAX_OPERATORS, named_operators
+from teller.localize.naming import MAX_OPERATORS, named_operators, ranked_families
 from teller.rundir import LAYER_CODE, dict_codes, str_array
 
 
@@ -308,10 +308,7 @@ class TellerNumeric(Method):
         module = enclosing_modules(sub)
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units: the family the evidence's type was decided by
-            fams = [c["family"] for c in res.candidates]  # (diagnose's verdict names it first), then candidates
-            c = calls.get(s)
-            if c is not None and c.fault_type is not None and c.family:
-                fams.insert(0, c.family)
+            fams = ranked_families(res.candidates, calls.get(s))  # (diagnose's verdict names it first), then candidates
             uops[int(s)] = set(lift_to_modules(fams, res.suspects, sub, module, self.max_operators))
         n = len(idx)
         flag = np.zeros(n, bool)

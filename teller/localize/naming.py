@@ -12,14 +12,23 @@ encloses stays), at most :data:`MAX_OPERATORS`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-__all__ = ["MAX_OPERATORS", "named_operators"]
+__all__ = ["MAX_OPERATORS", "named_operators", "ranked_families"]
 
 #: the most operators the stage names for a step: the labelling rule's locator names at most three
 #: families (docs/faults.md); on the nested mechanism hold-outs, where every lasting departure is
 #: the stage's, the first three name the labels' operators as well as every candidate does on one
 #: fold and better on the other (docs/results.md, "The operators a stage flag names")
 MAX_OPERATORS = 3
+
+
+def ranked_families(candidates: Iterable[dict[str, Any]], call: Any = None) -> list[str]:
+    """A flagged step's families in the order the stage names them: the family its evidence's type
+    was decided by (``call``: a :class:`teller.localize.faulttype.TypeCall`, or None), then its
+    ``candidates`` (``{"family": ...}``, by suspiciousness)."""
+    first = [call.family] if call is not None and call.fault_type is not None and call.family else []
+    return first + [c["family"] for c in candidates]
 
 
 def named_operators(

@@ -858,11 +858,12 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     X = dataset_context_features(ds, tr, model.trace_tok) if reads == "context" else unit_features(model, ds, tr)
     if in_window_weight <= 0:
         raise TellerError(f"--in-window-weight {in_window_weight}: expected a weight above 0")
+    in_window_normal = None if u.in_window is None else ~y & u.in_window[tr].astype(bool)
     sw = None
     if in_window_weight != 1.0:
-        if u.in_window is None:
+        if in_window_normal is None:
             raise TellerError(f"{ds.path}/records.parquet has no in_window column: no unit can be weighted by it")
-        sw = np.where(~y & u.in_window[tr].astype(bool), float(in_window_weight), 1.0)
+        sw = np.where(in_window_normal, float(in_window_weight), 1.0)
     expert = FlagExpert.fit(X, y, seed=seed, reads=reads, weight=sw)
     idx, prep = part_units(model, ds, split, "val", prep)
     truth = u.is_anomaly[idx].astype(bool)
@@ -886,7 +887,7 @@ def fit_flag_expert(model: RCA, ds: Dataset, split: str, prior: float | None = N
     block = {"split": split, "train_units": int(len(tr)), "train_abnormal": int(y.sum()), "val_units": int(len(idx)),
              "prior": prior, "reads": reads, "views": views, "trees": TREES, "seed": seed, "grid": rows, "chosen": weight,
              "in_window_weight": float(in_window_weight),
-             "train_in_window_normal": int((~y & u.in_window[tr].astype(bool)).sum()) if u.in_window is not None else None}
+             "train_in_window_normal": None if in_window_normal is None else int(in_window_normal.sum())}
     cal["flag_expert"] = block
     if out is not None:
         expert.save(out)

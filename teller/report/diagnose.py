@@ -90,7 +90,7 @@ from teller.localize import (
 from teller.localize.episodes import MIN_EPISODE, STAGE_EPISODE
 from teller.localize.faulttype import step_fault_types
 from teller.localize.features import RunFeatures, run_features
-from teller.localize.naming import named_operators
+from teller.localize.naming import named_operators, ranked_families
 from teller.rca import (
     DEFAULT_MODEL,
     EPISODE_FLOOR,
@@ -226,8 +226,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
             ]
             d["modules"] = list(dict.fromkeys(x["module"]["family"] if x["module"] else x["family"]
                                               for x in d["suspects"]))
-            first = [call.family] if call is not None and call.fault_type is not None and call.family else []
-            d["operators"] = named_operators(first + [c["family"] for c in res.candidates],
+            d["operators"] = named_operators(ranked_families(res.candidates, call),
                                              [(x["family"], x["module"]["family"] if x["module"] else None) for x in d["suspects"]])
             d["explained"] = [{"node_id": int(fa.node_id[inst.rows[k]]), "family": fam_names[inst.family[k]],
                                "by": int(fa.node_id[inst.rows[b]])} for k, b in list(res.explained.items())[:50]]
