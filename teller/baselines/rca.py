@@ -599,7 +599,7 @@ class TellerEpisodes(TellerScreened):
             self.ruled_out_by_floor_ = int(low.sum())
             keep &= ~low
         ratio = self.step_novelty(steps, every) if hasattr(self, "novelty_") else None
-        self.step_novelty_ = ratio  # per step of the test runs (`every`), for instrumented rows
+        self.stage_whole_, self.step_novelty_ = whole, ratio  # per step of the test runs (`every`), for instrumented rows
         if self.lasting_novelty is not None and ratio is not None:  # near the training steps: a kind the model knows
             near = keep & (ratio[pos] <= self.lasting_novelty)  # an unknown (NaN) novelty gates nothing
             self.near_training_ = int(near.sum())
