@@ -74,6 +74,15 @@ def test_bundled_example_against_itself(example, example_diagnosis):
     from teller.report.diagnose import verdict_line
 
     assert f"runtime fault by the evidence ({et['family']}, {et['feature']})" in verdict_line(s0)
+    assert et["alternative"] is None and "cannot tell" not in verdict_line(s0)
+    # evidence that cannot rule out another type names it, in the record and the verdict line
+    for s in flagged:
+        e = s.get("evidence_type")
+        if e:
+            host = e["fault_type"] == "memory" and (e["feature"] in ("iter.per_kernel", "iter.host_busy") or (
+                e["feature"] in ("dur_ns", "self_ns") and e["family"].split(" ")[0] in ("FE", "BE")))
+            assert e["alternative"] == ("scheduling" if host else None)
+            assert ("or scheduling (it cannot tell them apart)" in verdict_line(s)) == host
     assert all(s.get("evidence_type", {}).get("fault_type", "runtime") in
                ("communication", "kernel", "memory", "runtime", "scheduling") for s in flagged)
     assert all(s["score"] < 0.5 for s in on_disk["steps"] if not s["flag"])

@@ -67,6 +67,32 @@ def test_type_call_reason_names_the_evidence():
     assert TypeCall(None).reason() == "no candidate's evidence points to a fault type"
 
 
+@pytest.mark.parametrize("call, alt", [
+    # a host operator's own time: CPU contention (memory) or a thread holding the GIL (scheduling)
+    (TypeCall("memory", "BE aten::mm", "self_ns"), "scheduling"),
+    (TypeCall("memory", "FE LlamaAttention", "dur_ns"), "scheduling"),
+    (TypeCall("memory", "STEP", "iter.per_kernel"), "scheduling"),
+    (TypeCall("memory", "STEP", "iter.host_busy"), "scheduling"),
+    # copy bandwidth and a full KV cache are memory whatever runs on the host
+    (TypeCall("memory", "BE aten::copy_", "mem_ns"), None),
+    (TypeCall("memory", "STEP", "batch.kv_frac"), None),
+    # the engine's own time and other types have none
+    (TypeCall("scheduling", "STEP", "self_ns"), None),
+    (TypeCall("scheduling", "GAP", "dur_ns"), None),
+    (TypeCall("kernel", "FE LlamaMLP", "k_ns"), None),
+    (TypeCall("communication", "COMM all_reduce", "dur_ns"), None),
+    (TypeCall(None), None),
+])
+def test_type_call_alternative(call, alt):
+    assert call.alternative == alt
+    if alt is None:
+        assert "; or " not in call.reason()
+    else:
+        assert call.reason().startswith(f"memory: {call.family} ({call.feature}): ")
+        assert call.reason().endswith("; or scheduling: a thread of the engine's process holding the GIL slows host "
+                                      "operators the same way")
+
+
 def test_step_count_p99_hand_case():
     from teller.localize.gmm import step_count_p99
 

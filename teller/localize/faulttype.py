@@ -47,8 +47,12 @@ collectives) says nothing of the cause, so the next candidate decides. Where no 
 decides, the type is ``None``.
 
 Known limits (docs/results.md measures them): GIL contention (scheduling) slows host operators
-as CPU contention (memory) does and is typed memory; a co-located GPU process slows a
-host-bound engine's host side more than its kernels and is typed by that host evidence.
+as CPU contention (memory) does and is typed memory — neither the spread of the slowdown over the
+families nor the time per runtime call tells them apart on the labelled runs (docs/results.md,
+"GIL or CPU contention: what the evidence can tell"), so a call typed memory by a host
+operator's own time names scheduling as its :attr:`TypeCall.alternative`; a co-located GPU
+process slows a host-bound engine's host side more than its kernels and is typed by that host
+evidence.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ if TYPE_CHECKING:
     from teller.localize import Localization
     from teller.localize.gmm import GMMLocalizer
 
-__all__ = ["TYPES", "TypeCall", "feature_type", "step_fault_types"]
+__all__ = ["ALTERNATIVES", "TYPES", "TypeCall", "feature_type", "step_fault_types"]
 
 #: The five fault types (docs/faults.md), as the labels name them.
 TYPES = ("communication", "kernel", "memory", "runtime", "scheduling")
@@ -83,6 +87,11 @@ WHY = {"communication": "the time went to collectives",
        "runtime": "the time went to CUDA runtime/driver calls (synchronisation, copies, allocation)",
        "memory": "resources ran short (copy bandwidth, KV cache or host CPU)",
        "scheduling": "the engine's own host time around the operators grew"}
+#: Types the evidence cannot rule out beside the one it points to: (type, what decided it) →
+#: (the other type, why). A host operator's own time grows alike when other processes take its
+#: cores (memory) and when a thread of the engine's process holds the GIL (scheduling).
+ALTERNATIVES = {("memory", "host"): ("scheduling", "a thread of the engine's process holding the GIL slows host "
+                                                   "operators the same way")}
 #: Candidates read per step at most.
 MAX_CANDIDATES = 3
 #: A step's instances of a COMM family beyond this factor of the reference's 99th percentile
@@ -98,13 +107,26 @@ class TypeCall:
     family: str = ""
     feature: str = ""
 
+    @property
+    def alternative(self) -> str | None:
+        """The other type this evidence cannot rule out (:data:`ALTERNATIVES`), or None."""
+        host = (self.feature in _HOST_PACE
+                or (self.feature in ("dur_ns", "self_ns") and _layer(self.family) not in (*_HOST_LAYERS, "COMM")))
+        got = ALTERNATIVES.get((self.fault_type, "host")) if host else None
+        return got[0] if got else None
+
     def reason(self) -> str:
-        """One line: which evidence decided the type and what it means."""
+        """One line: which evidence decided the type and what it means (and the type it cannot
+        rule out, where there is one)."""
         if self.fault_type is None:
             return "no candidate's evidence points to a fault type"
         what = {"family": "a family not in the reference",
                 "count": "more instances in the step than the reference's steps had"}.get(self.feature, self.feature)
-        return f"{self.fault_type}: {self.family} ({what}): {WHY[self.fault_type]}"
+        out = f"{self.fault_type}: {self.family} ({what}): {WHY[self.fault_type]}"
+        alt = self.alternative
+        if alt is not None:
+            out += f"; or {alt}: {ALTERNATIVES[(self.fault_type, 'host')][1]}"
+        return out
 
 
 def feature_type(layer: str, feature: str, features: set[str] = frozenset()) -> str | None:

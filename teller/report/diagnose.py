@@ -27,8 +27,9 @@ slice around them, writes ``diagnosis.json`` (and with ``html=True`` the self-co
         {"index", "step_num", "rank", "node_id", "name", "start_ns", "end_ns", "instances",
          "score", "flag", "top_family", "warmup" (a warm-up step: kept out of references),
          flagged steps past warm-up: "episode" (index into "episodes"), "episode_length",
-         flagged steps also: "requests", "evidence_type": {fault_type, family, feature, reason} (the
-         type the stage's evidence points to, teller.localize.faulttype; absent when none does),
+         flagged steps also: "requests", "evidence_type": {fault_type, family, feature, alternative,
+         reason} (the type the stage's evidence points to, teller.localize.faulttype, and the type
+         that evidence cannot rule out or null; absent when none does),
          "candidates": [{family, suspiciousness, instances, max_a, unseen}],
          "suspects": [{node_id, family, layer, name, start_ns, dur_ns, a, distance, evidence:
                        [{feature, value, reference, ratio, z}],
@@ -208,7 +209,7 @@ def build_diagnosis(rf: RunFeatures, est: GMMLocalizer, loc: Localization, sourc
             call = types.get(i)
             if call is not None and call.fault_type is not None:  # what the evidence points to, no model needed
                 d["evidence_type"] = {"fault_type": call.fault_type, "family": call.family, "feature": call.feature,
-                                      "reason": call.reason()}
+                                      "alternative": call.alternative, "reason": call.reason()}
             d["candidates"] = [{"family": c["family"], "suspiciousness": _f(c["suspiciousness"]), "shift": _f(c["shift"]),
                                 "instances": c["instances"], "max_a": _f(c["max_a"]), "unseen": c["unseen"]}
                                for c in res.candidates]
@@ -1252,6 +1253,8 @@ def verdict_line(x: dict[str, Any]) -> str:
     ev = f"{suspect_name(sus[0])}: {evidence_text(sus[0]['evidence'][0])}" if sus and sus[0].get("evidence") else ""
     et = x.get("evidence_type")  # the type the numeric evidence points to (teller.localize.faulttype)
     typed = f"{et['fault_type']} fault by the evidence ({et['family']}, {et['feature']})" if et else ""
+    if et and et.get("alternative"):  # evidence that cannot rule out another type says so
+        typed += f" or {et['alternative']} (it cannot tell them apart)"
     num = " — ".join(p for p in (typed, ev) if p) or x.get("top_family") or ""
     if x.get("model_off_distribution"):  # a verdict either way, typed or normal
         head += (f" [low confidence: {x['model_unknown_share']:.0%} of the step's tree is operators the model "
