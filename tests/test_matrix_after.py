@@ -64,3 +64,22 @@ def test_experts_then_one_evaluation_per_seed(tmp_path):
         pred = pq.read_table(back / f"evaluate_s{seed}" / "predictions.parquet")
         assert set(pred.column("method").to_pylist()) == {"teller_mot_family"} and pred.num_rows > 0
         assert json.loads((back / "models" / name / "config.json").read_text()) == json.loads((work / name / "config.json").read_text())
+    # an A/B of an expert setting on the same weights: copies of a model get their own experts and
+    # are scored apart, the original untouched
+    (work / "a" / "marker").write_text("x")
+    r = subprocess.run([*script, "experts", *common, "--jobs", "a", "--suffix", "_w4", "--expert-args",
+                        "--in-window-weight 4"], capture_output=True, text=True, timeout=1200, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((out / "experts_w4.json").read_text())["experts"] == {"a_w4": 0}
+    assert (work / "a_w4" / "marker").is_file() and any((work / "a_w4").glob("model*.safetensors"))
+    cal_a = json.loads((work / "a" / "config.json").read_text())["calibration"]
+    cal_w4 = json.loads((work / "a_w4" / "config.json").read_text())["calibration"]
+    assert cal_w4["flag_expert"]["in_window_weight"] == 4.0 and cal_a["flag_expert"]["in_window_weight"] == 1.0
+    r = subprocess.run([*script, "evaluate", *common, "--jobs", "a_w4", "--tag", "_w4", "--methods", "teller_mot_family",
+                        "--limit-steps", "40", "--view", "vertical"], capture_output=True, text=True, timeout=1200, env=env)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((out / "evaluate_w4.json").read_text())["seeds"] == {"0": ["a_w4"]}
+    with tarfile.open(out / "evaluate_w4.tar") as tf:
+        tf.extractall(tmp_path / "back_w4", filter="data")
+    got = json.loads((tmp_path / "back_w4" / "evaluate_s0" / "results.json").read_text())
+    assert str(work / "_eval_models_s0_w4" / "a_w4") in json.dumps(got)

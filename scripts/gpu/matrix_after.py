@@ -14,13 +14,21 @@ seed on the splits its models were trained on (a folder of links per seed, so th
 the model of its split and seed); ``evaluate.tar`` holds, per seed, results.json, results.md and
 predictions.parquet (what `teller evaluate --reuse` reads), and each model's config.json under
 ``models/NAME/`` (what the rows read for the model's floor with ``--reuse PRED --models DIR``, no
-weights needed). Files in OUT stay few (at most 8 come back)."""
+weights needed). Files in OUT stay few (at most 8 come back).
+
+An A/B of an expert setting on the same trained weights: ``experts --suffix _w4 --expert-args
+"--in-window-weight 4"`` first copies each model directory to NAME_w4 (the originals untouched)
+and fits the copies' experts with those arguments; ``evaluate --jobs wl0_w4,... --tag _w4`` then
+scores the copies apart (``_eval_models_sSEED_w4``, ``evaluate_w4.tar``), ``--jobs wl0,...`` the
+originals."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -70,10 +78,25 @@ def run_side_by_side(cmds: list[tuple[str, list[str], Path]], workers: int, thre
     return rc
 
 
+def copies(models: list[Path], suffix: str) -> list[Path]:
+    """Each model directory copied to NAME+``suffix`` beside it (a copy already there is replaced)."""
+    out = []
+    for m in models:
+        dst = m.with_name(m.name + suffix)
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(m, dst, symlinks=True)
+        out.append(dst)
+    return out
+
+
 def experts(a) -> dict:
     models = models_under(Path(a.work), a.jobs)
+    if a.suffix:
+        models = copies([m for m in models if not m.name.endswith(a.suffix)], a.suffix)
     out = Path(a.out)
-    cmds = [(m.name, [sys.executable, "-m", "teller", "rca", "experts", str(m), a.data, "--device", a.device],
+    extra = shlex.split(a.expert_args)
+    cmds = [(m.name, [sys.executable, "-m", "teller", "rca", "experts", str(m), a.data, "--device", a.device, *extra],
              out / f"experts_{m.name}.log") for m in models]
     workers = min(a.workers, len(cmds))
     return {"experts": run_side_by_side(cmds, workers, max(1, a.cores // workers), a.t0 + a.deadline_s)}
@@ -88,7 +111,7 @@ def evaluate(a) -> dict:
         by_seed.setdefault(int(tr.get("seed", 0)), []).append((m, tr.get("split", "request")))
     cmds = []
     for seed, ms in sorted(by_seed.items()):
-        links = work / f"_eval_models_s{seed}"
+        links = work / f"_eval_models_s{seed}{a.tag}"
         links.mkdir(exist_ok=True)
         for m, _ in ms:
             if not (links / m.name).exists():
@@ -96,15 +119,15 @@ def evaluate(a) -> dict:
         splits = ",".join(sorted({sp for _, sp in ms}))
         cmds.append((f"seed{seed}", [sys.executable, "-m", "teller", "evaluate", a.data, "--split", splits,
                                      "--view", a.view, "--methods", a.methods, "--seed", str(seed),
-                                     "--models", str(links), "--device", a.device, "-o", str(work / f"_evaluate_s{seed}")]
+                                     "--models", str(links), "--device", a.device, "-o", str(work / f"_evaluate_s{seed}{a.tag}")]
                      + (["--limit-steps", str(a.limit_steps)] if a.limit_steps else []),
-                     out / f"evaluate_s{seed}.log"))
+                     out / f"evaluate_s{seed}{a.tag}.log"))
     workers = min(a.workers, len(cmds))
     rc = run_side_by_side(cmds, workers, max(1, a.cores // workers), a.t0 + a.deadline_s)
-    with tarfile.open(out / "evaluate.tar", "w") as tar:
+    with tarfile.open(out / f"evaluate{a.tag}.tar", "w") as tar:
         for seed in sorted(by_seed):
             for f in ("results.json", "results.md", "predictions.parquet"):
-                src = work / f"_evaluate_s{seed}" / f
+                src = work / f"_evaluate_s{seed}{a.tag}" / f
                 if src.is_file():
                     tar.add(src, f"evaluate_s{seed}/{f}")
         for m in models:
@@ -125,13 +148,16 @@ def main() -> int:
     ap.add_argument("--methods", default="teller_mot_family,teller_mot_family_sustained")
     ap.add_argument("--view", default="vertical,horizontal")
     ap.add_argument("--limit-steps", type=int, default=None, help="evaluate a sample of this many steps per view (CPU dry runs)")
+    ap.add_argument("--suffix", default="", help="experts: fit copies NAME+SUFFIX of the models, not the models")
+    ap.add_argument("--expert-args", default="", help="experts: more arguments of `teller rca experts` (one string)")
+    ap.add_argument("--tag", default="", help="evaluate: suffix of its folders and tar (scores copies apart)")
     ap.add_argument("--deadline-s", type=float, default=540.0, help="a command still running then is stopped")
     a = ap.parse_args()
     a.t0 = time.time()
     Path(a.out).mkdir(parents=True, exist_ok=True)
     res = experts(a) if a.what == "experts" else evaluate(a)
     res["seconds"] = round(time.time() - a.t0, 1)
-    (Path(a.out) / f"{a.what}.json").write_text(json.dumps(res, indent=1, default=str))
+    (Path(a.out) / f"{a.what}{a.suffix if a.what == 'experts' else a.tag}.json").write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps(res, default=str), flush=True)
     return 0 if all(v == 0 for v in res[a.what].values()) else 1
 
