@@ -1572,3 +1572,17 @@ def test_sustained_row_takes_the_models_own_floor_with_its_episode_length(vertic
         assert p.flag.tolist() == (over_time.flag | kept).tolist()
         flags.append(p.flag)
     assert flags[0].tolist() != flags[1].tolist()  # the two readings differ on the slice
+
+
+def test_run_rows_is_take_on_a_table_of_many_chunks():
+    from teller.baselines.numeric import run_rows
+
+    # three chunks, as a dataset's decoded blocks come; a run's rows span two of them
+    t = pa.concat_tables([pa.table({"x": np.arange(a, b), "s": [f"n{i}" for i in range(a, b)]})
+                          for a, b in ((0, 5), (5, 9), (9, 14))])
+    assert t.column("x").num_chunks == 3
+    for rows in (np.arange(3, 11), np.array([3, 4, 7, 10]), np.array([13]), np.array([0, 13]), np.zeros(0, np.int64)):
+        assert run_rows(t, rows).equals(t.take(pa.array(rows, pa.int64()))), rows
+    # rows not ascending fall back to the plain take (same rows, same order)
+    for rows in (np.array([7, 3, 9]), np.array([4, 4, 5])):
+        assert run_rows(t, rows).to_pydict() == t.take(pa.array(rows)).to_pydict(), rows

@@ -119,6 +119,17 @@ def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
     return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
 
 
+def run_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` for ascending ``rows`` (one run's, in DFS order): taken from the slice
+    they span, so that a table of many chunks is not gathered whole for every run."""
+    if not len(rows):
+        return table.slice(0, 0)
+    lo, hi = int(rows[0]), int(rows[-1]) + 1
+    if hi - lo < len(rows) or (len(rows) > 1 and (np.diff(rows) <= 0).any()):  # not ascending: the plain take
+        return table.take(pa.array(rows))
+    return table.slice(lo, hi - lo).take(pa.array(rows - lo))
+
+
 def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, context: dict[str, Any] | None,
                     layers: tuple[str, ...] = SCORED_LAYERS) -> tuple[Instances, dict[str, Any]]:
     """Instances of the steps ``keys`` (sorted ``run_code << 40 | step_id`` of the sorted run
@@ -149,7 +160,7 @@ def keyed_instances(subtrees: pa.Table, runs: np.ndarray, keys: np.ndarray, cont
         rows = rows[keep]
         if not len(rows):
             continue
-        part = subtrees.take(pa.array(rows))
+        part = run_rows(subtrees, rows)
         args = part.column("args") if "args" in part.column_names else None
         fa = Forest.from_table(part.select(keep_cols))
         del part

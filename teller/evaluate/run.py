@@ -81,7 +81,7 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
                   limit_steps: int | None = None, log: Callable[[str], None] = lambda s: None,
                   models: str | Path | None = None, device: str = "cpu",
                   predictions: list[pa.Table] | None = None, reuse: pa.Table | None = None,
-                  reuse_from: str = "", part: str = "test") -> list[dict[str, Any]]:
+                  reuse_from: str = "", part: str = "test", shared: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Load the steps of ``view`` once and run ``methods`` on each split; one result block per split.
     ``models``: a folder of trained root-cause models the ``teller_*`` model rows pick from;
     ``device``: where those rows predict (cpu | cuda); ``predictions``: a list the per-step
@@ -89,7 +89,9 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     an earlier run (``reuse_from`` names its file): a method the table holds for this view and
     split is taken from it, not fitted (:func:`reused_prediction`). ``part``: the part of each
     split scored (test; val to choose a rule's setting before the test part is read: its rows of
-    ``predictions.parquet`` name the split ``SPLIT/val``, :func:`split_label`)."""
+    ``predictions.parquet`` name the split ``SPLIT/val``, :func:`split_label`). ``shared``: what
+    the views of one evaluation read alike (the root-cause model's dataset, which holds every
+    view's units), kept from one view to the next."""
     from teller.baselines.features import feature_table
     from teller.dataset.codec import read_subtrees
 
@@ -98,6 +100,8 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     if models is not None:
         steps.extra["rca_models"] = str(models)
     steps.extra["rca_device"] = device
+    if shared is not None:  # read once for every view (teller.baselines.rca.step_units)
+        steps.extra["rca_datasets"] = shared.setdefault("rca_datasets", {})
     masks: dict[str, Any] = {}
     for s in splits:
         try:
@@ -295,9 +299,11 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     w0 = time.perf_counter()
     blocks: list[dict[str, Any]] = []
     preds: list[pa.Table] = []
+    shared: dict[str, Any] = {}
     for v in views:
         blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
-                                predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse), part=part)
+                                predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse), part=part,
+                                shared=shared)
     done = [b for b in blocks if "skipped" not in b]
     if not done:
         raise TellerError("nothing to evaluate: " + "; ".join(f"{b['view']}/{b['split']}: {b['skipped']}" for b in blocks))
