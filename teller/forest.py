@@ -192,10 +192,15 @@ class Forest:
         if n and np.array_equal(node_id, np.arange(n)):
             parent = np.where((parent_id >= 0) & (parent_id < n), parent_id, -1)
         elif n:
-            order = np.argsort(node_id, kind="stable")
-            pos = np.clip(np.searchsorted(node_id, parent_id, sorter=order), 0, n - 1)
-            found = (parent_id >= 0) & (node_id[order[pos]] == parent_id)
-            parent = np.where(found, order[pos], -1)
+            if (node_id[1:] > node_id[:-1]).all():  # ids ascending (a depth-first table): no sort
+                pos = np.clip(np.searchsorted(node_id, parent_id), 0, n - 1)
+                found = (parent_id >= 0) & (node_id[pos] == parent_id)
+                parent = np.where(found, pos, -1)
+            else:  # search the sorted ids (a search through ``sorter`` reads them at random)
+                order = np.argsort(node_id, kind="stable")
+                pos = np.clip(np.searchsorted(node_id[order], parent_id), 0, n - 1)
+                found = (parent_id >= 0) & (node_id[order[pos]] == parent_id)
+                parent = np.where(found, order[pos], -1)
         else:
             parent = parent_id
         self.parent = parent.astype(np.int64)

@@ -1586,3 +1586,33 @@ def test_run_rows_is_take_on_a_table_of_many_chunks():
     # rows not ascending fall back to the plain take (same rows, same order)
     for rows in (np.array([7, 3, 9]), np.array([4, 4, 5])):
         assert run_rows(t, rows).to_pydict() == t.take(pa.array(rows)).to_pydict(), rows
+
+
+def test_rows_that_fit_the_same_stage_share_its_fit_and_answers(vertical):
+    """The stage's rows fit it once per settings and steps (steps.extra), and the episode rows read
+    its answers over the test runs once; each reader gets its own copy, and other settings or
+    other steps are fitted apart."""
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    a = make("teller_numeric_deploy", seed=0).fit(vertical, tr)
+    b = make("teller_numeric_deploy", seed=0).fit(vertical, tr)
+    assert all(a.models_[d] is b.models_[d] for d in a.models_) and a.model_ is b.model_
+    from teller.baselines.numeric import TellerNumericDeployment
+
+    c = TellerNumericDeployment(seed=0, shift_margin=2.0).fit(vertical, tr)  # other settings: its own fit
+    assert c.model_ is not a.model_
+    d = make("teller_numeric_deploy", seed=0).fit(vertical, tr[: len(tr) // 2])  # other steps: its own fit
+    assert d.model_ is not a.model_
+    p1 = a.shared_predict(vertical, te)
+    p1.flag[:] = False  # a reader's copy is its own
+    p1.operators[0].append("mine")
+    p2 = b.shared_predict(vertical, te)
+    want = a.predict(vertical, te)
+    assert np.array_equal(p2.flag, want.flag) and np.array_equal(p2.score, want.score)
+    assert p2.operators == want.operators and np.array_equal(p2.fault_type, want.fault_type) and want.flag.any()
+    # a stage fitted on its own steps as it reads them is not kept
+    own = make("teller_numeric_self", seed=0).fit(vertical, tr)
+    assert not own.answers_from_fit and a.answers_from_fit

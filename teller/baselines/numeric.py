@@ -29,6 +29,7 @@ same two functions.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,8 @@ class TellerNumeric(Method):
 
     #: the most operators a flagged unit names (None: every candidate and the evidence's family)
     max_operators: int | None = MAX_OPERATORS
+    #: whether the answers are a function of the fitted stage(s) alone (:meth:`shared_predict`)
+    answers_from_fit = True
 
     def __init__(self, seed: int = 0, keep_warmup: bool = False, **params):
         self.seed = seed
@@ -285,8 +288,21 @@ class TellerNumeric(Method):
         return self
 
     def _fit_on(self, steps: StepSet, idx: np.ndarray) -> GMMLocalizer:
-        """The stage fitted on the instances of the steps ``idx`` (warm-up out unless kept)."""
+        """The stage fitted on the instances of the steps ``idx`` (warm-up out unless kept); one
+        fit per instances, settings and steps, kept in ``steps.extra`` for the other rows that fit
+        the same stage (the pipeline rows fit their own; the fit reads nothing else and draws from
+        its own fixed seed, so the fits would be equal)."""
         inst = self._inst(steps)
+        ids = np.ascontiguousarray(idx, np.int64)
+        key = (id(inst), self.keep_warmup, repr(sorted(self.params.items())), len(ids),
+               hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest())
+        cache = steps.extra.setdefault("stage_fits", {})
+        got = cache.get(key)
+        if got is None or got[0] is not inst:  # (the instances kept: an id is reused only once they are gone)
+            got = cache[key] = (inst, self._fit_stage(steps, inst, idx))
+        return got[1]
+
+    def _fit_stage(self, steps: StepSet, inst: Instances, idx: np.ndarray) -> GMMLocalizer:
         um = _unit_mask(steps, idx)
         warm = steps.extra.get("unit_warmup")
         if not self.keep_warmup and warm is not None:
@@ -294,11 +310,33 @@ class TellerNumeric(Method):
         rows = um[inst.step] & (inst.step >= 0)
         if not rows.any():
             raise ValueError("TELLER numeric stage: the normal train steps hold no operator instances")
-        return GMMLocalizer(**self.params).fit(inst.X[rows], families=inst.family_of()[rows], groups=inst.step[rows],
-                                               batch=None if inst.batch is None else inst.batch[rows])
+        return GMMLocalizer(**self.params).fit(inst.X[rows], families=inst.family[rows], family_names=inst.families,
+                                               groups=inst.step[rows], batch=None if inst.batch is None else inst.batch[rows])
 
     def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
         return self._predict_with(self.model_, steps, np.asarray(idx))
+
+    def shared_predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        """:meth:`predict`, kept in ``steps.extra`` for the rows that read the same fitted stage
+        (:meth:`_fit_on`'s) over the same steps: the episodes of `teller_diagnose*` and
+        `teller_sustained*` read every step of the test runs. Each caller gets its own copy. A
+        stage whose answers are not a function of its fitted models alone (its own steps as
+        reference, fitted while it predicts) is not kept."""
+        idx = np.asarray(idx)
+        if not self.answers_from_fit:
+            return self.predict(steps, idx)
+        inst = self._inst(steps)
+        fitted = [getattr(self, "model_", None), *(v for _, v in sorted(getattr(self, "models_", {}).items()))]
+        ids = np.ascontiguousarray(idx, np.int64)
+        key = (type(self).__name__, self.max_operators, id(inst), tuple(sorted(getattr(self, "models_", {}))),
+               tuple(id(m) for m in fitted), len(ids), hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest())
+        cache = steps.extra.setdefault("stage_answers", {})
+        got = cache.get(key)
+        if got is None or got[0] is not inst or any(a is not b for a, b in zip(got[1], fitted, strict=True)):
+            got = cache[key] = (inst, fitted, self.predict(steps, idx))
+        p = got[2]
+        return Prediction(score=p.score.copy(), flag=p.flag.copy(), operators=[list(o) for o in p.operators],
+                          fault_type=p.fault_type.copy())
 
     def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> Prediction:
         """The stage's answers on the steps ``idx``; ``counts``: the model's reference is of these
@@ -454,6 +492,7 @@ class TellerNumericSelf(TellerNumeric):
     halves = True
     #: steps each half needs (None: :data:`teller.localize.SELF_REFERENCE_HALF_STEPS`, as diagnose)
     half_steps: int | None = None
+    answers_from_fit = False  # each run's stage is fitted as it is read
 
     def fit(self, steps: StepSet, idx: np.ndarray) -> "TellerNumericSelf":
         # every run is read against itself: a reference of its own deployment (the episodes' rows read models_)

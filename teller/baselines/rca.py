@@ -581,7 +581,7 @@ class TellerEpisodes(TellerScreened):
         base = super().predict(steps, idx)
         st = self.parts_[self.stage]
         every = np.flatnonzero(np.isin(steps.run_code, np.unique(steps.run_code[idx])))
-        whole = st.predict(steps, every)
+        whole = st.shared_predict(steps, every)  # the same for every episodes row on these steps
         # warm-up steps (left out of references) are no part of an episode, as in `teller diagnose`
         _, length = episode_lengths(step_lanes(steps)[every], steps.step_num[every], whole.flag & ~warm_steps(steps)[every])
         pos = np.searchsorted(every, idx)
