@@ -76,6 +76,7 @@ def test_type_call_reason_names_the_evidence():
     # copy bandwidth and a full KV cache are memory whatever runs on the host
     (TypeCall("memory", "BE aten::copy_", "mem_ns"), None),
     (TypeCall("memory", "STEP", "batch.kv_frac"), None),
+    (TypeCall("memory", "RT cudaLaunchKernel", "dur_ns"), None),  # only what was measured: FE/BE operators
     # the engine's own time and other types have none
     (TypeCall("scheduling", "STEP", "self_ns"), None),
     (TypeCall("scheduling", "GAP", "dur_ns"), None),

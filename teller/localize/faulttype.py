@@ -110,8 +110,7 @@ class TypeCall:
     @property
     def alternative(self) -> str | None:
         """The other type this evidence cannot rule out (:data:`ALTERNATIVES`), or None."""
-        host = (self.feature in _HOST_PACE
-                or (self.feature in ("dur_ns", "self_ns") and _layer(self.family) not in (*_HOST_LAYERS, "COMM")))
+        host = self.feature in _HOST_PACE or (self.feature in ("dur_ns", "self_ns") and _layer(self.family) in ("FE", "BE"))
         got = ALTERNATIVES.get((self.fault_type, "host")) if host else None
         return got[0] if got else None
 
