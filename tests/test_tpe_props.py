@@ -131,3 +131,20 @@ def test_batch_encoding_equals_one_by_one(t):
         assert batch[i].input_ids.tolist() == one.input_ids.tolist()
         assert batch[i].parent_idx.tolist() == one.parent_idx.tolist()
         assert batch[i].duration.tolist() == one.duration.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 6), max_size=25), max_size=6))
+def test_dfs_parents_is_the_last_node_one_level_up(seqs):
+    """Each node's parent is the last earlier node of its sequence one level up (a stack walk,
+    node by node), for any depths, preorders or not."""
+    from teller.tpe.serialize import dfs_parents
+
+    depth = np.asarray([d for s in seqs for d in s], np.int64)
+    offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
+    want = []
+    for s in seqs:
+        for i, d in enumerate(s):
+            ups = [j for j in range(i) if s[j] == d - 1] if d > 0 else []
+            want.append(ups[-1] if ups else -1)
+    assert dfs_parents(depth, offsets).tolist() == want
