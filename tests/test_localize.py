@@ -656,13 +656,3 @@ def test_steps_another_reader_flags_get_suspects_and_the_stage_keeps_its_flags()
     assert list(r0.suspects) == list(alone.flagged[0].suspects) == [0]
     assert [c["family"] for c in r0.candidates] == ["BE op"]
     assert len(r2.suspects) == 0 and r2.candidates == []  # nothing of it departs: the same rules name nothing
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 12), max_size=40), st.booleans())
-def test_group_codes_are_uniques_inverse(values, ordered):
-    from teller.localize.gmm import _group_codes
-
-    g = np.asarray(sorted(values) if ordered else values, np.int64)
-    want = np.unique(g, return_inverse=True)[1].reshape(-1) if len(g) else np.zeros(0, np.int64)
-    assert _group_codes(g).tolist() == want.tolist()

@@ -120,13 +120,20 @@ def _iteration_blocks(fa: Forest) -> tuple[np.ndarray, np.ndarray]:
     return np.where(hit, o[pos], step_of_row).astype(np.int64), ids
 
 
+def _steps_digest(idx: np.ndarray) -> tuple[int, str]:
+    """A key for the steps ``idx`` in the stage's caches (:meth:`TellerNumeric._fit_on`,
+    :meth:`TellerNumeric.shared_predict`): their count and a digest of them."""
+    ids = np.ascontiguousarray(idx, np.int64)
+    return len(ids), hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest()
+
+
 def run_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     """``table.take(rows)`` for ascending ``rows`` (one run's, in DFS order): taken from the slice
     they span, so that a table of many chunks is not gathered whole for every run."""
     if not len(rows):
         return table.slice(0, 0)
     lo, hi = int(rows[0]), int(rows[-1]) + 1
-    if hi - lo < len(rows) or (len(rows) > 1 and (np.diff(rows) <= 0).any()):  # not ascending: the plain take
+    if (np.diff(rows) <= 0).any():  # not ascending: the plain take
         return table.take(pa.array(rows))
     return table.slice(lo, hi - lo).take(pa.array(rows - lo))
 
@@ -293,9 +300,7 @@ class TellerNumeric(Method):
         the same stage (the pipeline rows fit their own; the fit reads nothing else and draws from
         its own fixed seed, so the fits would be equal)."""
         inst = self._inst(steps)
-        ids = np.ascontiguousarray(idx, np.int64)
-        key = (id(inst), self.keep_warmup, repr(sorted(self.params.items())), len(ids),
-               hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest())
+        key = (id(inst), self.keep_warmup, repr(sorted(self.params.items())), *_steps_digest(idx))
         cache = steps.extra.setdefault("stage_fits", {})
         got = cache.get(key)
         if got is None or got[0] is not inst:  # (the instances kept: an id is reused only once they are gone)
@@ -327,9 +332,8 @@ class TellerNumeric(Method):
             return self.predict(steps, idx)
         inst = self._inst(steps)
         fitted = [getattr(self, "model_", None), *(v for _, v in sorted(getattr(self, "models_", {}).items()))]
-        ids = np.ascontiguousarray(idx, np.int64)
         key = (type(self).__name__, self.max_operators, id(inst), tuple(sorted(getattr(self, "models_", {}))),
-               tuple(id(m) for m in fitted), len(ids), hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest())
+               tuple(id(m) for m in fitted), *_steps_digest(idx))
         cache = steps.extra.setdefault("stage_answers", {})
         got = cache.get(key)
         if got is None or got[0] is not inst or any(a is not b for a, b in zip(got[1], fitted, strict=True)):

@@ -354,14 +354,6 @@ def _same(a: Any, b: Any) -> bool:
         return a is b
 
 
-def _group_codes(g: np.ndarray) -> np.ndarray:
-    """``np.unique(g, return_inverse=True)[1]``: each row's rank among the distinct values of
-    ``g``; in one pass where ``g`` is already in order (a reference's rows come step by step)."""
-    if len(g) < 2 or not (g[1:] >= g[:-1]).all():
-        return np.unique(g, return_inverse=True)[1].reshape(-1)
-    return np.cumsum(np.r_[False, g[1:] != g[:-1]]).astype(np.int64)
-
-
 def step_count_p99(family: np.ndarray, step: np.ndarray | None, n_families: int) -> np.ndarray:
     """Per family: the 99th percentile of its instances per step, over the steps (``step`` ≥ 0)
     that hold it; NaN without steps. How many times a step runs a collective or a module is fixed
@@ -537,7 +529,8 @@ class GMMLocalizer(_Params):
             gf = g[idx]
             okf = gf >= 0
             if self.shift_test and okf.any():
-                gid = _group_codes(gf[okf])
+                _, gid = np.unique(gf[okf], return_inverse=True)
+                gid = gid.reshape(-1)
                 gsize = np.bincount(gid)
                 m2s = self._group_m2(z_held[okf], gid, len(gsize))
                 use = gsize >= 2
