@@ -79,11 +79,9 @@ def read_dataset(ds: str, split: str) -> list[dict[str, Any]]:
     truth and :func:`step_stats`."""
     from teller.baselines import make
     from teller.baselines.features import read_dataset_features
-    from teller.baselines.numeric import _unit_mask, deployments, unit_instances
+    from teller.baselines.numeric import unit_instances
     from teller.baselines.steps import load_steps, split_masks
     from teller.dataset.codec import read_subtrees
-    from teller.localize import localize
-    from teller.localize.faulttype import step_fault_types
     from teller.localize.features import FEATURES
 
     steps = load_steps(ds, "vertical")
@@ -96,25 +94,16 @@ def read_dataset(ds: str, split: str) -> list[dict[str, Any]]:
     for i in want.tolist():
         for u in steps.unit_idx[steps.unit_ptr[i]:steps.unit_ptr[i + 1]].tolist():
             unit_step[int(u)] = i
-    dep_of = deployments(steps)
-    inst_all = m._inst(steps)
     cself = FEATURES.index("self_ns")
     crt = [FEATURES.index(f) for f in ("rt_ns", "drv_ns", "rt_n", "drv_n")]
     truth = np.asarray(steps.fault_type, dtype=object)
     mech = np.asarray(steps.mechanism, dtype=object)
     runs = np.asarray(steps.runs, dtype=object)
     out = []
-    for dep, est in m.models_.items():
-        wd = want[dep_of[want] == dep]
-        if not len(wd):
+    for _, reading in m.readings(steps, want):
+        if not reading.own:  # a deployment without a fault-free training run: not read here
             continue
-        um = _unit_mask(steps, wd)
-        sel = np.flatnonzero(um[inst_all.step] & (inst_all.step >= 0))
-        if not len(sel):
-            continue
-        sub = inst_all.subset(sel)
-        loc = localize(est, sub)
-        calls = step_fault_types(est, sub, loc, counts=False)
+        est, sub, loc, calls = reading.model, reading.instances, reading.localization, reading.calls
         fams = np.asarray(sub.families, dtype=object)
         lay_of = np.array([str(f).partition(" ")[0] for f in fams])
         layer = lay_of[sub.family] if len(fams) else np.zeros(0, str)

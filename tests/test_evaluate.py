@@ -470,15 +470,25 @@ def test_numeric_stage_per_deployment_reference(vertical, monkeypatch):
     # the evidence's count rule reads a reference of the step's own deployment only: the stage of
     # deployment d, not the fallback of every normal train step (nor the plain row's)
     seen = []
-    plain = TellerNumeric._predict_with
+    plain = TellerNumeric._read_with
 
     def spy(self, model, steps, idx, counts=False):
         seen.append((model is m.models_.get(d), counts))
         return plain(self, model, steps, idx, counts)
 
-    monkeypatch.setattr(TellerNumeric, "_predict_with", spy)
+    monkeypatch.setattr(TellerNumeric, "_read_with", spy)
     m.predict(s, te)
     assert sorted(set(seen)) == [(False, False), (True, True)]
+    # the readings the answers come from (what benchmarks/host_slowdown.py reads): one per deployment
+    seen.clear()
+    got = m.readings(s, te)
+    assert sorted(np.concatenate([at for at, _ in got]).tolist()) == list(range(len(te)))
+    assert {r.own for _, r in got} == {False, True}
+    for at, r in got:
+        assert len(np.unique(dep[te[at]])) == 1  # one deployment each
+        assert r.own == (int(dep[te[at[0]]]) in m.models_)
+        assert r.model is (m.models_[int(dep[te[at[0]]])] if r.own else m.model_)
+        assert set(np.unique(r.instances.step).tolist()) <= set(s.unit_idx.tolist())
     seen.clear()
     make("teller_numeric").fit(s, tr).predict(s, te)
     assert {c for _, c in seen} == {False}
@@ -589,6 +599,41 @@ def test_horizontal_view_joins_rank_steps(slice_ds):
     p = m.predict(h, idx)
     assert p.flag.any()
     assert all(every <= set(ops) for ops, fl in zip(p.operators, p.flag, strict=True) if fl)
+
+
+def test_horizontal_instances_taken_from_the_vertical_views(vertical, slice_ds):
+    """The stage's instances of the horizontal view taken from the vertical view's (its rank steps
+    are vertical ones) are those built for it, but for the rows outside every unit; a view whose
+    units the kept ones do not hold is built anew, and the last view keeps nothing."""
+    from teller.baselines.numeric import shared_unit_instances, unit_instances, units_taken
+    from teller.baselines.steps import load_steps
+    from teller.dataset.codec import read_subtrees
+
+    sub = read_subtrees(slice_ds)
+    h = load_steps(slice_ds, "horizontal")
+    own = unit_instances(h, sub)
+    own = own.subset(np.flatnonzero(own.step >= 0))
+    warm = h.extra.pop("unit_warmup")
+    v = vertical
+    got = units_taken(v.extra["instances"], v.runs, v.unit_key, v.extra["unit_warmup"], h)
+    assert got is not None
+    inst, w = got
+    assert (w == warm).all() and inst.n == own.n > 0
+    assert inst.families == own.families and (inst.family == own.family).all() and (inst.step == own.step).all()
+    assert np.array_equal(inst.X, own.X, equal_nan=True) and (inst.parent == own.parent).all()
+    assert np.array_equal(inst.batch, own.batch, equal_nan=True)
+    # the other way round: the vertical view's units are not all horizontal ones
+    assert units_taken(inst, h.runs, h.unit_key, w, v) is None
+    # through the evaluation's shared dict: kept by the first view, taken and let go by the last
+    shared = {"last": False}
+    v2 = load_steps(slice_ds, "vertical")
+    first = shared_unit_instances(v2, sub, shared)
+    assert first.n == v.extra["instances"].n and "unit_instances" in shared
+    shared["last"] = True
+    h2 = load_steps(slice_ds, "horizontal")
+    taken = shared_unit_instances(h2, sub, shared)
+    assert "unit_instances" not in shared and taken.n == own.n and (h2.extra["unit_warmup"] == warm).all()
+    assert shared_unit_instances(load_steps(slice_ds, "vertical"), sub, None).n == first.n
 
 
 @pytest.mark.parametrize("name", ["rf", "xgb"])

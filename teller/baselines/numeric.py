@@ -30,6 +30,7 @@ same two functions.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,9 @@ import pyarrow.parquet as pq
 from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
 from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
-from teller.localize import GMMLocalizer, localize
+from teller.localize import GMMLocalizer, Localization, localize
 from teller.localize.context import dataset_context
-from teller.localize.faulttype import step_fault_types
+from teller.localize.faulttype import TypeCall, step_fault_types
 from teller.localize.features import (
     FEATURES,
     SCORED_LAYERS,
@@ -225,6 +226,64 @@ def unit_instances(steps: StepSet, subtrees: pa.Table) -> Instances:
     return inst
 
 
+def shared_unit_instances(steps: StepSet, subtrees: pa.Table, shared: dict[str, Any] | None) -> Instances:
+    """:func:`unit_instances` of ``steps``, built once for the views of one evaluation: where an
+    earlier view's units (kept in ``shared``) hold every unit of ``steps`` (the horizontal view's
+    rank steps are vertical ones), its instances of those units are taken (:func:`units_taken`);
+    else they are built and kept for the next view. ``shared`` None, or ``shared["last"]`` (the
+    last view): nothing is kept, and what was is let go."""
+    last = shared is None or bool(shared.get("last"))
+    got = None if shared is None else shared.pop("unit_instances", None) if last else shared.get("unit_instances")
+    if got is not None and got[0] == steps.dataset:
+        taken = units_taken(got[1], got[2], got[3], got[4], steps)
+        if taken is not None:
+            steps.extra["unit_warmup"] = taken[1]
+            return taken[0]
+    del got
+    inst = unit_instances(steps, subtrees)
+    if not last:
+        shared["unit_instances"] = (steps.dataset, inst, np.asarray(steps.runs), steps.unit_key.copy(),
+                                    np.asarray(steps.extra["unit_warmup"], bool).copy())
+    return inst
+
+
+def units_taken(inst: Instances, runs: np.ndarray, keys: np.ndarray, warm: np.ndarray,
+                steps: StepSet) -> tuple[Instances, np.ndarray] | None:
+    """The instances of the units of ``steps`` taken from ``inst``, the instances of the units
+    ``keys`` (sorted ``run_code << 40 | step_id`` of the sorted run names ``runs``; ``warm``: their
+    warm-up flags) of the same dataset, with ``step`` indexing ``steps``' units; and those units'
+    warm-up flags. None where a unit of ``steps`` is not among ``keys``. A unit's instances are
+    those :func:`unit_instances` builds for it whatever other steps are read (its STEP subtree and
+    iteration rows, its context by its key); the rows outside every unit of ``steps`` are left out
+    (every reader of the instances skips them) and the families are those of the rows kept, in
+    name order (codes into a shorter list of the same names)."""
+    mine = steps.unit_key
+    runs = np.asarray(runs)
+    sruns = np.asarray(steps.runs)
+    if not len(mine):
+        return None
+    g = np.searchsorted(runs, sruns)
+    ok = (g < len(runs)) & (runs[np.minimum(g, max(len(runs) - 1, 0))] == sruns) if len(runs) else np.zeros(len(sruns), bool)
+    used = np.unique(mine >> 40)
+    if not ok[used].all():
+        return None
+    low = (1 << 40) - 1
+    k = (g[mine >> 40].astype(np.int64) << 40) | (mine & low)
+    pos = np.searchsorted(keys, k)
+    if (pos >= len(keys)).any() or (keys[np.minimum(pos, len(keys) - 1)] != k).any():
+        return None
+    to = np.full(len(keys) + 1, -1, np.int64)
+    to[pos] = np.arange(len(mine))
+    step = np.where(inst.step >= 0, to[np.where(inst.step >= 0, inst.step, len(keys))], -1)
+    sel = np.flatnonzero(step >= 0)
+    sub = inst.subset(sel)
+    present = np.flatnonzero(np.bincount(sub.family.astype(np.int64), minlength=len(inst.families)))
+    code = np.full(len(inst.families), -1, np.int32)
+    code[present] = np.arange(len(present), dtype=np.int32)
+    return (Instances(sub.rows, code[sub.family], [inst.families[i] for i in present.tolist()], step[sel], sub.X,
+                      sub.parent, sub.layers, sub.batch), np.asarray(warm, bool)[pos])
+
+
 def _unit_mask(steps: StepSet, idx: np.ndarray) -> np.ndarray:
     m = np.zeros(len(steps.unit_key) + 1, bool)
     lens = np.diff(steps.unit_ptr)[idx]
@@ -250,6 +309,20 @@ def fault_free_steps(steps: StepSet) -> np.ndarray:
     faulty = np.zeros(len(steps.runs), bool)
     np.logical_or.at(faulty, steps.run_code, steps.in_window | steps.is_anomaly)
     return ~faulty[steps.run_code]
+
+
+@dataclass
+class StageReading:
+    """What the stage read on some steps' units: the fitted stage (``model``), the units'
+    ``instances``, its ``localization`` of them, the type each flagged unit's evidence points to
+    (``calls``, :func:`teller.localize.faulttype.step_fault_types`) and whether that type could
+    read the collectives' counts (``own``: the reference is of the steps' deployment)."""
+
+    model: GMMLocalizer
+    instances: Instances
+    localization: Localization
+    calls: dict[int, TypeCall]
+    own: bool
 
 
 @register("teller_numeric")
@@ -342,21 +415,32 @@ class TellerNumeric(Method):
         return Prediction(score=p.score.copy(), flag=p.flag.copy(), operators=[list(o) for o in p.operators],
                           fault_type=p.fault_type.copy())
 
-    def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> Prediction:
-        """The stage's answers on the steps ``idx``; ``counts``: the model's reference is of these
-        steps' deployment, so the evidence's type may read the collectives' counts per step
-        (:func:`teller.localize.faulttype.step_fault_types`; a reference mixing deployments may not)."""
+    def _read_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> StageReading:
+        """The stage ``model`` reading the units of the steps ``idx``: their instances, the
+        localization and the type each flagged unit's evidence points to; ``counts``: the model's
+        reference is of these steps' deployment, so the evidence's type may read the collectives'
+        counts per step (:func:`teller.localize.faulttype.step_fault_types`; a reference mixing
+        deployments may not)."""
         inst = self._inst(steps)
         um = _unit_mask(steps, idx)
-        sel = np.flatnonzero(um[inst.step] & (inst.step >= 0))
-        sub = inst.subset(sel)
+        sub = inst.subset(np.flatnonzero(um[inst.step] & (inst.step >= 0)))
         loc = localize(model, sub)
+        return StageReading(model, sub, loc, step_fault_types(model, sub, loc, counts=counts), counts)
+
+    def _predict_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> Prediction:
+        """The stage's answers on the steps ``idx`` (:meth:`_read_with`, :meth:`_answers`)."""
+        return self._answers(steps, idx, self._read_with(model, steps, idx, counts=counts))
+
+    def _answers(self, steps: StepSet, idx: np.ndarray, reading: StageReading) -> Prediction:
+        """The answers on the steps ``idx`` of the stage's ``reading`` of their units: a step is
+        flagged where one of its units is, its score is theirs at most, its operators the named
+        ones of its flagged units, its type that of its most suspicious unit."""
+        sub, loc, calls = reading.instances, reading.localization, reading.calls
         nu = len(steps.unit_key)
         uflag = np.zeros(nu, bool)
         uflag[loc.steps.steps[loc.steps.flag]] = True
         uscore = np.full(nu, -np.inf)
         uscore[loc.steps.steps] = loc.steps.score
-        calls = step_fault_types(model, sub, loc, counts=counts)
         utype = {u: c.fault_type for u, c in calls.items()}
         module = enclosing_modules(sub)
         uops: dict[int, set[str]] = {}
@@ -445,15 +529,22 @@ class TellerNumericDeployment(TellerNumeric):
         self.fitted_steps_ = int(len(idx))
         return self
 
-    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+    def readings(self, steps: StepSet, idx: np.ndarray) -> list[tuple[np.ndarray, StageReading]]:
+        """Per deployment of the steps ``idx``: the positions in ``idx`` of its steps and the stage's
+        reading of them (:meth:`_read_with`) by its own reference (``reading.own``), else by the one
+        fitted on every normal train step."""
         idx = np.asarray(idx)
         dep = deployments(steps)[idx]
-        parts = []
+        out = []
         for d in np.unique(dep).tolist():
             at = np.flatnonzero(dep == d)
             own = int(d) in self.models_  # a reference of this deployment (else every normal train step)
-            parts.append((at, self._predict_with(self.models_[int(d)] if own else self.model_, steps, idx[at], counts=own)))
-        return _gather(len(idx), parts)
+            out.append((at, self._read_with(self.models_[int(d)] if own else self.model_, steps, idx[at], counts=own)))
+        return out
+
+    def predict(self, steps: StepSet, idx: np.ndarray) -> Prediction:
+        idx = np.asarray(idx)
+        return _gather(len(idx), [(at, self._answers(steps, idx[at], r)) for at, r in self.readings(steps, idx)])
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()

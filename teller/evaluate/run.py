@@ -91,7 +91,8 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
     split scored (test; val to choose a rule's setting before the test part is read: its rows of
     ``predictions.parquet`` name the split ``SPLIT/val``, :func:`split_label`). ``shared``: what
     the views of one evaluation read alike (the root-cause model's dataset, which holds every
-    view's units), kept from one view to the next."""
+    view's units, and the stage's operator instances, :func:`teller.baselines.numeric.shared_unit_instances`),
+    kept from one view to the next."""
     from teller.baselines.features import feature_table
     from teller.dataset.codec import read_subtrees
 
@@ -117,9 +118,9 @@ def evaluate_view(ds: str | Path, view: str, splits: Sequence[str], methods: Seq
         return [{"split": s, "view": view, "seed": seed, "skipped": masks[s]} for s in splits]
     sub = read_subtrees(ds)
     if any(getattr(REGISTRY[m], "needs_instances", False) for m in methods):  # the stage's instances, CUPTI memory kinds included
-        from teller.baselines.numeric import unit_instances
+        from teller.baselines.numeric import shared_unit_instances
 
-        steps.extra["instances"] = unit_instances(steps, sub)
+        steps.extra["instances"] = shared_unit_instances(steps, sub, shared)
     sub = feature_table(sub)  # what the step features read: the other columns are freed before their rows are copied
     logs = None
     if (Path(ds) / "logs.parquet").is_file():
@@ -300,7 +301,8 @@ def evaluate(ds: str | Path, splits: Sequence[str], views: Sequence[str], method
     blocks: list[dict[str, Any]] = []
     preds: list[pa.Table] = []
     shared: dict[str, Any] = {}
-    for v in views:
+    for i, v in enumerate(views):
+        shared["last"] = i == len(views) - 1  # what the views share is let go in the last one
         blocks += evaluate_view(ds, v, splits, methods, seed=seed, limit_steps=limit_steps, log=log, models=models, device=device,
                                 predictions=preds, reuse=rt, reuse_from=", ".join(str(r) for r in reuse), part=part,
                                 shared=shared)
