@@ -522,7 +522,7 @@ def test_cli_writes_json_markdown_png(slice_ds, tmp_path):
     assert all("step" in r and "low_prior" in r for r in done["methods"])
     assert done["methods"][2]["fault_type"]["steps"] == done["test_abnormal"]
     md = (out / "results.md").read_text()
-    assert "| TELLER numeric stage |" in md and "split `request`, view `vertical`, seed 1" in md
+    assert "| TELLER numeric stage (`teller_numeric`) |" in md and "split `request`, view `vertical`, seed 1" in md
     assert "split `workload`, view `vertical`, seed 1" in md
     for b in res["results"]:
         for p in b.get("plots", []):
@@ -859,7 +859,7 @@ def test_teller_row_is_the_stage_or_the_model_and_predictions_are_written(slice_
     row = {r["method"]: r for r in blk["methods"]}["teller"]
     assert row["step"]["tp"] == sum(t["flag"] and t["is_anomaly"] for t in tel.values())
     assert row["step"]["fp"] == sum(t["flag"] and not t["is_anomaly"] for t in tel.values())
-    assert "| TELLER (numeric stage + MoT root-cause model) |" in (out / "results.md").read_text()
+    assert "| TELLER (numeric stage + MoT root-cause model) (`teller`) |" in (out / "results.md").read_text()
     # the row says which trained model it scored (read after its fit)
     assert Path({r["method"]: r for r in blk["methods"]}["teller_mot"]["model"]) == models / "it"
     # alone: it fits and predicts both parts itself

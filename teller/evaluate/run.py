@@ -341,7 +341,7 @@ def main_table(block: dict[str, Any], command: str = "") -> str:
              + (f". Reproduce: `{command}`" if command else ""), "", hdr, "|" + "---|" * 4 + "---:|" * 15]
     for r in block["methods"]:
         if "error" in r:
-            lines.append(f"| {r['label']} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(["–"] * 14)
+            lines.append(f"| {_name(r)} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(["–"] * 14)
                          + f" | ({r['error']}) |")
             continue
         s, o, ft = r["step"], r.get("operator"), r.get("fault_type")
@@ -350,7 +350,7 @@ def main_table(block: dict[str, Any], command: str = "") -> str:
                    _f(o["macro_plus_jaccard"])] if o else ["n/a"] * 5)
         cells += [_f(ft["accuracy"]), _f(ft["macro_recall"]), _f(ft["macro_f1"])] if ft else ["n/a"] * 3
         cells.append(f"{r['seconds']['fit']:.1f}")
-        lines.append(f"| {r['label']} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_name(r)} | {r['kind']} | {r['features']} | {r['fit_on']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -371,8 +371,13 @@ def low_prior_table(block: dict[str, Any]) -> str:
                 cells += ["–"] * 4
                 continue
             cells += [f"{d[f'{m}_mean']:.3f} ± {d[f'{m}_std']:.3f}" for m in ("recall", "f1", "auprc", "auroc")]
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_name(r)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _name(row: dict[str, Any]) -> str:
+    """A row's label with its method's id (what ``--methods`` and the plots name it)."""
+    return f"{row['label']} (`{row['method']}`)" if row.get("method") else row["label"]
 
 
 def _plots(block: dict[str, Any], out: Path) -> list[str]:
@@ -384,7 +389,7 @@ def _plots(block: dict[str, Any], out: Path) -> list[str]:
     rows = [r for r in block["methods"] if "step" in r]
     tag = f"{block['split']}_{block['view']}"
     files = []
-    labels = [r["label"] for r in rows]
+    labels = [r.get("method") or r["label"] for r in rows]  # the tables give each id's label
     x = np.arange(len(rows))
     series = {"step F1": [r["step"]["f1"] for r in rows],
               "op Macro₊ F1": [r["operator"]["macro_plus_f1"] if r.get("operator") else np.nan for r in rows],
@@ -399,20 +404,27 @@ def _plots(block: dict[str, Any], out: Path) -> list[str]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     p = out / f"f1_{tag}.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=110, bbox_inches="tight")
     plt.close(fig)
     files.append(p.name)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     colors = plt.get_cmap("tab20").colors
+    dark = ("black", "tab:blue", "tab:red", "tab:green", "tab:purple", "tab:brown")  # TELLER's rows: thick, each its own
+    marks, nt = ("o", "s", "^", "D", "v", "P"), 0
     for i, r in enumerate(rows):
-        style = {"color": "black", "linewidth": 2.5} if r["kind"] == "teller" else {"color": colors[i % len(colors)]}
+        if r["kind"] == "teller":
+            style = {"color": dark[nt % len(dark)], "linewidth": 2.5, "marker": marks[nt % len(marks)],
+                     "linestyle": ("-", "--")[nt // len(dark) % 2]}
+            nt += 1
+        else:
+            style = {"color": colors[i % len(colors)], "linewidth": 1.0, "marker": ".", "alpha": 0.8}
         lp = r["low_prior"]
         ps = [block["test_prior"]] + [float(k) for k in lp if "note" not in lp[k]]
         for ax, m in zip(axes, ("f1", "auprc"), strict=True):
             full = r["step"][m]
             mean = [full] + [lp[k][f"{m}_mean"] for k in lp if "note" not in lp[k]]
             sd = [0.0] + [lp[k][f"{m}_std"] for k in lp if "note" not in lp[k]]
-            ax.errorbar(ps, mean, yerr=sd, marker="o", capsize=3, label=r["label"], **style)
+            ax.errorbar(ps, mean, yerr=sd, capsize=3, label=labels[i], **style)
     ticks = sorted({round(block["test_prior"], 2), *(float(k) for k in PRIORS)})
     for ax, m in zip(axes, ("step F1", "AUPRC"), strict=True):
         ax.set_xscale("log")
@@ -421,11 +433,11 @@ def _plots(block: dict[str, Any], out: Path) -> list[str]:
         ax.set_xlabel("fault prior")
         ax.set_ylabel(m)
         ax.set_ylim(0, 1)
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), ncol=1 + len(rows) // 16)
     fig.suptitle(f"low priors: split {block['split']}, view {block['view']} (50 repeats, ± std)")
     fig.tight_layout()
     p = out / f"low_prior_{tag}.png"
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=110, bbox_inches="tight")
     plt.close(fig)
     files.append(p.name)
     return files

@@ -1,0 +1,160 @@
+"""Issue 14's goal read from `teller evaluate` results: per split, view and seed, a TELLER row
+against the best baseline of each column, and its F1 at a 10% fault prior against the goal's
+floor (docs/results.md, "Where the goal stands"):
+
+    python benchmarks/goal_check.py docs/evaluate_v2_all/results_s*.json \\
+        --rows teller_sustained_family,teller_mot_family -o docs/evaluate_v2_all/goal.md --json goal.json
+
+A column is met where the row is ahead of every method of another kind (``kind`` other than
+``teller``: the unsupervised, supervised and log baselines) that has the column: step F1, operator
+Macro₊ F1, fault-type macro-F1 (a method without a type head has no fault-type column); "tie"
+where the best baseline has the same figure (which the goal does not count as ahead). The 10%
+prior column is met where the mean F1 of the evaluation's draws at a 10% prior reaches
+:data:`PRIOR_GOAL` of the view. Only blocks that hold the row and at least one baseline are read;
+every figure comes from the files given, nothing is typed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+#: the goal's floor on step F1 at a 10% fault prior, per view (issue 14)
+PRIOR_GOAL = {"vertical": 0.90, "horizontal": 0.85}
+#: the columns compared with the baselines: (name, path in a method's row)
+COLUMNS = (("step F1", ("step", "f1")), ("Macro₊ F1", ("operator", "macro_plus_f1")),
+           ("fault-type F1", ("fault_type", "macro_f1")))
+SPLIT_ORDER = {"request": 0, "run": 1, "mechanism": 2, "workload": 3}
+
+
+def figure(row: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    """The figure at ``path`` of a method's row, None where the row has none (no such head, or an
+    error row)."""
+    v: Any = row
+    for k in path:
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return None if v is None else float(v)
+
+
+def prior_f1(row: dict[str, Any]) -> float | None:
+    lp = row.get("low_prior") or {}
+    got = lp.get("0.1") or {}
+    return None if "f1_mean" not in got else float(got["f1_mean"])
+
+
+def check_block(block: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The row ``name`` of one result block against the block's baselines; None where the block
+    lacks the row (or an error stands in its place) or holds no baseline."""
+    rows = [m for m in block.get("methods", []) if "error" not in m]
+    mine = [m for m in rows if m.get("method") == name]
+    base = [m for m in rows if m.get("kind") != "teller"]
+    if not mine or not base:
+        return None
+    row = mine[0]
+    cells: dict[str, Any] = {}
+    for col, path in COLUMNS:
+        v = figure(row, path)
+        have = [(figure(b, path), b["method"]) for b in base]
+        have = [(x, n) for x, n in have if x is not None]
+        if v is None or not have:
+            cells[col] = {"value": v, "best_baseline": None, "verdict": "n/a"}
+            continue
+        best, who = max(have, key=lambda t: t[0])
+        verdict = "ahead" if v > best else "tie" if v == best else "behind"
+        cells[col] = {"value": v, "best_baseline": best, "baseline": who, "verdict": verdict}
+    p = prior_f1(row)
+    goal = PRIOR_GOAL.get(block.get("view", ""), PRIOR_GOAL["vertical"])
+    bp = [(prior_f1(b), b["method"]) for b in base]
+    bp = [(x, n) for x, n in bp if x is not None]
+    cells["F1 at 10%"] = {"value": p, "goal": goal, "verdict": "n/a" if p is None else "met" if p >= goal else "under",
+                          **({"best_baseline": max(bp)[0], "baseline": max(bp)[1]} if bp else {})}
+    return {"split": block.get("split"), "view": block.get("view"), "seed": block.get("seed"), "row": name,
+            "test_steps": block.get("test_steps"), "test_abnormal": block.get("test_abnormal"), "cells": cells,
+            "met": all(c["verdict"] in ("ahead", "met", "n/a") for c in cells.values())}
+
+
+def check(results: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for res in results:
+        for block in res.get("results", []):
+            if "skipped" in block:
+                continue
+            for name in names:
+                got = check_block(block, name)
+                if got is not None:
+                    got["source"] = res.get("_path", "")
+                    out.append(got)
+    out.sort(key=lambda c: (c["row"], SPLIT_ORDER.get(c["split"], 9), c["view"] != "vertical", c["seed"]))
+    return out
+
+
+def _cell(c: dict[str, Any]) -> str:
+    if c["value"] is None:
+        return "—"
+    v = f"{c['value']:.3f}"
+    if "goal" in c:
+        return (f"**{v}**" if c["verdict"] == "met" else v) + (f" (best baseline {c['best_baseline']:.3f})" if "best_baseline" in c else "")
+    if c["best_baseline"] is None:
+        return v
+    mark = {"ahead": f"**{v}**", "tie": f"{v} (tie)", "behind": f"{v} (behind)"}[c["verdict"]]
+    return f"{mark} against {c['best_baseline']:.3f} ({c['baseline']})"
+
+
+def markdown(checks: list[dict[str, Any]]) -> str:
+    lines = []
+    for name in dict.fromkeys(c["row"] for c in checks):
+        mine = [c for c in checks if c["row"] == name]
+        cols = [k for k, _ in COLUMNS] + ["F1 at 10%"]
+        met = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] in ("ahead", "met"))
+        counted = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] != "n/a")
+        lines += [f"**`{name}`**: {met} of {counted} cells met; blocks met whole: "
+                  f"{sum(c['met'] for c in mine)} of {len(mine)}. Bold: ahead of every baseline (the first three "
+                  f"columns) or at the goal's floor (10% prior: {PRIOR_GOAL['vertical']:.2f} vertical, "
+                  f"{PRIOR_GOAL['horizontal']:.2f} horizontal).", "",
+                  "| split, view, seed (test steps, abnormal) | " + " | ".join(cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for c in mine:
+            head = f"{c['split']}, {c['view']}, seed {c['seed']} ({c['test_steps']:,}, {c['test_abnormal']:,})"
+            lines.append(f"| {head} | " + " | ".join(_cell(c["cells"][k]) for k in cols) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", help="results.json files of `teller evaluate`")
+    ap.add_argument("--rows", default="teller_sustained_family", help="TELLER rows to check (comma-separated)")
+    ap.add_argument("-o", "--out", help="markdown file (default: stdout)")
+    ap.add_argument("--json", help="the checks as JSON")
+    a = ap.parse_args(argv)
+    results = []
+    for p in a.results:
+        try:
+            res = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            print(f"{p}: not a results file of `teller evaluate` ({e})", file=sys.stderr)
+            return 2
+        res["_path"] = p
+        results.append(res)
+    checks = check(results, [r for r in a.rows.split(",") if r])
+    if not checks:
+        print(f"none of the rows {a.rows} is in a block with a baseline in {', '.join(a.results)}", file=sys.stderr)
+        return 2
+    md = markdown(checks)
+    if a.out:
+        Path(a.out).write_text(md + "\n")
+    else:
+        print(md)
+    if a.json:
+        Path(a.json).write_text(json.dumps({"sources": a.results, "rows": a.rows.split(","), "prior_goal": PRIOR_GOAL,
+                                            "checks": checks}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
