@@ -8,7 +8,8 @@ floor (docs/results.md, "Where the goal stands"):
 A column is met where the row is ahead of every method of another kind (``kind`` other than
 ``teller``: the unsupervised, supervised and log baselines) that has the column: step F1, operator
 Macro₊ F1, fault-type macro-F1 (a method without a type head has no fault-type column); "tie"
-where the best baseline has the same figure (which the goal does not count as ahead). The 10%
+where the best baseline has the same figure (which the goal does not count as ahead), "ceiling"
+where both are 1 (no method can be ahead of it: counted as met). The 10%
 prior column is met where the mean F1 of the evaluation's draws at a 10% prior reaches
 :data:`PRIOR_GOAL` of the view. Only blocks that hold the row and at least one baseline are read;
 every figure comes from the files given, nothing is typed in.
@@ -28,6 +29,8 @@ PRIOR_GOAL = {"vertical": 0.90, "horizontal": 0.85}
 COLUMNS = (("step F1", ("step", "f1")), ("Macro₊ F1", ("operator", "macro_plus_f1")),
            ("fault-type F1", ("fault_type", "macro_f1")))
 SPLIT_ORDER = {"request": 0, "run": 1, "mechanism": 2, "workload": 3}
+#: the verdicts that meet a cell (n/a: a column the block does not have)
+MET = ("ahead", "ceiling", "met", "n/a")
 
 
 def figure(row: dict[str, Any], path: tuple[str, ...]) -> float | None:
@@ -65,7 +68,7 @@ def check_block(block: dict[str, Any], name: str) -> dict[str, Any] | None:
             cells[col] = {"value": v, "best_baseline": None, "verdict": "n/a"}
             continue
         best, who = max(have, key=lambda t: t[0])
-        verdict = "ahead" if v > best else "tie" if v == best else "behind"
+        verdict = "ahead" if v > best else ("ceiling" if v >= 1.0 else "tie") if v == best else "behind"
         cells[col] = {"value": v, "best_baseline": best, "baseline": who, "verdict": verdict}
     p = prior_f1(row)
     goal = PRIOR_GOAL.get(block.get("view", ""), PRIOR_GOAL["vertical"])
@@ -75,7 +78,7 @@ def check_block(block: dict[str, Any], name: str) -> dict[str, Any] | None:
                           **({"best_baseline": max(bp)[0], "baseline": max(bp)[1]} if bp else {})}
     return {"split": block.get("split"), "view": block.get("view"), "seed": block.get("seed"), "row": name,
             "test_steps": block.get("test_steps"), "test_abnormal": block.get("test_abnormal"), "cells": cells,
-            "met": all(c["verdict"] in ("ahead", "met", "n/a") for c in cells.values())}
+            "met": all(c["verdict"] in MET for c in cells.values())}
 
 
 def check(results: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
@@ -89,7 +92,8 @@ def check(results: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any
                 if got is not None:
                     got["source"] = res.get("_path", "")
                     out.append(got)
-    out.sort(key=lambda c: (c["row"], SPLIT_ORDER.get(c["split"], 9), c["view"] != "vertical", c["seed"]))
+    rank = {n: i for i, n in enumerate(names)}
+    out.sort(key=lambda c: (rank[c["row"]], SPLIT_ORDER.get(c["split"], 9), c["view"] != "vertical", c["seed"]))
     return out
 
 
@@ -101,8 +105,12 @@ def _cell(c: dict[str, Any]) -> str:
         return (f"**{v}**" if c["verdict"] == "met" else v) + (f" (best baseline {c['best_baseline']:.3f})" if "best_baseline" in c else "")
     if c["best_baseline"] is None:
         return v
-    mark = {"ahead": f"**{v}**", "tie": f"{v} (tie)", "behind": f"{v} (behind)"}[c["verdict"]]
-    return f"{mark} against {c['best_baseline']:.3f} ({c['baseline']})"
+    b = f"{c['best_baseline']:.3f}"
+    if v == b and c["verdict"] in ("ahead", "behind"):  # apart by less than the third decimal: show the fourth
+        v, b = f"{c['value']:.4f}", f"{c['best_baseline']:.4f}"
+    mark = {"ahead": f"**{v}**", "ceiling": f"**{v}** (tie at the ceiling)", "tie": f"{v} (tie)",
+            "behind": f"{v} (behind)"}[c["verdict"]]
+    return f"{mark} against {b} ({c['baseline']})"
 
 
 def markdown(checks: list[dict[str, Any]]) -> str:
@@ -110,11 +118,11 @@ def markdown(checks: list[dict[str, Any]]) -> str:
     for name in dict.fromkeys(c["row"] for c in checks):
         mine = [c for c in checks if c["row"] == name]
         cols = [k for k, _ in COLUMNS] + ["F1 at 10%"]
-        met = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] in ("ahead", "met"))
+        met = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] in MET and c["cells"][k]["verdict"] != "n/a")
         counted = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] != "n/a")
         lines += [f"**`{name}`**: {met} of {counted} cells met; blocks met whole: "
-                  f"{sum(c['met'] for c in mine)} of {len(mine)}. Bold: ahead of every baseline (the first three "
-                  f"columns) or at the goal's floor (10% prior: {PRIOR_GOAL['vertical']:.2f} vertical, "
+                  f"{sum(c['met'] for c in mine)} of {len(mine)}. Bold: ahead of every baseline, or tied with one at 1.000 "
+                  f"(the first three columns), or at the goal's floor (10% prior: {PRIOR_GOAL['vertical']:.2f} vertical, "
                   f"{PRIOR_GOAL['horizontal']:.2f} horizontal).", "",
                   "| split, view, seed (test steps, abnormal) | " + " | ".join(cols) + " |",
                   "|---|" + "---|" * len(cols)]
@@ -146,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"none of the rows {a.rows} is in a block with a baseline in {', '.join(a.results)}", file=sys.stderr)
         return 2
     md = markdown(checks)
-    if a.out:
+    if a.out:  # a file of its own says what it was read from
+        md = ("# Issue 14's goal, cell by cell (`benchmarks/goal_check.py`)\n\nRead from: "
+              + ", ".join(f"`{p}`" for p in a.results) + "\n\n" + md)
         Path(a.out).write_text(md + "\n")
     else:
         print(md)

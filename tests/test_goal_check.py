@@ -48,6 +48,15 @@ def test_columns_ahead_tie_behind_and_the_prior_floor():
     assert gh["cells"]["F1 at 10%"]["verdict"] == "met" and gh["met"] is True
     h["view"] = "vertical"
     assert gc.check_block(h, "teller_sustained_family")["cells"]["F1 at 10%"]["verdict"] == "under"
+    # a tie at 1 cannot be beaten: met ("ceiling"); a tie under 1 is not
+    top = _block("vertical", [_row("teller_sustained_family", "teller", 1.0, 0.95, 1.0, 0.95),
+                              _row("rf", "supervised", 1.0, 0.95, 0.99, 0.99)])
+    ct = gc.check_block(top, "teller_sustained_family")["cells"]
+    assert ct["step F1"]["verdict"] == "ceiling" and ct["Macro₊ F1"]["verdict"] == "tie" and ct["fault-type F1"]["verdict"] == "ahead"
+    # apart by less than the third decimal: the fourth is shown
+    near = _block("vertical", [_row("teller_sustained_family", "teller", 0.98321, 0.9, 0.9, 0.95),
+                               _row("rf", "supervised", 0.98294, 0.8, 0.8, 0.9)])
+    assert "**0.9832** against 0.9829 (rf)" in gc.markdown([gc.check_block(near, "teller_sustained_family")])
     # a block without the row, or without a baseline, is not read
     assert gc.check_block(v, "teller_mot_family") is None
     assert gc.check_block(_block("vertical", [_row("teller_sustained_family", "teller", 1, 1, 1, 1)]),
