@@ -397,6 +397,48 @@ def test_numeric_stage_names_the_family_its_evidence_was_typed_by(vertical, monk
         assert ops == (sorted({*c, "COMM evidence_family"}) if f else [])
 
 
+def test_numeric_stage_answers_the_type_its_evidence_cannot_rule_out(vertical, monkeypatch):
+    """Each step's ``alternative`` is that of the evidence which typed it (its most suspicious
+    unit's): scheduling beside memory decided by a framework op's own time, none beside a
+    collective's count; "" where the step has no type. Per deployment as in one stage."""
+    import teller.baselines.numeric as numeric
+    from teller.baselines import make
+    from teller.baselines.steps import split_masks
+    from teller.localize.faulttype import TypeCall
+
+    train, test, _ = split_masks(vertical, "request")
+    tr, te = np.flatnonzero(train), np.flatnonzero(test)
+    real = numeric.step_fault_types
+    for name in ("teller_numeric", "teller_numeric_deploy"):
+        m = make(name, seed=0).fit(vertical, tr)
+        monkeypatch.setattr(numeric, "step_fault_types", lambda *a, **k: {
+            u: TypeCall("memory", "BE aten::mm", "self_ns") for u in real(*a, **k)})
+        p = m.predict(vertical, te)
+        typed = p.fault_type != ""
+        assert typed.any() and len(p.alternative) == len(te)
+        assert (p.alternative[typed] == "scheduling").all() and (p.alternative[~typed] == "").all()
+        monkeypatch.setattr(numeric, "step_fault_types", lambda *a, **k: {
+            u: TypeCall("communication", "COMM all_reduce", "count") for u in real(*a, **k)})
+        q = m.predict(vertical, te)
+        assert (q.fault_type[typed] == "communication").all() and (q.alternative == "").all()
+        monkeypatch.setattr(numeric, "step_fault_types", real)
+
+
+def test_novel_retype_keeps_the_models_type_the_evidence_cannot_rule_out():
+    from teller.baselines.rca import novel_retype
+
+    types = np.array(["scheduling", "scheduling", "kernel", "memory", "runtime"], dtype=object)
+    novel = np.array([True, True, True, False, True])
+    evidence = np.array(["memory", "memory", "memory", "kernel", ""], dtype=object)
+    alternative = np.array(["scheduling", "", "scheduling", "", ""], dtype=object)
+    # every novel step with an evidence type takes it; a step outside, or without evidence, keeps its own
+    got, changed, kept = novel_retype(types, novel, evidence)
+    assert list(got) == ["memory", "memory", "memory", "memory", "runtime"] and (changed, kept) == (3, 0)
+    # the model's type is the alternative the evidence cannot rule out: it stays (step 0 only)
+    got, changed, kept = novel_retype(types, novel, evidence, alternative)
+    assert list(got) == ["scheduling", "memory", "memory", "memory", "runtime"] and (changed, kept) == (2, 1)
+
+
 def test_numeric_stage_reference_every_normal_step_or_the_fault_free_runs(vertical):
     """teller_numeric's reference is every normal train step; teller_numeric_ff takes those of the
     runs without a fault window (as `teller diagnose --reference` reads fault-free recordings),

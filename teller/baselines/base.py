@@ -18,12 +18,14 @@ class Prediction:
     ``score``: higher is more abnormal (any scale; used for AUROC/AUPRC); ``flag``: the method's
     own decision; ``fault_type``: a category per step (None: the method has no fault-type head);
     ``operators``: the predicted operator families of each step, empty for a step not flagged
-    (None: the method names no operators)."""
+    (None: the method names no operators); ``alternative``: per step, the other type its
+    evidence cannot rule out ("" none; None: the method does not say, as all but the numeric stage)."""
 
     score: np.ndarray
     flag: np.ndarray
     fault_type: np.ndarray | None = None
     operators: list[list[str]] | None = None
+    alternative: np.ndarray | None = None
 
 
 class Method:

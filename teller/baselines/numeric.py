@@ -413,7 +413,7 @@ class TellerNumeric(Method):
             got = cache[key] = (inst, fitted, self.predict(steps, idx))
         p = got[2]
         return Prediction(score=p.score.copy(), flag=p.flag.copy(), operators=[list(o) for o in p.operators],
-                          fault_type=p.fault_type.copy())
+                          fault_type=p.fault_type.copy(), alternative=None if p.alternative is None else p.alternative.copy())
 
     def _read_with(self, model: GMMLocalizer, steps: StepSet, idx: np.ndarray, counts: bool = False) -> StageReading:
         """The stage ``model`` reading the units of the steps ``idx``: their instances, the
@@ -442,6 +442,7 @@ class TellerNumeric(Method):
         uscore = np.full(nu, -np.inf)
         uscore[loc.steps.steps] = loc.steps.score
         utype = {u: c.fault_type for u, c in calls.items()}
+        ualt = {u: c.alternative for u, c in calls.items()}
         module = enclosing_modules(sub)
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units: the family the evidence's type was decided by
@@ -452,16 +453,18 @@ class TellerNumeric(Method):
         score = np.full(n, -np.inf)
         ops: list[list[str]] = []
         ftype = np.full(n, "", dtype=object)
+        falt = np.full(n, "", dtype=object)
         for i, s in enumerate(idx.tolist()):  # test steps
             units = steps.unit_idx[steps.unit_ptr[s]:steps.unit_ptr[s + 1]]
             flag[i] = bool(uflag[units].any())
             score[i] = float(uscore[units].max()) if len(units) else -np.inf
             ops.append(sorted(set().union(*(uops.get(int(u), set()) for u in units.tolist()))) if flag[i] else [])
             if len(units):  # the type of the step's most suspicious unit (a horizontal step: its ranks')
-                ftype[i] = utype.get(int(units[np.argmax(uscore[units])])) or ""
+                top = int(units[np.argmax(uscore[units])])
+                ftype[i], falt[i] = utype.get(top) or "", ualt.get(top) or ""
         finite = np.isfinite(score)
         score[~finite] = (score[finite].min() - 1.0) if finite.any() else 0.0
-        return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
+        return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype, alternative=falt)
 
 
 @register("teller_numeric_ff")
@@ -558,11 +561,14 @@ def _gather(n: int, parts: list[tuple[np.ndarray, Prediction]]) -> Prediction:
     flag, score = np.zeros(n, bool), np.zeros(n)
     ops: list[list[str]] = [[] for _ in range(n)]
     ftype = np.full(n, "", dtype=object)
+    alt = np.full(n, "", dtype=object)
     for at, p in parts:
         flag[at], score[at], ftype[at] = p.flag, p.score, p.fault_type
+        if p.alternative is not None:
+            alt[at] = p.alternative
         for i, o in zip(at.tolist(), p.operators or [[]] * len(at), strict=True):
             ops[i] = o
-    return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype)
+    return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype, alternative=alt)
 
 
 @register("teller_numeric_self")

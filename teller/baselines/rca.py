@@ -486,6 +486,9 @@ class TellerEpisodes(TellerScreened):
     #: (the rows `teller diagnose` reports)
     novel_types = False
     novel_episode = MIN_EPISODE
+    #: in a novel episode, a step whose model type is the type the evidence cannot rule out
+    #: (:attr:`teller.localize.faulttype.TypeCall.alternative`) keeps the model's type (measured)
+    keep_model_alternative = False
     #: a lasting departure stays only where the step's novelty is above this (None: always; the
     #: rows `teller diagnose` reports: :data:`teller.rca.LASTING_NOVELTY`)
     lasting_novelty: float | None = None
@@ -612,9 +615,12 @@ class TellerEpisodes(TellerScreened):
             sft = np.asarray(whole.fault_type, dtype=object)[pos]
             ft = np.where(keep & (sft != ""), sft, np.asarray(ft, dtype=object))
             if self.novel_types:  # unlike every training step, lasting: the evidence's type
-                novel = self.novel_episodes(steps, every, whole, ratio)[pos] & (sft != "")
-                self.retyped_novel_ = int((novel & (sft != ft)).sum())
-                ft = np.where(novel, sft, ft)
+                novel = self.novel_episodes(steps, every, whole, ratio)[pos]
+                alt = None if whole.alternative is None or not self.keep_model_alternative else \
+                    np.asarray(whole.alternative, dtype=object)[pos]
+                ft, self.retyped_novel_, kept = novel_retype(ft, novel, sft, alt)
+                if alt is not None:
+                    self.kept_model_alternative_ = kept
         return Prediction(score=np.where(keep, np.maximum(base.score, sscore), base.score), flag=base.flag | keep,
                           fault_type=ft, operators=ops)
 
@@ -631,7 +637,9 @@ class TellerEpisodes(TellerScreened):
         d["novel_types"] = self.novel_types
         d["novel_episode"] = self.novel_episode
         d["lasting_novelty"] = self.lasting_novelty
-        for k in ("kept_by_episode", "ruled_out_by_floor", "near_training", "novel_steps", "retyped_novel"):
+        d["keep_model_alternative"] = self.keep_model_alternative
+        for k in ("kept_by_episode", "ruled_out_by_floor", "near_training", "novel_steps", "retyped_novel",
+                  "kept_model_alternative"):
             if hasattr(self, k + "_"):
                 d[k] = getattr(self, k + "_")
         if hasattr(self, "novelty_"):
@@ -665,6 +673,24 @@ for _name, _row in FAMILY_ROWS:
     _cls = REGISTRY[_row]
     register(_name)(type(f"{_cls.__name__}Family", (_cls,), {"mot": "teller_mot_family",
                                                              "label": f"{_cls.label}; the MoT with the family operator head"}))
+
+
+def novel_retype(types: np.ndarray, novel: np.ndarray, evidence: np.ndarray,
+                 alternative: np.ndarray | None = None) -> tuple[np.ndarray, int, int]:
+    """The types of steps in novel episodes (``novel``) replaced by their evidence's type
+    (``evidence``; "" none: the step keeps its type); with ``alternative`` (per step, the type
+    the evidence cannot rule out, "" none), a step whose type is that alternative keeps it: the
+    evidence cannot tell the two apart and the model chose one of them. Returns the types, how
+    many steps changed type and how many kept theirs by the alternative."""
+    types = np.asarray(types, dtype=object)
+    evidence = np.asarray(evidence, dtype=object)
+    novel = np.asarray(novel, bool) & (evidence != "")
+    kept = np.zeros(len(types), bool)
+    if alternative is not None:
+        alternative = np.asarray(alternative, dtype=object)
+        kept = novel & (alternative != "") & (alternative == types)
+        novel &= ~kept
+    return np.where(novel, evidence, types), int((novel & (evidence != types)).sum()), int(kept.sum())
 
 
 def sustained(steps: StepSet, idx: np.ndarray, pred: Prediction, floor: float = SUSTAIN_FLOOR,
@@ -751,6 +777,10 @@ class TellerSustained(TellerEpisodes):
     novel_types = True
     lasting_novelty = LASTING_NOVELTY
 
+
+register("teller_sustained_family_alt")(type("TellerSustainedAlternative", (TellerSustained,), {
+    "keep_model_alternative": True,
+    "label": f"{TellerSustained.label}; in a novel episode the model's type where the evidence cannot rule it out"}))
 
 register("teller_sustained_ensemble")(type("TellerSustainedEnsemble", (TellerSustained,), {
     "mot": "teller_mot_family_ensemble_sustained",
