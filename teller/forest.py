@@ -192,15 +192,12 @@ class Forest:
         if n and np.array_equal(node_id, np.arange(n)):
             parent = np.where((parent_id >= 0) & (parent_id < n), parent_id, -1)
         elif n:
-            if (node_id[1:] > node_id[:-1]).all():  # ids ascending (a depth-first table): no sort
-                pos = np.clip(np.searchsorted(node_id, parent_id), 0, n - 1)
-                found = (parent_id >= 0) & (node_id[pos] == parent_id)
-                parent = np.where(found, pos, -1)
-            else:  # search the sorted ids (a search through ``sorter`` reads them at random)
-                order = np.argsort(node_id, kind="stable")
-                pos = np.clip(np.searchsorted(node_id[order], parent_id), 0, n - 1)
-                found = (parent_id >= 0) & (node_id[order[pos]] == parent_id)
-                parent = np.where(found, order[pos], -1)
+            # ids ascending (a depth-first table) are searched as they are; else their sorted copy
+            # (a search through ``sorter`` reads them at random), mapped back through the order
+            order = None if (node_id[1:] > node_id[:-1]).all() else np.argsort(node_id, kind="stable")
+            pos = np.clip(np.searchsorted(node_id if order is None else node_id[order], parent_id), 0, n - 1)
+            hit = pos if order is None else order[pos]
+            parent = np.where((parent_id >= 0) & (node_id[hit] == parent_id), hit, -1)
         else:
             parent = parent_id
         self.parent = parent.astype(np.int64)

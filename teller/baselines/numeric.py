@@ -43,7 +43,7 @@ from teller.baselines.base import Method, Prediction, register
 from teller.baselines.steps import StepSet
 from teller.forest import Forest, step_blocks, warmup_steps, with_iterations
 from teller.localize import GMMLocalizer, Localization, localize
-from teller.localize.context import dataset_context
+from teller.localize.context import dataset_context, keys_of
 from teller.localize.faulttype import TypeCall, step_fault_types
 from teller.localize.features import (
     FEATURES,
@@ -258,19 +258,11 @@ def units_taken(inst: Instances, runs: np.ndarray, keys: np.ndarray, warm: np.nd
     (every reader of the instances skips them) and the families are those of the rows kept, in
     name order (codes into a shorter list of the same names)."""
     mine = steps.unit_key
-    runs = np.asarray(runs)
-    sruns = np.asarray(steps.runs)
     if not len(mine):
         return None
-    g = np.searchsorted(runs, sruns)
-    ok = (g < len(runs)) & (runs[np.minimum(g, max(len(runs) - 1, 0))] == sruns) if len(runs) else np.zeros(len(sruns), bool)
-    used = np.unique(mine >> 40)
-    if not ok[used].all():
-        return None
     low = (1 << 40) - 1
-    k = (g[mine >> 40].astype(np.int64) << 40) | (mine & low)
-    pos = np.searchsorted(keys, k)
-    if (pos >= len(keys)).any() or (keys[np.minimum(pos, len(keys) - 1)] != k).any():
+    pos = keys_of(np.asarray(runs), np.asarray(steps.runs)[mine >> 40], mine & low, keys)
+    if (pos < 0).any():
         return None
     to = np.full(len(keys) + 1, -1, np.int64)
     to[pos] = np.arange(len(mine))

@@ -107,11 +107,15 @@ class TypeCall:
     family: str = ""
     feature: str = ""
 
+    def _alternative(self) -> tuple[str, str] | None:
+        """This evidence's entry of :data:`ALTERNATIVES` (the other type, why), or None."""
+        host = self.feature in _HOST_PACE or (self.feature in ("dur_ns", "self_ns") and _layer(self.family) in ("FE", "BE"))
+        return ALTERNATIVES.get((self.fault_type, "host")) if host else None
+
     @property
     def alternative(self) -> str | None:
         """The other type this evidence cannot rule out (:data:`ALTERNATIVES`), or None."""
-        host = self.feature in _HOST_PACE or (self.feature in ("dur_ns", "self_ns") and _layer(self.family) in ("FE", "BE"))
-        got = ALTERNATIVES.get((self.fault_type, "host")) if host else None
+        got = self._alternative()
         return got[0] if got else None
 
     def reason(self) -> str:
@@ -122,9 +126,9 @@ class TypeCall:
         what = {"family": "a family not in the reference",
                 "count": "more instances in the step than the reference's steps had"}.get(self.feature, self.feature)
         out = f"{self.fault_type}: {self.family} ({what}): {WHY[self.fault_type]}"
-        alt = self.alternative
+        alt = self._alternative()
         if alt is not None:
-            out += f"; or {alt}: {ALTERNATIVES[(self.fault_type, 'host')][1]}"
+            out += f"; or {alt[0]}: {alt[1]}"
         return out
 
 
