@@ -13,6 +13,13 @@ where both are 1 (no method can be ahead of it: counted as met). The 10%
 prior column is met where the mean F1 of the evaluation's draws at a 10% prior reaches
 :data:`PRIOR_GOAL` of the view. Only blocks that hold the row and at least one baseline are read;
 every figure comes from the files given, nothing is typed in.
+
+A new training's rows can be read against baselines scored earlier on the same test steps:
+``--baselines OLD/results.json ...`` joins to each block the baseline rows of the block with the
+same split, view and seed there (a baseline the block has itself is kept); blocks whose test steps
+differ (count, abnormal count or part) are refused:
+
+    python benchmarks/goal_check.py NEW/results.json --baselines docs/evaluate_v2_all/seed0/results.json
 """
 
 from __future__ import annotations
@@ -79,6 +86,36 @@ def check_block(block: dict[str, Any], name: str) -> dict[str, Any] | None:
             "met": all(c["verdict"] in MET for c in cells.values())}
 
 
+#: what two blocks must share for one's baselines to be read beside the other's rows
+SAME_STEPS = ("test_steps", "test_abnormal", "part")
+
+
+def join_baselines(results: list[dict[str, Any]], others: list[dict[str, Any]]) -> None:
+    """Add to each block of ``results`` the baseline rows of the block of ``others`` with the same
+    split, view and seed (rows the block already has by name are kept as they are). Raises
+    ValueError naming both files where such blocks were scored on different test steps."""
+    by_key: dict[tuple, tuple[dict[str, Any], str]] = {}
+    for res in others:
+        for b in res.get("results", []):
+            if "skipped" not in b:
+                by_key.setdefault((b.get("split"), b.get("view"), b.get("seed")), (b, res.get("_path", "")))
+    for res in results:
+        for b in res.get("results", []):
+            got = by_key.get((b.get("split"), b.get("view"), b.get("seed")))
+            if "skipped" in b or got is None:
+                continue
+            ob, where = got
+            diff = [k for k in SAME_STEPS if b.get(k) != ob.get(k)]
+            if diff:
+                raise ValueError(f"{res.get('_path', '')} and {where}: the {b.get('split')}, {b.get('view')}, seed "
+                                 f"{b.get('seed')} blocks differ in {', '.join(f'{k} ({b.get(k)} against {ob.get(k)})' for k in diff)}; "
+                                 "their baselines were scored on other test steps: score them with this evaluation's split and seed")
+            have = {m.get("method") for m in b.get("methods", [])}
+            b["methods"] = list(b.get("methods", [])) + [m for m in ob.get("methods", [])
+                                                         if m.get("kind") != "teller" and m.get("method") not in have]
+            b["baselines_from"] = where
+
+
 def check(results: list[dict[str, Any]], names: list[str]) -> list[dict[str, Any]]:
     out = []
     for res in results:
@@ -137,16 +174,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="teller_sustained_family", help="TELLER rows to check (comma-separated)")
     ap.add_argument("-o", "--out", help="markdown file (default: stdout)")
     ap.add_argument("--json", help="the checks as JSON")
+    ap.add_argument("--baselines", nargs="+", default=[], help="results.json files whose baseline rows are read beside "
+                    "the rows of the blocks with the same split, view and seed (a new training against baselines scored before)")
     a = ap.parse_args(argv)
-    results = []
-    for p in a.results:
+    results, others = [], []
+    for p in a.results + a.baselines:
         try:
             res = json.loads(Path(p).read_text())
         except (OSError, ValueError) as e:
             print(f"{p}: not a results file of `teller evaluate` ({e})", file=sys.stderr)
             return 2
         res["_path"] = p
-        results.append(res)
+        (results if len(results) < len(a.results) else others).append(res)
+    try:
+        join_baselines(results, others)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     checks = check(results, [r for r in a.rows.split(",") if r])
     if not checks:
         print(f"none of the rows {a.rows} is in a block with a baseline in {', '.join(a.results)}", file=sys.stderr)
@@ -154,12 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(checks)
     if a.out:  # a file of its own says what it was read from
         md = ("# Issue 14's goal, cell by cell (`benchmarks/goal_check.py`)\n\nRead from: "
-              + ", ".join(f"`{p}`" for p in a.results) + "\n\n" + md)
+              + ", ".join(f"`{p}`" for p in a.results)
+              + ("; baselines from: " + ", ".join(f"`{p}`" for p in a.baselines) if a.baselines else "") + "\n\n" + md)
         Path(a.out).write_text(md + "\n")
     else:
         print(md)
     if a.json:
-        Path(a.json).write_text(json.dumps({"sources": a.results, "rows": a.rows.split(","), "prior_goal": PRIOR_GOAL,
+        Path(a.json).write_text(json.dumps({"sources": a.results, "baselines": a.baselines, "rows": a.rows.split(","), "prior_goal": PRIOR_GOAL,
                                             "checks": checks}, indent=1) + "\n")
     return 0
 

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("goal_check", ROOT / "benchmarks" / "goal_check.py")
 gc = importlib.util.module_from_spec(_spec)
@@ -86,3 +88,34 @@ def test_cli_orders_blocks_and_counts_cells(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert gc.main([str(bad)]) == 2
+
+
+def test_baselines_joined_from_an_earlier_evaluation_of_the_same_test_steps(tmp_path):
+    new = {"results": [_block("vertical", [_row("teller_sustained_family", "teller", 0.95, 0.90, 0.97, 0.91)], seed=0),
+                       _block("horizontal", [_row("teller_sustained_family", "teller", 0.99, 0.95, 1.0, 0.86),
+                                             _row("svm", "supervised", 0.90, 0.90, 0.90, 0.5)], seed=0)]}
+    old = {"results": [_block("vertical", [_row("teller_sustained_family", "teller", 0.10, 0.10, 0.10, 0.10),
+                                           _row("rf_names", "supervised", 0.96, 0.80, 0.90, 0.95)], seed=0),
+                       _block("horizontal", [_row("svm", "supervised", 0.999, 0.999, 0.999, 0.999),
+                                             _row("rf", "supervised", 0.98, 0.96, 0.99, 0.99)], seed=0),
+                       _block("vertical", [_row("xgb", "supervised", 1.0, 1.0, 1.0, 1.0)], seed=1)]}
+    pn, po = tmp_path / "new.json", tmp_path / "old.json"
+    pn.write_text(json.dumps(new))
+    po.write_text(json.dumps(old))
+    js = tmp_path / "goal.json"
+    assert gc.main([str(pn), "--baselines", str(po), "--json", str(js), "-o", str(tmp_path / "g.md")]) == 0
+    checks = {c["view"]: c for c in json.loads(js.read_text())["checks"]}
+    v, h = checks["vertical"]["cells"], checks["horizontal"]["cells"]
+    # vertically the old file's baseline is read (its TELLER row is not), seed 1's block is not
+    assert v["step F1"]["verdict"] == "behind" and v["step F1"]["baseline"] == "rf_names"
+    assert v["Macro₊ F1"]["verdict"] == "ahead" and v["fault-type F1"]["best_baseline"] == 0.90
+    # horizontally the block's own svm is kept, the old rf joins it
+    assert h["Macro₊ F1"]["baseline"] == "rf" and h["Macro₊ F1"]["verdict"] == "behind"
+    assert h["step F1"]["verdict"] == "ahead" and h["step F1"]["best_baseline"] == 0.98
+    assert "baselines from" in (tmp_path / "g.md").read_text()
+    # other test steps: refused, naming both files
+    old["results"][0]["test_abnormal"] = 21
+    po.write_text(json.dumps(old))
+    assert gc.main([str(pn), "--baselines", str(po)]) == 2
+    with pytest.raises(ValueError, match=r"N and O: .* test_abnormal \(20 against 21\)"):
+        gc.join_baselines([{**new, "_path": "N"}], [{**old, "_path": "O"}])
