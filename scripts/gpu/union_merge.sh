@@ -8,7 +8,9 @@ PARTS=${PARTS:-h200_v2 h200_v2_tp}
 UNION=${UNION:-h200_v2_whole}
 parts=()
 for p in $PARTS; do
-  if [ -d "data/$p" ]; then parts+=("data/$p"); elif [ -d "runs/stash/$p" ]; then parts+=("runs/stash/$p"); fi
+  # a part is a folder with its datasheet: a tracked part moved out of the tree leaves an empty
+  # folder behind on the warm machine, which must not hide the stashed copy
+  if [ -f "data/$p/datasheet.json" ]; then parts+=("data/$p"); elif [ -f "runs/stash/$p/datasheet.json" ]; then parts+=("runs/stash/$p"); fi
 done
 want=$(echo $PARTS | wc -w)
 if [ ${#parts[@]} -ne "$want" ]; then echo "need the parts $PARTS (found: ${parts[*]}); run union_stash.sh first" >&2; return 2; fi

@@ -12,6 +12,8 @@
 set -e
 mkdir -p runs/stash
 for p in data/h200_v2 data/h200_v2_tp data/h200_v2_link; do
-  if [ -d "$p" ]; then rm -rf "runs/stash/$(basename $p)"; cp -r "$p" runs/stash/; echo "stashed $p"; fi
+  # only a whole part (its datasheet there): the empty folder a part left on the warm machine
+  # when it was moved out of the tree must not replace a stashed copy
+  if [ -f "$p/datasheet.json" ]; then rm -rf "runs/stash/$(basename $p)"; cp -r "$p" runs/stash/; echo "stashed $p"; fi
 done
 du -sh runs/stash/* 2>/dev/null
