@@ -168,6 +168,20 @@ def markdown(checks: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def read_results(paths: list[str]) -> list[dict[str, Any]]:
+    """The results files at ``paths``, each marked with its path; ValueError naming a file that is
+    not one."""
+    out = []
+    for p in paths:
+        try:
+            res = json.loads(Path(p).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{p}: not a results file of `teller evaluate` ({e})") from e
+        res["_path"] = p
+        out.append(res)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", help="results.json files of `teller evaluate`")
@@ -177,16 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baselines", nargs="+", default=[], help="results.json files whose baseline rows are read beside "
                     "the rows of the blocks with the same split, view and seed (a new training against baselines scored before)")
     a = ap.parse_args(argv)
-    results, others = [], []
-    for p in a.results + a.baselines:
-        try:
-            res = json.loads(Path(p).read_text())
-        except (OSError, ValueError) as e:
-            print(f"{p}: not a results file of `teller evaluate` ({e})", file=sys.stderr)
-            return 2
-        res["_path"] = p
-        (results if len(results) < len(a.results) else others).append(res)
     try:
+        results, others = read_results(a.results), read_results(a.baselines)
         join_baselines(results, others)
     except ValueError as e:
         print(e, file=sys.stderr)
@@ -204,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(md)
     if a.json:
-        Path(a.json).write_text(json.dumps({"sources": a.results, "baselines": a.baselines, "rows": a.rows.split(","), "prior_goal": PRIOR_GOAL,
-                                            "checks": checks}, indent=1) + "\n")
+        head = {"sources": a.results, **({"baselines": a.baselines} if a.baselines else {})}
+        Path(a.json).write_text(json.dumps({**head, "rows": a.rows.split(","), "prior_goal": PRIOR_GOAL, "checks": checks},
+                                           indent=1) + "\n")
     return 0
 
 
