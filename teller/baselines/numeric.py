@@ -433,8 +433,6 @@ class TellerNumeric(Method):
         uflag[loc.steps.steps[loc.steps.flag]] = True
         uscore = np.full(nu, -np.inf)
         uscore[loc.steps.steps] = loc.steps.score
-        utype = {u: c.fault_type for u, c in calls.items()}
-        ualt = {u: c.alternative for u, c in calls.items()}
         module = enclosing_modules(sub)
         uops: dict[int, set[str]] = {}
         for s, res in loc.flagged.items():  # flagged units: the family the evidence's type was decided by
@@ -452,8 +450,9 @@ class TellerNumeric(Method):
             score[i] = float(uscore[units].max()) if len(units) else -np.inf
             ops.append(sorted(set().union(*(uops.get(int(u), set()) for u in units.tolist()))) if flag[i] else [])
             if len(units):  # the type of the step's most suspicious unit (a horizontal step: its ranks')
-                top = int(units[np.argmax(uscore[units])])
-                ftype[i], falt[i] = utype.get(top) or "", ualt.get(top) or ""
+                c = calls.get(int(units[np.argmax(uscore[units])]))
+                if c is not None:
+                    ftype[i], falt[i] = c.fault_type or "", c.alternative or ""
         finite = np.isfinite(score)
         score[~finite] = (score[finite].min() - 1.0) if finite.any() else 0.0
         return Prediction(score=score, flag=flag, operators=ops, fault_type=ftype, alternative=falt)
