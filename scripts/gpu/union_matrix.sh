@@ -21,6 +21,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # EVAL_RESERVE: seconds kept for `teller evaluate` after the trainings (default 200; two splits need about 120)
 # EVAL_JOBS: the jobs `teller evaluate` reads (default all; one per split and head)
 # SEED: the seed of the training and of the evaluation (default 0; the splits are the dataset's own)
+# EPOCHS: the epochs of every training (default 8, the recipe's)
 # WORK: the folder the models are trained in (default /tmp/rca_matrix_$UNION); under runs/ (e.g.
 # WORK=runs/rca_work) they stay on the warm machine for the next call: scripts/gpu/matrix_after.py
 # then fits their experts (where xgboost was not carried) and scores them once per seed
@@ -31,6 +32,6 @@ EV=${EVAL_SPLITS:-request,run,mechanism,workload}
 [ "$EV" = none ] && EV=""  # EVAL_SPLITS=none: no `teller evaluate` after the trainings (KEEP the models)
 set -o pipefail
 python3 scripts/gpu/rca_matrix.py --data runs/$UNION --out "$OUT" --workers ${#JOBS[@]} --threads $(( 16 / ${#JOBS[@]} )) \
-  --epochs 8 --batch-size 128 --seed ${SEED:-0} --eval-reserve-s 30 --work ${WORK:-/tmp/rca_matrix_$UNION} \
+  --epochs ${EPOCHS:-8} --batch-size 128 --seed ${SEED:-0} --eval-reserve-s 30 --work ${WORK:-/tmp/rca_matrix_$UNION} \
   --deadline-s $(( DEADLINE - ($(date +%s) - T0) )) --evaluate "$EV" --evaluate-reserve-s ${EVAL_RESERVE:-200} \
   --methods "${METHODS:-teller_mot}" --evaluate-jobs "${EVAL_JOBS:-}" --keep "${KEEP:-}" "${args[@]}" 2>&1 | tee "$OUT/log.txt" | tail -20
