@@ -1,9 +1,12 @@
 """scripts/gpu/rca_matrix.py on the CPU (tiny config, a sample of data/h200_v2): jobs forked from
 one read of the dataset, each trained and scored, a failing job kept as a row, the TPE lengths
-of the test steps, and a kept model that loads."""
+of the test steps, and a kept model that loads; a kept model over what a device call may return
+in one file is sent compressed."""
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +21,38 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data" / "h200_v2"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("rca_matrix", ROOT / "scripts" / "gpu" / "rca_matrix.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_kept_tar_over_the_return_limit_is_sent_compressed(tmp_path, capsys):
+    fit = _script().fit_for_return
+    src = tmp_path / "m"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"trees": ["split on x"] * 5000}))  # compressible, like the experts
+    (src / "w.bin").write_bytes(os.urandom(20_000))  # incompressible, like the weights
+    tar = tmp_path / "rca_m.tar"
+    with tarfile.open(tar, "w") as tf:
+        tf.add(src, "rca_m")
+    size = tar.stat().st_size
+    assert fit(tar, size) == tar and tar.is_file()  # at the limit: sent as it is
+    got = fit(tar, size - 1)
+    assert got == tmp_path / "rca_m.tar.gz" and not tar.exists()
+    assert size // 2 > got.stat().st_size > 20_000
+    with tarfile.open(got, "r:gz") as tf:
+        assert json.loads(tf.extractfile("rca_m/config.json").read()) == {"trees": ["split on x"] * 5000}
+        assert tf.extractfile("rca_m/w.bin").read() == (src / "w.bin").read_bytes()
+    assert capsys.readouterr().err == ""
+    # still over the limit once compressed: kept, and the way to split it is named
+    with open(tar, "wb") as f, gzip.open(got) as g:
+        f.write(g.read())
+    again = fit(tar, 1000)
+    assert again.stat().st_size > 1000 and "split -b 1000" in capsys.readouterr().err
 
 
 def test_matrix_trains_scores_and_keeps(tmp_path):

@@ -7,7 +7,7 @@
 #     bash scripts/gpu/nested_matrix.sh DEADLINE_S RECIPE
 # RECIPE: VARIANT:SPLIT[:KEY=VALUE,...] as rca_matrix.py's --job without its name (the split:
 # mechanism). Each fold K comes back in $OUT/nestK/: matrix.json (the training and its test
-# scoring on the fold's held-out mechanisms), rca_nK.tar (the model), log.txt.
+# scoring on the fold's held-out mechanisms), rca_nK.tar (the model; rca_nK.tar.gz where the tar is over 16 MiB), log.txt.
 T0=$(date +%s)
 DEADLINE=${1:-540}
 RECIPE=${2:?give the recipe, e.g. mot:mechanism:unit=iteration,op_unit=family}

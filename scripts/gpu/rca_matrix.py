@@ -15,7 +15,9 @@ files): ``matrix.json`` (per job: the training summary, the test metrics, and th
 the test steps: nodes and tokens per step before truncation, the share truncated), the
 ``teller evaluate`` results of ``--evaluate`` (``evaluate.json``, ``evaluate.md``, and the rows'
 per-step answers, ``predictions.parquet``, which ``teller evaluate --reuse`` reads), and a tar of
-each model named by ``--keep`` (without ``checkpoint/``).
+each model named by ``--keep`` (without ``checkpoint/``): ``rca_NAME.tar``, or ``rca_NAME.tar.gz``
+where the tar is over ``--return-limit-mib`` (what a device call may return in one file; a model
+with its experts is about 18 MB, 14.6 MB compressed).
 """
 
 from __future__ import annotations
@@ -108,6 +110,24 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
     return res
 
 
+def fit_for_return(tar: Path, limit: int) -> Path:
+    """``tar`` as it is when at most ``limit`` bytes, else compressed beside it (``.tar.gz``, gzip
+    level 1: the experts' trees and the tokenizers shrink, the float16 weights a little) and the tar
+    removed; returns the file to send back. One still over the limit is kept and named on stderr."""
+    import gzip
+
+    if tar.stat().st_size <= limit:
+        return tar
+    gz = tar.with_name(tar.name + ".gz")
+    with open(tar, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    tar.unlink()
+    if gz.stat().st_size > limit:
+        print(f"{gz}: {gz.stat().st_size} bytes, over the {limit} a returned file may have; split it "
+              f"(split -b {limit} {gz.name} {gz.name}.part_) in a further call", file=sys.stderr, flush=True)
+    return gz
+
+
 def _worker(args):
     job, a, deadline = args
     return run_job(job, a, deadline)
@@ -133,6 +153,8 @@ def main() -> int:
     ap.add_argument("--methods", default="teller_mot,teller_single")
     ap.add_argument("--evaluate-jobs", default="", help="the jobs --evaluate may pick from (default: every job)")
     ap.add_argument("--keep", default="", help="jobs whose model directory comes back as a tar (comma-separated)")
+    ap.add_argument("--return-limit-mib", type=float, default=16.0,
+                    help="a kept tar over this is sent compressed (.tar.gz)")
     ap.add_argument("--explain", default="", help="jobs whose test scoring decodes explanations (BLEU)")
     ap.add_argument("--max-units", type=int, default=None, help="a sample of units (CPU dry runs)")
     a = ap.parse_args()
@@ -175,6 +197,7 @@ def main() -> int:
         mdir = work / name
         if (mdir / "config.json").is_file():
             pack(mdir, out / f"rca_{name}.tar", f"rca_{name}")
+            fit_for_return(out / f"rca_{name}.tar", int(a.return_limit_mib * 2**20))
     if a.evaluate:
         models = work / "models"
         models.mkdir(exist_ok=True)

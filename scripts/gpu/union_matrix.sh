@@ -17,7 +17,8 @@ source scripts/gpu/setup.sh >/dev/null 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 # METHODS / EVAL_SPLITS: the model rows and splits `teller evaluate` scores after training (default
 # teller_mot on the four splits), e.g. METHODS=teller_mot_trace,teller_single EVAL_SPLITS=run
-# KEEP: jobs whose models come back as rca_NAME.tar (each about 13 MiB; at most 8 files come back)
+# KEEP: jobs whose models come back as rca_NAME.tar (13-16 MiB), or rca_NAME.tar.gz where the tar is over
+# the 16 MiB a returned file may have (a model with its experts: about 18 MB, 14.6 MB compressed); at most 8 files come back
 # EVAL_RESERVE: seconds kept for `teller evaluate` after the trainings (default 200; two splits need about 120)
 # EVAL_JOBS: the jobs `teller evaluate` reads (default all; one per split and head)
 # SEED: the seed of the training and of the evaluation (default 0; the splits are the dataset's own)
