@@ -5,7 +5,6 @@ in one file is sent compressed."""
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import json
 import os
@@ -31,28 +30,31 @@ def _script():
 
 
 def test_a_kept_tar_over_the_return_limit_is_sent_compressed(tmp_path, capsys):
-    fit = _script().fit_for_return
+    from teller.rca.api import pack
+
+    send_back = _script().send_back
     src = tmp_path / "m"
-    src.mkdir()
+    (src / "checkpoint").mkdir(parents=True)
+    (src / "checkpoint" / "state.json").write_text("{}")  # training state: never shipped
     (src / "config.json").write_text(json.dumps({"trees": ["split on x"] * 5000}))  # compressible, like the experts
     (src / "w.bin").write_bytes(os.urandom(20_000))  # incompressible, like the weights
-    tar = tmp_path / "rca_m.tar"
-    with tarfile.open(tar, "w") as tf:
-        tf.add(src, "rca_m")
+    tar = pack(src, tmp_path / "rca_m.tar", "rca_m")
     size = tar.stat().st_size
-    assert fit(tar, size) == tar and tar.is_file()  # at the limit: sent as it is
-    got = fit(tar, size - 1)
-    assert got == tmp_path / "rca_m.tar.gz" and not tar.exists()
+    with tarfile.open(tar) as tf:
+        assert sorted(tf.getnames()) == ["rca_m/config.json", "rca_m/w.bin"]
+    assert pack(src, tar, "rca_m", max_bytes=size) == tar and tar.is_file()  # at the limit: as it is
+    out = tmp_path / "out"
+    out.mkdir()
+    got = send_back(src, out, "m", size - 1)
+    assert got == out / "rca_m.tar.gz" and not (out / "rca_m.tar").exists()
     assert size // 2 > got.stat().st_size > 20_000
     with tarfile.open(got, "r:gz") as tf:
         assert json.loads(tf.extractfile("rca_m/config.json").read()) == {"trees": ["split on x"] * 5000}
         assert tf.extractfile("rca_m/w.bin").read() == (src / "w.bin").read_bytes()
     assert capsys.readouterr().err == ""
-    # still over the limit once compressed: kept, and the way to split it is named
-    with open(tar, "wb") as f, gzip.open(got) as g:
-        f.write(g.read())
-    again = fit(tar, 1000)
-    assert again.stat().st_size > 1000 and "split -b 1000" in capsys.readouterr().err
+    # still over the limit once compressed: written, and the way to split it named
+    again = send_back(src, out, "m", 1000)
+    assert again.stat().st_size > 1000 and "split -b 1000 rca_m.tar.gz" in capsys.readouterr().err
 
 
 def test_matrix_trains_scores_and_keeps(tmp_path):

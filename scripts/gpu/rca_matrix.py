@@ -110,22 +110,17 @@ def run_job(job: dict, a: dict, deadline: float) -> dict:
     return res
 
 
-def fit_for_return(tar: Path, limit: int) -> Path:
-    """``tar`` as it is when at most ``limit`` bytes, else compressed beside it (``.tar.gz``, gzip
-    level 1: the experts' trees and the tokenizers shrink, the float16 weights a little) and the tar
-    removed; returns the file to send back. One still over the limit is kept and named on stderr."""
-    import gzip
+def send_back(mdir: Path, out: Path, name: str, limit: int) -> Path:
+    """The model directory ``mdir`` packed into ``out`` as ``rca_NAME.tar``, compressed where over
+    ``limit`` bytes (:func:`teller.rca.api.pack`); one still over it is named on stderr with the
+    command that splits it. Returns the file written."""
+    from teller.rca.api import pack
 
-    if tar.stat().st_size <= limit:
-        return tar
-    gz = tar.with_name(tar.name + ".gz")
-    with open(tar, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-    tar.unlink()
-    if gz.stat().st_size > limit:
-        print(f"{gz}: {gz.stat().st_size} bytes, over the {limit} a returned file may have; split it "
-              f"(split -b {limit} {gz.name} {gz.name}.part_) in a further call", file=sys.stderr, flush=True)
-    return gz
+    got = pack(mdir, out / f"rca_{name}.tar", f"rca_{name}", max_bytes=limit)
+    if got.stat().st_size > limit:
+        print(f"{got}: {got.stat().st_size} bytes, over the {limit} a returned file may have; split it "
+              f"(split -b {limit} {got.name} {got.name}.part_) in a further call", file=sys.stderr, flush=True)
+    return got
 
 
 def _worker(args):
@@ -166,7 +161,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from teller.rca.api import pack, weight_files
+    from teller.rca.api import weight_files
     from teller.rca.data import load_dataset
 
     for unit in sorted({j["overrides"].get("unit", "step") for j in jobs} or {"step"}):
@@ -196,8 +191,7 @@ def main() -> int:
     for name in [x for x in a.keep.split(",") if x]:
         mdir = work / name
         if (mdir / "config.json").is_file():
-            pack(mdir, out / f"rca_{name}.tar", f"rca_{name}")
-            fit_for_return(out / f"rca_{name}.tar", int(a.return_limit_mib * 2**20))
+            send_back(mdir, out, name, int(a.return_limit_mib * 2**20))
     if a.evaluate:
         models = work / "models"
         models.mkdir(exist_ok=True)

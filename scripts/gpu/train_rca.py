@@ -10,7 +10,7 @@ part with the saved (float16) files. Written to OUT, at most 8 files:
 
 - ``metrics_VARIANT.json``: per split the training summary (steps, seconds, loss curve) and the
   test metrics (all units, vertical, horizontal), rewritten after every split;
-- ``rca_VARIANT.tar``: the request split's model directory without ``checkpoint/`` (the shipped
+- ``rca_VARIANT.tar`` (``.tar.gz`` where over 16 MiB): the request split's model directory without ``checkpoint/`` (the shipped
   candidate; about 13 MB for the small config);
 - the log is the command's own output (``scripts/gpu/train_rca.sh`` tees it to OUT).
 
@@ -99,7 +99,7 @@ def main() -> int:
         result["total_seconds"] = round(time.time() - t0, 1)
         mpath.write_text(json.dumps(result, indent=1))
         if split == "request":
-            pack(mdir, out / f"rca_{a.variant}.tar", f"rca_{a.variant}")
+            pack(mdir, out / f"rca_{a.variant}.tar", f"rca_{a.variant}", max_bytes=16 * 2**20)  # what a device call returns in a file
     print(f"\ndone in {time.time() - t0:.0f} s; wrote {mpath}", flush=True)
     return 0
 

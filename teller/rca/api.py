@@ -91,16 +91,27 @@ def weight_files(path: Path) -> list[Path]:
     return sorted(path.parent.glob(f"{path.stem}-*-of-*{path.suffix}"))
 
 
-def pack(model_dir: str | Path, tar_path: str | Path, name: str) -> None:
+def pack(model_dir: str | Path, tar_path: str | Path, name: str, max_bytes: int | None = None) -> Path:
     """The model directory as an (uncompressed) tar under the folder ``name``, without its
-    ``checkpoint/`` (training state): what a trained model ships as."""
+    ``checkpoint/`` (training state): what a trained model ships as. With ``max_bytes`` a tar over
+    it is compressed instead (``TAR_PATH.gz``, gzip level 1: the experts' trees and the tokenizers
+    shrink, the float16 weights a little; the tar removed). Returns the file written."""
+    import gzip
+    import shutil
     import tarfile
 
-    model_dir = Path(model_dir)
+    model_dir, tar_path = Path(model_dir), Path(tar_path)
     with tarfile.open(tar_path, "w") as tf:
         for f in sorted(model_dir.rglob("*")):
             if f.is_file() and "checkpoint" not in f.relative_to(model_dir).parts:
                 tf.add(f, arcname=f"{name}/{f.relative_to(model_dir)}")
+    if max_bytes is None or tar_path.stat().st_size <= max_bytes:
+        return tar_path
+    gz = tar_path.with_name(tar_path.name + ".gz")
+    with open(tar_path, "rb") as src, gzip.open(gz, "wb", compresslevel=1) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    tar_path.unlink()
+    return gz
 
 
 def save_weights(module: torch.nn.Module, path: Path, dtype: str = "float32", metadata: dict | None = None) -> None:
