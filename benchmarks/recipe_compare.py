@@ -25,9 +25,11 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-#: the goal's columns, as goal_check.py names them
-COLUMNS = ("step F1", "Macro₊ F1", "fault-type F1", "F1 at 10%")
-MET = ("ahead", "ceiling", "met")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import goal_check  # noqa: E402  (the goal's columns, verdicts and split order)
+
+#: the goal's columns, as goal_check.py names them in its checks
+COLUMNS = tuple(name for name, _ in goal_check.COLUMNS) + ("F1 at 10%",)
 
 
 def rank_sum_p(first: list[float], last: list[float]) -> float:
@@ -70,9 +72,8 @@ def compare(recipes: list[tuple[str, dict]]) -> list[dict[str, Any]]:
     """Per split and view every recipe holds, per column: each recipe's values, mean and cells met,
     and the last recipe against the first (rank-sum p)."""
     keys = set.intersection(*(set(r) for _, r in recipes))
-    order = {"request": 0, "run": 1, "mechanism": 2, "workload": 3}
     out = []
-    for split, view in sorted(keys, key=lambda k: (order.get(k[0], 9), k[1] != "vertical")):
+    for split, view in sorted(keys, key=lambda k: (goal_check.SPLIT_ORDER.get(k[0], 9), k[1] != "vertical")):
         entry: dict[str, Any] = {"split": split, "view": view, "columns": {}}
         for col in COLUMNS:
             per = []
@@ -81,7 +82,8 @@ def compare(recipes: list[tuple[str, dict]]) -> list[dict[str, Any]]:
                 vals = [b["cells"][col]["value"] for b in blocks]
                 per.append({"recipe": name, "values": vals, "seeds": [b["seed"] for b in blocks],
                             "mean": sum(vals) / len(vals) if vals else None,
-                            "met": sum(b["cells"][col]["verdict"] in MET for b in blocks)})
+                            "met": sum(b["cells"][col]["verdict"] in goal_check.MET and b["cells"][col]["verdict"] != "n/a"
+                                       for b in blocks)})
             got: dict[str, Any] = {"recipes": per}
             if len(per) > 1 and per[0]["values"] and per[-1]["values"]:
                 got["p_last_above_first"] = rank_sum_p(per[0]["values"], per[-1]["values"])
