@@ -7,13 +7,15 @@
 
 A recipe is ``NAME=GOAL.json[,GOAL.json...]``, each file one training of every block it holds. Per
 split and view that every recipe holds, and per goal column (step F1, Macro₊ F1, fault-type F1, F1
-at a 10% prior), each recipe's trainings are listed (seed by seed, file by file), with their mean
-and how many of them meet the cell. The blocks of one split share their test steps whatever the
+at a 10% prior), each recipe's trainings are listed (seed by seed, file by file; a block two files read
+from the same results file is one training, listed once), with their mean and how many of them
+meet the cell. The blocks of one split share their test steps whatever the
 seed (the seed is the training's), so a split's trainings are pooled over the seeds; the last
-recipe is then read against the first by the exact one-sided rank-sum test: the share of all ways
-to pick as many of the pooled values as the last recipe has whose rank sum is at least as good
-(ties share their rank). One training of a recipe gives no spread; the p-value says how often
-labels drawn at random would look at least this far apart, nothing more.
+recipe is then read against the first by the exact one-sided rank-sum test, each way: the share of
+all ways to pick as many of the pooled values as the last recipe has whose rank sum is at least as
+high (the last recipe above the first), or at least as low (below; ties share their rank). One
+training of a recipe gives no spread; a p-value says how often labels drawn at random would look
+at least this far apart, nothing more.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def read_recipe(spec: str, row: str) -> tuple[str, dict[tuple[str, str], list[di
     if not sep or not name or not files:
         raise ValueError(f"--recipe {spec!r}: expected NAME=GOAL.json[,GOAL.json...]")
     out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    seen: set[tuple[str, str, int, str]] = set()
     for f in files.split(","):
         try:
             checks = json.loads(Path(f).read_text())["checks"]
@@ -64,6 +67,12 @@ def read_recipe(spec: str, row: str) -> tuple[str, dict[tuple[str, str], list[di
             raise ValueError(f"{f}: no blocks of the row {row}; give --row one of "
                              f"{', '.join(sorted({c['row'] for c in checks}))}")
         for c in mine:
+            # one training read by two goal files (a block both took from the same results file,
+            # e.g. the scoreboard's request model in every goal file) counts once
+            key = (c["split"], c["view"], c["seed"], c.get("source"))
+            if c.get("source") is not None and key in seen:
+                continue
+            seen.add(key)
             out.setdefault((c["split"], c["view"]), []).append({**c, "file": f})
     return name, out
 
@@ -87,6 +96,8 @@ def compare(recipes: list[tuple[str, dict]]) -> list[dict[str, Any]]:
             got: dict[str, Any] = {"recipes": per}
             if len(per) > 1 and per[0]["values"] and per[-1]["values"]:
                 got["p_last_above_first"] = rank_sum_p(per[0]["values"], per[-1]["values"])
+                # the other side: the same test on the values negated (the last recipe lower)
+                got["p_last_below_first"] = rank_sum_p([-v for v in per[0]["values"]], [-v for v in per[-1]["values"]])
             entry["columns"][col] = got
         out.append(entry)
     return out
@@ -94,14 +105,15 @@ def compare(recipes: list[tuple[str, dict]]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], names: list[str]) -> str:
     lines = ["| split, view | column | " + " | ".join(f"{n}: trainings ; mean ; met" for n in names)
-             + f" | {names[-1]} above {names[0]}: rank-sum p |", "|---|---|" + "---|" * (len(names) + 1)]
+             + f" | rank-sum p: {names[-1]} above {names[0]} ; below |", "|---|---|" + "---|" * (len(names) + 1)]
     for e in rows:
         for col in COLUMNS:
             c = e["columns"][col]
             cells = [" / ".join(f"{v:.3f}" for v in r["values"]) + (f" ; {r['mean']:.3f} ; {r['met']} of {len(r['values'])}"
                                                                      if r["values"] else "—") for r in c["recipes"]]
-            p = c.get("p_last_above_first")
-            lines.append(f"| {e['split']}, {e['view']} | {col} | " + " | ".join(cells) + f" | {'—' if p is None else f'{p:.3f}'} |")
+            p, q = c.get("p_last_above_first"), c.get("p_last_below_first")
+            lines.append(f"| {e['split']}, {e['view']} | {col} | " + " | ".join(cells)
+                         + f" | {'—' if p is None else f'{p:.3f} ; {q:.3f}'} |")
     return "\n".join(lines)
 
 

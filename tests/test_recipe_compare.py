@@ -27,11 +27,13 @@ def test_rank_sum_p_by_hand():
     assert rc.rank_sum_p([0.9, 0.8], [0.1]) == 1.0
 
 
-def _goal(path: Path, blocks: list[tuple[str, str, int, dict[str, float]]], row: str = "teller_sustained_family") -> str:
+def _goal(path: Path, blocks: list[tuple[str, str, int, dict[str, float]]], row: str = "teller_sustained_family",
+          source: str | None = None) -> str:
     checks = []
     for split, view, seed, vals in blocks:
         cells = {c: {"value": vals.get(c), "verdict": "ahead" if vals.get(c, 0) > 0.9 else "behind"} for c in rc.COLUMNS}
-        checks.append({"split": split, "view": view, "seed": seed, "row": row, "cells": cells})
+        checks.append({"split": split, "view": view, "seed": seed, "row": row, "cells": cells,
+                       "source": source or f"{path.stem}/s{seed}.json"})
     path.write_text(json.dumps({"checks": checks}))
     return str(path)
 
@@ -50,9 +52,29 @@ def test_trainings_pooled_per_split_and_view(tmp_path):
     assert a["values"] == [0.89, 0.91, 0.88] and a["seeds"] == [0, 1, 0]  # file by file, seed by seed
     assert a["mean"] == pytest.approx(0.8933333) and a["met"] == 1 and bb["met"] == 2
     assert col["p_last_above_first"] == pytest.approx(0.1)  # B holds the top two of five
+    assert col["p_last_below_first"] == 1.0  # every way is at least as low
     assert got[0]["columns"]["Macro₊ F1"]["recipes"][0]["values"] == []  # no figure: nothing to compare
     assert "p_last_above_first" not in got[0]["columns"]["Macro₊ F1"]
     assert "| workload, vertical | step F1 | 0.890 / 0.910 / 0.880 ; 0.893 ; 1 of 3 |" in (tmp_path / "c.md").read_text()
+
+
+def test_one_training_read_by_two_goal_files_counts_once(tmp_path):
+    # both goal files took the request block from the same results file (the shipped model), the
+    # run blocks from their own: the request block is one training, the run blocks two
+    shared = "docs/evaluate_v2_all/seed4/results.json"
+    a1 = _goal(tmp_path / "a1.json", [("request", "vertical", 4, {"step F1": 0.96})], source=shared)
+    a2 = _goal(tmp_path / "a2.json", [("request", "vertical", 4, {"step F1": 0.96})], source=shared)
+    a3 = _goal(tmp_path / "a3.json", [("run", "vertical", 1, {"step F1": 0.93})])
+    a4 = _goal(tmp_path / "a4.json", [("run", "vertical", 1, {"step F1": 0.94})])
+    b = _goal(tmp_path / "b.json", [("request", "vertical", 4, {"step F1": 0.95}), ("run", "vertical", 1, {"step F1": 0.92})])
+    out = tmp_path / "c.json"
+    assert rc.main(["--recipe", f"A={a1},{a2},{a3},{a4}", "--recipe", f"B={b}", "--json", str(out)]) == 0
+    got = {e["split"]: e["columns"]["step F1"] for e in json.loads(out.read_text())["comparison"]}
+    assert got["request"]["recipes"][0]["values"] == [0.96]
+    assert got["request"]["p_last_above_first"] == 1.0  # 0.95 below the one training: every way as good
+    assert got["request"]["p_last_below_first"] == pytest.approx(0.5)  # the lower of two values: 1 of 2 ways
+    assert got["run"]["recipes"][0]["values"] == [0.93, 0.94]
+    assert got["run"]["p_last_below_first"] == pytest.approx(1 / 3)  # the lowest of three
 
 
 def test_a_file_without_the_row_is_refused(tmp_path, capsys):
