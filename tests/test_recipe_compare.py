@@ -99,3 +99,23 @@ def test_the_committed_workload_comparison_reads_again(tmp_path):
     prior = got[0]["columns"]["F1 at 10%"]
     assert (got[0]["split"], got[0]["view"]) == ("workload", "vertical")
     assert prior["p_last_above_first"] == pytest.approx(11 / 84) and prior["recipes"][1]["met"] == 2
+
+
+def test_the_committed_comparison_of_every_block_reads_again(tmp_path):
+    res = ROOT / "benchmarks" / "results"
+    if not (res / "goal_h200_v2_all_ep12b.json").is_file():
+        pytest.skip("the goal files are not in this checkout")
+    out = tmp_path / "c.json"
+    assert rc.main(["--row", "teller_sustained_family",
+                    "--recipe", f"8 epochs={res / 'goal_h200_v2_all.json'},{res / 'goal_h200_v2_all_third.json'}",
+                    "--recipe", f"12 epochs={res / 'goal_h200_v2_all_ep12.json'},{res / 'goal_h200_v2_all_ep12b.json'}",
+                    "--json", str(out)]) == 0
+    got = json.loads(out.read_text())["comparison"]
+    assert got == json.loads((res / "recipe_compare_ep12_all.json").read_text())["comparison"]
+    by = {(e["split"], e["view"]): e["columns"] for e in got}
+    # the shipped request model, read by both 8-epoch goal files, is one training
+    assert [len(r["values"]) for r in by[("request", "vertical")]["step F1"]["recipes"]] == [1, 1]
+    assert [len(r["values"]) for r in by[("workload", "vertical")]["step F1"]["recipes"]] == [6, 6]
+    # run, vertically: the two 12-epoch Macro₊ figures are the lowest two of six (1 of C(6,2) = 15 ways)
+    assert by[("run", "vertical")]["Macro₊ F1"]["p_last_below_first"] == pytest.approx(1 / 15)
+    assert by[("workload", "vertical")]["step F1"]["p_last_above_first"] < 0.05
