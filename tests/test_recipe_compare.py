@@ -85,33 +85,32 @@ def test_a_file_without_the_row_is_refused(tmp_path, capsys):
     assert "expected NAME=GOAL.json" in capsys.readouterr().err
 
 
-def test_the_committed_workload_comparison_reads_again(tmp_path):
-    res = ROOT / "benchmarks" / "results"
-    if not (res / "goal_h200_v2_all_ep12.json").is_file():
+RES = ROOT / "benchmarks" / "results"
+
+
+def _committed(tmp_path: Path, twelve: list[str], kept: str) -> list[dict]:
+    """The 8-epoch goal files against the 12-epoch ones ``twelve``, compared again; checked equal to
+    the committed comparison ``kept`` and returned."""
+    if not all((RES / f).is_file() for f in twelve):
         pytest.skip("the goal files are not in this checkout")
     out = tmp_path / "c.json"
     assert rc.main(["--row", "teller_sustained_family",
-                    "--recipe", f"8 epochs={res / 'goal_h200_v2_all.json'},{res / 'goal_h200_v2_all_third.json'}",
-                    "--recipe", f"12 epochs={res / 'goal_h200_v2_all_ep12.json'}", "--json", str(out)]) == 0
+                    "--recipe", f"8 epochs={RES / 'goal_h200_v2_all.json'},{RES / 'goal_h200_v2_all_third.json'}",
+                    "--recipe", "12 epochs=" + ",".join(str(RES / f) for f in twelve), "--json", str(out)]) == 0
     got = json.loads(out.read_text())["comparison"]
-    kept = json.loads((res / "recipe_compare_ep12_workload.json").read_text())["comparison"]
-    assert got == kept
+    assert got == json.loads((RES / kept).read_text())["comparison"]
+    return got
+
+
+def test_the_committed_workload_comparison_reads_again(tmp_path):
+    got = _committed(tmp_path, ["goal_h200_v2_all_ep12.json"], "recipe_compare_ep12_workload.json")
     prior = got[0]["columns"]["F1 at 10%"]
     assert (got[0]["split"], got[0]["view"]) == ("workload", "vertical")
     assert prior["p_last_above_first"] == pytest.approx(11 / 84) and prior["recipes"][1]["met"] == 2
 
 
 def test_the_committed_comparison_of_every_block_reads_again(tmp_path):
-    res = ROOT / "benchmarks" / "results"
-    if not (res / "goal_h200_v2_all_ep12b.json").is_file():
-        pytest.skip("the goal files are not in this checkout")
-    out = tmp_path / "c.json"
-    assert rc.main(["--row", "teller_sustained_family",
-                    "--recipe", f"8 epochs={res / 'goal_h200_v2_all.json'},{res / 'goal_h200_v2_all_third.json'}",
-                    "--recipe", f"12 epochs={res / 'goal_h200_v2_all_ep12.json'},{res / 'goal_h200_v2_all_ep12b.json'}",
-                    "--json", str(out)]) == 0
-    got = json.loads(out.read_text())["comparison"]
-    assert got == json.loads((res / "recipe_compare_ep12_all.json").read_text())["comparison"]
+    got = _committed(tmp_path, ["goal_h200_v2_all_ep12.json", "goal_h200_v2_all_ep12b.json"], "recipe_compare_ep12_all.json")
     by = {(e["split"], e["view"]): e["columns"] for e in got}
     # the shipped request model, read by both 8-epoch goal files, is one training
     assert [len(r["values"]) for r in by[("request", "vertical")]["step F1"]["recipes"]] == [1, 1]
