@@ -7,15 +7,15 @@
 
 A recipe is ``NAME=GOAL.json[,GOAL.json...]``, each file one training of every block it holds. Per
 split and view that every recipe holds, and per goal column (step F1, Macro₊ F1, fault-type F1, F1
-at a 10% prior), each recipe's trainings are listed (seed by seed, file by file; a block two files read
-from the same results file is one training, listed once), with their mean and how many of them
-meet the cell. The blocks of one split share their test steps whatever the
-seed (the seed is the training's), so a split's trainings are pooled over the seeds; the last
-recipe is then read against the first by the exact one-sided rank-sum test, each way: the share of
-all ways to pick as many of the pooled values as the last recipe has whose rank sum is at least as
-high (the last recipe above the first), or at least as low (below; ties share their rank). One
-training of a recipe gives no spread; a p-value says how often labels drawn at random would look
-at least this far apart, nothing more.
+at a 10% prior), each recipe's trainings are listed (seed by seed, file by file; a block two files
+read from the same results file is one training, listed once), with their mean and how many of them
+meet the cell. The blocks of one split share their test steps whatever the seed (the seed is the
+training's), so a split's trainings are pooled over the seeds; the last recipe is then read against
+the first by the exact one-sided rank-sum test, each way: the share of all ways to pick as many of
+the pooled values as the last recipe has whose rank sum is at least as high (the last recipe above
+the first), or at least as low (below; ties share their rank). One training of a recipe gives no
+spread; a p-value says how often labels drawn at random would look at least this far apart, nothing
+more.
 """
 
 from __future__ import annotations
