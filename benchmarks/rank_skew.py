@@ -8,8 +8,10 @@ min, the baselines' ``spread_<feature>``, :mod:`teller.baselines.features`) over
 for a straggler rank, the other ranks wait in ``all_reduce`` for it, so the host COMM time
 (``comm_ns``, default) differs between ranks whatever the model's shape. Per part of the split
 (train, val, test): the quantiles of the skew of the mechanism's abnormal steps, of the normal
-steps and of the other abnormal steps; the skew of each of the mechanism's test steps; and for
-each cut, how many normal steps of each part lie above it and in which runs (test).
+steps and of the other abnormal steps; the skew of each of the mechanism's test steps; for each
+cut, how many normal steps of each part lie above it and in which runs (test); and for each run of
+the mechanism, its steps above each cut inside its fault windows (labelled abnormal or not) and
+outside them.
 """
 
 from __future__ import annotations
@@ -42,9 +44,22 @@ def rank_skew(std: np.ndarray, names: list[str], ranks: np.ndarray, feature: str
 
 
 def summary(skew: np.ndarray, part: np.ndarray, is_anomaly: np.ndarray, mechanism: np.ndarray, run: np.ndarray,
-            step: np.ndarray, target: str) -> dict[str, Any]:
-    """The distributions, the target mechanism's test steps and the normal steps above each cut."""
+            step: np.ndarray, target: str, in_window: np.ndarray | None = None) -> dict[str, Any]:
+    """The distributions, the target mechanism's test steps, the normal steps above each cut and,
+    with ``in_window``, each run of the mechanism's steps inside and outside its fault windows
+    above each cut (every part)."""
     out: dict[str, Any] = {"parts": {}, "test_steps": [], "cuts": {}}
+    if in_window is not None:
+        out["runs"] = {}
+        for r in sorted(set(run[is_anomaly & (mechanism == target)].tolist())):
+            m = run == r
+            out["runs"][r] = {"steps": int(m.sum()), "abnormal": int((m & is_anomaly).sum()),
+                              "in_window": int((m & in_window).sum()), "out_of_window": int((m & ~in_window).sum()),
+                              **{f"above_{c}": {"abnormal": int((m & is_anomaly & (skew > c)).sum()),
+                                                "in_window_normal": int((m & in_window & ~is_anomaly & (skew > c)).sum()),
+                                                "out_of_window": int((m & ~in_window & (skew > c)).sum()),
+                                                "out_of_window_steps": sorted(step[m & ~in_window & (skew > c)].tolist())}
+                                 for c in CUTS}}
     hit = is_anomaly & (mechanism == target)
     for name, code in PARTS.items():
         m = part == code
@@ -95,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     got = {"dataset": str(a.dataset), "split": a.split, "mechanism": a.mechanism, "feature": a.feature,
            **summary(skew, st.split[col], np.asarray(st.is_anomaly, bool), mech, st.runs[st.run_code].astype(str),
-                     np.asarray(st.step_num), a.mechanism)}
+                     np.asarray(st.step_num), a.mechanism, np.asarray(st.in_window, bool))}
     text = json.dumps(got, indent=1) + "\n"
     if a.json:
         Path(a.json).write_text(text)

@@ -40,6 +40,12 @@ def test_summary_groups_and_cuts():
     assert got["cuts"]["0.4"]["test_normal_above"] == 1 and got["cuts"]["0.4"]["test_normal_above_by_run"] == {"b": 1}
     assert got["cuts"]["0.5"]["test_target_above"] == 0 and got["cuts"]["0.4"]["test_target_above"] == 1
     assert got["cuts"]["0.4"]["train_normal_above"] == 1 and got["cuts"]["0.5"]["train_normal_above"] == 0
+    assert "runs" not in got
+    win = np.array([True, True, True, False, False, False])
+    runs = rs.summary(skew, part, ab, mech, run, np.arange(6), "s", win)["runs"]
+    assert list(runs) == ["a"]  # the runs with the mechanism's abnormal steps
+    assert runs["a"]["steps"] == 3 and runs["a"]["in_window"] == 3 and runs["a"]["out_of_window"] == 0
+    assert runs["a"]["above_0.4"] == {"abnormal": 2, "in_window_normal": 0, "out_of_window": 0, "out_of_window_steps": []}
 
 
 def test_the_straggler_steps_of_a_real_dataset(tmp_path, capsys):
@@ -52,6 +58,8 @@ def test_the_straggler_steps_of_a_real_dataset(tmp_path, capsys):
     assert tr["straggler_rank"]["steps"] > 0 and tr["normal"]["steps"] > 100
     # the other ranks wait for the straggler: its steps' skew is well above the normal steps'
     assert tr["straggler_rank"]["p50"] > 2 * tr["normal"]["p50"]
+    # the straggler's runs: every labelled step counted once, inside its windows
+    assert got["runs"] and all(r["abnormal"] <= r["in_window"] for r in got["runs"].values())
     assert rs.main([str(DS), "--split", "request", "--mechanism", "no_such"]) == 2
     assert "no horizontal step of mechanism 'no_such'" in capsys.readouterr().err
     assert rs.main([str(DS), "--split", "nope"]) == 2
