@@ -28,27 +28,30 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow.parquet as pq
 
+from teller.evaluate.metrics import operator_prf
 from teller.evaluate.scores import operator_scores
 
 
 def step_f1(truth: set[str], pred: set[str]) -> float:
-    """Operator-set F1 of one operator-positive step (``truth`` not empty; nothing named: 0)."""
-    tp = len(truth & pred)
-    return 0.0 if not tp else 2 * tp / (len(truth) + len(pred))
+    """Operator-set F1 of one step (:func:`teller.evaluate.metrics.operator_prf`; an
+    operator-positive step that names nothing: 0)."""
+    return operator_prf(set(truth), set(pred))[2]
 
 
 def mechanism_losses(truth: Sequence[set[str]], mechanism: Sequence[str],
                      preds: dict[str, Sequence[set[str]]]) -> dict[str, Any]:
     """Per method of ``preds`` (operator sets aligned with ``truth``), its Macro₊ F1 over the
-    operator-positive steps and, per mechanism, the steps and the summed loss (1 − F1)."""
+    operator-positive steps and, per mechanism, the steps and the summed loss (1 − F1);
+    ``step_f1``: per method, each operator-positive step's F1 (step index → F1)."""
     pos = [i for i, t in enumerate(truth) if t]
     mechs: dict[str, dict[str, Any]] = {}
     for i in pos:
         mechs.setdefault(str(mechanism[i]), {"steps": 0, "loss": {name: 0.0 for name in preds}})["steps"] += 1
-    out: dict[str, Any] = {"steps": len(pos), "methods": {}, "mechanisms": mechs}
+    out: dict[str, Any] = {"steps": len(pos), "methods": {}, "mechanisms": mechs, "step_f1": {}}
     for name, pred in preds.items():
-        f = np.array([step_f1(set(truth[i]), set(pred[i])) for i in pos])
+        f = np.array([step_f1(truth[i], pred[i]) for i in pos])
         out["methods"][name] = {"macro_plus_f1": float(f.mean()) if len(f) else 0.0}
+        out["step_f1"][name] = dict(zip(pos, f.tolist(), strict=True))
         for i, v in zip(pos, f.tolist(), strict=True):
             mechs[str(mechanism[i])]["loss"][name] += 1.0 - v
     return out
@@ -88,12 +91,9 @@ def read(dataset: str | Path, predictions: str | Path, split: str, view: str, me
         ref = operator_scores([sorted(t) for t in truth], [sorted(by[m][k]["operators"] or []) for k in keys])
         got["methods"][m]["evaluation_macro_plus_f1"] = ref["macro_plus_f1"]
     row = methods[0]
-    worst = []
-    for k, t, mm, p in zip(keys, truth, mech, preds[row], strict=True):
-        if t and step_f1(t, p) < 1.0:
-            worst.append({"run": k[0], "step": k[1], "mechanism": mm, "f1": step_f1(t, p), "flag": bool(by[row][k]["flag"]),
-                          "score": float(by[row][k]["score"]),
-                          "truth": sorted(t), "named": sorted(p)})
+    worst = [{"run": keys[i][0], "step": keys[i][1], "mechanism": mech[i], "f1": f, "flag": bool(by[row][keys[i]]["flag"]),
+              "score": float(by[row][keys[i]]["score"]), "truth": sorted(truth[i]), "named": sorted(preds[row][i])}
+             for i, f in got.pop("step_f1")[row].items() if f < 1.0]
     got["row_losses"] = sorted(worst, key=lambda w: (w["f1"], w["run"], w["step"]))
     return got
 

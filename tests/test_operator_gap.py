@@ -32,6 +32,7 @@ def test_step_f1_and_losses_by_hand():
     assert got["mechanisms"]["m1"] == {"steps": 2, "loss": {"row": pytest.approx(1 + 1 / 3), "base": 0.0}}
     assert got["mechanisms"]["m2"] == {"steps": 1, "loss": {"row": 0.0, "base": 1.0}}
     assert got["methods"]["row"]["macro_plus_f1"] == pytest.approx((0 + 2 / 3 + 1) / 3)
+    assert got["step_f1"]["row"] == pytest.approx({0: 0.0, 1: 2 / 3, 3: 1.0})  # the operator-positive steps
     # the same figure as the evaluation's Macro₊
     ref = operator_scores([sorted(t) for t in truth], [[], ["a"], ["x"], ["c"]])["macro_plus_f1"]
     assert got["methods"]["row"]["macro_plus_f1"] == pytest.approx(ref)

@@ -71,7 +71,9 @@ def step_metrics(truth: np.ndarray, pred: np.ndarray) -> dict[str, float]:
             "steps": int(len(truth)), "abnormal": int(truth.sum())}
 
 
-def _op_prf(t: set[str], p: set[str]) -> tuple[float, float, float, float]:
+def operator_prf(t: set[str], p: set[str]) -> tuple[float, float, float, float]:
+    """One step's operator-set precision, recall, F1 and Jaccard (true set ``t``, named ``p``;
+    both empty: p = r = 0, f = j = 1), what :func:`operator_metrics` averages."""
     if not t and not p:
         return 0.0, 0.0, 1.0, 1.0
     inter = len(t & p)
@@ -85,7 +87,7 @@ def _op_prf(t: set[str], p: set[str]) -> tuple[float, float, float, float]:
 def operator_metrics(truth: list[set[str]], pred: list[set[str]]) -> dict[str, float]:
     """Operator-set P/R/F1/Jaccard averaged per step (f = j = 1, p = r = 0 when both sets are
     empty) and the same averaged over operator-positive steps only (Macro₊)."""
-    vals = np.array([_op_prf(set(t), set(p)) for t, p in zip(truth, pred, strict=True)]).reshape(-1, 4)
+    vals = np.array([operator_prf(set(t), set(p)) for t, p in zip(truth, pred, strict=True)]).reshape(-1, 4)
     pos = np.array([bool(t) for t in truth], bool)
     out: dict[str, float] = {"steps": int(len(truth)), "operator_positive_steps": int(pos.sum())}
     for i, k in enumerate(("precision", "recall", "f1", "jaccard")):
