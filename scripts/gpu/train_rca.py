@@ -10,7 +10,7 @@ part with the saved (float16) files. Written to OUT, at most 8 files:
 
 - ``metrics_VARIANT.json``: per split the training summary (steps, seconds, loss curve) and the
   test metrics (all units, vertical, horizontal), rewritten after every split;
-- ``rca_VARIANT.tar`` (``.tar.gz`` where over 16 MiB): the request split's model directory without ``checkpoint/`` (the shipped
+- ``rca_VARIANT.tar`` (``.tar.gz`` where over ``--return-limit-mib``, 16 by default): the request split's model directory without ``checkpoint/`` (the shipped
   candidate; about 13 MB for the small config);
 - the log is the command's own output (``scripts/gpu/train_rca.sh`` tees it to OUT).
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> int:
@@ -48,12 +49,14 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=60)
     ap.add_argument("--max-units", type=int, default=None, help="a sample of units (CPU dry runs)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--return-limit-mib", type=float, default=16.0,
+                    help="what a device call may return in one file: the model's tar is compressed above it")
     a = ap.parse_args()
     t0 = time.time()
     import torch
+    from rca_matrix import send_back
 
     from teller.rca import load
-    from teller.rca.api import pack
     from teller.rca.data import load_dataset
     from teller.rca.train import evaluate, train
 
@@ -99,7 +102,7 @@ def main() -> int:
         result["total_seconds"] = round(time.time() - t0, 1)
         mpath.write_text(json.dumps(result, indent=1))
         if split == "request":
-            pack(mdir, out / f"rca_{a.variant}.tar", f"rca_{a.variant}", max_bytes=16 * 2**20)  # what a device call returns in a file
+            send_back(mdir, out, a.variant, int(a.return_limit_mib * 2**20))
     print(f"\ndone in {time.time() - t0:.0f} s; wrote {mpath}", flush=True)
     return 0
 
