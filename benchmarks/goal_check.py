@@ -40,6 +40,11 @@ SPLIT_ORDER = {"request": 0, "run": 1, "mechanism": 2, "workload": 3}
 MET = ("ahead", "ceiling", "met", "n/a")
 
 
+def counts_as_met(cell: dict[str, Any]) -> bool:
+    """A cell the block has (not n/a) and meets: what the cell counts add up."""
+    return cell["verdict"] in MET and cell["verdict"] != "n/a"
+
+
 def figure(row: dict[str, Any], path: tuple[str, ...]) -> float | None:
     """The figure at ``path`` of a method's row, None where the row has none (no such head, or an
     error row)."""
@@ -153,7 +158,7 @@ def markdown(checks: list[dict[str, Any]]) -> str:
     for name in dict.fromkeys(c["row"] for c in checks):
         mine = [c for c in checks if c["row"] == name]
         cols = [k for k, _ in COLUMNS] + ["F1 at 10%"]
-        met = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] in MET and c["cells"][k]["verdict"] != "n/a")
+        met = sum(1 for c in mine for k in cols if counts_as_met(c["cells"][k]))
         counted = sum(1 for c in mine for k in cols if c["cells"][k]["verdict"] != "n/a")
         lines += [f"**`{name}`**: {met} of {counted} cells met; blocks met whole: "
                   f"{sum(c['met'] for c in mine)} of {len(mine)}. Bold: ahead of every baseline, or tied with one at 1.000 "

@@ -91,8 +91,7 @@ def compare(recipes: list[tuple[str, dict]]) -> list[dict[str, Any]]:
                 vals = [b["cells"][col]["value"] for b in blocks]
                 per.append({"recipe": name, "values": vals, "seeds": [b["seed"] for b in blocks],
                             "mean": sum(vals) / len(vals) if vals else None,
-                            "met": sum(b["cells"][col]["verdict"] in goal_check.MET and b["cells"][col]["verdict"] != "n/a"
-                                       for b in blocks)})
+                            "met": sum(goal_check.counts_as_met(b["cells"][col]) for b in blocks)})
             got: dict[str, Any] = {"recipes": per}
             if len(per) > 1 and per[0]["values"] and per[-1]["values"]:
                 got["p_last_above_first"] = rank_sum_p(per[0]["values"], per[-1]["values"])
