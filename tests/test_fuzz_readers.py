@@ -252,6 +252,26 @@ def test_huge_and_nonfinite_times_in_exact_files_are_skipped_not_overflowed(tmp_
     assert d["end_ns"][ok] - d["start_ns"][ok] == 2500
 
 
+def test_exponents_past_the_decimal_range_in_exact_files_are_skipped_not_raised(tmp_path):
+    # a damaged digit can make an exponent no Decimal holds: the number reads as json.loads reads it
+    # (inf, 0.0), so the event is counted as a bad timestamp and the document still reads
+    rows = [
+        '{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 1700000000000001.125, "dur": 2.5}',
+        '{"ph": "X", "cat": "cpu_op", "name": "huge_ts", "pid": 1, "tid": 1, "ts": 1e99999999999999999999, "dur": 1}',
+        '{"ph": "X", "cat": "cpu_op", "name": "tiny_ts", "pid": 1, "tid": 1, "ts": -4e-99999999999999999999, "dur": 1}',
+        '{"ph": "X", "cat": "cpu_op", "name": "late", "pid": 1, "tid": 1, "ts": 1700000000000003.250, "dur": 1}',
+    ]
+    f = tmp_path / "exp.json"
+    f.write_text('{"displayTimeUnit": "ns", "traceEvents": [' + ",".join(rows) + "]}")
+    with bounded():
+        pf = parse_kineto_file(f)
+    assert pf.meta["exact_decimal_ts"]
+    d = pf.table.to_pydict()
+    assert sorted(d["name"]) == ["late", "ok", "tiny_ts"]
+    assert pf.stats.skipped["bad_timestamp"] == 1
+    assert d["start_ns"][d["name"].index("late")] - d["start_ns"][d["name"].index("ok")] == 2125
+
+
 def test_lone_surrogates_are_replaced_flagged_and_counted(tmp_path):
     evs = [{"ph": "X", "cat": "cpu_op", "name": "bad\ud800name", "pid": 1, "tid": 1, "ts": 1, "dur": 1},
            {"ph": "X", "cat": "x\udfff", "name": "n", "pid": 1, "tid": 1, "ts": 2, "dur": 1},

@@ -458,6 +458,16 @@ def _parse_one(dec: json.JSONDecoder, text: str, i: int) -> tuple[Any, int]:
         span = max(2 * (end - i), m.end() - i)
 
 
+def _exact_float(text: str) -> Decimal | float:
+    """A JSON number of an exact-decimal document: a ``Decimal``, or past its exponent range (a
+    damaged ``1e999999999999999999``) what ``json.loads`` makes of it (inf or 0.0), which the
+    timestamp checks then count as invalid instead of the parse stopping on ``InvalidOperation``."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:
+        return float(text)
+
+
 class _EventStream:
     """Iterates the ``traceEvents`` array of a Chrome-trace document in chunks.
 
@@ -485,8 +495,8 @@ class _EventStream:
         self.header, start = self._locate()
         self.start = start
         self.exact = self._needs_exact()
-        self._loads = (lambda b: json.loads(b, parse_float=Decimal)) if self.exact else json.loads
-        self._decoder = json.JSONDecoder(parse_float=Decimal) if self.exact else json.JSONDecoder()
+        self._loads = (lambda b: json.loads(b, parse_float=_exact_float)) if self.exact else json.loads
+        self._decoder = json.JSONDecoder(parse_float=_exact_float) if self.exact else json.JSONDecoder()
         self.trailer: dict[str, Any] = {}
         self.pos = self.start  # text offset consumed so far
 
