@@ -229,6 +229,16 @@ def test_legitimately_long_events_are_not_absurd(tmp_path):
     assert not pf.stats.repaired and not (np.asarray(pf.table["flags"]) & FLAG_REPAIRED).any()
 
 
+def _read_ns_rows(f: Path, rows: list[str]):
+    """``rows`` (event JSON texts) as an ns-display trace at ``f``, parsed on the exact-decimal path:
+    the parsed file and its table as a dict."""
+    f.write_text('{"displayTimeUnit": "ns", "traceEvents": [' + ",".join(rows) + "]}")
+    with bounded():
+        pf = parse_kineto_file(f)
+    assert pf.meta["exact_decimal_ts"]
+    return pf, pf.table.to_pydict()
+
+
 def test_huge_and_nonfinite_times_in_exact_files_are_skipped_not_overflowed(tmp_path):
     rows = [
         '{"ph": "X", "cat": "cpu_op", "name": "ok", "pid": 1, "tid": 1, "ts": 1700000000000001.125, "dur": 2.5}',
@@ -239,12 +249,7 @@ def test_huge_and_nonfinite_times_in_exact_files_are_skipped_not_overflowed(tmp_
         '{"ph": "X", "cat": "cpu_op", "name": "str_ts", "pid": 1, "tid": 1, "ts": "1e999999999", "dur": 1}',
         '{"ph": "X", "cat": "cpu_op", "name": "long_ts", "pid": 1, "tid": 1, "ts": 1' + "0" * 5000 + '.5, "dur": 1}',
     ]
-    f = tmp_path / "ns.json"
-    f.write_text('{"displayTimeUnit": "ns", "traceEvents": [' + ",".join(rows) + "]}")
-    with bounded():
-        pf = parse_kineto_file(f)
-    assert pf.meta["exact_decimal_ts"]
-    d = pf.table.to_pydict()
+    pf, d = _read_ns_rows(tmp_path / "ns.json", rows)
     assert sorted(d["name"]) == ["big_dur", "ok"]
     assert pf.stats.skipped["bad_timestamp"] == 5
     assert pf.stats.repaired["absurd_duration"] == 1  # dur 1e25 µs: no duration can be that long
@@ -261,12 +266,7 @@ def test_exponents_past_the_decimal_range_in_exact_files_are_skipped_not_raised(
         '{"ph": "X", "cat": "cpu_op", "name": "tiny_ts", "pid": 1, "tid": 1, "ts": -4e-99999999999999999999, "dur": 1}',
         '{"ph": "X", "cat": "cpu_op", "name": "late", "pid": 1, "tid": 1, "ts": 1700000000000003.250, "dur": 1}',
     ]
-    f = tmp_path / "exp.json"
-    f.write_text('{"displayTimeUnit": "ns", "traceEvents": [' + ",".join(rows) + "]}")
-    with bounded():
-        pf = parse_kineto_file(f)
-    assert pf.meta["exact_decimal_ts"]
-    d = pf.table.to_pydict()
+    pf, d = _read_ns_rows(tmp_path / "exp.json", rows)
     assert sorted(d["name"]) == ["late", "ok", "tiny_ts"]
     assert pf.stats.skipped["bad_timestamp"] == 1
     assert d["start_ns"][d["name"].index("late")] - d["start_ns"][d["name"].index("ok")] == 2125
